@@ -1,0 +1,125 @@
+"""`where`, `key_prefix` and time ranges: validation, and a reference matcher.
+
+`where` is a conjunction of equality tests against record fields, falling back
+to metadata keys; an array value means "any of"; `null` matches a field that is
+null or absent (so `{"superseded_by": null}` keeps only current facts).
+Engines with a native filter language translate a `Scope`; engines that scan
+(working, procedural) use `matches`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from .errors import invalid
+from .records import Record
+from .timefmt import normalize_ts
+
+# Record fields a `where` key may name; any other key is a metadata key.
+RECORD_FIELDS = frozenset(
+    {"id", "role", "group", "tier", "session", "key", "revision", "uri", "media_type",
+     "salience", "access_count", "created_at", "accessed_at"}
+)
+
+Scalar = str | int | float | bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Which records a call concerns. `owner` always applies: `None` is its own partition."""
+
+    owner: str | None = None
+    where: Mapping[str, Any] = field(default_factory=dict)
+    key_prefix: str | None = None
+    ids: Sequence[str] | None = None
+    after: str | None = None  # created_at strictly after (extension)
+    before: str | None = None  # created_at strictly before (extension)
+
+    def is_empty_selector(self) -> bool:
+        return not self.where and self.key_prefix is None and self.ids is None and self.after is None and self.before is None
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def parse_where(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid("where must be an object", field="where")
+    for name, test in value.items():
+        if isinstance(test, list):
+            if not all(_scalar(v) for v in test):
+                raise invalid(f"where.{name}: an array must hold only scalars", field="where")
+        elif not _scalar(test):
+            raise invalid(f"where.{name} must be a scalar or an array of scalars", field="where")
+    return dict(value)
+
+
+def parse_scope(params: Mapping[str, Any], owner: str | None, *, ids_field: bool = False) -> Scope:
+    """Build a `Scope` from request params, validating each selector."""
+    key_prefix = params.get("key_prefix")
+    if key_prefix is not None and not isinstance(key_prefix, str):
+        raise invalid("key_prefix must be a string", field="key_prefix")
+    ids = params.get("ids") if ids_field else None
+    if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)):
+        raise invalid("ids must be an array of strings", field="ids")
+    after = params.get("after")
+    before = params.get("before")
+    return Scope(
+        owner=owner,
+        where=parse_where(params.get("where")),
+        key_prefix=key_prefix,
+        ids=ids,
+        after=None if after is None else normalize_ts(after, "after"),
+        before=None if before is None else normalize_ts(before, "before"),
+    )
+
+
+def field_value(record: Record, name: str) -> tuple[bool, Any]:
+    """(present, value) of a record field, or of a metadata key when `name` is not a field."""
+    if name in RECORD_FIELDS:
+        return True, getattr(record, name)
+    if name in record.metadata:
+        return True, record.metadata[name]
+    return False, None
+
+
+def _equal(actual: Any, expected: Any) -> bool:
+    if isinstance(actual, bool) or isinstance(expected, bool):
+        return type(actual) is type(expected) and actual == expected
+    return actual == expected
+
+
+def test_matches(present: bool, actual: Any, expected: Any) -> bool:
+    options = expected if isinstance(expected, list) else [expected]
+    for option in options:
+        if option is None:
+            if not present or actual is None:
+                return True
+        elif present and _equal(actual, option):
+            return True
+        elif present and isinstance(actual, list) and any(_equal(a, option) for a in actual):
+            return True  # a metadata list field matches any of its members
+    return False
+
+
+def matches(record: Record, scope: Scope) -> bool:
+    """The reference semantics of a `Scope` (owner included)."""
+    if record.owner != scope.owner:
+        return False
+    if scope.ids is not None and record.id not in scope.ids:
+        return False
+    if scope.key_prefix is not None and (record.key is None or not record.key.startswith(scope.key_prefix)):
+        return False
+    if scope.after is not None and not record.created_at > scope.after:
+        return False
+    if scope.before is not None and not record.created_at < scope.before:
+        return False
+    for name, expected in scope.where.items():
+        present, actual = field_value(record, name)
+        if not test_matches(present, actual, expected):
+            return False
+    return True

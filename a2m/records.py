@@ -1,0 +1,184 @@
+"""The record model, and validation of what a client sends on `memory/remember`.
+
+One `Record` type serves every layer: the wire, the stores, the router. Its
+`to_wire` form is the protocol's record table; `from_wire` is the lossless
+inverse used by the client and by stores that keep records as JSON.
+
+Validation accepts the move/import extension (docs/extensions.md): a caller may
+supply `created_at`, `accessed_at`, `access_count` and `revision`, so a record
+moved between tiers or imported from an export keeps its history.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .errors import invalid
+from .timefmt import normalize_ts, now
+
+DEFAULT_SALIENCE = 0.5
+
+
+@dataclass(slots=True)
+class Record:
+    id: str
+    content: str
+    created_at: str
+    role: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    group: str | None = None
+    tier: str | None = None
+    salience: float = DEFAULT_SALIENCE
+    access_count: int = 0
+    accessed_at: str | None = None
+    owner: str | None = None
+    session: str | None = None
+    key: str | None = None
+    revision: int = 1
+    embedding: list[float] | None = None
+    uri: str | None = None
+    media_type: str | None = None
+    score: float | None = None
+
+    def to_wire(self, *, embeddings: bool = False) -> dict[str, Any]:
+        """The protocol form. `embedding` only when asked; `score` only when set (recall)."""
+        out = {name: getattr(self, name) for name in _WIRE_FIELDS}
+        if embeddings:
+            out["embedding"] = self.embedding
+        if self.score is not None:
+            out["score"] = self.score
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, embedding included: the form stores and exports keep."""
+        out = {name: getattr(self, name) for name in _WIRE_FIELDS}
+        out["embedding"] = self.embedding
+        return out
+
+    def with_(self, **changes: Any) -> "Record":
+        return replace(self, **changes)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> "Record":
+        """Trusting inverse of `to_wire`/`to_dict` (for data this code wrote, or a server returned)."""
+        known = {k: data[k] for k in _ALL_FIELDS if k in data}
+        if known.get("metadata") is None:
+            known["metadata"] = {}
+        if known.get("salience") is None:
+            known["salience"] = DEFAULT_SALIENCE
+        if known.get("access_count") is None:
+            known["access_count"] = 0
+        if known.get("revision") is None:
+            known["revision"] = 1
+        known.setdefault("content", "")
+        known.setdefault("created_at", now())
+        return cls(**known)
+
+
+_ALL_FIELDS = tuple(f.name for f in fields(Record))
+_WIRE_FIELDS = tuple(n for n in _ALL_FIELDS if n not in ("embedding", "score"))
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _opt_str(raw: dict[str, Any], name: str, index: int) -> str | None:
+    value = raw.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid(f"records[{index}].{name} must be a string", field=name, index=index)
+    return value
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate_embedding(value: Any, where: str = "embedding") -> list[float]:
+    if not isinstance(value, list) or not value or not all(_number(x) for x in value):
+        raise invalid(f"{where} must be a non-empty array of finite numbers", field="embedding")
+    return [float(x) for x in value]
+
+
+def parse_write(raw: Any, index: int, *, owner: str | None, stamp: str | None = None) -> Record:
+    """Validate one record of a `memory/remember` batch into a `Record`.
+
+    `owner` is the request's scope; a record that names a different owner is
+    refused rather than silently re-owned. Raises `-32602` naming the field and
+    the record's index, so a client can fix the one bad record of a batch.
+    """
+    if not isinstance(raw, dict):
+        raise invalid(f"records[{index}] must be an object", index=index)
+    content = raw.get("content")
+    uri = _opt_str(raw, "uri", index)
+    if content is None and uri is not None:
+        content = ""
+    if not isinstance(content, str):
+        raise invalid(f"records[{index}].content is required and must be a string", field="content", index=index)
+    record_id = raw.get("id")
+    if record_id is not None and (not isinstance(record_id, str) or not record_id or len(record_id) > 512):
+        raise invalid(f"records[{index}].id must be a non-empty string of at most 512 characters", field="id", index=index)
+    metadata = raw.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise invalid(f"records[{index}].metadata must be an object", field="metadata", index=index)
+    record_owner = _opt_str(raw, "owner", index)
+    if record_owner is not None and owner is not None and record_owner != owner:
+        raise invalid(f"records[{index}].owner disagrees with the request's owner", field="owner", index=index)
+    key = _opt_str(raw, "key", index)
+    if key is not None and not key:
+        raise invalid(f"records[{index}].key must not be empty", field="key", index=index)
+    salience = raw.get("salience")
+    if salience is None:
+        salience = DEFAULT_SALIENCE
+    elif not _number(salience) or not 0 <= salience <= 1:
+        raise invalid(f"records[{index}].salience must be a number in [0, 1]", field="salience", index=index)
+    access_count = raw.get("access_count", 0)
+    if access_count is None:
+        access_count = 0
+    if not isinstance(access_count, int) or isinstance(access_count, bool) or access_count < 0:
+        raise invalid(f"records[{index}].access_count must be a non-negative integer", field="access_count", index=index)
+    revision = raw.get("revision", 1)
+    if revision is None:
+        revision = 1
+    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 1:
+        raise invalid(f"records[{index}].revision must be a positive integer", field="revision", index=index)
+    created_at = raw.get("created_at")
+    created_at = now() if created_at is None and stamp is None else (
+        stamp if created_at is None else normalize_ts(created_at, f"records[{index}].created_at"))
+    accessed_at = raw.get("accessed_at")
+    if accessed_at is not None:
+        accessed_at = normalize_ts(accessed_at, f"records[{index}].accessed_at")
+    embedding = raw.get("embedding")
+    if embedding is not None:
+        embedding = validate_embedding(embedding, f"records[{index}].embedding")
+    return Record(
+        id=record_id or new_id(),
+        content=content,
+        created_at=created_at,
+        role=_opt_str(raw, "role", index),
+        metadata=metadata,
+        group=_opt_str(raw, "group", index),
+        tier=_opt_str(raw, "tier", index),
+        salience=float(salience),
+        access_count=access_count,
+        accessed_at=accessed_at,
+        owner=record_owner if record_owner is not None else owner,
+        session=_opt_str(raw, "session", index),
+        key=key,
+        revision=revision,
+        embedding=embedding,
+        uri=uri,
+        media_type=_opt_str(raw, "media_type", index),
+    )
+
+
+def supplied_history(raw: dict[str, Any]) -> bool:
+    """True when the caller used the move/import extension for `revision` (a move, not a new write)."""
+    return isinstance(raw, dict) and raw.get("revision") is not None

@@ -1,0 +1,48 @@
+"""Timestamps on the wire: RFC 3339, UTC, `Z`, millisecond precision, never a number.
+
+Stored and compared as the canonical string: with a fixed width and a fixed
+zone, string order is time order, which lets every engine index them as text.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+
+from .errors import invalid
+
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
+)
+
+
+def format_ts(moment: datetime) -> str:
+    """The canonical form: `2026-07-28T10:15:30.123Z`."""
+    moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def now() -> str:
+    return format_ts(datetime.now(timezone.utc))
+
+
+def parse_ts(value: object, field: str = "timestamp") -> datetime:
+    """Parse an RFC 3339 timestamp with an explicit offset; anything else is `-32602`."""
+    if not isinstance(value, str) or not _RFC3339.match(value):
+        raise invalid(f"{field} must be an RFC 3339 timestamp such as 2026-07-28T10:15:30.123Z", field=field)
+    text = value.replace("z", "Z").replace("t", "T")
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise invalid(f"{field} is not a valid date and time", field=field) from None
+
+
+def normalize_ts(value: object, field: str = "timestamp") -> str:
+    """Accept any RFC 3339 timestamp with an offset and return the canonical UTC form."""
+    return format_ts(parse_ts(value, field))
+
+
+def to_epoch(value: str) -> float:
+    return parse_ts(value).timestamp()

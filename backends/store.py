@@ -1,0 +1,107 @@
+"""The small interface every tier engine implements.
+
+The shared surface (`surface.py`) owns the protocol: validation, limits, owner
+scoping, id idempotency, key replacement, events, prompt rendering, touch
+policy. A Store owns only bytes and indexes, so an engine is a few hundred lines
+and the protocol's rules are written once.
+
+Contract every Store honours (the store tests in tests/backends check it):
+
+- `owner` partitions everything: `None` is its own partition, never "all".
+- `write` is atomic: every put and delete lands, or none does, and a failure
+  raises. A put overwrites the record with the same id (upsert by id).
+- Order is creation order: `created_at` then insertion order for ties. A store
+  keeps an insertion sequence to break ties (a record re-put keeps a new one).
+- Records come back complete (every field, `embedding` included when
+  `with_embeddings`), `score` unset except from `search`.
+- An engine that is down raises `StoreUnavailable`; the surface answers
+  `-32603` naming the tier, and nothing is half-written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, Sequence
+
+from a2m.filters import Scope
+from a2m.records import Record
+
+
+class StoreUnavailable(Exception):
+    """The engine cannot be reached or refused the operation for a reason other than bad input."""
+
+
+class StoreRejected(Exception):
+    """The engine cannot store this input (e.g. a NUL byte PostgreSQL refuses): answered `-32602`."""
+
+
+@dataclass(slots=True)
+class SessionInfo:
+    session: str
+    records: int
+    opened_at: str | None = None  # earliest created_at
+    touched_at: str | None = None  # latest created_at or access
+
+
+class Store(Protocol):
+    engine: str  # shown in describe and `a2m doctor`: "redis", "postgresql", "qdrant-edge", ...
+    searches_vectors: bool  # True when `search` uses the query vector (episodic, semantic)
+
+    async def open(self) -> None:
+        """Connect (or start the embedded engine), create schema/indexes. Idempotent."""
+
+    async def close(self) -> None:
+        """Release connections and stop any engine this store started."""
+
+    async def ping(self) -> None:
+        """Raise StoreUnavailable when the engine does not answer."""
+
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
+        """Atomically upsert `puts` by id and delete the ids in `deletes` (owner is in each record;
+        deletes name ids whose owner the surface already checked)."""
+
+    async def get(self, owner: str | None, ids: Sequence[str], *, with_embeddings: bool = False) -> list[Record]:
+        """The records with these ids in this owner's partition; unknown ids are left out."""
+
+    async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
+        """key -> record for the occupied keys of this owner."""
+
+    async def select(
+        self,
+        scope: Scope,
+        *,
+        order: Literal["asc", "desc"] = "asc",
+        limit: int | None = None,
+        with_embeddings: bool = False,
+    ) -> list[Record]:
+        """Records in scope in creation order (`desc`: newest first), at most `limit`."""
+
+    async def search(
+        self,
+        scope: Scope,
+        *,
+        text: str | None,
+        vector: Sequence[float] | None,
+        limit: int,
+        with_embeddings: bool = False,
+    ) -> list[Record]:
+        """Best `limit` records in scope for the text and/or vector, each with `score` set,
+        best first, scores in [0, 1]. A text with no searchable term and no vector gives []."""
+
+    async def delete(self, scope: Scope) -> int:
+        """Delete every record in scope; return how many."""
+
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
+        """access_count += 1 and accessed_at = at for each id (missing ids ignored)."""
+
+    async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
+        """salience = min(1, salience + amount) (max(0, ...) for negative); return how many existed."""
+
+    async def sessions(self, owner: str | None) -> list[SessionInfo]:
+        """Every named session of this owner with its record count."""
+
+    async def count(self, owner: str | None) -> int:
+        """Records in this owner's partition."""
+
+    async def dimensions(self) -> int | None:
+        """The embedding width fixed by the first stored vector, or None before any."""
