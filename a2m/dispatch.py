@@ -1,0 +1,175 @@
+"""JSON-RPC 2.0 dispatch with capability gating, shared by every binding.
+
+The rules that make a server conformant regardless of what it stores live here
+once: batches refused, ids echoed exactly, every A2M name registered (an
+undeclared capability answers -32003, an unknown name -32601), unknown params
+ignored, `memory/describe` assembled from what the service declares.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Mapping, Protocol
+
+import orjson
+
+from . import errors
+from .capabilities import METHOD_CAPABILITY, PROTOCOL, compatible
+from .errors import A2MError, invalid
+
+log = logging.getLogger("a2m")
+
+Push = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class Context:
+    """Who is calling, over what. One per connection (stdio) or request (HTTP).
+
+    `principal` is set when a transport authenticated the caller: it is then the
+    owner scope, and a different `owner` param is refused (-32005). `push` is set
+    only where the transport can carry notifications.
+    """
+
+    principal: str | None = None
+    transport: str = "inproc"
+    push: Push | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def owner(self, params: Mapping[str, Any]) -> str | None:
+        value = params.get("owner")
+        if value is not None and not isinstance(value, str):
+            raise invalid("owner must be a string or null", field="owner")
+        if self.principal is not None:
+            if value is not None and value != self.principal:
+                raise A2MError(errors.SCOPE_DENIED, "owner disagrees with the authenticated principal",
+                               {"owner": value})
+            return self.principal
+        return value
+
+
+Handler = Callable[[dict[str, Any], Context], Awaitable[dict[str, Any]]]
+
+
+class Service(Protocol):
+    """What a server implements; the dispatcher does the rest."""
+
+    name: str
+    capabilities: frozenset[str]
+    limits: Mapping[str, int]
+
+    def handlers(self) -> Mapping[str, Handler]:
+        """Method name -> handler, for A2M methods of declared capabilities and any extensions."""
+
+    async def describe_fields(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        """The capability objects of describe (tiers, embeddings, events, ...)."""
+
+    async def ready(self) -> bool:
+        """True when every engine behind the service answers."""
+
+
+def _error(id_: Any, error: A2MError) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id_, "error": error.to_error()}
+
+
+def _valid_id(value: Any) -> bool:
+    return value is None or isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+class Dispatcher:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self._handlers = dict(service.handlers())
+        self._handlers["memory/describe"] = self._describe
+        unknown = set(service.capabilities) - set(METHOD_CAPABILITY.values()) - {"scopes", "embeddings", "external", "prompt"}
+        if unknown:
+            raise ValueError(f"unknown capabilities declared: {sorted(unknown)}")
+        if "core" not in service.capabilities:
+            raise ValueError("every server declares core")
+        self.observer: Callable[[str, float, bool], None] | None = None
+
+    @property
+    def methods(self) -> list[str]:
+        caps = self.service.capabilities
+        return sorted(
+            name for name in self._handlers
+            if METHOD_CAPABILITY.get(name) is None or METHOD_CAPABILITY[name] in caps
+        )
+
+    async def _describe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        if "protocol" in params and not compatible(params["protocol"]):
+            raise A2MError(errors.PROTOCOL_NOT_SUPPORTED, f"this server speaks {PROTOCOL}",
+                           {"supported": [PROTOCOL], "requested": params["protocol"]})
+        result: dict[str, Any] = {
+            "protocol": PROTOCOL,
+            "name": self.service.name,
+            "capabilities": sorted(self.service.capabilities),
+            "methods": self.methods,
+        }
+        if self.service.limits:
+            result["limits"] = dict(self.service.limits)
+        result.update(await self.service.describe_fields(params, ctx))
+        return result
+
+    async def call(self, method: str, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        """Call one method as the wire would (gating included); raises A2MError."""
+        capability = METHOD_CAPABILITY.get(method)
+        handler = self._handlers.get(method)
+        if capability is not None and capability not in self.service.capabilities:
+            raise A2MError(errors.CAPABILITY_NOT_SUPPORTED, f"{method} needs the {capability} capability",
+                           {"method": method, "capability": capability})
+        if handler is None:
+            if capability is not None:  # declared but not implemented: a server bug, not the caller's
+                raise A2MError(errors.CAPABILITY_NOT_SUPPORTED, f"{method} is not implemented", {"method": method})
+            raise A2MError(errors.METHOD_NOT_FOUND, f"{method} is not an A2M method", {"method": method})
+        return await handler(params, ctx)
+
+    async def handle(self, message: Any, ctx: Context) -> dict[str, Any] | None:
+        """One decoded JSON-RPC message -> the response object, or None for a notification."""
+        if isinstance(message, list):
+            return _error(None, A2MError(errors.INVALID_REQUEST, "batches are not supported: send one message at a time"))
+        if not isinstance(message, dict):
+            return _error(None, A2MError(errors.INVALID_REQUEST, "a request must be a JSON object"))
+        notification = "id" not in message
+        id_ = message.get("id")
+        if not _valid_id(id_):
+            return _error(None, A2MError(errors.INVALID_REQUEST, "id must be a string, a number or null"))
+        method = message.get("method")
+        if message.get("jsonrpc") != "2.0" or not isinstance(method, str):
+            return _error(id_, A2MError(errors.INVALID_REQUEST, "expected jsonrpc \"2.0\" and a string method"))
+        params = message.get("params", {})
+        if params is None:
+            params = {}
+        started = time.perf_counter()
+        ok = False
+        try:
+            if not isinstance(params, dict):
+                raise invalid("params must be an object (by name)")
+            result = await self.call(method, params, ctx)
+            ok = True
+            response: dict[str, Any] = {"jsonrpc": "2.0", "id": id_, "result": result}
+        except A2MError as exc:
+            response = _error(id_, exc)
+        except Exception as exc:  # a bug or an engine failure: report it, never crash the binding
+            log.exception("internal error in %s", method)
+            response = _error(id_, A2MError(errors.INTERNAL_ERROR, f"internal error: {type(exc).__name__}",
+                                            {"method": method}))
+        if self.observer is not None:
+            self.observer(method if method in METHOD_CAPABILITY or method in self._handlers else "unknown",
+                          time.perf_counter() - started, ok)
+        return None if notification else response
+
+    async def handle_bytes(self, body: bytes, ctx: Context) -> bytes | None:
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return orjson.dumps(_error(None, A2MError(errors.PARSE_ERROR, "body is not valid JSON")))
+        response = await self.handle(message, ctx)
+        return None if response is None else dumps(response)
+
+
+def dumps(obj: Any) -> bytes:
+    """orjson with the options the wire needs (non-str dict keys never occur; NaN refused upstream)."""
+    return orjson.dumps(obj)

@@ -1,0 +1,123 @@
+"""The bounded event log with salted, opaque cursors.
+
+A cursor is `<salt>.<seq>`: the salt changes every server start, so a cursor
+from another server or an earlier run is recognised as foreign and answered
+with `reset: true` instead of silently skipping or repeating events. Polls
+advance over events the caller may not see (other owners, other kinds), so
+successive polls deliver every visible event exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterable
+
+from .errors import invalid
+from .timefmt import now
+
+EVENT_KINDS = frozenset({"written", "forgotten", "promoted", "consolidated", "session_closed"})
+DEFAULT_POLL = 100
+MAX_POLL = 1000
+
+Push = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Subscriber:
+    push: Push
+    owner: str | None
+    kinds: frozenset[str] | None
+
+
+def parse_kinds(value: Any) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
+        raise invalid("kinds must be an array of event kinds", field="kinds")
+    unknown = set(value) - EVENT_KINDS
+    if unknown:
+        raise invalid(f"unknown event kinds: {sorted(unknown)}", field="kinds", known=sorted(EVENT_KINDS))
+    return frozenset(value)
+
+
+class EventLog:
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self.salt = secrets.token_hex(6)
+        self._events: deque[tuple[int, str | None, dict[str, Any]]] = deque(maxlen=capacity)
+        self._next = 1
+        self._subscribers: dict[object, _Subscriber] = {}
+
+    def _cursor(self, seq: int) -> str:
+        return f"{self.salt}.{seq}"
+
+    def head(self) -> str:
+        return self._cursor(self._next - 1)
+
+    async def emit(self, kind: str, owner: str | None, **fields: Any) -> dict[str, Any]:
+        """Append an event visible to `owner`'s scope and push it to matching subscribers."""
+        event = {"kind": kind, "at": now(), **{k: v for k, v in fields.items() if v is not None}}
+        self._events.append((self._next, owner, event))
+        self._next += 1
+        for key, sub in list(self._subscribers.items()):
+            if sub.owner == owner and (sub.kinds is None or kind in sub.kinds):
+                try:
+                    await sub.push(event)
+                except Exception:  # a dead connection unsubscribes itself
+                    self._subscribers.pop(key, None)
+        return event
+
+    async def emit_many(self, kind: str, owner: str | None, items: Iterable[dict[str, Any]]) -> None:
+        for fields in items:
+            await self.emit(kind, owner, **fields)
+
+    def poll(self, cursor: Any, *, limit: Any = None, kinds: Any = None, owner: str | None) -> dict[str, Any]:
+        if limit is None:
+            limit = DEFAULT_POLL
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise invalid("limit must be a non-negative integer", field="limit")
+        limit = MAX_POLL if limit == 0 else min(limit, MAX_POLL)
+        wanted = parse_kinds(kinds)
+        if cursor is None:
+            return {"events": [], "cursor": self.head()}
+        if not isinstance(cursor, str):
+            raise invalid("cursor must be a string", field="cursor")
+        oldest = self._events[0][0] if self._events else self._next
+        position = self._parse(cursor)
+        reset = position is None or position < oldest - 1 or position >= self._next
+        if reset:
+            position = oldest - 1
+        out: list[dict[str, Any]] = []
+        last = position
+        more = False
+        for seq, event_owner, event in self._events:
+            if seq <= position:
+                continue
+            if event_owner != owner or (wanted is not None and event["kind"] not in wanted):
+                last = seq
+                continue
+            if len(out) == limit:
+                more = True
+                break
+            out.append(event)
+            last = seq
+        result: dict[str, Any] = {"events": out, "cursor": self._cursor(last)}
+        if more:
+            result["more"] = True
+        if reset:
+            result["reset"] = True
+        return result
+
+    def _parse(self, cursor: str) -> int | None:
+        salt, _, seq = cursor.partition(".")
+        if salt != self.salt or not seq.isdigit():
+            return None
+        return int(seq)
+
+    def subscribe(self, key: object, push: Push, *, owner: str | None, kinds: Any = None) -> None:
+        self._subscribers[key] = _Subscriber(push, owner, parse_kinds(kinds))
+
+    def unsubscribe(self, key: object) -> bool:
+        return self._subscribers.pop(key, None) is not None

@@ -1,0 +1,178 @@
+"""The HTTP binding: a plain ASGI app, run by uvicorn.
+
+Transport rules are checked before any JSON-RPC processing, in this order:
+path and method, Origin (403), bearer token (401), protocol header (400 with a
+-32007 body), body size (413). Then one JSON-RPC message per body: 200 with the
+response, or 202 with an empty body for a notification.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Mapping
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from . import errors
+from .capabilities import PROTOCOL
+from .dispatch import Context, Dispatcher
+from .errors import A2MError
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+DEFAULT_MAX_BODY = 16 * 1024 * 1024
+SERVICE = object()  # a token that maps to SERVICE is trusted to name any owner (the router's token)
+
+
+@dataclass
+class HTTPSettings:
+    allowed_origins: frozenset[str] = frozenset()
+    # token -> principal (owner scope), or SERVICE for a trusted caller that names owners itself.
+    tokens: Mapping[str, Any] = field(default_factory=dict)
+    max_body: int = DEFAULT_MAX_BODY
+
+
+class Metrics:
+    """Per-app registry, so several servers in one process (tests) do not collide."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("a2m_requests", "JSON-RPC requests", ["method", "outcome"], registry=self.registry)
+        self.latency = Histogram(
+            "a2m_request_seconds", "JSON-RPC latency", ["method"], registry=self.registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
+        )
+
+    def observe(self, method: str, seconds: float, ok: bool) -> None:
+        self.requests.labels(method, "ok" if ok else "error").inc()
+        self.latency.labels(method).observe(seconds)
+
+
+async def _respond(send: Send, status: int, body: bytes = b"", content_type: bytes = b"application/json",
+                   headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    head = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())] + (headers or [])
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _rpc_error(code: int, message: str) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
+
+
+class HTTPApp:
+    def __init__(self, dispatcher: Dispatcher, settings: HTTPSettings | None = None,
+                 lifespan: Any = None) -> None:
+        self.dispatcher = dispatcher
+        self.settings = settings or HTTPSettings()
+        self.metrics = Metrics()
+        self.lifespan = lifespan  # an object with async startup() / shutdown(), or None
+        dispatcher.observer = self.metrics.observe
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if path == "/":
+            if method != "POST":
+                await _respond(send, 405, b'{"error":"use POST"}', headers=[(b"allow", b"POST")])
+                return
+            await self._rpc(scope, receive, send)
+        elif method != "GET":
+            await _respond(send, 405, b'{"error":"use GET"}', headers=[(b"allow", b"GET")])
+        elif path == "/.well-known/a2m-server.json":
+            result = await self.dispatcher.call("memory/describe", {}, Context(transport="http"))
+            await _respond(send, 200, orjson.dumps(result))
+        elif path == "/healthz":
+            await _respond(send, 200, b'{"status":"ok"}')
+        elif path == "/readyz":
+            try:
+                ready = await self.dispatcher.service.ready()
+            except Exception:
+                ready = False
+            await _respond(send, 200 if ready else 503, b'{"status":"ready"}' if ready else b'{"status":"unavailable"}')
+        elif path == "/metrics":
+            await _respond(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode())
+        else:
+            await _respond(send, 404, b'{"error":"not found"}')
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    if self.lifespan is not None:
+                        await self.lifespan.startup()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self.lifespan is not None:
+                    await self.lifespan.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _rpc(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        origin = headers.get("origin")
+        if origin is not None and origin not in self.settings.allowed_origins:
+            await _respond(send, 403, b'{"error":"origin not allowed"}')
+            return
+        principal = None
+        if self.settings.tokens:
+            auth = headers.get("authorization", "")
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or token.strip() not in self.settings.tokens:
+                await _respond(send, 401, b'{"error":"missing or wrong bearer token"}',
+                               headers=[(b"www-authenticate", b'Bearer realm="a2m"')])
+                return
+            mapped = self.settings.tokens[token.strip()]
+            principal = None if mapped is SERVICE else str(mapped)
+        version = headers.get("a2m-protocol-version")
+        if version is not None and version.strip() != PROTOCOL:
+            await _respond(send, 400, orjson.dumps({"jsonrpc": "2.0", "id": None, "error": A2MError(
+                errors.PROTOCOL_NOT_SUPPORTED, f"this server speaks {PROTOCOL}", {"supported": [PROTOCOL]}).to_error()}))
+            return
+        ctype = headers.get("content-type")
+        if ctype is not None and "json" not in ctype.lower():
+            await _respond(send, 415, b'{"error":"Content-Type must be application/json"}')
+            return
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.settings.max_body:
+            await _respond(send, 413, b'{"error":"body too large"}')
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.settings.max_body:
+                await _respond(send, 413, b'{"error":"body too large"}')
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        ctx = Context(principal=principal, transport="http")
+        body = await self.dispatcher.handle_bytes(b"".join(chunks), ctx)
+        if body is None:
+            await _respond(send, 202)
+        else:
+            await _respond(send, 200, body)
+
+
+def run(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning") -> None:
+    """Serve `app` with uvicorn (httptools + uvloop), the binding's production server."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level=log_level, http="httptools", loop="uvloop",
+                lifespan="on", access_log=False)

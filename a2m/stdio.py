@@ -1,0 +1,62 @@
+"""The stdio binding: one JSON message per line in, one per line out.
+
+stdout carries only JSON-RPC (responses and `memory/event` notifications,
+written whole under one lock so lines never interleave); logs go to stderr;
+end of input ends the server cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import Any
+
+from .dispatch import Context, Dispatcher, dumps
+
+MAX_LINE = 64 * 1024 * 1024
+
+
+async def serve_stdio(dispatcher: Dispatcher, lifespan: Any = None) -> None:
+    """Serve on this process's stdin/stdout until stdin closes."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=MAX_LINE)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    out = sys.stdout.buffer
+    lock = asyncio.Lock()
+
+    async def write(obj: dict[str, Any]) -> None:
+        line = dumps(obj) + b"\n"
+        async with lock:
+            out.write(line)
+            out.flush()
+
+    async def push(event: dict[str, Any]) -> None:
+        await write({"jsonrpc": "2.0", "method": "memory/event", "params": event})
+
+    ctx = Context(transport="stdio", push=push)
+    if lifespan is not None:
+        await lifespan.startup()
+    try:
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:  # a line longer than MAX_LINE: answer and skip to the next line
+                await write({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "message too large"}})
+                continue
+            if not line:
+                break
+            if not line.strip():
+                continue
+            response = await dispatcher.handle_bytes(line, ctx)
+            if response is not None:
+                async with lock:
+                    out.write(response + b"\n")
+                    out.flush()
+    finally:
+        if lifespan is not None:
+            await lifespan.shutdown()
+
+
+def log_to_stderr(level: int = logging.INFO) -> None:
+    logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")

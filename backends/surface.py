@@ -1,0 +1,476 @@
+"""The A2M surface every single-tier server offers, written once over a `Store`.
+
+Everything protocol-shaped lives here: validation and limits, owner scoping, id
+idempotency, key replacement (same id, revision + 1), the move/import
+extension, embedding width checks, touch policy, events, prompt rendering and
+summaries. Engines only store and rank (see `store.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Sequence
+
+from a2m import errors, prompt as prompts
+from a2m.dispatch import Context, Handler
+from a2m.embedder import Embedder, try_embed
+from a2m.errors import A2MError, invalid
+from a2m.events import EventLog
+from a2m.filters import Scope, parse_scope
+from a2m.records import Record, parse_write, supplied_history, validate_embedding
+from a2m.summarize import summarize as extract_summary
+from a2m.timefmt import now
+
+from .store import Store, StoreRejected, StoreUnavailable
+
+log = logging.getLogger("a2m.tier")
+
+DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000, "max_recall_limit": 1000}
+DEFAULT_RECALL_LIMIT = 10
+FORGET_BY_QUERY_LIMIT = 1000
+
+
+def _int(params: Mapping[str, Any], name: str, default: int | None) -> int | None:
+    value = params.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise invalid(f"{name} must be a non-negative integer", field=name)
+    return value
+
+
+def _opt_str(params: Mapping[str, Any], name: str) -> str | None:
+    value = params.get(name)
+    if value is not None and not isinstance(value, str):
+        raise invalid(f"{name} must be a string", field=name)
+    return value
+
+
+def _ids(params: Mapping[str, Any], *, required: bool = True) -> list[str]:
+    ids = params.get("ids")
+    if ids is None and not required:
+        return []
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise invalid("ids must be an array of strings", field="ids")
+    return ids
+
+
+class TierServer:
+    """One tier, one engine: a complete, conformant A2M service."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        name: str,
+        kind: str,
+        capabilities: frozenset[str],
+        limits: Mapping[str, int] | None = None,
+        embedder: Embedder | None = None,
+        extensions: Mapping[str, Handler] | None = None,
+        extension_docs: Mapping[str, Any] | None = None,
+        events: EventLog | None = None,
+        read_only: bool = False,
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.kind = kind
+        self.capabilities = capabilities
+        self.limits = dict(DEFAULT_LIMITS if limits is None else limits)
+        self.embedder = embedder if store.searches_vectors else None
+        self.extensions = dict(extensions or {})
+        self.extension_docs = dict(extension_docs or {})
+        self.events = events or EventLog()
+        self.read_only = read_only
+        self._dims: int | None = None
+        self._key_lock = asyncio.Lock()
+
+    # ---- service plumbing -------------------------------------------------
+
+    async def startup(self) -> None:
+        await self.store.open()
+
+    async def shutdown(self) -> None:
+        await self.store.close()
+
+    async def ready(self) -> bool:
+        try:
+            await self.store.ping()
+            return True
+        except Exception:
+            return False
+
+    def handlers(self) -> dict[str, Handler]:
+        if self.read_only:
+            return {**self._handlers(), "memory/remember": self._refuse, "memory/forget": self._refuse,
+                    "memory/summarize": self._refuse}
+        return self._handlers()
+
+    async def _refuse(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        raise A2MError(errors.READ_ONLY, f"tier {self.name} is read-only", {"tier": self.name})
+
+    def _handlers(self) -> dict[str, Handler]:
+        return {
+            "memory/remember": self.remember,
+            "memory/recall": self.recall,
+            "memory/timeline": self.timeline,
+            "memory/forget": self.forget,
+            "memory/promote": self.promote,
+            "memory/consolidate": self.consolidate,
+            "memory/reinforce": self.reinforce,
+            "memory/session/list": self.session_list,
+            "memory/session/close": self.session_close,
+            "memory/fetch": self.fetch,
+            "memory/events": self.events_poll,
+            "memory/events/subscribe": self.subscribe,
+            "memory/events/unsubscribe": self.unsubscribe,
+            "memory/summarize": self.summarize,
+            **self.extensions,
+        }
+
+    @contextmanager
+    def engine(self) -> Iterator[None]:
+        """Map engine failures onto the protocol: down -> -32603 naming the tier; refused -> -32602."""
+        try:
+            yield
+        except StoreUnavailable as exc:
+            raise A2MError(errors.INTERNAL_ERROR, f"tier {self.name} ({self.store.engine}) unavailable: {exc}",
+                           {"tier": self.name, "engine": self.store.engine}) from exc
+        except StoreRejected as exc:
+            raise invalid(f"tier {self.name} cannot store this input: {exc}", tier=self.name) from exc
+
+    async def describe_fields(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        with self.engine():
+            count = await self.store.count(owner)
+            dims = await self.dimensions()
+        tier: dict[str, Any] = {"name": self.name, "kind": self.kind, "count": count, "capacity": None,
+                                "engine": self.store.engine}
+        if self.kind == "working":
+            tier["per_session"] = True
+        out: dict[str, Any] = {"tiers": [tier], "events": {"push": ctx.push is not None}}
+        if "embeddings" in self.capabilities:
+            out["embeddings"] = {"dimensions": dims, "metric": "cosine", "metrics": ["cosine"],
+                                 "model": self.embedder.model if self.embedder else None,
+                                 "searched": self.store.searches_vectors}
+        if "summarize" in self.capabilities:
+            out["summarize"] = {"model": None}
+        if "prompt" in self.capabilities:
+            out["prompt"] = prompts.describe()
+        if self.extension_docs:
+            out["extensions"] = self.extension_docs
+        return out
+
+    async def dimensions(self) -> int | None:
+        if self._dims is None:
+            self._dims = await self.store.dimensions()
+        return self._dims
+
+    def _check_tier(self, params: Mapping[str, Any], name: str = "tier") -> None:
+        tier = params.get(name)
+        if tier is not None and tier != self.name:
+            raise A2MError(errors.UNKNOWN_TIER, f"unknown tier {tier!r}; this server holds {self.name!r}",
+                           {"tier": tier, "tiers": [self.name]})
+
+    def _scope(self, params: Mapping[str, Any], ctx: Context, *, ids_field: bool = False) -> Scope:
+        return parse_scope(params, ctx.owner(params), ids_field=ids_field)
+
+    def _recall_limit(self, params: Mapping[str, Any], default: int) -> int:
+        limit = _int(params, "limit", default)
+        assert limit is not None
+        cap = self.limits.get("max_recall_limit")
+        if cap:
+            if limit == 0:
+                return cap
+            if limit > cap:
+                raise invalid(f"limit exceeds max_recall_limit ({cap})", field="limit", max=cap)
+        return limit
+
+    async def _check_width(self, vectors: Sequence[list[float]]) -> None:
+        if not vectors:
+            return
+        widths = {len(v) for v in vectors}
+        dims = await self.dimensions()
+        expected = dims if dims is not None else next(iter(widths))
+        if widths != {expected}:
+            raise A2MError(errors.EMBEDDING_MISMATCH, f"embeddings here have {expected} dimensions",
+                           {"expected": expected, "got": sorted(widths)})
+
+    def _wire(self, records: Sequence[Record], params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        embeddings = params.get("embeddings") is True
+        return [r.with_(tier=self.name).to_wire(embeddings=embeddings) for r in records]
+
+    def _with_prompt(self, result: dict[str, Any], records: Sequence[Record], options: dict[str, Any] | None,
+                     ordered_by_time: bool) -> dict[str, Any]:
+        if options is not None:
+            result.update(prompts.render(records, options, ordered_by_time=ordered_by_time))
+        return result
+
+    def _prompt_options(self, params: Mapping[str, Any]) -> dict[str, Any] | None:
+        if params.get("prompt") in (None, False):
+            return None
+        if "prompt" not in self.capabilities:
+            return None  # fields of undeclared capabilities are ignored
+        return prompts.parse(params["prompt"])
+
+    # ---- core ---------------------------------------------------------------
+
+    async def remember(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        raw_records = params.get("records")
+        if not isinstance(raw_records, list) or not raw_records:
+            raise invalid("records must be a non-empty array", field="records")
+        cap = self.limits.get("max_records_per_call")
+        if cap and len(raw_records) > cap:
+            raise invalid(f"at most {cap} records per call", field="records", max=cap)
+        stamp = now()
+        records = [parse_write(raw, i, owner=owner, stamp=stamp) for i, raw in enumerate(raw_records)]
+        max_len = self.limits.get("max_content_length")
+        for i, record in enumerate(records):
+            if max_len and len(record.content) > max_len:
+                raise invalid(f"records[{i}].content exceeds max_content_length ({max_len})", index=i, max=max_len)
+            if record.tier is not None and record.tier != self.name:
+                raise A2MError(errors.UNKNOWN_TIER, f"records[{i}].tier {record.tier!r} is not this server's tier",
+                               {"tier": record.tier, "tiers": [self.name], "index": i})
+        with self.engine():
+            await self._check_width([r.embedding for r in records if r.embedding is not None])
+            await self._embed_missing(records)
+            if any(r.key for r in records):
+                async with self._key_lock:
+                    ids, puts, deletes = await self._resolve(records, raw_records)
+                    await self.store.write(puts, deletes)
+            else:
+                ids, puts, deletes = await self._resolve(records, raw_records)
+                await self.store.write(puts, deletes)
+        for record in puts:
+            await self.events.emit("written", record.owner, id=record.id, tier=self.name, session=record.session,
+                                   key=record.key, revision=record.revision if record.key else None)
+        return {"ids": ids}
+
+    async def _embed_missing(self, records: list[Record]) -> None:
+        missing = [r for r in records if r.embedding is None and r.content]
+        vectors = await try_embed(self.embedder, [r.content for r in missing])
+        if vectors is None:
+            return
+        for record, vector in zip(missing, vectors):
+            record.embedding = vector
+        await self._check_width(vectors)
+
+    async def _resolve(self, records: list[Record], raw: list[Any]) -> tuple[list[str], list[Record], list[str]]:
+        """Turn a validated batch into puts and deletes: idempotent ids, keys replaced in place."""
+        by_owner: dict[str | None, list[Record]] = {}
+        for record in records:
+            by_owner.setdefault(record.owner, []).append(record)
+        existing_ids: set[tuple[str | None, str]] = set()
+        keyed: dict[tuple[str | None, str], Record] = {}
+        for owner, group in by_owner.items():
+            found = await self.store.get(owner, [r.id for r in group])
+            existing_ids.update((owner, r.id) for r in found)
+            keys = sorted({r.key for r in group if r.key})
+            if keys:
+                for key, record in (await self.store.get_keys(owner, keys)).items():
+                    keyed[(owner, key)] = record
+        ids: list[str] = []
+        puts: dict[tuple[str | None, str], Record] = {}
+        deletes: list[str] = []
+        for index, record in enumerate(records):
+            slot = (record.owner, record.key) if record.key else None
+            current = keyed.get(slot) if slot else None
+            if current is not None:
+                if supplied_history(raw[index]):  # a move or an import: the newer revision wins, ids kept
+                    if record.revision < current.revision:
+                        ids.append(current.id)
+                        continue
+                    if current.id != record.id:
+                        deletes.append(current.id)
+                        puts.pop((record.owner, current.id), None)
+                else:
+                    keep = raw[index].get("salience") is None
+                    record = record.with_(
+                        id=current.id, revision=current.revision + 1, access_count=current.access_count,
+                        accessed_at=current.accessed_at, salience=current.salience if keep else record.salience,
+                    )
+            elif (record.owner, record.id) in existing_ids or (record.owner, record.id) in puts:
+                ids.append(record.id)  # idempotent: the id exists, no second record
+                continue
+            puts[(record.owner, record.id)] = record
+            if slot:
+                keyed[slot] = record
+            ids.append(record.id)
+        return ids, list(puts.values()), deletes
+
+    async def recall(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        self._check_tier(params)
+        scope = self._scope(params, ctx)
+        limit = self._recall_limit(params, DEFAULT_RECALL_LIMIT)
+        query = _opt_str(params, "query")
+        min_score = params.get("min_score")
+        if min_score is not None and (not isinstance(min_score, (int, float)) or isinstance(min_score, bool)):
+            raise invalid("min_score must be a number", field="min_score")
+        options = self._prompt_options(params)
+        vector = params.get("embedding")
+        with self.engine():
+            if vector is not None:
+                vector = validate_embedding(vector)
+                await self._check_width([vector])
+            elif query and self.embedder is not None:
+                embedded = await try_embed(self.embedder, [query])
+                vector = embedded[0] if embedded else None
+            with_vectors = params.get("embeddings") is True
+            if not query and vector is None:
+                records = await self.store.select(scope, order="desc", limit=limit, with_embeddings=with_vectors)
+                for rank, record in enumerate(records):
+                    record.score = 1.0 / (1 + rank)
+            else:
+                use_vector = vector if self.store.searches_vectors else None
+                records = await self.store.search(scope, text=query, vector=use_vector, limit=limit,
+                                                  with_embeddings=with_vectors)
+            if min_score is not None:
+                records = [r for r in records if (r.score or 0.0) >= min_score]
+            if records and params.get("touch", True) is not False:
+                stamp = now()
+                await self.store.touch(scope.owner, [r.id for r in records], stamp)
+                for record in records:
+                    record.access_count += 1
+                    record.accessed_at = stamp
+        return self._with_prompt({"records": self._wire(records, params)}, records, options, False)
+
+    async def timeline(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        self._check_tier(params)
+        scope = self._scope(params, ctx)
+        limit = self._recall_limit(params, self.limits.get("max_recall_limit") or 0)
+        options = self._prompt_options(params)
+        with self.engine():
+            records = await self.store.select(scope, order="desc", limit=limit or None,
+                                              with_embeddings=params.get("embeddings") is True)
+        records.reverse()
+        return self._with_prompt({"records": self._wire(records, params)}, records, options, True)
+
+    async def forget(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        self._check_tier(params)
+        scope = self._scope(params, ctx, ids_field=True)
+        query = _opt_str(params, "query")
+        if scope.is_empty_selector() and not query:
+            raise invalid("forget needs a selector (ids, query, where, key_prefix, after or before)")
+        with self.engine():
+            if query:
+                found = await self.store.search(scope, text=query, vector=None, limit=FORGET_BY_QUERY_LIMIT)
+                if not found:
+                    count = 0
+                else:
+                    count = await self.store.delete(Scope(owner=scope.owner, ids=[r.id for r in found]))
+            else:
+                count = await self.store.delete(scope)
+        await self.events.emit("forgotten", scope.owner, count=count, tier=self.name)
+        return {"forgotten": count}
+
+    # ---- tiers, salience, sessions, keys -------------------------------------
+
+    async def promote(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        ids = _ids(params)
+        tier = params.get("tier")
+        if not isinstance(tier, str):
+            raise invalid("tier is required", field="tier")
+        self._check_tier(params)
+        ctx.owner(params)
+        return {"promoted": 0}  # the ids already live in the only tier here
+
+    async def consolidate(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        with self.engine():
+            count = await self.store.count(owner)
+        result = {"moved": 0, "promoted": 0, "dropped": 0, "summarized": 0, "counts": {self.name: count}}
+        await self.events.emit("consolidated", owner, tier=self.name, moved=0, promoted=0, dropped=0, summarized=0)
+        return result
+
+    async def reinforce(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        ids = _ids(params)
+        owner = ctx.owner(params)
+        amount = params.get("amount", 0.1)
+        if amount is None:
+            amount = 0.1
+        if not isinstance(amount, (int, float)) or isinstance(amount, bool) or not -1 <= amount <= 1:
+            raise invalid("amount must be a number in [-1, 1]", field="amount")
+        with self.engine():
+            count = await self.store.reinforce(owner, ids, float(amount))
+        return {"reinforced": count}
+
+    async def session_list(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        with self.engine():
+            sessions = await self.store.sessions(owner)
+        return {"sessions": [
+            {"session": s.session, "records": s.records, "tiers": {self.name: s.records},
+             "opened_at": s.opened_at, "touched_at": s.touched_at} for s in sessions
+        ]}
+
+    async def session_close(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        session = params.get("session")
+        if not isinstance(session, str) or not session:
+            raise invalid("session is required", field="session")
+        owner = ctx.owner(params)
+        with self.engine():
+            count = await self.store.count(owner)
+        await self.events.emit("session_closed", owner, session=session)
+        return {"moved": 0, "promoted": 0, "dropped": 0, "summarized": 0, "counts": {self.name: count},
+                "closed": session, "flushed": 0}
+
+    async def fetch(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        key = params.get("key")
+        if not isinstance(key, str) or not key:
+            raise invalid("key is required", field="key")
+        owner = ctx.owner(params)
+        with self.engine():
+            found = await self.store.get_keys(owner, [key])
+            record = found.get(key)
+            if record is not None and params.get("embeddings") is True:
+                full = await self.store.get(owner, [record.id], with_embeddings=True)
+                record = full[0] if full else record
+        return {"record": None if record is None else self._wire([record], params)[0]}
+
+    # ---- events --------------------------------------------------------------
+
+    async def events_poll(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        return self.events.poll(params.get("cursor"), limit=params.get("limit"), kinds=params.get("kinds"),
+                                owner=ctx.owner(params))
+
+    async def subscribe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        if ctx.push is None:
+            raise A2MError(errors.CAPABILITY_NOT_SUPPORTED, "push needs a connection that carries notifications "
+                           "(stdio); poll memory/events over HTTP", {"transport": ctx.transport})
+        self.events.subscribe(ctx, ctx.push, owner=ctx.owner(params), kinds=params.get("kinds"))
+        return {"subscribed": True}
+
+    async def unsubscribe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        self.events.unsubscribe(ctx)
+        return {"subscribed": False}
+
+    # ---- summarize -------------------------------------------------------------
+
+    async def summarize(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        self._check_tier(params)
+        self._check_tier(params, "into")
+        scope = self._scope(params, ctx, ids_field=True)
+        query = _opt_str(params, "query")
+        key = _opt_str(params, "key")
+        if scope.is_empty_selector() and not query and params.get("tier") is None:
+            raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
+        limit = self._recall_limit(params, 50)
+        with self.engine():
+            if query:
+                sources = await self.store.search(scope, text=query, vector=None, limit=limit)
+            else:
+                sources = await self.store.select(scope, order="desc", limit=limit)
+        text = extract_summary(sources)
+        if not text:
+            return {"records": [], "read": len(sources), "written": 0}
+        record: dict[str, Any] = {"content": text, "role": "memory",
+                                  "metadata": {"summary_of": [r.id for r in sources]}}
+        if key:
+            record["key"] = key
+        written = await self.remember({"records": [record], "owner": scope.owner}, Context(principal=None))
+        with self.engine():
+            stored = await self.store.get(scope.owner, written["ids"])
+        return {"records": self._wire(stored, params), "read": len(sources), "written": 1}

@@ -1,0 +1,53 @@
+"""Run the in-memory test fixture as an A2M server: `python -m tests.support.testserver [--stdio] [--port N] [--broken]`.
+
+Extra switches make deliberately broken servers for the suite's self-test:
+`--broken order` (timeline newest-first) and `--broken gating` (answers -32601
+for a declared-off capability instead of -32003).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from a2m.dispatch import Dispatcher
+from a2m.errors import A2MError, METHOD_NOT_FOUND
+from a2m.http import HTTPApp, HTTPSettings, run
+from a2m.stdio import log_to_stderr, serve_stdio
+from backends.surface import TierServer
+
+from .memstore import CAPABILITIES, BrokenStore, MemoryStore
+
+
+class GatingBrokenDispatcher(Dispatcher):
+    async def call(self, method, params, ctx):  # type: ignore[no-untyped-def]
+        if method == "memory/summarize":
+            raise A2MError(METHOD_NOT_FOUND, "not here")
+        return await super().call(method, params, ctx)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stdio", action="store_true")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--broken", choices=["order", "gating"])
+    parser.add_argument("--read-only", action="store_true")
+    parser.add_argument("--name", default="memory")
+    parser.add_argument("--kind", default="episodic", choices=["working", "episodic", "semantic", "procedural"])
+    args = parser.parse_args()
+    store = BrokenStore() if args.broken == "order" else MemoryStore()
+    caps = CAPABILITIES - {"summarize"} if args.broken == "gating" else CAPABILITIES
+    server = TierServer(store, name=args.name, kind=args.kind, capabilities=caps, read_only=args.read_only)
+    dispatcher = (GatingBrokenDispatcher if args.broken == "gating" else Dispatcher)(server)
+    log_to_stderr()
+    if args.stdio:
+        asyncio.run(serve_stdio(dispatcher, lifespan=server))
+    else:
+        run(HTTPApp(dispatcher, HTTPSettings(allowed_origins=frozenset({"http://allowed.example"})), lifespan=server),
+            port=args.port)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
