@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from tests.support.procs import free_port, http_server, testserver_command
+from tests.support.procs import free_port, http_server, fixture_server_command
 
 from .suite import run
 from .wire import HTTPTransport, StdioTransport
@@ -42,7 +42,7 @@ def failures(results: list) -> list[str]:
 @pytest.mark.anyio
 async def test_fixture_server_over_http() -> None:
     port = free_port()
-    with http_server(testserver_command("--port", str(port)), port) as url:
+    with http_server(fixture_server_command("--port", str(port)), port) as url:
         results = await run_http(url)
     assert not failures(results)
     assert sum(r.outcome == "pass" for r in results) >= 40
@@ -50,14 +50,14 @@ async def test_fixture_server_over_http() -> None:
 
 @pytest.mark.anyio
 async def test_fixture_server_over_stdio() -> None:
-    results = await run_stdio(testserver_command("--stdio"))
+    results = await run_stdio(fixture_server_command("--stdio"))
     assert not failures(results)
     assert any(r.name.startswith("over stdio, subscribe") and r.outcome == "pass" for r in results)
 
 
 @pytest.mark.anyio
 async def test_read_only_fixture_is_conformant() -> None:
-    results = await run_stdio(testserver_command("--stdio", "--read-only"))
+    results = await run_stdio(fixture_server_command("--stdio", "--read-only"))
     assert not failures(results)
     assert any(r.group == "read-only" and r.outcome == "pass" for r in results)
 
@@ -68,5 +68,5 @@ async def test_read_only_fixture_is_conformant() -> None:
     ("gating", "every method of an undeclared capability answers -32003"),
 ])
 async def test_suite_catches_a_broken_server(broken: str, expected: str) -> None:
-    results = await run_stdio(testserver_command("--stdio", "--broken", broken))
+    results = await run_stdio(fixture_server_command("--stdio", "--broken", broken))
     assert any(expected in f for f in failures(results)), failures(results)

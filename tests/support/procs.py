@@ -68,5 +68,5 @@ def http_server(command: Sequence[str], port: int, env: dict[str, str] | None = 
         stop(proc)
 
 
-def testserver_command(*args: str) -> list[str]:
+def fixture_server_command(*args: str) -> list[str]:
     return [PYTHON, "-m", "tests.support.testserver", *args]
