@@ -99,9 +99,10 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def validate_embedding(value: Any, where: str = "embedding") -> list[float]:
+def validate_embedding(value: Any, where: str = "embedding", index: int | None = None) -> list[float]:
     if not isinstance(value, list) or not value or not all(_number(x) for x in value):
-        raise invalid(f"{where} must be a non-empty array of finite numbers", field="embedding")
+        detail: dict[str, Any] = {"field": "embedding"} if index is None else {"field": "embedding", "index": index}
+        raise invalid(f"{where} must be a non-empty array of finite numbers", **detail)
     return [float(x) for x in value]
 
 
@@ -157,7 +158,7 @@ def parse_write(raw: Any, index: int, *, owner: str | None, stamp: str | None = 
         accessed_at = normalize_ts(accessed_at, f"records[{index}].accessed_at")
     embedding = raw.get("embedding")
     if embedding is not None:
-        embedding = validate_embedding(embedding, f"records[{index}].embedding")
+        embedding = validate_embedding(embedding, f"records[{index}].embedding", index)
     return Record(
         id=record_id or new_id(),
         content=content,

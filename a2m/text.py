@@ -6,7 +6,8 @@
 - Stopwords are removed for the language the text looks like (most stopword
   hits among en/it/de/fr/es/pt/nl/ru), not from one English list; a text of
   only stopwords keeps nothing, so it matches nothing.
-- A light English suffix folding (plurals, -ing, -ed) when English is detected.
+- A light English suffix folding (plurals, -ing, -ed) when English is detected, or
+  when no language is (a short query).
 """
 
 from __future__ import annotations
@@ -86,9 +87,9 @@ def _stem_en(word: str) -> str:
 def tokenize(text: str, language: str | None = None) -> list[str]:
     """Searchable terms of `text`, in order (duplicates kept, for term frequency)."""
     words = _split(text)
-    lang = language or detect_language(words)
-    if lang is None:
-        return words
+    # Short texts (queries) often hold no stopword at all: they fold like English, the
+    # most common case, so that "agencies" in a query meets "agency" in a record.
+    lang = language or detect_language(words) or "en"
     stop = _FOLDED_STOPWORDS[lang]
     kept = [w for w in words if w not in stop]
     if lang == "en":

@@ -1,0 +1,95 @@
+"""The HTTP binding's transport rules, in-process through httpx's ASGI transport."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from a2m.dispatch import Dispatcher
+from a2m.http import SERVICE, HTTPApp, HTTPSettings
+from backends.surface import TierServer
+from tests.support.memstore import CAPABILITIES, MemoryStore
+
+BODY = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "memory/describe"}).encode()
+
+
+def make_app(**settings: object) -> HTTPApp:
+    server = TierServer(MemoryStore(), name="memory", kind="episodic", capabilities=CAPABILITIES)
+    return HTTPApp(Dispatcher(server), HTTPSettings(**settings), lifespan=server)  # type: ignore[arg-type]
+
+
+def client(app: HTTPApp) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+@pytest.mark.anyio
+async def test_post_answers_200_and_notification_202() -> None:
+    async with client(make_app()) as c:
+        reply = await c.post("/", content=BODY, headers={"content-type": "application/json"})
+        assert reply.status_code == 200 and reply.json()["result"]["protocol"] == "a2m/0.1"
+        note = await c.post("/", content=b'{"jsonrpc":"2.0","method":"memory/describe"}')
+        assert note.status_code == 202 and note.content == b""
+
+
+@pytest.mark.anyio
+async def test_get_is_405_and_unknown_path_404() -> None:
+    async with client(make_app()) as c:
+        assert (await c.get("/")).status_code == 405
+        assert (await c.put("/", content=BODY)).status_code == 405
+        assert (await c.get("/nope")).status_code == 404
+
+
+@pytest.mark.anyio
+async def test_origin_allow_list() -> None:
+    async with client(make_app(allowed_origins=frozenset({"https://app.example"}))) as c:
+        assert (await c.post("/", content=BODY, headers={"origin": "https://evil.example"})).status_code == 403
+        assert (await c.post("/", content=BODY, headers={"origin": "https://app.example"})).status_code == 200
+        assert (await c.post("/", content=BODY)).status_code == 200
+    async with client(make_app()) as c:  # default: no origin allowed
+        assert (await c.post("/", content=BODY, headers={"origin": "http://localhost:3000"})).status_code == 403
+
+
+@pytest.mark.anyio
+async def test_protocol_version_header() -> None:
+    async with client(make_app()) as c:
+        bad = await c.post("/", content=BODY, headers={"a2m-protocol-version": "a2m/2.0"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == -32007
+        assert (await c.post("/", content=BODY, headers={"a2m-protocol-version": "a2m/0.1"})).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_body_limit_413() -> None:
+    async with client(make_app(max_body=1024)) as c:
+        assert (await c.post("/", content=b" " * 2048)).status_code == 413
+
+
+@pytest.mark.anyio
+async def test_bearer_auth_runs_first_and_sets_the_owner_scope() -> None:
+    app = make_app(tokens={"tok-a": "alice", "tok-b": "bob", "svc": SERVICE})
+    async with client(app) as c:
+        assert (await c.post("/", content=BODY)).status_code == 401
+        assert (await c.post("/", content=BODY, headers={"authorization": "Bearer wrong"})).status_code == 401
+
+        async def rpc(token: str, method: str, params: dict) -> dict:
+            body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
+            return (await c.post("/", content=body, headers={"authorization": f"Bearer {token}"})).json()
+
+        await rpc("tok-a", "memory/remember", {"records": [{"content": "alice secret zebra"}]})
+        assert len((await rpc("tok-a", "memory/recall", {"query": "zebra"}))["result"]["records"]) == 1
+        assert (await rpc("tok-b", "memory/recall", {"query": "zebra"}))["result"]["records"] == []
+        assert (await rpc("tok-b", "memory/recall", {"query": "zebra", "owner": "alice"}))["error"]["code"] == -32005
+        # the service token names owners itself
+        assert len((await rpc("svc", "memory/recall", {"query": "zebra", "owner": "alice"}))["result"]["records"]) == 1
+
+
+@pytest.mark.anyio
+async def test_health_ready_metrics_well_known() -> None:
+    async with client(make_app()) as c:
+        assert (await c.get("/healthz")).status_code == 200
+        assert (await c.get("/readyz")).status_code == 200
+        assert (await c.get("/.well-known/a2m-server.json")).json()["protocol"] == "a2m/0.1"
+        await c.post("/", content=BODY)
+        metrics = (await c.get("/metrics")).text
+        assert 'a2m_requests_total{method="memory/describe",outcome="ok"}' in metrics

@@ -1,0 +1,77 @@
+from a2m.text import BM25, detect_language, fold, rank, sparse_vector, tokenize
+
+
+def test_accents_fold_both_ways() -> None:
+    assert tokenize("città") == tokenize("citta") == ["citta"]
+    assert fold("Ärger Straße") == "arger strasse"
+
+
+def test_cjk_becomes_bigrams() -> None:
+    assert tokenize("東京タワー") == ["東京", "京タ", "タワ", "ワー"]
+    assert tokenize("山") == ["山"]
+    assert "東京" in tokenize("I visited 東京 yesterday")
+
+
+def test_cyrillic_is_tokenized_and_russian_stopwords_removed() -> None:
+    tokens = tokenize("Москва и Санкт-Петербург это большие города")
+    assert "москва" in tokens and "города" in tokens
+    assert "и" not in tokens
+
+
+def test_stopwords_per_detected_language() -> None:
+    assert tokenize("the cat is on the mat") == ["cat", "mat"]
+    assert tokenize("il gatto è sul tavolo") == ["gatto", "tavolo"]
+    assert tokenize("der Hund ist nicht im Haus") == ["hund", "haus"]
+    assert tokenize("le chat est dans la maison") == ["chat", "maison"]
+    assert tokenize("el perro está en la casa") == ["perro", "casa"]
+    # "die" is German for "the" but an English verb: kept when the text is English
+    assert "die" in tokenize("plants die without the water")
+
+
+def test_language_detection() -> None:
+    assert detect_language(tokenize.__globals__["_split"]("where is the station")) == "en"
+    assert detect_language(tokenize.__globals__["_split"]("dove sono le chiavi della macchina")) == "it"
+    assert detect_language(["xyzzy"]) is None
+
+
+def test_only_stopwords_yields_nothing() -> None:
+    assert tokenize("the of and to") == []
+    assert rank({"a": "the cat", "b": "a dog"}, "the of") == []
+
+
+def test_english_plurals_fold() -> None:
+    assert tokenize("adoption agencies") == tokenize("adoption agency")
+    assert tokenize("cats") == tokenize("cat")
+
+
+def test_bm25_prefers_rarer_and_more_frequent_terms() -> None:
+    index = BM25()
+    index.add("a", "redis stores the working transcript")
+    index.add("b", "postgres stores episodes and postgres indexes them")
+    index.add("c", "git stores procedures")
+    scores = index.scores("postgres episodes")
+    assert max(scores, key=scores.get) == "b"
+    assert "c" not in scores
+
+
+def test_bm25_remove_and_replace() -> None:
+    index = BM25()
+    index.add("a", "bologna")
+    index.add("a", "milan")  # re-adding replaces
+    assert index.scores("bologna") == {}
+    assert set(index.scores("milan")) == {"a"}
+    index.remove("a")
+    assert len(index) == 0 and index.scores("milan") == {}
+
+
+def test_rank_scores_in_unit_interval_and_sorted() -> None:
+    ranked = rank({"a": "alpha beta", "b": "alpha alpha alpha", "c": "gamma"}, "alpha")
+    assert [d for d, _ in ranked][0] == "b"
+    assert all(0 < s < 1 for _, s in ranked)
+
+
+def test_sparse_vector_is_stable_and_sorted() -> None:
+    indices, values = sparse_vector("cats and cats and dogs")
+    assert indices == sorted(indices) and len(indices) == 2
+    assert sparse_vector("cats and cats and dogs") == (indices, values)
+    assert values[indices.index(sparse_vector("cat")[0][0])] > values[indices.index(sparse_vector("dog")[0][0])]
