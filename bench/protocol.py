@@ -1,0 +1,144 @@
+"""Protocol overhead: `memory/describe` over HTTP on loopback vs a bare ASGI handler, same run.
+
+Prints one JSON object: p50/p99 latency (sequential) and requests/s (16
+concurrent) for (a) a bare ASGI app returning a constant JSON-RPC response,
+(b) the a2m dispatcher + HTTP binding answering describe, each through the
+a2m client (aiohttp transport) and, for the transport choice, through httpx's
+default transport. Target: the dispatcher adds at most 30% to the bare p50.
+
+    python bench/protocol.py [--requests 2000] [--concurrency 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CONSTANT = b'{"jsonrpc":"2.0","id":1,"result":{"protocol":"a2m/0.1","name":"bare"}}'
+
+
+async def bare_app(scope, receive, send):  # type: ignore[no-untyped-def]
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(CONSTANT)).encode())]})
+    await send({"type": "http.response.body", "body": CONSTANT})
+
+
+def serve(kind: str, port: int) -> None:
+    import uvicorn
+
+    if kind == "bare":
+        app = bare_app
+    else:
+        from a2m.dispatch import Dispatcher
+        from a2m.http import HTTPApp
+        from backends.surface import TierServer
+        from tests.support.memstore import CAPABILITIES, MemoryStore
+
+        server = TierServer(MemoryStore(), name="bench", kind="episodic", capabilities=CAPABILITIES)
+        app = HTTPApp(Dispatcher(server), lifespan=server)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", http="httptools", loop="uvloop",
+                access_log=False)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure(url: str, requests: int, concurrency: int, transport: str) -> dict[str, float]:
+    import httpx
+
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "memory/describe", "params": {}}).encode()
+    if transport == "aiohttp":
+        from httpx_aiohttp import AiohttpTransport
+
+        client = httpx.AsyncClient(transport=AiohttpTransport(trust_env=False))
+    else:
+        client = httpx.AsyncClient()
+    headers = {"content-type": "application/json"}
+    async with client:
+        for _ in range(100):  # warm-up: connections, caches
+            await client.post(url, content=body, headers=headers)
+        latencies = []
+        for _ in range(requests):
+            started = time.perf_counter()
+            reply = await client.post(url, content=body, headers=headers)
+            latencies.append((time.perf_counter() - started) * 1000)
+            assert reply.status_code == 200
+        per_worker = max(1, requests // concurrency)
+
+        async def worker() -> None:
+            for _ in range(per_worker):
+                await client.post(url, content=body, headers=headers)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return {"p50_ms": round(statistics.median(latencies), 3), "p99_ms": round(percentile(latencies, 0.99), 3),
+            "rps_concurrent": round(per_worker * concurrency / elapsed, 1)}
+
+
+def start(kind: str, port: int) -> subprocess.Popen[bytes]:
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--port", str(port)], cwd=ROOT)
+    for _ in range(200):
+        try:
+            httpx.post(f"http://127.0.0.1:{port}/", content=b"{}", timeout=0.5)
+            return proc
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{kind} server did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--serve", choices=["bare", "a2m"])
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.port)
+        return
+    from tests.support.procs import free_port
+
+    requests = 300 if args.quick else args.requests
+    results: dict[str, object] = {"benchmark": "protocol", "requests": requests, "concurrency": args.concurrency,
+                                  "machine": f"{platform.machine()} {os.cpu_count()} cpus", "python": platform.python_version()}
+    for kind in ("bare", "a2m"):
+        port = free_port()
+        proc = start(kind, port)
+        try:
+            for transport in ("aiohttp", "httpx-default"):
+                results[f"{kind}/{transport}"] = asyncio.run(
+                    measure(f"http://127.0.0.1:{port}/", requests, args.concurrency, transport))
+        finally:
+            proc.terminate()
+            proc.wait()
+    bare, a2m = results["bare/aiohttp"], results["a2m/aiohttp"]
+    results["dispatcher_overhead_p50"] = round(a2m["p50_ms"] / bare["p50_ms"] - 1, 3)  # type: ignore[index]
+    results["target_overhead_p50"] = 0.30
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
