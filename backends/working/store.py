@@ -1,0 +1,561 @@
+"""The working tier's Store on Redis: the live transcript, replayed before every model call.
+
+Layout (P is the key prefix, `a2m:<tier name>` by default; `<o>`, `<s>`, `<g>` are
+the owner, session and group encoded by `_enc`, so `None` is its own partition
+and no name can collide with another):
+
+    P:seq              global insertion counter (breaks created_at ties)
+    P:dims             embedding width, fixed by the first stored vector
+    P:r:<id>           HASH  one record: j (JSON of the immutable fields), e (embedding
+                             JSON), sal / ac / aa (salience, access_count, accessed_at,
+                             kept apart so touch and reinforce never rewrite the JSON),
+                             o / s / g / k / m (its index entries)
+    P:o:<o>:all        ZSET  every record of the owner
+    P:o:<o>:s:<s>      ZSET  one session (`!` is the records without a session)
+    P:o:<o>:g:<g>      ZSET  one group, so a tool call and its results read together
+    P:o:<o>:k          HASH  key -> id
+    P:o:<o>:kz         ZSET  keys at score 0, for key_prefix by ZRANGEBYLEX
+    P:o:<o>:sess       HASH  <s> -> session name: the session registry
+    P:o:<o>:tch        HASH  <s> -> latest accessed_at in that session
+
+Every ZSET scores a record by the epoch milliseconds of its `created_at` (exact
+in a double) and names it `<16-digit seq><id>`: Redis orders equal scores by
+member, so the order is created_at, then insertion, in the index itself, and a
+time range is a score range.
+
+Every operation is one Lua script, so one round trip, and writes are atomic: a
+script runs alone, and the write script checks everything that can fail (the
+embedding width) before its first write. Input that cannot be encoded is
+refused in Python before anything is sent. The scripts build key names from the
+prefix, so this layout assumes one Redis, not a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any, Literal, Mapping, Sequence
+from urllib.parse import quote
+
+import anyio
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from a2m.filters import Scope, matches
+from a2m.records import Record
+from a2m.text import rank, tokenize
+from a2m.timefmt import format_ts
+from backends.settings import TierSettings
+from backends.store import SessionInfo, StoreRejected, StoreUnavailable
+
+from .embedded import RedisServer
+
+_REJECT = "A2M-REJECT"
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MS = timedelta(milliseconds=1)
+_MUTABLE = ("salience", "access_count", "accessed_at", "embedding")
+
+_LIB = """
+local P = ARGV[1]
+local function unindex(id, expect)
+  local rk = P .. ':r:' .. id
+  local h = redis.call('HMGET', rk, 'o', 's', 'g', 'k', 'm')
+  local o, s, g, k, m = h[1], h[2], h[3], h[4], h[5]
+  if not o then return 0 end
+  if expect ~= nil and expect ~= '' and expect ~= m then return 0 end
+  local base = P .. ':o:' .. o
+  redis.call('ZREM', base .. ':all', m)
+  local sk = base .. ':s:' .. s
+  redis.call('ZREM', sk, m)
+  if redis.call('ZCARD', sk) == 0 then
+    redis.call('HDEL', base .. ':sess', s)
+    redis.call('HDEL', base .. ':tch', s)
+  end
+  if g then redis.call('ZREM', base .. ':g:' .. g, m) end
+  if k and redis.call('HGET', base .. ':k', k) == id then
+    redis.call('HDEL', base .. ':k', k)
+    redis.call('ZREM', base .. ':kz', k)
+  end
+  redis.call('DEL', rk)
+  return 1
+end
+"""
+
+# ARGV: P, nputs, ndeletes, batch width ('' if no vector),
+#       per put: id o s session-name g key score json sal ac aa emb  (12)
+#       per delete: id expected-member ('' = unconditional)            (2)
+# Deletes run before puts, so a batch may delete one id and put another in its place.
+_WRITE = _LIB + """
+local n, d, width = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+if width ~= '' then
+  local stored = redis.call('GET', P .. ':dims')
+  if stored and stored ~= width then
+    return redis.error_reply('A2M-REJECT embedding has ' .. width .. ' dimensions, the store holds ' .. stored)
+  end
+end
+local removed = 0
+local i = 5 + 12 * n
+for _ = 1, d do
+  removed = removed + unindex(ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+i = 5
+for _ = 1, n do
+  local id, o, s, sname, g, k = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  local score, j, sal, ac, aa, e = ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11]
+  i = i + 12
+  unindex(id, nil)
+  local m = string.format('%016d', redis.call('INCR', P .. ':seq')) .. id
+  local rk = P .. ':r:' .. id
+  redis.call('HSET', rk, 'o', o, 's', s, 'm', m, 'j', j, 'sal', sal, 'ac', ac)
+  if aa ~= '' then redis.call('HSET', rk, 'aa', aa) end
+  if e ~= '' then redis.call('HSET', rk, 'e', e) end
+  local base = P .. ':o:' .. o
+  redis.call('ZADD', base .. ':all', score, m)
+  redis.call('ZADD', base .. ':s:' .. s, score, m)
+  if s ~= '!' then redis.call('HSET', base .. ':sess', s, sname) end
+  if g ~= '!' then
+    redis.call('HSET', rk, 'g', g)
+    redis.call('ZADD', base .. ':g:' .. g, score, m)
+  end
+  if k ~= '!' then
+    k = string.sub(k, 2)
+    redis.call('HSET', rk, 'k', k)
+    local holder = redis.call('HGET', base .. ':k', k)
+    if holder and holder ~= id then
+      redis.call('HDEL', P .. ':r:' .. holder, 'k')  -- the key moves to the newer record
+    end
+    redis.call('HSET', base .. ':k', k, id)
+    redis.call('ZADD', base .. ':kz', 0, k)
+  end
+end
+if width ~= '' then redis.call('SETNX', P .. ':dims', width) end
+return removed
+"""
+
+# ARGV: P, owner, want-embeddings, mode, mode args.  Returns m j sal ac aa e per record.
+#   z      <index suffix> <min> <max> <rev 0|1> <limit, -1 = all>
+#   ids    <id>...
+#   keys   <key>...
+#   prefix <key prefix>
+_FETCH = """
+local P, o, want, mode = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4]
+local base = P .. ':o:' .. o
+local ids, members = {}, nil
+if mode == 'z' then
+  local key, lo, hi, rev, limit = base .. ARGV[5], ARGV[6], ARGV[7], ARGV[8] == '1', tonumber(ARGV[9])
+  if rev then
+    members = redis.call('ZREVRANGEBYSCORE', key, hi, lo, 'LIMIT', 0, limit)
+  else
+    members = redis.call('ZRANGEBYSCORE', key, lo, hi, 'LIMIT', 0, limit)
+  end
+  for x = 1, #members do ids[x] = string.sub(members[x], 17) end
+elseif mode == 'ids' then
+  for x = 5, #ARGV do ids[#ids + 1] = ARGV[x] end
+elseif mode == 'keys' then
+  if #ARGV >= 5 then
+    local found = redis.call('HMGET', base .. ':k', unpack(ARGV, 5))
+    for x = 1, #found do if found[x] then ids[#ids + 1] = found[x] end end
+  end
+else
+  local p = ARGV[5]
+  local keys
+  if p == '' then
+    keys = redis.call('ZRANGEBYLEX', base .. ':kz', '-', '+')
+  else
+    keys = redis.call('ZRANGEBYLEX', base .. ':kz', '[' .. p, '(' .. p .. '\\255')
+  end
+  for x = 1, #keys do ids[#ids + 1] = redis.call('HGET', base .. ':k', keys[x]) end
+end
+local out = {}
+for x = 1, #ids do
+  local h = redis.call('HMGET', P .. ':r:' .. ids[x], 'o', 'm', 'j', 'sal', 'ac', 'aa', 'e')
+  if h[1] == o then
+    out[#out + 1] = h[2]
+    out[#out + 1] = h[3]
+    out[#out + 1] = h[4]
+    out[#out + 1] = h[5]
+    out[#out + 1] = h[6]
+    if want then out[#out + 1] = h[7] else out[#out + 1] = false end
+  end
+end
+return out
+"""
+
+# ARGV: P, owner, at, ids...
+_TOUCH = """
+local P, o, at = ARGV[1], ARGV[2], ARGV[3]
+local tch = P .. ':o:' .. o .. ':tch'
+for x = 4, #ARGV do
+  local rk = P .. ':r:' .. ARGV[x]
+  local h = redis.call('HMGET', rk, 'o', 's')
+  if h[1] == o then
+    redis.call('HINCRBY', rk, 'ac', 1)
+    redis.call('HSET', rk, 'aa', at)
+    if h[2] ~= '!' then
+      local last = redis.call('HGET', tch, h[2])
+      if not last or last < at then redis.call('HSET', tch, h[2], at) end
+    end
+  end
+end
+return 0
+"""
+
+# ARGV: P, owner, amount, ids...  salience = clamp(salience + amount) in doubles, like Python.
+_REINFORCE = """
+local P, o, amount = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local n = 0
+for x = 4, #ARGV do
+  local rk = P .. ':r:' .. ARGV[x]
+  local h = redis.call('HMGET', rk, 'o', 'sal')
+  if h[1] == o then
+    local v = tonumber(h[2]) + amount
+    if v > 1 then v = 1 elseif v < 0 then v = 0 end
+    redis.call('HSET', rk, 'sal', string.format('%.17g', v))
+    n = n + 1
+  end
+end
+return n
+"""
+
+# ARGV: P, owner.  Returns name count first-score last-score touched per named session.
+_SESSIONS = """
+local P, o = ARGV[1], ARGV[2]
+local base = P .. ':o:' .. o
+local reg = redis.call('HGETALL', base .. ':sess')
+local out = {}
+for x = 1, #reg, 2 do
+  local zk = base .. ':s:' .. reg[x]
+  local first = redis.call('ZRANGE', zk, 0, 0, 'WITHSCORES')
+  local last = redis.call('ZRANGE', zk, -1, -1, 'WITHSCORES')
+  out[#out + 1] = reg[x + 1]
+  out[#out + 1] = redis.call('ZCARD', zk)
+  out[#out + 1] = first[2] or false
+  out[#out + 1] = last[2] or false
+  out[#out + 1] = redis.call('HGET', base .. ':tch', reg[x]) or false
+end
+return out
+"""
+
+_INFO = """
+local P, o = ARGV[1], ARGV[2]
+return {redis.call('ZCARD', P .. ':o:' .. o .. ':all'), redis.call('GET', P .. ':dims') or false}
+"""
+
+
+def _enc(value: str | None) -> str:
+    """A key segment: `!` for None, `=` + percent-encoding otherwise (no `:` survives)."""
+    return "!" if value is None else "=" + quote(value, safe="")
+
+
+def _millis(ts: str) -> int:
+    return (datetime.fromisoformat(ts) - _EPOCH) // _MS
+
+
+def _from_millis(raw: bytes | str) -> str:
+    return format_ts(_EPOCH + timedelta(milliseconds=int(float(raw))))
+
+
+def _single(where: Mapping[str, Any], name: str) -> tuple[bool, str | None]:
+    """(usable, value) when `where[name]` selects exactly one index bucket."""
+    if name not in where:
+        return False, None
+    value = where[name]
+    if isinstance(value, list):
+        if len(value) != 1:
+            return False, None
+        value = value[0]
+    if value is None or isinstance(value, str):
+        return True, value
+    return False, None
+
+
+class RedisStore:
+    """`Store` on Redis; an embedded `redis-server` child when no URL is given."""
+
+    engine = "redis"
+    searches_vectors = False
+
+    def __init__(self, settings: TierSettings) -> None:
+        self.settings = settings
+        self.prefix: str = settings.options.get("prefix") or f"a2m:{settings.name}"
+        self.server: RedisServer | None = None
+        if settings.url is None:
+            self.server = RedisServer(
+                settings.data_dir,
+                appendfsync=settings.options.get("appendfsync", "everysec"),
+                binary=settings.options.get("redis_server"),
+            )
+        self._redis: aioredis.Redis | None = None
+        self._restart_lock: anyio.Lock | None = None
+        self._failed_restart_at = 0.0
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._redis is not None:
+            return
+        if self.server is not None:
+            await self.server.start()
+            url = self.server.url
+        else:
+            assert self.settings.url is not None
+            url = self.settings.url
+        self._restart_lock = anyio.Lock()
+        self._redis = aioredis.Redis.from_url(
+            url,
+            decode_responses=False,
+            # One immediate retry replaces a pooled connection that died with a
+            # restarted server; more would only delay the -32603 a caller needs.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            socket_timeout=float(self.settings.options.get("timeout", 5.0)),
+            socket_connect_timeout=float(self.settings.options.get("connect_timeout", 2.0)),
+            health_check_interval=0,
+        )
+        client = self._redis
+        self._write = client.register_script(_WRITE)
+        self._fetch = client.register_script(_FETCH)
+        self._touch = client.register_script(_TOUCH)
+        self._reinforce = client.register_script(_REINFORCE)
+        self._sessions = client.register_script(_SESSIONS)
+        self._info = client.register_script(_INFO)
+        await self.ping()
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            try:
+                await self._redis.aclose()
+            finally:
+                self._redis = None
+        if self.server is not None:
+            await self.server.stop()
+
+    async def ping(self) -> None:
+        await self._ready()
+        assert self._redis is not None
+        try:
+            await self._redis.ping()
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+        except OSError as exc:
+            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+
+    async def _ready(self) -> None:
+        """Restart an embedded child that died; fail fast while a restart keeps failing."""
+        if self._redis is None:
+            raise StoreUnavailable("the working store is not open")
+        server = self.server
+        if server is None or server.alive():
+            return
+        assert self._restart_lock is not None
+        async with self._restart_lock:
+            if server.alive():
+                return
+            if time.monotonic() - self._failed_restart_at < 1.0:
+                raise StoreUnavailable("redis-server is down and did not restart")
+            try:
+                await server.restart()
+            except StoreUnavailable:
+                self._failed_restart_at = time.monotonic()
+                raise
+            await self._redis.connection_pool.disconnect()
+
+    async def _eval(self, script: Any, args: list[Any]) -> Any:
+        await self._ready()
+        try:
+            return await script(args=[self.prefix, *args], client=self._redis)
+        except ResponseError as exc:
+            text = str(exc)
+            if _REJECT in text:
+                raise StoreRejected(text.split(_REJECT, 1)[1].strip()) from None
+            raise StoreUnavailable(f"redis: {text}") from exc
+        except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+        except UnicodeEncodeError as exc:
+            raise StoreRejected(f"text that is not valid UTF-8: {exc.reason}") from None
+
+    # -- encoding ----------------------------------------------------------
+
+    @staticmethod
+    def _put_args(record: Record) -> list[Any]:
+        body = record.to_dict()
+        for name in _MUTABLE:
+            body.pop(name, None)
+        try:
+            j = orjson.dumps(body)
+            e = b"" if record.embedding is None else orjson.dumps(record.embedding)
+            owner, session, group = _enc(record.owner), _enc(record.session), _enc(record.group)
+            score = _millis(record.created_at)
+        except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+            raise StoreRejected(f"record {record.id!r} cannot be stored: {exc}") from None
+        return [
+            record.id, owner, session, record.session or "", group,
+            "!" if record.key is None else "=" + record.key,
+            score, j, repr(float(record.salience)), int(record.access_count),
+            record.accessed_at or "", e,
+        ]
+
+    @staticmethod
+    def _records(flat: list[Any]) -> list[tuple[bytes, Record]]:
+        """(index member, record) pairs from a fetch reply."""
+        out = []
+        for x in range(0, len(flat), 6):
+            member, j, sal, ac, aa, e = flat[x : x + 6]
+            body = orjson.loads(j)
+            body["salience"] = float(sal)
+            body["access_count"] = int(ac)
+            body["accessed_at"] = aa.decode() if aa else None
+            body["embedding"] = orjson.loads(e) if e else None
+            out.append((member, Record(**body)))
+        return out
+
+    # -- writes ------------------------------------------------------------
+
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
+        await self._write_batch(puts, [(i, "") for i in deletes])
+
+    async def _write_batch(self, puts: Sequence[Record], deletes: Sequence[tuple[str, str | bytes]]) -> int:
+        if not puts and not deletes:
+            return 0
+        args: list[Any] = []
+        width = ""
+        for record in puts:
+            args.extend(self._put_args(record))
+            if record.embedding is not None:
+                size = str(len(record.embedding))
+                if width and size != width:
+                    raise StoreRejected(f"embeddings of {width} and {size} dimensions in one batch")
+                width = size
+        for record_id, member in deletes:
+            args.extend((record_id, member))
+        return int(await self._eval(self._write, [len(puts), len(deletes), width, *args]))
+
+    async def delete(self, scope: Scope) -> int:
+        found = await self._scan(scope, order="asc", limit=None, with_embeddings=False)
+        # Conditional on the index member: a record re-put since the read is a new
+        # version that may be out of scope, so it is left alone.
+        return await self._write_batch((), [(r.id, m) for m, r in found])
+
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
+        if ids:
+            await self._eval(self._touch, [_enc(owner), at, *ids])
+
+    async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
+        unique = list(dict.fromkeys(ids))
+        if not unique:
+            return 0
+        return int(await self._eval(self._reinforce, [_enc(owner), repr(float(amount)), *unique]))
+
+    # -- reads -------------------------------------------------------------
+
+    async def get(self, owner: str | None, ids: Sequence[str], *, with_embeddings: bool = False) -> list[Record]:
+        unique = list(dict.fromkeys(ids))
+        if not unique:
+            return []
+        flat = await self._eval(self._fetch, [_enc(owner), "1" if with_embeddings else "0", "ids", *unique])
+        return [r for _, r in self._records(flat)]
+
+    async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
+        unique = list(dict.fromkeys(keys))
+        if not unique:
+            return {}
+        flat = await self._eval(self._fetch, [_enc(owner), "0", "keys", *unique])
+        return {r.key: r for _, r in self._records(flat) if r.key is not None}
+
+    async def _scan(
+        self, scope: Scope, *, order: Literal["asc", "desc"], limit: int | None, with_embeddings: bool
+    ) -> list[tuple[bytes, Record]]:
+        """Records in scope with their index member, in order, from the narrowest index."""
+        want = "1" if with_embeddings else "0"
+        owner = _enc(scope.owner)
+        where = dict(scope.where)
+        if scope.ids is not None or scope.key_prefix is not None:
+            if scope.ids is not None:
+                if not scope.ids:
+                    return []
+                flat = await self._eval(self._fetch, [owner, want, "ids", *dict.fromkeys(scope.ids)])
+            else:
+                flat = await self._eval(self._fetch, [owner, want, "prefix", scope.key_prefix])
+            found = [(m, r) for m, r in self._records(flat) if matches(r, scope)]
+            found.sort(key=lambda p: (p[1].created_at, p[0][:16]), reverse=order == "desc")
+            return found if limit is None else found[:limit]
+        index = ":all"
+        for name, suffix in (("session", ":s:"), ("group", ":g:")):
+            usable, value = _single(where, name)
+            if usable and (name == "session" or value is not None):
+                index = suffix + _enc(value)
+                del where[name]
+                break
+        lo = "-inf" if scope.after is None else f"({_millis(scope.after)}"
+        hi = "+inf" if scope.before is None else f"({_millis(scope.before)}"
+        exact = not where  # the index alone is the scope: the limit can run in Redis
+        pushed = -1 if limit is None or not exact else limit
+        flat = await self._eval(self._fetch, [owner, want, "z", index, lo, hi, "1" if order == "desc" else "0", pushed])
+        found = self._records(flat)
+        if not exact:
+            found = [(m, r) for m, r in found if matches(r, scope)]
+            if limit is not None:
+                found = found[:limit]
+        return found
+
+    async def select(
+        self,
+        scope: Scope,
+        *,
+        order: Literal["asc", "desc"] = "asc",
+        limit: int | None = None,
+        with_embeddings: bool = False,
+    ) -> list[Record]:
+        if limit is not None and limit <= 0:
+            return []
+        found = await self._scan(scope, order=order, limit=limit, with_embeddings=with_embeddings)
+        return [r for _, r in found]
+
+    async def search(
+        self,
+        scope: Scope,
+        *,
+        text: str | None,
+        vector: Sequence[float] | None,
+        limit: int,
+        with_embeddings: bool = False,
+    ) -> list[Record]:
+        """BM25 over the scope's records (a working set is small); newest first among ties."""
+        if not text or not tokenize(text) or limit <= 0:
+            return []
+        found = await self._scan(scope, order="desc", limit=None, with_embeddings=with_embeddings)
+        by_id = {r.id: r for _, r in found}
+        ranked = rank({r.id: r.content for r in by_id.values()}, text)
+        return [by_id[i].with_(score=s) for i, s in ranked[:limit]]
+
+    async def sessions(self, owner: str | None) -> list[SessionInfo]:
+        flat = await self._eval(self._sessions, [_enc(owner)])
+        out = []
+        for x in range(0, len(flat), 5):
+            name, count, first, last, touched = flat[x : x + 5]
+            latest = _from_millis(last) if last is not None else None
+            if touched is not None and (latest is None or touched.decode() > latest):
+                latest = touched.decode()
+            out.append(SessionInfo(
+                session=name.decode(),
+                records=int(count),
+                opened_at=_from_millis(first) if first is not None else None,
+                touched_at=latest,
+            ))
+        out.sort(key=lambda s: (s.opened_at or "", s.session))
+        return out
+
+    async def count(self, owner: str | None) -> int:
+        records, _ = await self._eval(self._info, [_enc(owner)])
+        return int(records)
+
+    async def dimensions(self) -> int | None:
+        _, dims = await self._eval(self._info, ["!"])
+        return None if dims is None else int(dims)

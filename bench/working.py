@@ -1,0 +1,182 @@
+"""Latency of the working tier's hot path, printed as JSON.
+
+    python -m bench.working [--iterations N] [--redis-url URL] [--url A2M_HTTP_URL]
+
+Measures, in one run and against one redis-server (embedded unless
+`--redis-url`):
+
+- `store`: RedisStore's timeline of a 32-record session and a 4-record write
+  (a turn), p50/p99, and bulk writes in batches of 100 (records/s);
+- `raw`: the same operations as the fewest raw redis-py calls on the plainest
+  layout (a session as a LIST of JSON strings: LRANGE + decode, RPUSH of 4), the
+  floor any layout with indexes pays on top of;
+- `http` (with `--url`): `memory/timeline` and `memory/remember` on a running A2M
+  server, over the project's pooled client.
+
+Targets (issue 3): timeline p50 <= 2 ms over HTTP and <= 3x raw; a turn's
+remember p50 <= 3 ms; bulk >= 5,000 records/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import orjson
+
+from a2m.filters import Scope
+from a2m.records import Record
+from a2m.timefmt import now
+from backends.settings import TierSettings
+from backends.working import RedisStore
+
+SESSION_SIZE = 32
+TURN = 4
+BULK_BATCH = 100
+
+
+def _record(session: str, n: int) -> Record:
+    return Record(
+        id=uuid.uuid4().hex, content=f"turn {n}: the user asked about the weather in Rome and the assistant answered",
+        created_at=now(), role="user" if n % 2 else "assistant", session=session, metadata={"n": n},
+    )
+
+
+def _figures(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "p50_ms": round(statistics.median(ordered) * 1000, 4),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 4),
+        "n": len(ordered),
+    }
+
+
+async def _time(op: Callable[[], Awaitable[Any]], iterations: int, progress: str) -> dict[str, float]:
+    for _ in range(min(100, iterations)):  # warm: connections, script cache, allocator
+        await op()
+    samples = []
+    for i in range(iterations):
+        start = time.perf_counter()
+        await op()
+        samples.append(time.perf_counter() - start)
+        if i % 500 == 0:
+            print(f"\r{progress}: {i}/{iterations}", end="", file=sys.stderr, flush=True)
+    print(f"\r{progress}: done{' ' * 12}", file=sys.stderr)
+    return _figures(samples)
+
+
+async def bench_store(store: RedisStore, iterations: int) -> dict[str, Any]:
+    session = f"bench-{uuid.uuid4().hex[:8]}"
+    await store.write([_record(session, n) for n in range(SESSION_SIZE)])
+    scope = Scope(where={"session": session})
+    assert len(await store.select(scope)) == SESSION_SIZE
+    timeline = await _time(lambda: store.select(scope), iterations, "store timeline")
+    turns = f"{session}-turns"
+    counter = iter(range(10**9))
+    remember = await _time(lambda: store.write([_record(turns, next(counter)) for _ in range(TURN)]), iterations, "store turn")
+    bulk_session = f"{session}-bulk"
+    batches = max(20, iterations // 20)
+    start = time.perf_counter()
+    for b in range(batches):
+        await store.write([_record(bulk_session, b * BULK_BATCH + n) for n in range(BULK_BATCH)])
+    elapsed = time.perf_counter() - start
+    return {
+        "timeline_32": timeline,
+        "remember_4": remember,
+        "bulk_records_per_s": round(batches * BULK_BATCH / elapsed),
+    }
+
+
+async def bench_raw(url: str, iterations: int) -> dict[str, Any]:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    key = f"bench:raw:{uuid.uuid4().hex}"
+    try:
+        await client.rpush(key, *[orjson.dumps(_record("raw", n).to_dict()) for n in range(SESSION_SIZE)])
+
+        async def timeline() -> list[Record]:
+            return [Record(**orjson.loads(raw)) for raw in await client.lrange(key, 0, -1)]
+
+        counter = iter(range(10**9))
+        turn_key = key + ":turn"
+
+        async def remember() -> None:
+            await client.rpush(turn_key, *[orjson.dumps(_record("raw", next(counter)).to_dict()) for _ in range(TURN)])
+
+        return {
+            "timeline_32": await _time(timeline, iterations, "raw timeline"),
+            "remember_4": await _time(remember, iterations, "raw turn"),
+        }
+    finally:
+        await client.delete(key, key + ":turn")
+        await client.aclose()
+
+
+async def bench_http(url: str, iterations: int) -> dict[str, Any]:
+    from a2m.client import HTTPClient
+
+    session = f"bench-{uuid.uuid4().hex[:8]}"
+
+    def wire(n: int) -> dict[str, Any]:
+        return {"content": f"turn {n}: the user asked about the weather in Rome", "role": "user", "session": session}
+
+    async with HTTPClient(url) as client:
+        await client.call("memory/remember", {"records": [wire(n) for n in range(SESSION_SIZE)]})
+        params = {"where": {"session": session}}
+        got = await client.call("memory/timeline", params)
+        assert len(got["records"]) == SESSION_SIZE, len(got["records"])
+        turns = {"records": [wire(n) | {"session": session + "-turns"} for n in range(TURN)]}
+        return {
+            # the transport's floor: a call that touches no store
+            "describe": await _time(lambda: client.call("memory/describe", {}), iterations, "http describe"),
+            "timeline_32": await _time(lambda: client.call("memory/timeline", params), iterations, "http timeline"),
+            "remember_4": await _time(lambda: client.call("memory/remember", turns), iterations, "http turn"),
+        }
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.working", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--redis-url", help="an existing Redis (default: an embedded redis-server in a temp dir)")
+    parser.add_argument("--url", help="an A2M working-tier server over HTTP, for the http figures")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="a2m-bench-") as tmp:
+        store = RedisStore(TierSettings(name="working", data_dir=Path(tmp), url=args.redis_url,
+                                        options={"prefix": f"bench:{uuid.uuid4().hex[:8]}"}))
+        await store.open()
+        try:
+            redis_url = args.redis_url or (store.server.url if store.server else "")
+            result: dict[str, Any] = {
+                "engine": "redis",
+                "embedded": args.redis_url is None,
+                "iterations": args.iterations,
+                "store": await bench_store(store, args.iterations),
+                "raw": await bench_raw(redis_url, args.iterations),
+            }
+            if args.url:
+                result["http"] = await bench_http(args.url, args.iterations)
+        finally:
+            await store.close()
+    store_t, raw_t = result["store"]["timeline_32"]["p50_ms"], result["raw"]["timeline_32"]["p50_ms"]
+    result["ratios"] = {"store_timeline_vs_raw_p50": round(store_t / raw_t, 2) if raw_t else None}
+    if "http" in result:
+        result["ratios"]["http_timeline_vs_raw_p50"] = round(result["http"]["timeline_32"]["p50_ms"] / raw_t, 2)
+    result["targets"] = {
+        "http_timeline_p50_ms": 2.0, "http_timeline_vs_raw_p50": 3.0, "remember_4_p50_ms": 3.0,
+        "bulk_records_per_s": 5000,
+    }
+    print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,479 @@
+"""RedisStore against a real redis-server (the embedded child), never a mock.
+
+One server serves the module; each test gets its own key prefix, so tests are
+isolated without flushing. Lifecycle tests (kill, restart, reopen) start their
+own servers in their own directories.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import AsyncIterator, Iterator
+
+import anyio
+import pytest
+
+from a2m.filters import Scope
+from a2m.records import Record
+from backends.settings import TierSettings
+from backends.store import StoreRejected, StoreUnavailable
+from backends.working import CAPABILITIES, KIND, RedisServer, RedisStore, make_store
+
+pytestmark = pytest.mark.anyio
+
+T0 = "2026-07-28T10:15:30.123Z"
+T1 = "2026-07-28T10:15:31.000Z"
+T2 = "2026-07-28T10:15:32.000Z"
+T3 = "2026-07-28T10:15:33.000Z"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    redis = RedisServer(tmp_path_factory.mktemp("redis"))
+    anyio.run(redis.start)
+    yield redis
+    anyio.run(redis.stop)
+    assert not redis.alive()
+
+
+@pytest.fixture
+async def store(server: RedisServer, tmp_path: Path) -> AsyncIterator[RedisStore]:
+    settings = TierSettings(name="working", data_dir=tmp_path, url=server.url, options={"prefix": f"t:{uuid.uuid4().hex}"})
+    s = make_store(settings)
+    await s.open()
+    await s.open()  # idempotent
+    yield s
+    await s.close()
+
+
+def rec(id: str, created_at: str = T0, **fields: object) -> Record:
+    fields.setdefault("content", f"content of {id}")
+    return Record(id=id, created_at=created_at, **fields)  # type: ignore[arg-type]
+
+
+def ids(records: list[Record]) -> list[str]:
+    return [r.id for r in records]
+
+
+async def test_package_exports() -> None:
+    assert KIND == "working"
+    assert {"core", "sessions", "keys", "salience", "embeddings", "prompt"} <= CAPABILITIES
+    assert "summarize" not in CAPABILITIES
+    assert RedisStore.searches_vectors is False and RedisStore.engine == "redis"
+
+
+async def test_round_trip_every_field(store: RedisStore) -> None:
+    full = Record(
+        id="full", content="città ☃ \u0000 nul", created_at=T0, role="assistant",
+        metadata={"n": [1, 2.5, None, True], "deep": {"x": "ü"}, "big": 2**62}, group="g1", tier="working",
+        salience=0.25, access_count=3, accessed_at=T1, owner="alice", session="s", key="app/k",
+        revision=4, embedding=[0.1, -2.0, 3e-9], uri="file:///x.png", media_type="image/png",
+    )
+    await store.write([full])
+    [back] = await store.get("alice", ["full"], with_embeddings=True)
+    assert back == full
+    [plain] = await store.get("alice", ["full"])
+    assert plain.embedding is None and plain.score is None
+    assert (await store.select(Scope(owner="alice"), with_embeddings=True))[0].embedding == [0.1, -2.0, 3e-9]
+
+
+async def test_order_is_created_at_then_insertion(store: RedisStore) -> None:
+    await store.write([rec("b", T1, session="s"), rec("a", T1, session="s"), rec("late", T2, session="s")])
+    await store.write([rec("early", T0, session="s"), rec("c", T1, session="s")])
+    scope = Scope(where={"session": "s"})
+    assert ids(await store.select(scope)) == ["early", "b", "a", "c", "late"]
+    assert ids(await store.select(scope, order="desc")) == ["late", "c", "a", "b", "early"]
+    assert ids(await store.select(scope, order="desc", limit=2)) == ["late", "c"]
+    assert ids(await store.select(scope, limit=2)) == ["early", "b"]
+    assert await store.select(scope, limit=0) == []
+    # a re-put takes a new insertion sequence: it moves after its equal-time peers
+    await store.write([rec("b", T1, session="s", content="edited")])
+    assert ids(await store.select(scope)) == ["early", "a", "c", "b", "late"]
+    assert (await store.get(None, ["b"]))[0].content == "edited"
+    # the same order without the session index (owner-wide, and with a non-index filter)
+    assert ids(await store.select(Scope())) == ["early", "a", "c", "b", "late"]
+    assert ids(await store.select(Scope(where={"session": "s", "role": None}), order="desc", limit=3)) == ["late", "b", "c"]
+
+
+async def test_time_ranges_are_strict(store: RedisStore) -> None:
+    await store.write([rec("0", T0), rec("1", T1), rec("2", T2), rec("3", T3)])
+    assert ids(await store.select(Scope(after=T1))) == ["2", "3"]
+    assert ids(await store.select(Scope(before=T2))) == ["0", "1"]
+    assert ids(await store.select(Scope(after=T0, before=T3))) == ["1", "2"]
+    assert ids(await store.select(Scope(ids=["3", "0", "1"], after=T0))) == ["1", "3"]
+
+
+async def test_owner_partitions(store: RedisStore) -> None:
+    await store.write([
+        rec("n", owner=None, session="s", key="k"),
+        rec("a", owner="a", session="s", key="k"),
+        rec("b", owner="b", session="s", key="k"),
+        rec("empty", owner="", session="s"),
+        # separators in names never collide: owner "x:s:y" vs owner "x", session "y"
+        rec("colon", owner="x:s:y", session="z"),
+        rec("plain", owner="x", session="y:s:z"),
+    ])
+    for owner, expected in ((None, ["n"]), ("a", ["a"]), ("b", ["b"]), ("", ["empty"]), ("x:s:y", ["colon"]), ("x", ["plain"])):
+        assert ids(await store.select(Scope(owner=owner))) == expected
+        assert await store.count(owner) == len(expected)
+    assert await store.get("a", ["n", "b", "a"]) == [(await store.get("a", ["a"]))[0]]
+    assert await store.get(None, ["a"]) == []
+    assert (await store.get_keys("b", ["k"]))["k"].id == "b"
+    assert (await store.get_keys(None, ["k"]))["k"].id == "n"
+    assert await store.get_keys("zz", ["k"]) == {}
+    assert [s.session for s in await store.sessions("x")] == ["y:s:z"]
+    # scoped mutations stay in their partition
+    await store.touch("a", ["n", "b"], T3)
+    assert await store.reinforce("a", ["n", "b"], 0.2) == 0
+    assert (await store.get(None, ["n"]))[0].access_count == 0
+    assert await store.delete(Scope(owner="a", ids=["n", "b"])) == 0
+    assert await store.delete(Scope(owner="a")) == 1
+    assert await store.count(None) == 1 and await store.count("b") == 1
+
+
+async def test_batch_is_atomic(store: RedisStore) -> None:
+    await store.write([rec("keep", session="s")])
+    for bad in (
+        rec("bad", metadata={"n": 2**70}),  # beyond JSON's 64-bit integers: never dropped silently
+        rec("bad", metadata={"s": {1, 2}}),  # not JSON at all
+        rec("bad", content="lone \ud800 surrogate"),
+    ):
+        with pytest.raises(StoreRejected):
+            await store.write([rec("ok1", session="s"), bad, rec("ok2", session="s")], deletes=["keep"])
+        assert ids(await store.select(Scope())) == ["keep"]
+    # a width mismatch is found inside the transaction, before its first write
+    await store.write([rec("v", embedding=[1.0, 2.0])])
+    with pytest.raises(StoreRejected):
+        await store.write([rec("ok3", session="s"), rec("w", embedding=[1.0, 2.0, 3.0])], deletes=["keep"])
+    with pytest.raises(StoreRejected):
+        await store.write([rec("x", embedding=[1.0]), rec("y", embedding=[1.0, 2.0])])
+    assert ids(await store.select(Scope())) == ["keep", "v"]
+    assert await store.dimensions() == 2
+    assert [(s.session, s.records) for s in await store.sessions(None)] == [("s", 1)]
+
+
+async def test_write_puts_and_deletes_together(store: RedisStore) -> None:
+    await store.write([rec("old", session="s", key="k")])
+    await store.write([rec("new", session="s", key="k")], deletes=["old", "missing"])
+    assert ids(await store.select(Scope())) == ["new"]
+    assert (await store.get_keys(None, ["k"]))["k"].id == "new"
+    await store.write([], deletes=["new"])
+    assert await store.count(None) == 0 and await store.sessions(None) == []
+    await store.write([])  # nothing to do is not an error
+
+
+async def test_concurrent_upserts_of_one_id(store: RedisStore) -> None:
+    async def put(n: int) -> None:
+        await store.write([rec("same", session="s", key="k", group="g", content=f"try {n}")])
+
+    async with anyio.create_task_group() as tg:
+        for n in range(20):
+            tg.start_soon(put, n)
+    assert await store.count(None) == 1
+    assert len(await store.select(Scope(where={"session": "s"}))) == 1
+    assert len(await store.select(Scope(where={"group": "g"}))) == 1
+    assert [(s.session, s.records) for s in await store.sessions(None)] == [("s", 1)]
+    assert (await store.get_keys(None, ["k"]))["k"].id == "same"
+
+
+async def test_concurrent_sessions_never_interleave(store: RedisStore) -> None:
+    sessions, turns = 12, 15
+
+    async def converse(s: int) -> None:
+        for t in range(turns):
+            await store.write([rec(f"s{s}-t{t}", T0, session=f"s{s}", owner="o")])  # equal timestamps on purpose
+            await anyio.sleep(0)
+
+    async with anyio.create_task_group() as tg:
+        for s in range(sessions):
+            tg.start_soon(converse, s)
+    for s in range(sessions):
+        timeline = await store.select(Scope(owner="o", where={"session": f"s{s}"}))
+        assert ids(timeline) == [f"s{s}-t{t}" for t in range(turns)]
+    listed = {info.session: info.records for info in await store.sessions("o")}
+    assert listed == {f"s{s}": turns for s in range(sessions)}
+    assert await store.count("o") == sessions * turns
+
+
+async def test_groups_read_whole(store: RedisStore) -> None:
+    await store.write([
+        rec("call", T0, session="s", group="tool-1", role="assistant"),
+        rec("other", T1, session="s"),
+        rec("result", T2, session="s", group="tool-1", role="tool"),
+    ])
+    assert ids(await store.select(Scope(where={"group": "tool-1"}))) == ["call", "result"]
+    assert ids(await store.select(Scope(where={"group": ["tool-1"], "session": "s"}))) == ["call", "result"]
+    assert ids(await store.select(Scope(where={"group": None}))) == ["other"]
+    await store.write([rec("result", T2, session="s", group="tool-2", role="tool")])  # regrouped by a re-put
+    assert ids(await store.select(Scope(where={"group": "tool-1"}))) == ["call"]
+    assert ids(await store.select(Scope(where={"group": "tool-2"}))) == ["result"]
+
+
+async def test_where_falls_back_to_metadata(store: RedisStore) -> None:
+    await store.write([
+        rec("u1", T0, session="a", role="user", metadata={"lang": "it"}),
+        rec("a1", T1, session="a", role="assistant"),
+        rec("u2", T2, session="b", role="user", metadata={"lang": ["en", "it"]}),
+    ])
+    assert ids(await store.select(Scope(where={"role": "user"}))) == ["u1", "u2"]
+    assert ids(await store.select(Scope(where={"lang": "it"}))) == ["u1", "u2"]
+    assert ids(await store.select(Scope(where={"session": ["a", "b"], "role": "user"}, ), order="desc", limit=1)) == ["u2"]
+    assert ids(await store.select(Scope(where={"session": None}))) == []
+
+
+async def test_delete_by_every_selector(store: RedisStore) -> None:
+    await store.write([
+        rec("1", T0, session="s", key="app/a"),
+        rec("2", T1, session="s", key="app/b", role="tool"),
+        rec("3", T2, session="t", key="other"),
+        rec("4", T3, session="t", role="tool"),
+        rec("5", T3, owner="x", role="tool"),
+    ])
+    assert await store.delete(Scope(ids=["1", "nope"])) == 1
+    assert await store.get_keys(None, ["app/a"]) == {}
+    assert await store.delete(Scope(key_prefix="app/")) == 1
+    assert await store.delete(Scope(where={"role": "tool"})) == 1  # "4" (owner None); "5" is x's
+    assert await store.delete(Scope(after=T1, before=T3)) == 1  # "3"
+    assert await store.count(None) == 0 and await store.count("x") == 1
+    assert await store.sessions(None) == []
+    assert await store.delete(Scope(owner="x")) == 1
+
+
+async def test_keys_and_prefixes(store: RedisStore) -> None:
+    await store.write([rec("1", T0, key="app/wf/city"), rec("2", T1, key="app/wf/name"), rec("3", T2, key="app/x"), rec("4", T3)])
+    assert set(await store.get_keys(None, ["app/wf/city", "app/x", "nope"])) == {"app/wf/city", "app/x"}
+    assert ids(await store.select(Scope(key_prefix="app/wf/"))) == ["1", "2"]
+    assert ids(await store.select(Scope(key_prefix="app/"), order="desc", limit=2)) == ["3", "2"]
+    assert ids(await store.select(Scope(key_prefix=""))) == ["1", "2", "3"]  # every keyed record
+    # replacing the record at a key (same id, revision + 1) keeps one holder
+    await store.write([rec("1", T0, key="app/wf/city", content="Rome", revision=2)])
+    got = (await store.get_keys(None, ["app/wf/city"]))["app/wf/city"]
+    assert (got.id, got.content, got.revision) == ("1", "Rome", 2)
+    # a re-put under another key frees the old one
+    await store.write([rec("1", T0, key="app/wf/town")])
+    assert await store.get_keys(None, ["app/wf/city"]) == {}
+
+
+async def test_touch(store: RedisStore) -> None:
+    await store.write([rec("a", T0, session="s"), rec("b", T0, session="s")])
+    await store.touch(None, ["a", "missing"], T2)
+    await store.touch(None, ["a"], T3)
+    await store.touch(None, [], T3)
+    a, b = await store.get(None, ["a", "b"])
+    assert (a.access_count, a.accessed_at) == (2, T3)
+    assert (b.access_count, b.accessed_at) == (0, None)
+    [info] = await store.sessions(None)
+    assert (info.opened_at, info.touched_at) == (T0, T3)
+
+
+async def test_reinforce_is_clamped(store: RedisStore) -> None:
+    await store.write([rec("a", salience=0.5), rec("b", salience=0.9), rec("c", salience=0.1)])
+    assert await store.reinforce(None, ["a", "b", "missing", "a"], 0.2) == 2
+    a, b = await store.get(None, ["a", "b"])
+    assert a.salience == 0.5 + 0.2 and b.salience == 1.0
+    assert await store.reinforce(None, ["c"], -0.5) == 1
+    assert (await store.get(None, ["c"]))[0].salience == 0.0
+    assert await store.reinforce(None, [], 1.0) == 0
+
+
+async def test_sessions_registry(store: RedisStore) -> None:
+    await store.write([
+        rec("1", T1, session="late"), rec("2", T0, session="early"), rec("3", T2, session="early"),
+        rec("4", T3),  # no session: not a named session
+        rec("5", T0, session="mine", owner="other"),
+    ])
+    infos = await store.sessions(None)
+    assert [(i.session, i.records, i.opened_at, i.touched_at) for i in infos] == [
+        ("early", 2, T0, T2),
+        ("late", 1, T1, T1),
+    ]
+    assert [i.session for i in await store.sessions("other")] == ["mine"]
+    assert await store.sessions("nobody") == []
+    assert await store.count(None) == 4
+
+
+async def test_dimensions(store: RedisStore) -> None:
+    assert await store.dimensions() is None
+    await store.write([rec("a")])
+    assert await store.dimensions() is None
+    await store.write([rec("b", embedding=[0.0, 1.0, 2.0])])
+    assert await store.dimensions() == 3
+
+
+async def test_search_is_lexical_within_scope(store: RedisStore) -> None:
+    await store.write([
+        rec("paris", T0, session="s", content="The user lives in Paris and likes trains"),
+        rec("rome", T1, session="s", content="Rome is the capital of Italy"),
+        rec("other", T2, session="t", content="Paris again, in another session"),
+        rec("citta", T3, session="s", content="una città piena di treni"),
+    ])
+    found = await store.search(Scope(where={"session": "s"}), text="where does the user live? paris", vector=None, limit=5)
+    assert ids(found)[0] == "paris" and "other" not in ids(found)
+    assert all(r.score is not None and 0 <= r.score <= 1 for r in found)
+    assert [r.score for r in found] == sorted((r.score for r in found), reverse=True)
+    assert ids(await store.search(Scope(), text="citta", vector=None, limit=5)) == ["citta"]
+    assert len(await store.search(Scope(), text="paris", vector=None, limit=1)) == 1
+    assert await store.search(Scope(), text="the and of", vector=None, limit=5) == []
+    assert await store.search(Scope(), text=None, vector=[1.0], limit=5) == []
+    assert await store.search(Scope(owner="x"), text="paris", vector=None, limit=5) == []
+    # search never changes the timeline
+    assert ids(await store.select(Scope(where={"session": "s"}))) == ["paris", "rome", "citta"]
+
+
+# -- the engine going away, restarting, persisting ------------------------------------
+
+
+def _settings(path: Path, url: str | None = None) -> TierSettings:
+    return TierSettings(name="working", data_dir=path, url=url)
+
+
+async def test_external_redis_going_away_and_returning(tmp_path: Path) -> None:
+    redis = RedisServer(tmp_path / "redis")
+    await redis.start()
+    store = RedisStore(_settings(tmp_path / "tier", redis.url))
+    try:
+        await store.open()
+        await store.write([rec("before", session="s")])
+        assert redis.process is not None
+        redis.process.send_signal(signal.SIGKILL)
+        redis.process.wait()
+        for op in (
+            store.write([rec("during", session="s")]),
+            store.select(Scope()),
+            store.ping(),
+            store.sessions(None),
+        ):
+            with pytest.raises(StoreUnavailable):
+                await op
+        await redis.start()  # the same AOF
+        assert ids(await store.select(Scope())) == ["before"]  # nothing half-written, the old data back
+        await store.write([rec("after", session="s")])
+        assert ids(await store.select(Scope(where={"session": "s"}))) == ["before", "after"]
+    finally:
+        await store.close()
+        await redis.stop()
+
+
+async def test_embedded_child_killed_is_restarted(tmp_path: Path) -> None:
+    store = make_store(_settings(tmp_path))
+    await store.open()
+    try:
+        await store.write([rec("a", session="s", key="k")])
+        server = store.server
+        assert server is not None and server.process is not None
+        first = server.process.pid
+        os.kill(first, signal.SIGKILL)
+        server.process.wait()
+        # the next operation starts a new child on the same AOF
+        assert ids(await store.select(Scope())) == ["a"]
+        assert server.alive() and server.process.pid != first and server.restarts == 1
+        await store.write([rec("b", session="s")])
+        assert [(s.session, s.records) for s in await store.sessions(None)] == [("s", 2)]
+        assert (await store.get_keys(None, ["k"]))["k"].id == "a"
+    finally:
+        await store.close()
+    assert store.server is not None and not store.server.alive()
+
+
+async def test_embedded_child_that_cannot_start(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    settings.options["redis_server"] = "/bin/false"
+    store = make_store(settings)
+    with pytest.raises(StoreUnavailable):
+        await store.open()
+    await store.close()
+
+
+async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
+    first = make_store(_settings(tmp_path))
+    await first.open()
+    await first.write([rec("a", T0, session="s", key="k", embedding=[1.0, 2.0]), rec("b", T1, session="s", group="g")])
+    await first.touch(None, ["a"], T2)
+    await first.reinforce(None, ["b"], 0.3)
+    await first.close()
+    assert (tmp_path / "appendonly.aof").exists()
+    assert first.server is not None and not first.server.alive()
+
+    second = make_store(_settings(tmp_path))
+    await second.open()
+    try:
+        a, b = await second.select(Scope(where={"session": "s"}), with_embeddings=True)
+        assert (a.id, a.key, a.embedding, a.access_count, a.accessed_at) == ("a", "k", [1.0, 2.0], 1, T2)
+        assert (b.id, b.group, b.salience) == ("b", "g", 0.8)
+        assert await second.dimensions() == 2
+        assert [(s.session, s.records, s.touched_at) for s in await second.sessions(None)] == [("s", 2, T2)]
+        await second.write([rec("c", T2, session="s")])  # the sequence continues: no tie-break collision
+        assert ids(await second.select(Scope())) == ["a", "b", "c"]
+    finally:
+        await second.close()
+
+
+async def test_one_server_per_data_dir(tmp_path: Path) -> None:
+    first = make_store(_settings(tmp_path))
+    await first.open()
+    try:
+        second = make_store(_settings(tmp_path))
+        with pytest.raises(StoreUnavailable, match="another process"):
+            await second.open()
+    finally:
+        await first.close()
+
+
+async def test_long_data_dir_gets_a_short_socket(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    store = make_store(_settings(deep))
+    await store.open()
+    try:
+        assert store.server is not None and len(store.server.socket_path) <= 100
+        await store.write([rec("a")])
+        assert await store.count(None) == 1
+    finally:
+        await store.close()
+    assert store.server is not None and not os.path.exists(store.server.socket_path)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a container's PID 1 may never reap an orphan)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_child_dies_with_its_parent(tmp_path: Path) -> None:
+    """No orphaned redis-server when the tier server is killed without closing."""
+    script = textwrap.dedent(f"""
+        import anyio, pathlib, sys, time
+        from backends.working.embedded import RedisServer
+        server = RedisServer(pathlib.Path({str(tmp_path)!r}))
+        anyio.run(server.start)
+        print(server.process.pid, flush=True)
+        time.sleep(60)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2])
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        os.kill(child, 0)  # alive
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if not _running(child):
+                break
+            await anyio.sleep(0.02)
+        else:
+            os.kill(child, signal.SIGKILL)
+            pytest.fail("redis-server outlived its parent")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
