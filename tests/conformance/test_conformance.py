@@ -28,11 +28,11 @@ async def run_stdio(command: list[str]) -> list:
     transport = StdioTransport(shlex.join(command))
     await transport.start()
     try:
-        return await run(transport)
+        results = await run(transport)
     finally:
         await transport.close()
-    # a clean exit on end of input is part of the binding
-    assert transport.exit_code == 0
+    assert transport.exit_code == 0, "closing stdin must end the server cleanly"
+    return results
 
 
 def failures(results: list) -> list[str]:
