@@ -89,11 +89,8 @@ class Dispatcher:
         if "core" not in service.capabilities:
             raise ValueError("every server declares core")
         self.observer: Callable[[str, float, bool], None] | None = None
-
-    @property
-    def methods(self) -> list[str]:
-        caps = self.service.capabilities
-        return sorted(
+        caps = service.capabilities
+        self.methods = sorted(
             name for name in self._handlers
             if METHOD_CAPABILITY.get(name) is None or METHOD_CAPABILITY[name] in caps
         )
@@ -106,7 +103,7 @@ class Dispatcher:
             "protocol": PROTOCOL,
             "name": self.service.name,
             "capabilities": sorted(self.service.capabilities),
-            "methods": self.methods,
+            "methods": list(self.methods),
         }
         if self.service.limits:
             result["limits"] = dict(self.service.limits)

@@ -47,9 +47,15 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
         )
 
+        self._children: dict[tuple[str, bool], tuple[Any, Any]] = {}
+
     def observe(self, method: str, seconds: float, ok: bool) -> None:
-        self.requests.labels(method, "ok" if ok else "error").inc()
-        self.latency.labels(method).observe(seconds)
+        children = self._children.get((method, ok))
+        if children is None:  # label lookup is the costly part of prometheus-client: do it once
+            children = (self.requests.labels(method, "ok" if ok else "error"), self.latency.labels(method))
+            self._children[(method, ok)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 async def _respond(send: Send, status: int, body: bytes = b"", content_type: bytes = b"application/json",
