@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run one tier server or the router")
-    serve.add_argument("what", choices=["working", "episodic", "semantic", "procedural", "router"])
+    serve.add_argument("what", choices=["working", "episodic", "semantic", "procedural", "corpus", "router"])
     serve.add_argument("--host", default=os.environ.get("A2M_HOST", "127.0.0.1"))
     serve.add_argument("--port", type=int, default=int(os.environ.get("A2M_PORT", "0") or 0))
     serve.add_argument("--stdio", action="store_true", help="speak JSON-RPC on stdin/stdout instead of HTTP")

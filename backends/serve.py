@@ -18,7 +18,7 @@ from .settings import TierSettings
 from .surface import TierServer
 
 ENGINES = {"working": "backends.working", "episodic": "backends.episodic",
-           "semantic": "backends.semantic", "procedural": "backends.procedural"}
+           "semantic": "backends.semantic", "procedural": "backends.procedural", "corpus": "backends.corpus"}
 
 
 def build(engine: str, settings: TierSettings, *, embedder: Embedder | None = None,
@@ -27,9 +27,9 @@ def build(engine: str, settings: TierSettings, *, embedder: Embedder | None = No
     store = module.make_store(settings)
     extensions = module.extensions(store) if hasattr(module, "extensions") else None
     return TierServer(
-        store, name=settings.name, kind=module.KIND, capabilities=frozenset(module.CAPABILITIES),
-        limits=limits, embedder=embedder, extensions=extensions,
-        extension_docs=getattr(module, "EXTENSION_DOCS", None),
+        store, name=settings.name, kind=settings.options.get("kind", module.KIND),
+        capabilities=frozenset(module.CAPABILITIES), limits=limits, embedder=embedder, extensions=extensions,
+        extension_docs=getattr(module, "EXTENSION_DOCS", None), read_only=getattr(module, "READ_ONLY", False),
     )
 
 

@@ -148,6 +148,8 @@ class TierServer:
             dims = await self.dimensions()
         tier: dict[str, Any] = {"name": self.name, "kind": self.kind, "count": count, "capacity": None,
                                 "engine": self.store.engine}
+        if self.read_only:
+            tier["read_only"] = True
         if self.kind == "working":
             tier["per_session"] = True
         out: dict[str, Any] = {"tiers": [tier], "events": {"push": ctx.push is not None}}
@@ -329,7 +331,7 @@ class TierServer:
                                                   with_embeddings=with_vectors)
             if min_score is not None:
                 records = [r for r in records if (r.score or 0.0) >= min_score]
-            if records and params.get("touch", True) is not False:
+            if records and not self.read_only and params.get("touch", True) is not False:
                 stamp = now()
                 await self.store.touch(scope.owner, [r.id for r in records], stamp)
                 for record in records:
