@@ -1,0 +1,206 @@
+"""Qdrant Edge: the Qdrant engine in-process (`qdrant-edge-py`), the embedded default.
+
+One shard in the data directory, with Qdrant's WAL (an acknowledged `update`
+survives a SIGKILL), payload indexes and HNSW. The shard holds a lock on its
+WAL, so one process owns a data directory.
+
+Two facts shape this module:
+
+- `EdgeShard` calls are synchronous; updates run in a worker thread, so a
+  slow fsync does not stall the event loop. Reads are fast and run inline.
+- `optimize()` (which builds HNSW) holds the GIL for its whole run (seconds at
+  tens of thousands of points), so a thread does not keep it off the request
+  path. It runs at `open()` when enough points are unindexed, and on demand
+  through `optimize()`; between restarts new points sit in the appendable
+  segment and are searched exactly, which for a semantic tier's size is fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import anyio
+import qdrant_edge as q
+
+from .store import (DENSE, EMBEDDING, INDEXES, RRF_K, SPARSE, AnyOf, Cond, Either, Empty, HasIds, Hit, Match, Not,
+                    PointData, Prefix, Range)
+
+
+
+def _cond(c: Cond) -> Any:
+    if isinstance(c, Match):
+        if isinstance(c.value, bool):
+            # qdrant-edge-py 0.9 converts a Python bool to the integer 1/0, which never
+            # matches a stored JSON boolean: narrow to "present" and let the store's
+            # exact post-filter decide.
+            return q.Filter(must_not=[q.IsEmptyCondition(c.path)])
+        return q.FieldCondition(c.path, match=q.MatchValue(c.value))
+    if isinstance(c, AnyOf):
+        return q.FieldCondition(c.path, match=q.MatchAny(list(c.values)))
+    if isinstance(c, Range):
+        return q.FieldCondition(c.path, range=q.RangeFloat(gt=c.gt, gte=c.gte, lt=c.lt, lte=c.lte))
+    if isinstance(c, Empty):
+        return q.IsEmptyCondition(c.path)
+    if isinstance(c, Prefix):
+        return q.FieldCondition(c.path, match=q.MatchPrefix(c.prefix))
+    if isinstance(c, HasIds):
+        return q.HasIdCondition(set(c.ids))
+    if isinstance(c, Either):
+        return q.Filter(should=[_cond(x) for x in c.conds])
+    if isinstance(c, Not):
+        return q.Filter(must_not=[_cond(x) for x in c.conds])
+    raise TypeError(f"unknown condition {c!r}")
+
+
+def _filter(must: Sequence[Cond]) -> Any:
+    return q.Filter(must=[_cond(c) for c in must]) if must else None
+
+
+def _index_schema(kind: str) -> Any:
+    if kind == "tenant":
+        return q.KeywordIndexParams(is_tenant=True)
+    if kind == "prefix":
+        return q.KeywordIndexParams(prefix=True)
+    if kind == "integer":
+        return q.IntegerIndexParams(lookup=True, range=True)
+    return q.PayloadSchemaType.Keyword
+
+
+class EdgeEngine:
+    name = "qdrant-edge"
+
+    def __init__(self, path: Path, *, optimize_at_open: int = 20_000) -> None:
+        self._path = Path(path)
+        self._shard: Any = None
+        self._optimize_at_open = optimize_at_open
+
+    @property
+    def shard(self) -> Any:
+        if self._shard is None:
+            raise RuntimeError("the Qdrant Edge shard is closed")
+        return self._shard
+
+    async def open(self) -> None:
+        if self._shard is not None:
+            return
+        self._path.mkdir(parents=True, exist_ok=True)
+        if (self._path / "edge_config.json").exists():
+            self._shard = await anyio.to_thread.run_sync(q.EdgeShard.load, str(self._path))
+        else:
+            config = q.EdgeConfig(sparse_vectors={SPARSE: q.EdgeSparseVectorParams(modifier=q.Modifier.Idf)})
+            self._shard = await anyio.to_thread.run_sync(q.EdgeShard.create, str(self._path), config)
+        present = set(self._shard.info().payload_schema)
+        for field, kind in INDEXES:
+            if field not in present:
+                self._shard.update(q.UpdateOperation.create_field_index(field, _index_schema(kind)))
+        info = self._shard.info()
+        if info.points_count - info.indexed_vectors_count >= self._optimize_at_open:
+            await self.optimize()
+
+    async def optimize(self) -> bool:
+        """Build HNSW for unindexed segments (blocking: see the module docstring)."""
+        return await anyio.to_thread.run_sync(self.shard.optimize)
+
+    async def close(self) -> None:
+        shard, self._shard = self._shard, None
+        if shard is not None:
+            await anyio.to_thread.run_sync(shard.flush)
+            shard.close()
+
+    async def ping(self) -> None:
+        self.shard.info()
+
+    async def dense_width(self) -> int | None:
+        # The shard persists its config; it is the one place the width survives a
+        # restart before (or without) any point carrying a dense vector.
+        config = json.loads((self._path / "edge_config.json").read_text())
+        dense = (config.get("vectors") or {}).get(DENSE)
+        return None if dense is None else int(dense["size"])
+
+    async def create_dense(self, width: int) -> None:
+        await self._update(q.UpdateOperation.create_dense_vector(DENSE, width, q.Distance.Cosine))
+
+    async def _update(self, op: Any) -> None:
+        await anyio.to_thread.run_sync(self.shard.update, op)
+
+    async def write(self, points: Sequence[PointData], deletes: Sequence[str]) -> None:
+        # Each update is one WAL record, applied whole or not at all: the puts land
+        # together, then the deletes (a crash between the two leaves both versions
+        # of a replaced key; readers prefer the newest).
+        if points:
+            await self._update(q.UpdateOperation.upsert_points([_point(p) for p in points]))
+        if deletes:
+            await self._update(q.UpdateOperation.delete_points(list(deletes)))
+
+    async def delete(self, pids: Sequence[str]) -> None:
+        await self._update(q.UpdateOperation.delete_points(list(pids)))
+
+    async def set_payload(self, groups: Sequence[tuple[Sequence[str], dict[str, Any]]]) -> None:
+        for pids, payload in groups:
+            await self._update(q.UpdateOperation.set_payload(list(pids), payload))
+
+    def _with_payload(self, with_embedding: bool, fields: Sequence[str] | None = None) -> Any:
+        if fields is not None:
+            return q.PayloadSelector.Include(list(fields))
+        return True if with_embedding else q.PayloadSelector.Exclude([EMBEDDING])
+
+    async def retrieve(self, pids: Sequence[str], *, with_embedding: bool) -> list[dict[str, Any]]:
+        found = self.shard.retrieve(list(pids), self._with_payload(with_embedding), False)
+        return [r.payload for r in found if r.payload]
+
+    async def scroll(
+        self, must: Sequence[Cond], *, order_by: str | None = None, desc: bool = False,
+        limit: int | None = None, with_embedding: bool = False, fields: Sequence[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        flt = _filter(must)
+        payload = self._with_payload(with_embedding, fields)
+        if order_by is not None:
+            order = q.OrderBy(order_by, q.Direction.Desc if desc else q.Direction.Asc)
+            records, _ = self.shard.scroll(q.ScrollRequest(
+                limit=limit or 1_000_000, filter=flt, with_payload=payload, with_vector=False, order_by=order))
+            return [r.payload for r in records]
+        out: list[dict[str, Any]] = []
+        offset = None
+        page = 1000 if limit is None else min(limit, 1000)
+        while True:
+            records, offset = self.shard.scroll(q.ScrollRequest(
+                offset=offset, limit=page, filter=flt, with_payload=payload, with_vector=False))
+            out.extend(r.payload for r in records)
+            if offset is None or (limit is not None and len(out) >= limit):
+                return out if limit is None else out[:limit]
+
+    async def query(
+        self, must: Sequence[Cond], *, dense: list[float] | None, sparse: tuple[list[int], list[float]] | None,
+        limit: int, candidates: int, with_embedding: bool,
+    ) -> list[Hit]:
+        flt = _filter(must)
+        payload = self._with_payload(with_embedding)
+        legs = []
+        if dense is not None:
+            legs.append(q.Query.Nearest(dense, using=DENSE))
+        params = q.SearchParams(hnsw_ef=max(128, candidates)) if dense is not None else None
+        if sparse is not None:
+            legs.append(q.Query.Nearest(q.SparseVector(sparse[0], sparse[1]), using=SPARSE))
+        if len(legs) == 1:
+            request = q.QueryRequest(limit=limit, query=legs[0], filter=flt, with_payload=payload, with_vector=False,
+                                     params=params)
+        else:
+            request = q.QueryRequest(
+                limit=limit,
+                prefetches=[q.Prefetch(limit=candidates, query=leg, filter=flt, params=params) for leg in legs],
+                query=q.Fusion.Rrf(k=RRF_K), filter=flt, with_payload=payload, with_vector=False)
+        return [Hit(p.payload, p.score) for p in self.shard.query(request) if p.payload]
+
+    async def count(self, must: Sequence[Cond]) -> int:
+        return self.shard.count(q.CountRequest(exact=True, filter=_filter(must)))
+
+
+def _point(p: PointData) -> Any:
+    vector: dict[str, Any] = {}
+    if p.dense is not None:
+        vector[DENSE] = p.dense
+    if p.sparse is not None:
+        vector[SPARSE] = q.SparseVector(p.sparse[0], p.sparse[1])
+    return q.Point(p.pid, vector, p.payload)

@@ -1,0 +1,564 @@
+"""The semantic store: A2M records as Qdrant points, over either Qdrant engine.
+
+Qdrant has two faces here (Qdrant Edge in-process, a Qdrant server through
+qdrant-client), so the A2M logic lives once in `SemanticStore` and talks to a
+small `Engine` seam. Filters cross the seam as a tiny neutral form (`Cond`)
+that each engine turns into its own filter classes.
+
+Layout of a point:
+
+- point id: UUIDv5 of the A2M id (ids are opaque strings, Qdrant wants UUIDs);
+  the A2M id itself is the payload field `id`.
+- vectors: `dense` (cosine, width fixed by the first vector) when the record
+  has an embedding, and `bm25`, a sparse term-frequency vector from the `a2m`
+  tokenizer that the engine weighs with its IDF modifier, so lexical recall
+  needs no embedder and folds accents and CJK exactly like every other tier.
+- payload: every Record field under its own name, metadata under `metadata`,
+  plus `part` (the owner partition: `o:<owner>`, or `n` for no owner, so None
+  can never collide with any string owner), `created_ms` (epoch millis, for
+  ranges and ordering), `seq` (insertion sequence, tie-break) and `embedding`
+  (`embedding_f64`: the caller's vector verbatim, float64 in base64, since
+  cosine storage normalises `dense` and keeps float32).
+
+Every read is additionally checked with `a2m.filters.matches`, so the engine
+filter only has to be a superset of the reference semantics (it is exact except
+for a metadata value `[]`, which `IsEmpty` treats as null, and metadata keys
+containing `"`, which cannot be written as a JSON path).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import struct
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, Sequence
+
+import anyio
+
+from a2m.filters import RECORD_FIELDS, Scope, matches
+from a2m.records import Record
+from a2m.text import sparse_vector, squash, term_id, tokenize
+from a2m.timefmt import to_epoch
+from backends.store import SessionInfo, StoreRejected, StoreUnavailable
+
+NAMESPACE = uuid.UUID("6f1d2a4e-9b7c-5e3a-8d21-a2a2a2a2a2a2")
+DENSE = "dense"
+SPARSE = "bm25"
+RRF_K = 60
+EMBEDDING = "embedding_f64"  # payload field holding the verbatim vector
+
+# Payload indexes every engine creates: (field, kind). `part` is the tenant field.
+INDEXES: tuple[tuple[str, str], ...] = (
+    ("part", "tenant"),
+    ("id", "keyword"),
+    ("owner", "keyword"),
+    ("session", "keyword"),
+    ("key", "prefix"),
+    ("role", "keyword"),
+    ("group", "keyword"),
+    ("created_at", "keyword"),
+    ("created_ms", "integer"),
+    ("seq", "integer"),
+)
+
+
+def point_id(record_id: str) -> str:
+    return str(uuid.uuid5(NAMESPACE, record_id))
+
+
+def partition(owner: str | None) -> str:
+    return "n" if owner is None else "o:" + owner
+
+
+# --- the neutral filter form -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    path: str
+    value: str | int | bool
+
+
+@dataclass(frozen=True, slots=True)
+class AnyOf:
+    path: str
+    values: tuple[str, ...] | tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    path: str
+    gt: float | None = None
+    gte: float | None = None
+    lt: float | None = None
+    lte: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Empty:
+    """Absent, null (or `[]`)."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    path: str
+    prefix: str
+
+
+@dataclass(frozen=True, slots=True)
+class HasIds:
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Either:
+    conds: tuple["Cond", ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Not:
+    conds: tuple["Cond", ...]
+
+
+Cond = Match | AnyOf | Range | Empty | Prefix | HasIds | Either | Not
+
+
+@dataclass(slots=True)
+class PointData:
+    pid: str
+    payload: dict[str, Any]
+    dense: list[float] | None
+    sparse: tuple[list[int], list[float]] | None
+
+
+@dataclass(slots=True)
+class Hit:
+    payload: dict[str, Any]
+    score: float
+    order: float | None = None
+
+
+class Engine(Protocol):
+    """What the store needs from Qdrant; both engines implement exactly this."""
+
+    name: str
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+    async def ping(self) -> None: ...
+    async def dense_width(self) -> int | None: ...
+    async def create_dense(self, width: int) -> None: ...
+    async def write(self, points: Sequence[PointData], deletes: Sequence[str]) -> None: ...
+    async def retrieve(self, pids: Sequence[str], *, with_embedding: bool) -> list[dict[str, Any]]: ...
+    async def scroll(
+        self, must: Sequence[Cond], *, order_by: str | None = None, desc: bool = False,
+        limit: int | None = None, with_embedding: bool = False, fields: Sequence[str] | None = None,
+    ) -> list[dict[str, Any]]: ...
+    async def query(
+        self, must: Sequence[Cond], *, dense: list[float] | None, sparse: tuple[list[int], list[float]] | None,
+        limit: int, candidates: int, with_embedding: bool,
+    ) -> list[Hit]: ...
+    async def count(self, must: Sequence[Cond]) -> int: ...
+    async def set_payload(self, groups: Sequence[tuple[Sequence[str], dict[str, Any]]]) -> None: ...
+    async def delete(self, pids: Sequence[str]) -> None: ...
+
+
+# --- scope -> conditions -------------------------------------------------------
+
+_SIMPLE_KEY = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+class _Impossible(Exception):
+    """The scope matches nothing (e.g. `where: {x: []}`): answer without asking the engine."""
+
+
+def _path(name: str) -> str | None:
+    if name in RECORD_FIELDS:
+        return name
+    if _SIMPLE_KEY.match(name):
+        return f"metadata.{name}"
+    if '"' in name or "\\" in name:
+        return None  # not expressible as a JSON path: left to the post-filter
+    return f'metadata."{name}"'
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _option(path: str, value: Any) -> Cond:
+    if value is None:
+        return Empty(path)
+    if _number(value):
+        # a Range matches 3 and 3.0 alike, as the reference `==` does
+        return Range(path, gte=float(value), lte=float(value))
+    return Match(path, value)
+
+
+def _test(path: str, expected: Any) -> Cond:
+    if not isinstance(expected, list):
+        return _option(path, expected)
+    if not expected:
+        raise _Impossible
+    if len(expected) > 1 and all(isinstance(v, str) for v in expected):
+        return AnyOf(path, tuple(expected))
+    conds = tuple(_option(path, v) for v in expected)
+    return conds[0] if len(conds) == 1 else Either(conds)
+
+
+def _millis(ts: str) -> int:
+    return round(to_epoch(ts) * 1000)
+
+
+def scope_conditions(scope: Scope) -> list[Cond]:
+    """Engine conditions for a scope; the owner partition is always the first."""
+    must: list[Cond] = [Match("part", partition(scope.owner))]
+    if scope.ids is not None:
+        if not scope.ids:
+            raise _Impossible
+        must.append(HasIds(tuple(point_id(i) for i in scope.ids)))
+    if scope.key_prefix is not None:
+        # Qdrant matches keyword prefixes natively (`MatchPrefix`, served by a
+        # keyword index created with `prefix`); the empty prefix means "has a key".
+        must.append(Prefix("key", scope.key_prefix) if scope.key_prefix else Not((Empty("key"),)))
+    if scope.after is not None or scope.before is not None:
+        must.append(Range(
+            "created_ms",
+            gt=None if scope.after is None else _millis(scope.after),
+            lt=None if scope.before is None else _millis(scope.before),
+        ))
+    for name, expected in scope.where.items():
+        path = _path(name)
+        if path is None:
+            if isinstance(expected, list) and not expected:
+                raise _Impossible
+            continue
+        must.append(_test(path, expected))
+    return must
+
+
+# --- records <-> points ---------------------------------------------------------
+
+_PAYLOAD_FIELDS = ("content", "created_at", "role", "group", "tier", "salience", "access_count",
+                   "accessed_at", "owner", "session", "key", "revision", "uri", "media_type")
+
+
+def to_payload(record: Record, seq: int) -> dict[str, Any]:
+    # Null fields are left out (absent and null filter alike): Qdrant Edge spends a
+    # few microseconds taking in each payload value, a real share of a write.
+    payload: dict[str, Any] = {name: value for name in _PAYLOAD_FIELDS if (value := getattr(record, name)) is not None}
+    payload["id"] = record.id
+    if record.metadata:
+        payload["metadata"] = record.metadata
+    payload["part"] = partition(record.owner)
+    payload["created_ms"] = _millis(record.created_at)
+    payload["seq"] = seq
+    if record.embedding is not None:
+        payload[EMBEDDING] = pack_vector(record.embedding)
+    return payload
+
+
+def from_payload(payload: dict[str, Any], *, with_embedding: bool) -> Record:
+    return Record(
+        id=payload["id"],
+        content=payload.get("content") or "",
+        created_at=payload["created_at"],
+        role=payload.get("role"),
+        metadata=payload.get("metadata") or {},
+        group=payload.get("group"),
+        tier=payload.get("tier"),
+        salience=float(payload.get("salience", 0.5)),
+        access_count=int(payload.get("access_count") or 0),
+        accessed_at=payload.get("accessed_at"),
+        owner=payload.get("owner"),
+        session=payload.get("session"),
+        key=payload.get("key"),
+        revision=int(payload.get("revision") or 1),
+        embedding=unpack_vector(payload.get(EMBEDDING)) if with_embedding else None,
+        uri=payload.get("uri"),
+        media_type=payload.get("media_type"),
+    )
+
+
+def pack_vector(values: Sequence[float]) -> str:
+    """The caller's vector, exactly (float64), as base64: a JSON array of floats costs
+    Qdrant Edge ~6 µs per element to take in, a string almost nothing."""
+    return base64.b64encode(struct.pack(f"<{len(values)}d", *values)).decode("ascii")
+
+
+def unpack_vector(packed: str | None) -> list[float] | None:
+    if packed is None:
+        return None
+    raw = base64.b64decode(packed)
+    return list(struct.unpack(f"<{len(raw) // 8}d", raw))
+
+
+def _order_key(payload: dict[str, Any]) -> tuple[int, int]:
+    return payload["created_ms"], payload["seq"]
+
+
+def query_sparse(text: str) -> tuple[list[int], list[float]] | None:
+    """The query side of BM25: each distinct term once; the engine applies IDF."""
+    ids = sorted({term_id(t) for t in tokenize(text)})
+    return (ids, [1.0] * len(ids)) if ids else None
+
+
+def engine_error(exc: BaseException) -> Exception:
+    """Classify an engine exception: input it cannot store, or the engine being unwell."""
+    text = str(exc).lower()
+    bad_input = ("dimension", "wrong input", "bad request", "validation", "invalid", "format error",
+                 "unprocessable", "status_code=400", "400 ", "422")
+    if isinstance(exc, (ValueError, TypeError)) or any(word in text for word in bad_input):
+        return StoreRejected(str(exc))
+    return StoreUnavailable(f"qdrant: {exc}")
+
+
+# --- the store -----------------------------------------------------------------------
+
+
+class SemanticStore:
+    """`backends.store.Store` on Qdrant (either engine)."""
+
+    searches_vectors = True
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.engine = engine.name
+        self._opened = False
+        self._dims: int | None = None
+        self._seq = 0
+        # One writer at a time: read-modify-write (touch, reinforce), the lazily fixed
+        # vector width and the sequence counter must not interleave.
+        self._write_lock = anyio.Lock()
+
+    # lifecycle
+
+    async def open(self) -> None:
+        if self._opened:
+            return
+        await self._guard(self._engine.open())
+        self._dims = await self._guard(self._engine.dense_width())
+        last = await self._guard(self._engine.scroll([], order_by="seq", desc=True, limit=1, fields=["seq"]))
+        self._seq = int(last[0]["seq"]) if last else 0
+        self._opened = True
+
+    async def close(self) -> None:
+        if self._opened:
+            self._opened = False
+            await self._engine.close()
+
+    async def ping(self) -> None:
+        await self._guard(self._engine.ping())
+
+    async def _guard(self, awaitable: Any) -> Any:
+        try:
+            return await awaitable
+        except (StoreRejected, StoreUnavailable):
+            raise
+        except Exception as exc:  # the engines raise plain Exception / transport errors
+            raise engine_error(exc) from exc
+
+    def _next_seq(self) -> int:
+        # time-based so replicas writing to one server rarely collide, and monotonic here
+        self._seq = max(self._seq + 1, time.time_ns() // 1000)
+        return self._seq
+
+    # writes
+
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
+        async with self._write_lock:
+            width = self._dims
+            for index, record in enumerate(puts):
+                if record.embedding is None:
+                    continue
+                if width is None:
+                    width = len(record.embedding)
+                elif len(record.embedding) != width:
+                    raise StoreRejected(
+                        f"records[{index}].embedding has {len(record.embedding)} dimensions, the store holds {width}")
+            points = [
+                PointData(
+                    pid=point_id(r.id),
+                    payload=to_payload(r, self._next_seq()),
+                    dense=r.embedding,
+                    sparse=sparse_vector(r.content) if r.content else None,
+                )
+                for r in puts
+            ]
+            for p in points:
+                if p.sparse is not None and not p.sparse[0]:
+                    p.sparse = None
+            if width is not None and self._dims is None:
+                await self._guard(self._engine.create_dense(width))
+                self._dims = width
+            put_ids = {p.pid for p in points}
+            gone = [pid for pid in dict.fromkeys(point_id(i) for i in deletes) if pid not in put_ids]
+            await self._guard(self._engine.write(points, gone))
+
+    async def delete(self, scope: Scope) -> int:
+        async with self._write_lock:
+            try:
+                must = scope_conditions(scope)
+            except _Impossible:
+                return 0
+            payloads = await self._guard(self._engine.scroll(must))
+            doomed = [point_id(p["id"]) for p in payloads if matches(from_payload(p, with_embedding=False), scope)]
+            if doomed:
+                await self._guard(self._engine.delete(doomed))
+            return len(doomed)
+
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
+        async with self._write_lock:
+            groups: dict[int, list[str]] = {}
+            for p in await self._own(owner, ids):
+                groups.setdefault(int(p.get("access_count") or 0) + 1, []).append(point_id(p["id"]))
+            if groups:
+                await self._guard(self._engine.set_payload(
+                    [(pids, {"access_count": n, "accessed_at": at}) for n, pids in groups.items()]))
+
+    async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
+        async with self._write_lock:
+            found = await self._own(owner, ids)
+            groups: dict[float, list[str]] = {}
+            for p in found:
+                value = min(1.0, max(0.0, float(p.get("salience", 0.5)) + amount))
+                groups.setdefault(value, []).append(point_id(p["id"]))
+            if groups:
+                await self._guard(self._engine.set_payload([(pids, {"salience": v}) for v, pids in groups.items()]))
+            return len(found)
+
+    # reads
+
+    async def _own(self, owner: str | None, ids: Sequence[str], *, with_embedding: bool = False) -> list[dict[str, Any]]:
+        if not ids:
+            return []
+        payloads = await self._guard(self._engine.retrieve(
+            list(dict.fromkeys(point_id(i) for i in ids)), with_embedding=with_embedding))
+        part = partition(owner)
+        return [p for p in payloads if p.get("part") == part]
+
+    async def get(self, owner: str | None, ids: Sequence[str], *, with_embeddings: bool = False) -> list[Record]:
+        by_id = {p["id"]: p for p in await self._own(owner, ids, with_embedding=with_embeddings)}
+        return [from_payload(by_id[i], with_embedding=with_embeddings) for i in dict.fromkeys(ids) if i in by_id]
+
+    async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
+        if not keys:
+            return {}
+        wanted = tuple(dict.fromkeys(keys))
+        must: list[Cond] = [Match("part", partition(owner)),
+                            AnyOf("key", wanted) if len(wanted) > 1 else Match("key", wanted[0])]
+        out: dict[str, dict[str, Any]] = {}
+        for p in await self._guard(self._engine.scroll(must)):
+            # two versions of a key can only coexist after a crash between a replace's
+            # put and delete: the newest wins
+            held = out.get(p["key"])
+            if held is None or _order_key(p) > _order_key(held):
+                out[p["key"]] = p
+        return {k: from_payload(p, with_embedding=False) for k, p in out.items()}
+
+    async def select(
+        self,
+        scope: Scope,
+        *,
+        order: Literal["asc", "desc"] = "asc",
+        limit: int | None = None,
+        with_embeddings: bool = False,
+    ) -> list[Record]:
+        try:
+            must = scope_conditions(scope)
+        except _Impossible:
+            return []
+        desc = order == "desc"
+        if limit is None:
+            payloads = await self._guard(self._engine.scroll(must, with_embedding=with_embeddings))
+        elif limit <= 0:
+            return []
+        else:
+            # Qdrant orders by one payload key: page by created_ms, then re-read the tie
+            # group at the page's boundary ordered by seq, so insertion order breaks ties.
+            payloads = await self._guard(self._engine.scroll(
+                must, order_by="created_ms", desc=desc, limit=limit, with_embedding=with_embeddings))
+            if len(payloads) == limit:
+                edge = payloads[-1]["created_ms"]
+                inside = [p for p in payloads if p["created_ms"] != edge]
+                payloads = inside + await self._guard(self._engine.scroll(
+                    [*must, Range("created_ms", gte=edge, lte=edge)], order_by="seq", desc=desc,
+                    limit=limit - len(inside), with_embedding=with_embeddings))
+        records = [(p, from_payload(p, with_embedding=with_embeddings)) for p in payloads]
+        records = [(p, r) for p, r in records if matches(r, scope)]
+        if limit is not None and len(records) < min(limit, len(payloads)):
+            # the engine filter was wider than the scope (see the module docstring):
+            # a page is no longer enough, read the whole scope
+            return (await self.select(scope, order=order, limit=None, with_embeddings=with_embeddings))[:limit]
+        records.sort(key=lambda pr: _order_key(pr[0]), reverse=desc)
+        out = [r for _, r in records]
+        return out if limit is None else out[:limit]
+
+    async def search(
+        self,
+        scope: Scope,
+        *,
+        text: str | None,
+        vector: Sequence[float] | None,
+        limit: int,
+        with_embeddings: bool = False,
+    ) -> list[Record]:
+        if limit <= 0:
+            return []
+        sparse = query_sparse(text) if text else None
+        dense = [float(x) for x in vector] if vector is not None else None
+        if dense is not None:
+            if self._dims is None:
+                dense = None  # no stored vector to compare with: rank lexically
+            elif len(dense) != self._dims:
+                raise StoreRejected(f"query vector has {len(dense)} dimensions, the store holds {self._dims}")
+        if dense is None and sparse is None:
+            return []
+        try:
+            must = scope_conditions(scope)
+        except _Impossible:
+            return []
+        hits = await self._guard(self._engine.query(
+            must, dense=dense, sparse=sparse, limit=limit, candidates=max(limit * 4, 64),
+            with_embedding=with_embeddings))
+        fused = dense is not None and sparse is not None
+        out: list[Record] = []
+        for hit in hits:
+            record = from_payload(hit.payload, with_embedding=with_embeddings)
+            if not matches(record, scope):
+                continue
+            if fused:
+                score = hit.score * RRF_K / 2  # RRF: 1/(k+rank) per list, rank from 0
+            elif dense is not None:
+                score = (hit.score + 1) / 2  # cosine in [-1, 1]
+            else:
+                score = squash(hit.score)  # IDF-weighted BM25, unbounded
+            record.score = min(1.0, max(0.0, score))
+            out.append(record)
+        return out
+
+    async def sessions(self, owner: str | None) -> list[SessionInfo]:
+        payloads = await self._guard(self._engine.scroll(
+            [Match("part", partition(owner)), Not((Empty("session"),))],
+            fields=["session", "created_at", "accessed_at"]))
+        infos: dict[str, SessionInfo] = {}
+        for p in payloads:
+            info = infos.get(p["session"])
+            if info is None:
+                info = infos[p["session"]] = SessionInfo(p["session"], 0, p["created_at"], p["created_at"])
+            info.records += 1
+            info.opened_at = min(info.opened_at or p["created_at"], p["created_at"])
+            latest = max(p["created_at"], p.get("accessed_at") or "")
+            info.touched_at = max(info.touched_at or latest, latest)
+        return sorted(infos.values(), key=lambda i: (i.opened_at or "", i.session))
+
+    async def count(self, owner: str | None) -> int:
+        return await self._guard(self._engine.count([Match("part", partition(owner))]))
+
+    async def dimensions(self) -> int | None:
+        return self._dims

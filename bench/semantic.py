@@ -1,0 +1,156 @@
+"""Benchmark of the semantic store: prints one JSON object.
+
+    python bench/semantic.py                 # 50,000 facts of 384 dims on Qdrant Edge
+    python bench/semantic.py --quick         # 2,000 facts, a smoke run
+    python bench/semantic.py --engine local  # qdrant-client local mode
+    python bench/semantic.py --url http://127.0.0.1:6333   # a Qdrant server (over HTTP)
+
+Half the facts belong to no owner (the large partition, "all"), the rest are
+spread over 10 owners (one of them is the selective "owner" case). Reported:
+upsert throughput through `Store.write`, search latency p50/p99 for dense,
+BM25 and hybrid at the store level and as the raw engine call in the same run,
+and dense recall@10 against exact (numpy) cosine search in the same partition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import anyio
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from a2m.filters import Scope  # noqa: E402
+from a2m.records import Record  # noqa: E402
+from backends.semantic import make_store  # noqa: E402
+from backends.semantic.store import Match, SemanticStore, partition, query_sparse  # noqa: E402
+from backends.settings import TierSettings  # noqa: E402
+
+WORDS = [f"w{i:04d}" for i in range(5000)]
+OWNERS = [f"o{i}" for i in range(10)]
+
+
+def owner_of(i: int) -> str | None:
+    return None if i % 2 == 0 else OWNERS[(i // 2) % 10]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def timed(call: Callable[[], Awaitable[Any]], runs: int) -> dict[str, float]:
+    for _ in range(min(5, runs)):
+        await call()
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        await call()
+        samples.append((time.perf_counter() - start) * 1000)
+    return {"p50_ms": round(statistics.median(samples), 3), "p99_ms": round(percentile(samples, 0.99), 3)}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = np.random.default_rng(7)
+    wrand = random.Random(7)
+    n, dims = args.n, args.dims
+    # clustered, like real embeddings (uniform random vectors have no neighbours to find)
+    centers = rng.standard_normal((max(1, n // 250), dims), dtype=np.float32)
+    vectors = centers[rng.integers(0, len(centers), n)] + 0.6 * rng.standard_normal((n, dims), dtype=np.float32)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    data_dir = Path(args.data or tempfile.mkdtemp(prefix="a2m-bench-semantic-"))
+    options = {"engine": "local"} if args.engine == "local" else {}
+    store: SemanticStore = make_store(TierSettings("semantic", data_dir, url=args.url, options=options))
+    await store.open()
+    engine = store._engine  # the raw engine, for the same-run comparison
+
+    start = time.perf_counter()
+    for lo in range(0, n, args.batch):
+        batch = [
+            Record(id=f"f{i}", content=" ".join(wrand.choices(WORDS, k=12)),
+                   created_at="2026-03-01T10:00:00.000Z", owner=owner_of(i), key=f"fact/{i}",
+                   embedding=vectors[i].tolist())
+            for i in range(lo, min(n, lo + args.batch))
+        ]
+        await store.write(batch)
+    upsert_s = time.perf_counter() - start
+    result: dict[str, Any] = {"engine": store.engine, "n": n, "dims": dims,
+                              "upsert_records_per_s": round(n / upsert_s, 1)}
+    if hasattr(engine, "optimize"):
+        start = time.perf_counter()
+        await engine.optimize()
+        result["optimize_s"] = round(time.perf_counter() - start, 2)
+
+    queries = [int(i) for i in rng.integers(0, n, args.queries)]
+    qvec = [(unit[i] + (0.3 / dims ** 0.5) * rng.standard_normal(dims).astype(np.float32)).tolist() for i in queries]
+    qtext = [" ".join(wrand.choices(WORDS, k=3)) for _ in queries]
+    cycle = {"i": 0}
+
+    def next_q() -> int:
+        cycle["i"] = (cycle["i"] + 1) % len(queries)
+        return cycle["i"]
+
+    scopes = {"all": None, "owner": OWNERS[3]}
+    latency: dict[str, Any] = {}
+    for label, owner in scopes.items():
+        scope = Scope(owner=owner)
+        must = [Match("part", partition(owner))]
+        for mode in ("dense", "bm25", "hybrid"):
+            def store_call(mode: str = mode, scope: Scope = scope) -> Awaitable[Any]:
+                k = next_q()
+                return store.search(scope, text=None if mode == "dense" else qtext[k],
+                                    vector=None if mode == "bm25" else qvec[k], limit=10)
+
+            def raw_call(mode: str = mode, must: list[Any] = must) -> Awaitable[Any]:
+                k = next_q()
+                return engine.query(must, dense=None if mode == "bm25" else qvec[k],
+                                    sparse=None if mode == "dense" else query_sparse(qtext[k]),
+                                    limit=10, candidates=64, with_embedding=False)
+
+            latency[f"{mode}/{label}"] = {"store": await timed(store_call, args.runs),
+                                          "raw_engine": await timed(raw_call, args.runs)}
+    result["search"] = latency
+
+    recall: dict[str, float] = {}
+    for label, owner in scopes.items():
+        members = np.array([i for i in range(n) if owner_of(i) == owner])
+        hits = 0
+        for k in range(min(args.recall_queries, len(queries))):
+            exact = members[np.argsort(-(unit[members] @ np.asarray(qvec[k], dtype=np.float32)))[:10]]
+            got = await store.search(Scope(owner=owner), text=None, vector=qvec[k], limit=10)
+            hits += len({f"f{i}" for i in exact} & {r.id for r in got})
+        recall[label] = round(hits / (10 * min(args.recall_queries, len(queries))), 4)
+    result["dense_recall_at_10"] = recall
+    await store.close()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=50_000)
+    parser.add_argument("--dims", type=int, default=384)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--recall-queries", type=int, default=100)
+    parser.add_argument("--engine", choices=["edge", "local"], default="edge")
+    parser.add_argument("--url", default=None, help="a Qdrant server, e.g. http://127.0.0.1:6333")
+    parser.add_argument("--data", default=None, help="data directory (default: a fresh temp dir)")
+    parser.add_argument("--quick", action="store_true", help="a small smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.n, args.queries, args.runs, args.recall_queries = 2_000, 50, 50, 20
+    print(json.dumps(anyio.run(run, args), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""The semantic store on both Qdrant engines: Qdrant Edge and qdrant-client (local mode).
+
+Every test runs against the real engine: Edge's shard in a temp directory, and
+qdrant-client's local mode on disk, so both code paths of `backends.semantic`
+run on every CI run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+
+from a2m.filters import Scope
+from a2m.records import Record
+from backends.semantic import CAPABILITIES, KIND, SemanticStore, make_store
+from backends.settings import TierSettings
+from backends.store import StoreRejected
+
+pytestmark = pytest.mark.anyio
+
+ENGINES = ["edge", "local"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def settings(engine: str, data_dir: Path) -> TierSettings:
+    return TierSettings("semantic", data_dir, options={"engine": engine} if engine == "local" else {})
+
+
+@pytest.fixture(params=ENGINES)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SemanticStore]:
+    s = make_store(settings(request.param, tmp_path))
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+def rec(i: int | str, content: str = "", *, second: int = 0, **fields: object) -> Record:
+    fields.setdefault("owner", "alice")
+    return Record(id=str(i), content=content or f"fact number {i}",
+                  created_at=f"2026-03-01T10:00:{second:02d}.000Z", **fields)  # type: ignore[arg-type]
+
+
+def ids(records: list[Record]) -> list[str]:
+    return [r.id for r in records]
+
+
+async def test_package_surface(tmp_path: Path) -> None:
+    assert KIND == "semantic"
+    assert {"core", "keys", "embeddings", "summarize"} <= CAPABILITIES
+    assert make_store(TierSettings("semantic", tmp_path)).engine == "qdrant-edge"
+    assert make_store(settings("local", tmp_path)).engine == "qdrant-local"
+    assert make_store(TierSettings("semantic", tmp_path, url="http://127.0.0.1:6333")).engine == "qdrant"
+
+
+async def test_write_get_and_select_in_creation_order(store: SemanticStore) -> None:
+    # ties on created_at are broken by insertion order, across the limit boundary too
+    batch = [rec("c", second=2), rec("a", second=1), rec("b", second=1), rec("d", second=1), rec("e", second=3)]
+    await store.write(batch)
+    assert ids(await store.select(Scope(owner="alice"))) == ["a", "b", "d", "c", "e"]
+    assert ids(await store.select(Scope(owner="alice"), order="desc")) == ["e", "c", "d", "b", "a"]
+    assert ids(await store.select(Scope(owner="alice"), limit=2)) == ["a", "b"]
+    assert ids(await store.select(Scope(owner="alice"), order="desc", limit=3)) == ["e", "c", "d"]
+    got = await store.get("alice", ["b", "zz", "a"])
+    assert ids(got) == ["b", "a"]
+    assert got[0].content == "fact number b" and got[0].score is None and got[0].embedding is None
+    assert await store.get("bob", ["a"]) == []
+
+
+async def test_records_come_back_complete(store: SemanticStore) -> None:
+    full = Record(id="x1", content="Prefers green tea", created_at="2026-03-01T10:00:00.000Z", role="user",
+                  metadata={"source": "chat", "n": 2, "tags": ["a", "b"]}, group="g1", tier="semantic",
+                  salience=0.8, access_count=3, accessed_at="2026-03-02T10:00:00.000Z", owner="alice",
+                  session="s1", key="pref/tea", revision=4, embedding=[0.25, -1.5, 3.0],
+                  uri="file:///tea.txt", media_type="text/plain")
+    await store.write([full])
+    [back] = await store.get("alice", ["x1"], with_embeddings=True)
+    assert back == full
+    [plain] = await store.select(Scope(owner="alice"))
+    assert plain.embedding is None and plain.with_(embedding=full.embedding) == full
+
+
+async def test_get_keys(store: SemanticStore) -> None:
+    await store.write([rec(1, key="user/city"), rec(2, key="user/name"), rec(3, key="user/city", owner="bob")])
+    found = await store.get_keys("alice", ["user/city", "user/name", "nope"])
+    assert {k: r.id for k, r in found.items()} == {"user/city": "1", "user/name": "2"}
+    assert {k: r.id for k, r in (await store.get_keys("bob", ["user/city"])).items()} == {"user/city": "3"}
+    assert await store.get_keys(None, ["user/city"]) == {}
+
+
+async def test_corrected_fact_is_the_only_version(store: SemanticStore) -> None:
+    await store.write([rec("v1", "The user lives in Bologna", key="user/city")])
+    # the surface's key replacement: the new version put, the old one deleted, in one write
+    await store.write([rec("v2", "The user lives in Milan", key="user/city", revision=2, second=5)], ["v1"])
+    assert await store.search(Scope(owner="alice"), text="Bologna", vector=None, limit=5) == []
+    assert ids(await store.search(Scope(owner="alice"), text="Milan", vector=None, limit=5)) == ["v2"]
+    [current] = (await store.get_keys("alice", ["user/city"])).values()
+    assert current.id == "v2" and current.revision == 2
+    # a correction in place (same id re-put) also drops the old terms
+    await store.write([rec("v2", "The user lives in Turin", key="user/city", revision=3, second=6)])
+    assert await store.search(Scope(owner="alice"), text="Milan", vector=None, limit=5) == []
+    assert ids(await store.search(Scope(owner="alice"), text="Turin", vector=None, limit=5)) == ["v2"]
+    assert await store.count("alice") == 1
+
+
+async def test_non_ascii_and_cjk_found_lexically(store: SemanticStore) -> None:
+    await store.write([rec(1, "Lives in Città di Castello"), rec(2, "我喜欢吃寿司"), rec(3, "Works on rockets")])
+    assert await store.dimensions() is None
+    hits = await store.search(Scope(owner="alice"), text="citta", vector=None, limit=5)
+    assert ids(hits) == ["1"] and 0 < hits[0].score <= 1
+    assert ids(await store.search(Scope(owner="alice"), text="寿司", vector=None, limit=5)) == ["2"]
+    # a text of only stopwords, and no vector, finds nothing
+    assert await store.search(Scope(owner="alice"), text="the of and", vector=None, limit=5) == []
+
+
+async def test_owner_isolation(store: SemanticStore) -> None:
+    await store.write([rec("a", "shared secret word", owner="alice", key="k", session="s"),
+                       rec("b", "shared secret word", owner="bob", key="k", session="s"),
+                       rec("n", "shared secret word", owner=None, key="k", session="s"),
+                       rec("e", "shared secret word", owner="", key="k", session="s")])
+    for owner, only in (("alice", "a"), ("bob", "b"), (None, "n"), ("", "e")):
+        assert ids(await store.select(Scope(owner=owner))) == [only]
+        assert ids(await store.search(Scope(owner=owner), text="secret", vector=None, limit=10)) == [only]
+        assert ids(await store.get(owner, ["a", "b", "n", "e"])) == [only]
+        assert [r.id for r in (await store.get_keys(owner, ["k"])).values()] == [only]
+        assert await store.count(owner) == 1
+        assert [(s.session, s.records) for s in await store.sessions(owner)] == [("s", 1)]
+    await store.touch("bob", ["a"], "2026-04-01T00:00:00.000Z")
+    assert await store.reinforce("bob", ["a"], 0.3) == 0
+    assert await store.delete(Scope(owner=None)) == 1
+    [a] = await store.get("alice", ["a"])
+    assert a.access_count == 0 and a.salience == 0.5
+    assert await store.count("alice") == await store.count("bob") == await store.count("") == 1
+
+
+async def test_hybrid_dense_and_sparse(store: SemanticStore) -> None:
+    await store.write([
+        rec(1, "The cat sleeps on the sofa", embedding=[1.0, 0.0, 0.0]),
+        rec(2, "Quarterly revenue grew", embedding=[0.0, 1.0, 0.0]),
+        rec(3, "The cat chased a revenue report", embedding=[0.7, 0.7, 0.0]),
+        rec(4, "no vector here about cats"),
+    ])
+    assert await store.dimensions() == 3
+    dense = await store.search(Scope(owner="alice"), text=None, vector=[0.0, 1.0, 0.0], limit=2)
+    assert ids(dense) == ["2", "3"] and dense[0].score == pytest.approx(1.0, abs=1e-5)
+    lexical = await store.search(Scope(owner="alice"), text="the cat", vector=None, limit=10)
+    assert set(ids(lexical)) == {"1", "3", "4"}
+    both = await store.search(Scope(owner="alice"), text="cat revenue", vector=[0.7, 0.7, 0.0], limit=10)
+    assert ids(both)[0] == "3"  # first in both lists
+    assert all(0 <= r.score <= 1 for r in both) and both[0].score == pytest.approx(1.0)
+    assert [r.score for r in both] == sorted((r.score for r in both), reverse=True)
+    filtered = await store.search(Scope(owner="alice", where={"id": ["1", "2"]}), text="revenue cat",
+                                  vector=[0.7, 0.7, 0.0], limit=10)
+    assert set(ids(filtered)) == {"1", "2"}
+    with_vectors = await store.search(Scope(owner="alice"), text=None, vector=[1.0, 0, 0], limit=1, with_embeddings=True)
+    assert with_vectors[0].embedding == [1.0, 0.0, 0.0]
+    with pytest.raises(StoreRejected):
+        await store.search(Scope(owner="alice"), text=None, vector=[1.0, 0.0], limit=3)
+
+
+async def test_where_key_prefix_and_time_ranges(store: SemanticStore) -> None:
+    await store.write([
+        rec(1, role="user", key="pref/food/pizza", metadata={"topic": "food", "n": 1, "ok": True}, second=1),
+        rec(2, role="assistant", key="pref/food", metadata={"topic": "work", "n": 2.0, "superseded_by": "3"}, second=2),
+        rec(3, role="user", key="pref/drink", metadata={"topic": "food", "ok": False, "a.b": "dotted"}, second=3),
+        rec(4, role=None, metadata={"superseded_by": None, "tags": ["x", "y"]}, second=4),
+    ])
+
+    async def sel(**kw: object) -> list[str]:
+        return ids(await store.select(Scope(owner="alice", **kw)))  # type: ignore[arg-type]
+
+    assert await sel(where={"role": "user"}) == ["1", "3"]
+    assert await sel(where={"role": None}) == ["4"]
+    assert await sel(where={"role": ["assistant", None]}) == ["2", "4"]
+    assert await sel(where={"topic": "food"}) == ["1", "3"]
+    assert await sel(where={"topic": ["food", "work"], "role": "user"}) == ["1", "3"]
+    assert await sel(where={"superseded_by": None}) == ["1", "3", "4"]
+    assert await sel(where={"n": 2}) == ["2"]
+    assert await sel(where={"n": [1, 2]}) == ["1", "2"]
+    assert await sel(where={"ok": True}) == ["1"]
+    assert await sel(where={"ok": False}) == ["3"]
+    assert ids(await store.select(Scope(owner="alice", where={"ok": False}), limit=1)) == ["3"]
+    assert await sel(where={"tags": "y"}) == ["4"]
+    assert await sel(where={"a.b": "dotted"}) == ["3"]
+    assert await sel(where={"salience": 0.5, "revision": 1}) == ["1", "2", "3", "4"]
+    assert await sel(where={"topic": []}) == []
+    assert await sel(key_prefix="pref/food") == ["1", "2"]
+    assert await sel(key_prefix="pref/") == ["1", "2", "3"]
+    assert await sel(key_prefix="") == ["1", "2", "3"]
+    assert await sel(key_prefix="Pref") == []
+    assert await sel(after="2026-03-01T10:00:01.000Z") == ["2", "3", "4"]
+    assert await sel(before="2026-03-01T10:00:03.000Z") == ["1", "2"]
+    assert await sel(after="2026-03-01T10:00:01.000Z", before="2026-03-01T10:00:04.000Z") == ["2", "3"]
+    assert await sel(ids=["4", "2", "nope"]) == ["2", "4"]
+    assert await sel(ids=[]) == []
+    hits = await store.search(Scope(owner="alice", where={"superseded_by": None}, key_prefix="pref/"),
+                              text="fact number", vector=None, limit=10)
+    assert sorted(ids(hits)) == ["1", "3"]
+
+
+async def test_delete_by_scope(store: SemanticStore) -> None:
+    await store.write([rec(i, session="s1" if i < 3 else "s2", second=i) for i in range(5)])
+    await store.write([rec("other", owner="bob", session="s1")])
+    assert await store.delete(Scope(owner="alice", where={"session": "s1"})) == 3
+    assert ids(await store.select(Scope(owner="alice"))) == ["3", "4"]
+    assert await store.delete(Scope(owner="alice", where={"nothing": []})) == 0
+    assert await store.delete(Scope(owner="alice")) == 2
+    assert await store.count("alice") == 0 and await store.count("bob") == 1
+
+
+async def test_touch_and_reinforce(store: SemanticStore) -> None:
+    await store.write([rec(1, salience=0.9), rec(2, salience=0.1), rec(3)])
+    await store.touch("alice", ["1", "2", "missing"], "2026-05-01T00:00:00.000Z")
+    await store.touch("alice", ["1"], "2026-05-02T00:00:00.000Z")
+    one, two, three = await store.get("alice", ["1", "2", "3"])
+    assert (one.access_count, one.accessed_at) == (2, "2026-05-02T00:00:00.000Z")
+    assert (two.access_count, two.accessed_at) == (1, "2026-05-01T00:00:00.000Z")
+    assert (three.access_count, three.accessed_at) == (0, None)
+    assert await store.reinforce("alice", ["1", "2", "missing"], 0.2) == 2
+    one, two = await store.get("alice", ["1", "2"])
+    assert one.salience == 1.0 and two.salience == pytest.approx(0.3)
+    assert await store.reinforce("alice", ["2"], -0.5) == 1
+    assert (await store.get("alice", ["2"]))[0].salience == 0.0
+
+
+async def test_sessions(store: SemanticStore) -> None:
+    await store.write([rec(1, session="s1", second=5), rec(2, session="s1", second=1), rec(3, session="s2", second=3),
+                       rec(4, second=2), rec(5, session="s1", owner="bob")])
+    await store.touch("alice", ["3"], "2026-03-09T00:00:00.000Z")
+    got = {s.session: s for s in await store.sessions("alice")}
+    assert set(got) == {"s1", "s2"}
+    assert got["s1"].records == 2 and got["s1"].opened_at == "2026-03-01T10:00:01.000Z"
+    assert got["s1"].touched_at == "2026-03-01T10:00:05.000Z"
+    assert got["s2"].records == 1 and got["s2"].touched_at == "2026-03-09T00:00:00.000Z"
+
+
+async def test_count_and_dimensions(store: SemanticStore) -> None:
+    assert await store.count("alice") == 0 and await store.dimensions() is None
+    await store.write([rec(1), rec(2, embedding=[0.1, 0.2, 0.3, 0.4])])
+    assert await store.count("alice") == 2 and await store.dimensions() == 4
+    await store.ping()
+
+
+async def test_bad_batch_writes_nothing(store: SemanticStore) -> None:
+    await store.write([rec("keep", key="k", embedding=[1.0, 0.0])])
+    bad = [rec("new1", embedding=[1.0, 1.0]), rec("new2", embedding=[1.0, 1.0, 1.0]), rec("new3")]
+    with pytest.raises(StoreRejected):
+        await store.write(bad, ["keep"])
+    assert ids(await store.select(Scope(owner="alice"))) == ["keep"]
+    with pytest.raises(StoreRejected):  # mixed widths in a first batch are refused too
+        await store.write([rec("x", owner="bob", embedding=[1.0, 2.0]), rec("y", owner="bob", embedding=[1.0])])
+    assert await store.count("bob") == 0 and await store.dimensions() == 2
+
+
+async def test_reopen_keeps_data(tmp_path: Path) -> None:
+    for engine in ENGINES:
+        first = make_store(settings(engine, tmp_path / engine))
+        await first.open()
+        await first.write([rec(1, "persisted fact", embedding=[1.0, 0.0], key="k"), rec(2, second=1)])
+        await first.close()
+        again = make_store(settings(engine, tmp_path / engine))
+        await again.open()
+        try:
+            assert ids(await again.select(Scope(owner="alice"))) == ["1", "2"]
+            assert await again.dimensions() == 2
+            assert ids(await again.search(Scope(owner="alice"), text="persisted", vector=None, limit=3)) == ["1"]
+            await again.write([rec(3, second=1)])  # the sequence resumes after the stored one
+            assert ids(await again.select(Scope(owner="alice"))) == ["1", "2", "3"]
+        finally:
+            await again.close()
+
+
+WRITER = textwrap.dedent("""
+    import sys, anyio
+    from pathlib import Path
+    from a2m.records import Record
+    from backends.semantic import make_store
+    from backends.settings import TierSettings
+
+    async def main(engine, data):
+        store = make_store(TierSettings("semantic", Path(data), options={"engine": engine} if engine == "local" else {}))
+        await store.open()
+        n = 0
+        while True:
+            batch = [Record(id=f"r{n}-{i}", content=f"fact {n} {i}", created_at="2026-03-01T10:00:00.000Z",
+                            owner="alice", embedding=[float(n), float(i), 1.0]) for i in range(20)]
+            await store.write(batch)
+            print(f"ack {n}", flush=True)
+            n += 1
+
+    anyio.run(main, sys.argv[1], sys.argv[2])
+""")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_crash_mid_batch_loses_no_acknowledged_write(engine: str, tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, engine, str(tmp_path)], stdout=subprocess.PIPE,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)
+    acked: list[int] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            acked.append(int(line.split()[1]))
+            if len(acked) >= 15:
+                break
+        proc.send_signal(signal.SIGKILL)  # while it is writing the next batch
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert len(acked) >= 15, "the writer died before acknowledging enough batches"
+    store = make_store(settings(engine, tmp_path))
+    await store.open()
+    try:
+        wanted = [f"r{n}-{i}" for n in acked for i in range(20)]
+        assert len(await store.get("alice", wanted)) == len(wanted)
+        total = await store.count("alice")
+        assert total % 20 == 0 if engine == "edge" else total >= len(wanted)  # Edge: whole batches only
+        assert await store.dimensions() == 3
+    finally:
+        await store.close()
