@@ -1,0 +1,198 @@
+"""Records as Markdown files, and where in the repository each one lives.
+
+A procedure is read by people in a code review as much as by agents, so the
+file is what a person would write by hand: the content as the Markdown body,
+the other fields in a YAML front-matter header.
+
+Layout (chosen so `ls` of the repository reads like a knowledge base):
+
+    shared/<key>.md              records of the `None` owner
+    shared/_ids/<id>.md          ... and those without a key
+    owners/<owner>/<key>.md      records of a named owner (keys are unique per owner)
+    owners/<owner>/_ids/<id>.md
+
+Owner names and ids are arbitrary strings, so they are percent-encoded into one
+safe path segment (injective: `%` itself is encoded). Keys are chosen by
+callers to be readable paths, so they are *validated* rather than encoded: a key
+that could escape its owner's directory or clash with git's own files is
+refused with `StoreRejected` before anything is written.
+
+Access statistics (`access_count`, `accessed_at`) are deliberately not in the
+file: they change on every recall, and a procedure's diff should show only
+changes someone made to it. The store keeps them in a sidecar inside `.git`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+import yaml
+
+from a2m.records import DEFAULT_SALIENCE, Record
+from backends.store import StoreRejected
+
+SHARED_ROOT = "shared"
+OWNERS_ROOT = "owners"
+IDS_DIR = "_ids"
+SUFFIX = ".md"
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BaseDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+# Names Windows refuses as a file name with any extension: a reviewer may clone there.
+_DEVICE_NAMES = frozenset(
+    {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
+)
+_SAFE = re.compile(r"[A-Za-z0-9._@+-]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_KEY_LENGTH = 1024
+MAX_SEGMENT_BYTES = 240  # leaves room for ".md" under the usual 255-byte name limit
+
+
+class _FlowList(list):  # type: ignore[type-arg]
+    """An embedding: one line in the header instead of hundreds."""
+
+
+class _Dumper(_BaseDumper):  # type: ignore[misc, valid-type]
+    pass
+
+
+_Dumper.add_representer(
+    _FlowList, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+)
+
+
+def encode_segment(text: str) -> str:
+    """One filesystem-safe, injective path segment for an owner name or an id."""
+    if text == "":
+        return "%"  # never produced otherwise: an encoded `%` is always followed by two hex digits
+    out = []
+    for i, char in enumerate(text):
+        if _SAFE.fullmatch(char) and not (i == 0 and char == "."):
+            out.append(char)
+        else:
+            out.extend(f"%{b:02X}" for b in char.encode("utf-8", "surrogatepass"))
+    encoded = "".join(out)
+    if encoded.split(".")[0].lower() in _DEVICE_NAMES:
+        encoded = f"%{ord(encoded[0]):02X}{encoded[1:]}"
+    if len(encoded) > 200:
+        # `~` is always encoded above, so a hashed name cannot equal a plain one.
+        encoded = encoded[:150] + "~" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return encoded
+
+
+def owner_root(owner: str | None) -> str:
+    return SHARED_ROOT if owner is None else f"{OWNERS_ROOT}/{encode_segment(owner)}"
+
+
+def validate_key(key: str) -> list[str]:
+    """The key's path segments, or `StoreRejected` naming why it cannot be a path."""
+    if not key:
+        raise StoreRejected("key must not be empty")
+    if len(key) > MAX_KEY_LENGTH:
+        raise StoreRejected(f"key is longer than {MAX_KEY_LENGTH} characters")
+    if "\\" in key:
+        raise StoreRejected("key must not contain a backslash (use / between segments)")
+    if _CONTROL.search(key):
+        raise StoreRejected("key must not contain NUL or control characters")
+    if key.startswith("/"):
+        raise StoreRejected("key must be relative (no leading /)")
+    segments = key.split("/")
+    for position, segment in enumerate(segments):
+        if segment == "":
+            raise StoreRejected("key must not contain empty segments (// or a trailing /)")
+        if segment in (".", ".."):
+            raise StoreRejected("key must not contain . or .. segments")
+        if segment.casefold().startswith(".git"):
+            raise StoreRejected("key must not name git's own files (.git*)")
+        if position < len(segments) - 1 and segment.casefold().endswith(SUFFIX):
+            # `a` is the file a.md, so a directory a.md/ would clash with it.
+            raise StoreRejected(f"key segment {segment!r} must not end in {SUFFIX} before the last /")
+        if segment.split(".")[0].casefold() in _DEVICE_NAMES:
+            raise StoreRejected(f"key segment {segment!r} is a reserved file name")
+        try:
+            size = len(segment.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise StoreRejected("key is not valid Unicode") from None
+        if size > MAX_SEGMENT_BYTES:
+            raise StoreRejected(f"key segment is longer than {MAX_SEGMENT_BYTES} bytes")
+    if segments[0] == IDS_DIR:
+        raise StoreRejected(f"key must not start with {IDS_DIR}/ (reserved for records without a key)")
+    return segments
+
+
+def record_path(record: Record) -> str:
+    """Repository-relative POSIX path of a record's file."""
+    return path_for(record.owner, record.key, record.id)
+
+
+def path_for(owner: str | None, key: str | None, record_id: str) -> str:
+    root = owner_root(owner)
+    if key is not None:
+        validate_key(key)
+        return f"{root}/{key}{SUFFIX}"
+    return f"{root}/{IDS_DIR}/{encode_segment(record_id)}{SUFFIX}"
+
+
+# Header field order: identity first, then what a reviewer reads, then bookkeeping.
+_HEADER_FIELDS = (
+    "id", "key", "revision", "owner", "role", "session", "group", "tier",
+    "salience", "uri", "media_type", "created_at", "metadata",
+)
+
+
+def dumps(record: Record, seq: int) -> bytes:
+    """The file for `record`; `seq` is its insertion sequence (creation-order tie-break)."""
+    header: dict[str, Any] = {}
+    for name in _HEADER_FIELDS:
+        value = getattr(record, name)
+        if value is None or (name == "metadata" and not value):
+            continue
+        header[name] = value
+    header["seq"] = seq
+    if record.embedding is not None:
+        header["embedding"] = _FlowList(record.embedding)
+    try:
+        text = yaml.dump(header, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+        # One newline always ends the file (git and editors expect it); `loads` strips exactly one.
+        return ("---\n" + text + "---\n" + record.content + "\n").encode("utf-8")
+    except (yaml.YAMLError, UnicodeEncodeError) as exc:
+        raise StoreRejected(f"record {record.id!r} cannot be stored as a file: {exc}") from None
+
+
+def loads(data: bytes) -> tuple[Record, int]:
+    """Inverse of `dumps`: (record without access statistics, seq). ValueError if it is not one."""
+    text = data.decode("utf-8")
+    if not text.startswith("---\n"):
+        raise ValueError("no front-matter header")
+    end = text.find("\n---\n", 3)
+    if end < 0:
+        raise ValueError("front-matter header is not closed")
+    header = yaml.load(text[4 : end + 1], Loader=_Loader)
+    if not isinstance(header, dict) or not isinstance(header.get("id"), str):
+        raise ValueError("front-matter header has no id")
+    body = text[end + 5 :]
+    if body.endswith("\n"):
+        body = body[:-1]
+    seq = header.pop("seq", 0)
+    embedding = header.pop("embedding", None)
+    record = Record(
+        id=header["id"],
+        content=body,
+        created_at=str(header.get("created_at", "")),
+        role=header.get("role"),
+        metadata=header.get("metadata") or {},
+        group=header.get("group"),
+        tier=header.get("tier"),
+        salience=float(header.get("salience", DEFAULT_SALIENCE)),
+        owner=header.get("owner"),
+        session=header.get("session"),
+        key=header.get("key"),
+        revision=int(header.get("revision", 1)),
+        embedding=None if embedding is None else [float(x) for x in embedding],
+        uri=header.get("uri"),
+        media_type=header.get("media_type"),
+    )
+    return record, int(seq)

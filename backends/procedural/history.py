@@ -1,0 +1,161 @@
+"""The procedural tier's extension methods: history, restore, approve.
+
+A procedure is only as trustworthy as the ability to see who changed it and to
+undo the change, so git's history is exposed on the wire instead of only to
+people with a clone. These are extensions (listed in describe's `methods` and
+described under `extensions`); `capabilities` keeps only the protocol's names.
+
+A handler is `async (params, ctx) -> dict`; `ctx.owner(params)` gives the
+owner the request is scoped to (the surface decides trust, not this module).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Awaitable, Callable
+
+import git
+
+from a2m.errors import SCOPE_DENIED, A2MError, invalid
+from a2m.records import Record
+from a2m.timefmt import format_ts
+from backends.store import StoreRejected
+
+from . import files
+from .store import PROPOSED, GitStore
+
+Handler = Callable[[dict[str, Any], Any], Awaitable[dict[str, Any]]]
+
+_COMMIT = re.compile(r"[0-9a-fA-F]{4,40}")
+MAX_HISTORY = 1000
+
+EXTENSION_DOCS: dict[str, Any] = {
+    "memory/history": {
+        "summary": "The revisions of one procedure, newest first: every commit that changed its file.",
+        "params": {"key": "string (or id)", "id": "string (or key)", "limit": "int, default 100, at most 1000",
+                   "owner": "string|null"},
+        "result": {"revisions": [{"commit": "hex", "author": "string", "email": "string", "at": "RFC 3339",
+                                  "message": "string", "revision": "int|null (null: the commit removed it)",
+                                  "pending": "bool (review gate: not yet approved)"}]},
+    },
+    "memory/restore": {
+        "summary": "Write a procedure's content as it was at a commit, as a new revision (history is never rewritten).",
+        "params": {"key": "string", "commit": "hex commit id from memory/history", "owner": "string|null"},
+        "result": {"record": "the record written"},
+    },
+    "memory/approve": {
+        "summary": "Review gate: fast-forward main to the proposed branch, making proposed procedures recallable.",
+        "params": {},
+        "result": {"approved": "int (commits merged)", "commit": "hex (main's new head)"},
+    },
+}
+
+
+def _text(params: dict[str, Any], name: str) -> str | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise invalid(f"{name} must be a non-empty string", field=name)
+    return value
+
+
+def _pending(repo: git.Repo, store: GitStore) -> set[str]:
+    if not store.review or PROPOSED not in repo.heads:
+        return set()
+    out = repo.git.rev_list(f"{store.main}..{PROPOSED}")
+    return set(out.split())
+
+
+def _log(repo: git.Repo, store: GitStore, path: str, limit: int) -> list[dict[str, Any]]:
+    branch = PROPOSED if store.review else store.main
+    pending = _pending(repo, store)
+    revisions = []
+    for commit in repo.iter_commits(branch, paths=path, max_count=limit):
+        try:
+            record, _ = files.loads((commit.tree / path).data_stream.read())
+            revision: int | None = record.revision
+        except (KeyError, ValueError, UnicodeDecodeError):
+            revision = None
+        revisions.append({
+            "commit": commit.hexsha,
+            "author": commit.author.name,
+            "email": commit.author.email,
+            "at": format_ts(commit.authored_datetime),
+            "message": commit.message.strip(),
+            "revision": revision,
+            "pending": commit.hexsha in pending,
+        })
+    return revisions
+
+
+def _at(repo: git.Repo, store: GitStore, rev: str, path: str) -> tuple[Record | None, int]:
+    """The record file at `rev` (None when absent there) and the highest revision the file ever had."""
+    try:
+        commit = repo.commit(rev)
+    except (git.BadName, ValueError, git.GitCommandError):
+        return None, -1
+    try:
+        old, _ = files.loads((commit.tree / path).data_stream.read())
+    except (KeyError, ValueError, UnicodeDecodeError):
+        old = None
+    highest = max((r["revision"] or 0 for r in _log(repo, store, path, MAX_HISTORY)), default=0)
+    return old, highest
+
+
+def extensions(store: GitStore) -> dict[str, Handler]:
+    async def history(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        key, record_id = _text(params, "key"), _text(params, "id")
+        if (key is None) == (record_id is None):
+            raise invalid("memory/history needs exactly one of key or id", field="key")
+        limit = params.get("limit", 100)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_HISTORY:
+            raise invalid(f"limit must be an integer in [1, {MAX_HISTORY}]", field="limit")
+        path = store.path_of(owner, key=key, record_id=record_id)
+        if path is None:
+            raise invalid("key is not a valid procedure key", field="key")
+        return {"revisions": await store.run_git(_log, store, path, limit)}
+
+    async def restore(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        key, rev = _text(params, "key"), _text(params, "commit")
+        if key is None:
+            raise invalid("memory/restore needs a key", field="key")
+        if rev is None or not _COMMIT.fullmatch(rev):
+            raise invalid("commit must be a commit id (hex) from memory/history", field="commit")
+        path = store.path_of(owner, key=key)
+        if path is None:
+            raise invalid("key is not a valid procedure key", field="key")
+        old, highest = await store.run_git(_at, store, rev, path)
+        if highest < 0:
+            raise invalid(f"unknown commit {rev}", field="commit")
+        if old is None:
+            raise invalid(f"{key} did not exist at commit {rev}", field="commit")
+        current = store.current(owner, key)
+        base = current.revision if current is not None else highest
+        restored = old.with_(
+            id=current.id if current is not None else old.id,
+            revision=base + 1,
+            created_at=current.created_at if current is not None else old.created_at,
+            access_count=current.access_count if current is not None else 0,
+            accessed_at=current.accessed_at if current is not None else None,
+            owner=owner,
+            score=None,
+        )
+        try:
+            await store.write([restored], message=f"restore {key} to {rev[:12]} (rev {restored.revision})")
+        except StoreRejected as exc:
+            raise invalid(str(exc)) from None
+        return {"record": restored.to_wire()}
+
+    async def approve(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        approvers = store.settings.options.get("approvers")
+        if approvers is not None and ctx.owner(params) not in approvers:
+            raise A2MError(SCOPE_DENIED, "only a configured approver may approve proposed procedures")
+        try:
+            return await store.approve()
+        except StoreRejected as exc:
+            raise invalid(str(exc)) from None
+
+    return {"memory/history": history, "memory/restore": restore, "memory/approve": approve}

@@ -1,0 +1,843 @@
+"""GitStore: procedural memory as a git repository, one Markdown file per record.
+
+Why it is built this way:
+
+- **One commit per `write`.** A batch is one reviewable, revertible change.
+  Commits are made with GitPython's object layer (blobs into the object
+  database, a tree from an in-memory index, a commit, a ref update) rather than
+  by spawning `git add`/`git commit`: no hooks, no process per write, and the
+  ref update is the single atomic step that makes a write exist.
+- **One writer.** Writes hold an asyncio lock and run in a worker thread; the
+  in-memory index changes only after the commit landed, so a reader never sees
+  a write that could still fail.
+- **Recovery at open.** A write that was not committed was never acknowledged,
+  so discarding it is correct: stale lock files are removed and the working
+  tree is reset to HEAD (`reset --hard`, then `clean` of the record roots).
+- **Recall is in memory.** The tree is parsed once at open into dicts and a
+  BM25 index per owner; vectors are compared with numpy over the owner's records.
+- **Access statistics are not history.** `touch` happens on every recall;
+  committing each would bury real changes in noise. `access_count` and
+  `accessed_at` live in a sidecar (`.git/a2m/state.json`, never part of the
+  tree), flushed at most once a second and at close: a crash can lose the
+  last second of counts, never a procedure. `reinforce` changes `salience`,
+  a deliberate judgement kept in the file, so it is a commit.
+- **Review gate** (`options["review"]`): writes commit to the `proposed`
+  branch (built in memory, the working tree stays on main) and recall sees
+  main only, until `approve` fast-forwards main.
+- **Remote** (`options["remote"]`): pushed after each commit. A failed push is
+  logged and retried with the next commit; the local repository is the
+  source of truth and a write is not refused because a mirror is down.
+"""
+
+from __future__ import annotations
+
+import heapq
+import io
+import json
+import logging
+import os
+import re
+import subprocess
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Literal, Sequence
+
+import anyio
+import git
+from git.objects.commit import Commit
+from git.objects.tree import Tree as GitTree
+from gitdb import LooseObjectDB
+from gitdb.base import IStream
+
+from a2m.filters import Scope, matches
+from a2m.records import Record
+from a2m.text import BM25, squash
+from backends.settings import TierSettings
+from backends.store import SessionInfo, StoreRejected, StoreUnavailable
+
+from . import files
+
+log = logging.getLogger("a2m.procedural")
+
+PROPOSED = "proposed"
+_FILE_MODE = 0o100644
+_FLUSH_EVERY_S = 1.0
+
+
+def _actor(spec: Any, default: git.Actor) -> git.Actor:
+    """`"Name <email>"` or `{"name":..., "email":...}` from config, else `default`."""
+    if isinstance(spec, dict):
+        return git.Actor(str(spec.get("name", default.name)), str(spec.get("email", default.email)))
+    if isinstance(spec, str) and spec:
+        match = re.fullmatch(r"\s*(.*?)\s*<([^>]*)>\s*", spec)
+        return git.Actor(match.group(1), match.group(2)) if match else git.Actor(spec, default.email)
+    return default
+
+
+def owner_actor(owner: str) -> git.Actor:
+    """The git identity of an owner: git forbids `<`, `>` and newlines in names."""
+    name = re.sub(r"[<>\n\r\x00]", "_", owner).strip() or "_"
+    local = re.sub(r"[^A-Za-z0-9._+-]", "-", owner).strip(".-") or "owner"
+    return git.Actor(name, f"{local}@a2m.local")
+
+_TREE_MODE = 0o040000
+
+
+def loose_odb(repo: git.Repo) -> LooseObjectDB:
+    """Write objects in-process: `repo.odb` (GitCmdObjectDB) may spawn `git` per object stored."""
+    return LooseObjectDB(os.path.join(repo.common_dir, "objects"))
+
+
+class TreeBuilder:
+    """A branch's git trees kept in memory, so a commit rewrites only the directories it touched.
+
+    GitPython's `IndexFile.write_tree` rebuilds every tree from the whole index
+    and `IndexFile.write` re-serialises it: both O(records) per commit, ~150 ms
+    at 2,000 procedures. Here a one-record commit stores its blob and the few
+    trees on its path, whatever the size of the repository.
+    """
+
+    def __init__(self, repo: git.Repo, entries: Iterable[tuple[str, int, bytes]]) -> None:
+        self.odb = loose_odb(repo)
+        self.dirs: dict[str, dict[str, tuple[int, bytes | None]]] = {"": {}}
+        self.shas: dict[str, bytes] = {}
+        self.dirty: set[str] = {""}
+        for path, mode, sha in entries:
+            self.set(path, mode, sha)
+
+    @classmethod
+    def of_commit(cls, repo: git.Repo, commit: Commit) -> "TreeBuilder":
+        index = git.IndexFile.from_tree(repo, commit)
+        return cls(repo, ((path, entry.mode, entry.binsha) for (path, _), entry in index.entries.items()))
+
+    def _touch(self, directory: str) -> None:
+        while True:
+            self.dirty.add(directory)
+            if not directory:
+                return
+            directory = directory.rpartition("/")[0]
+
+    def set(self, path: str, mode: int, sha: bytes) -> None:
+        directory, _, name = path.rpartition("/")
+        self._ensure_dir(directory)
+        self.dirs[directory][name] = (mode, sha)
+        self._touch(directory)
+
+    def _ensure_dir(self, directory: str) -> None:
+        if directory in self.dirs:
+            return
+        parent, _, base = directory.rpartition("/")
+        self._ensure_dir(parent)
+        self.dirs[directory] = {}
+        self.dirs[parent][base] = (_TREE_MODE, None)
+
+    def remove(self, path: str) -> None:
+        directory, _, name = path.rpartition("/")
+        entries = self.dirs.get(directory)
+        if entries is None or entries.pop(name, None) is None:
+            return
+        self._touch(directory)
+        while directory and not self.dirs[directory]:  # git has no empty directories
+            del self.dirs[directory]
+            self.shas.pop(directory, None)
+            self.dirty.discard(directory)
+            directory, _, name = directory.rpartition("/")
+            self.dirs[directory].pop(name, None)
+
+    def write(self, directory: str = "") -> bytes:
+        """Store every dirty tree (bottom-up) and return the root tree's sha."""
+        if directory not in self.dirty and directory in self.shas:
+            return self.shas[directory]
+        items = []
+        for name, (mode, sha) in self.dirs[directory].items():
+            if mode == _TREE_MODE:
+                sha = self.write(f"{directory}/{name}" if directory else name)
+            assert sha is not None
+            items.append((sha, mode, name))
+        items.sort(key=lambda e: e[2] + "/" if e[1] == _TREE_MODE else e[2])  # git's tree order
+        # Serialised here: GitPython's tree_to_stream re-validates every name on every commit.
+        data = b"".join(b"%o %s\0%s" % (mode, name.encode("utf-8"), sha) for sha, mode, name in items)
+        sha = self.odb.store(IStream("tree", len(data), io.BytesIO(data))).binsha
+        self.shas[directory] = sha
+        self.dirty.discard(directory)
+        return sha
+
+
+@dataclass(slots=True)
+class Tree:
+    """One branch's records as the store knows them (access statistics merged in)."""
+
+    records: dict[str, Record] = field(default_factory=dict)  # id -> record
+    paths: dict[str, str] = field(default_factory=dict)  # id -> path
+    by_path: dict[str, str] = field(default_factory=dict)  # path -> id
+    seqs: dict[str, int] = field(default_factory=dict)  # id -> insertion sequence
+
+    def set(self, record: Record, path: str, seq: int) -> None:
+        self.drop(record.id)
+        self.records[record.id] = record
+        self.paths[record.id] = path
+        self.by_path[path] = record.id
+        self.seqs[record.id] = seq
+
+    def drop(self, record_id: str) -> None:
+        if record_id in self.records:
+            del self.records[record_id]
+            del self.by_path[self.paths.pop(record_id)]
+            del self.seqs[record_id]
+
+    def copy(self) -> "Tree":
+        return Tree(dict(self.records), dict(self.paths), dict(self.by_path), dict(self.seqs))
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What one write changes: files to (re)write, files to remove, and the index after it."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    removed: set[str] = field(default_factory=set)
+    puts: list[tuple[Record, str, int]] = field(default_factory=list)
+    dropped: set[str] = field(default_factory=set)
+    message: str = ""
+    author: git.Actor | None = None
+
+
+class _Visible:
+    """The searchable view of the branch recall sees: per-owner dicts, keys, BM25, vectors."""
+
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+        self.by_owner: dict[str | None, dict[str, Record]] = defaultdict(dict)
+        self.keys: dict[tuple[str | None, str], str] = {}
+        self.bm25: dict[str | None, BM25] = defaultdict(BM25)
+        self.vectors: dict[str, Any] = {}
+        for record in tree.records.values():
+            self._index(record)
+
+    def _index(self, record: Record) -> None:
+        self.by_owner[record.owner][record.id] = record
+        if record.key is not None:
+            self.keys[(record.owner, record.key)] = record.id
+        self.bm25[record.owner].add(record.id, record.content)
+        if record.embedding is not None:
+            import numpy as np
+
+            vector = np.asarray(record.embedding, dtype=np.float32)
+            norm = float(np.linalg.norm(vector))
+            self.vectors[record.id] = vector / norm if norm else vector
+
+    def _unindex(self, record_id: str) -> None:
+        record = self.tree.records.get(record_id)
+        if record is None:
+            return
+        self.by_owner[record.owner].pop(record_id, None)
+        if record.key is not None and self.keys.get((record.owner, record.key)) == record_id:
+            del self.keys[(record.owner, record.key)]
+        self.bm25[record.owner].remove(record_id)
+        self.vectors.pop(record_id, None)
+
+    def apply(self, plan: _Plan) -> None:
+        for record_id in plan.dropped:
+            self._unindex(record_id)
+            self.tree.drop(record_id)
+        for record, path, seq in plan.puts:
+            self._unindex(record.id)
+            self.tree.set(record, path, seq)
+            self._index(record)
+
+    def replace_record(self, record: Record) -> None:
+        """Swap a record in place without re-indexing its text (access statistics only)."""
+        self.tree.records[record.id] = record
+        self.by_owner[record.owner][record.id] = record
+
+
+def _out(record: Record, with_embeddings: bool) -> Record:
+    return replace(record) if with_embeddings else replace(record, embedding=None)
+
+
+class GitStore:
+    engine = "git"
+    searches_vectors = True
+
+    def __init__(self, settings: TierSettings) -> None:
+        self.settings = settings
+        self.path = Path(settings.url) if settings.url else Path(settings.data_dir) / "repo"
+        options = settings.options or {}
+        self.review = bool(options.get("review", False))
+        self.remote: str | None = options.get("remote") or None
+        self.identity = _actor(options.get("author"), git.Actor("a2m", "a2m@a2m.local"))
+        self.repo: git.Repo | None = None
+        self.main = "main"
+        self._lock = anyio.Lock()  # one writer (and one user of the repo's object database)
+        self._trees: TreeBuilder | None = None  # the trees of the branch writes commit to
+        self._visible = _Visible(Tree())
+        self._proposed: Tree | None = None
+        self._access: dict[str, tuple[int, str | None]] = {}
+        self._dimensions: int | None = None
+        self._next_seq = 1
+        self._dirty_since: float | None = None
+        self.push_error: str | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def open(self) -> None:
+        if self.repo is not None:
+            return
+        async with self._lock:
+            try:
+                await anyio.to_thread.run_sync(self._open_sync)
+            except (git.GitError, OSError) as exc:
+                raise StoreUnavailable(f"cannot open the git repository at {self.path}: {exc}") from exc
+
+    def _open_sync(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        if (self.path / ".git").exists():
+            repo = git.Repo(self.path)
+        else:
+            repo = git.Repo.init(self.path, initial_branch="main")
+        self.repo = repo
+        with repo.config_writer() as config:  # a commit made by hand in this repo needs an identity too
+            if not config.has_option("user", "name"):
+                config.set_value("user", "name", self.identity.name)
+                config.set_value("user", "email", self.identity.email)
+        self._state_dir.mkdir(exist_ok=True)
+        self._recover_sync()
+        if not repo.head.is_valid():
+            index = git.IndexFile(repo)
+            Commit.create_from_tree(
+                repo, index.write_tree(), "initialise procedural memory", parent_commits=[],
+                head=True, author=self.identity, committer=self.identity,
+            )
+            index.write()  # a valid (empty) index: git refuses a missing-but-truncated one
+        self.main = repo.active_branch.name
+        self._load_state()
+        tree = self._load_tree(self._iter_worktree())
+        self._visible = _Visible(tree)
+        if self.review:
+            if PROPOSED not in repo.heads:
+                repo.create_head(PROPOSED, repo.head.commit)
+            proposed = repo.heads[PROPOSED].commit
+            self._proposed = self._load_tree(self._iter_commit(proposed))
+        self._trees = TreeBuilder.of_commit(repo, repo.heads[PROPOSED].commit if self.review else repo.head.commit)
+        if self._dimensions is None:
+            self._dimensions = next(
+                (len(r.embedding) for r in tree.records.values() if r.embedding is not None), None
+            )
+
+    @property
+    def _state_dir(self) -> Path:
+        assert self.repo is not None
+        return Path(self.repo.git_dir) / "a2m"
+
+    def _recover_sync(self) -> None:
+        """Discard a write a crash left uncommitted: nothing of it was acknowledged."""
+        repo = self.repo
+        assert repo is not None
+        git_dir = Path(repo.git_dir)
+        for lock in [git_dir / "index.lock", git_dir / "HEAD.lock", *git_dir.glob("refs/heads/**/*.lock")]:
+            lock.unlink(missing_ok=True)
+        if not repo.head.is_valid():
+            return
+        if repo.is_dirty(untracked_files=False) or repo.untracked_files:
+            log.warning("procedural: discarding uncommitted changes in %s (an interrupted write)", self.path)
+        repo.git.reset("--hard", "-q")
+        repo.git.clean("-fdq", "--", files.SHARED_ROOT, files.OWNERS_ROOT)
+
+    async def close(self) -> None:
+        if self.repo is None:
+            return
+        async with self._lock:
+            self._flush_state()
+            try:
+                await anyio.to_thread.run_sync(self.repo.git.reset, "-q")  # leave `git status` clean
+            except git.GitError as exc:
+                log.warning("procedural: could not refresh the index at close: %s", exc)
+            self.repo.close()
+            self.repo = None
+
+    async def ping(self) -> None:
+        if self.repo is None or not Path(self.repo.git_dir, "HEAD").exists():
+            raise StoreUnavailable(f"the git repository at {self.path} is not open")
+
+    # ----------------------------------------------------------------- loading
+
+    def _iter_worktree(self) -> Iterable[tuple[str, bytes]]:
+        for root in (files.SHARED_ROOT, files.OWNERS_ROOT):
+            base = self.path / root
+            if not base.is_dir():
+                continue
+            for file in base.rglob(f"*{files.SUFFIX}"):
+                if file.is_file():
+                    yield file.relative_to(self.path).as_posix(), file.read_bytes()
+
+    def _iter_commit(self, commit: Commit) -> Iterable[tuple[str, bytes]]:
+        for item in commit.tree.traverse():
+            if item.type == "blob" and item.path.endswith(files.SUFFIX) and item.path.split("/")[0] in (
+                files.SHARED_ROOT, files.OWNERS_ROOT,
+            ):
+                yield item.path, item.data_stream.read()
+
+    def _load_tree(self, items: Iterable[tuple[str, bytes]]) -> Tree:
+        tree = Tree()
+        for path, data in items:
+            try:
+                record, seq = files.loads(data)
+            except (ValueError, UnicodeDecodeError, TypeError) as exc:
+                log.warning("procedural: skipping %s, not a record file: %s", path, exc)
+                continue
+            count, at = self._access.get(record.id, (0, None))
+            tree.set(replace(record, access_count=count, accessed_at=at), path, seq)
+            self._next_seq = max(self._next_seq, seq + 1)
+        return tree
+
+    def _load_state(self) -> None:
+        try:
+            state = json.loads((self._state_dir / "state.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            return
+        self._access = {k: (int(v[0]), v[1]) for k, v in state.get("access", {}).items()}
+        self._dimensions = state.get("dimensions")
+
+    def _flush_state(self) -> None:
+        if self._dirty_since is None or self.repo is None:
+            return
+        target = self._state_dir / "state.json"
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"dimensions": self._dimensions, "access": self._access}), "utf-8")
+        os.replace(tmp, target)
+        self._dirty_since = None
+
+    def _mark_dirty(self, *, flush_now: bool = False) -> None:
+        if self._dirty_since is None:
+            self._dirty_since = time.monotonic()
+        if flush_now or time.monotonic() - self._dirty_since >= _FLUSH_EVERY_S:
+            self._flush_state()
+
+    # ------------------------------------------------------------------ writes
+
+    def _target(self) -> Tree:
+        """The branch writes land on: `proposed` behind the review gate, main otherwise."""
+        return self._proposed if self._proposed is not None else self._visible.tree
+
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), *, message: str | None = None) -> None:
+        if not puts and not deletes:
+            return
+        async with self._lock:
+            self._require_open()
+            plan = self._plan(self._target(), puts, deletes, message)
+            if not plan.files and not plan.removed:
+                return
+            await self._commit(plan)
+            for record, _, _ in plan.puts:
+                if record.access_count or record.accessed_at is not None:
+                    self._access[record.id] = (record.access_count, record.accessed_at)
+                    self._dirty_since = self._dirty_since or time.monotonic()
+                if record.embedding is not None and self._dimensions is None:
+                    self._dimensions = len(record.embedding)
+                    self._dirty_since = self._dirty_since or time.monotonic()
+            if self._proposed is not None:
+                for record_id in plan.dropped:
+                    self._proposed.drop(record_id)
+                for record, path, seq in plan.puts:
+                    self._proposed.set(record, path, seq)
+            else:
+                self._visible.apply(plan)
+            if self._dirty_since is not None:
+                self._flush_state()  # statistics a write carried were acknowledged with it
+
+    def _require_open(self) -> None:
+        if self.repo is None:
+            raise StoreUnavailable("the procedural store is not open")
+
+    def _plan(self, tree: Tree, puts: Sequence[Record], deletes: Sequence[str], message: str | None) -> _Plan:
+        """Validate everything and work out the change; raises StoreRejected before any byte is written."""
+        plan = _Plan()
+        paths = dict(tree.paths)  # id -> path after the batch so far
+        by_path = dict(tree.by_path)
+        final: dict[str, tuple[Record, str, int]] = {}
+        verbs: list[str] = []
+        seq = self._next_seq
+
+        def remove(record_id: str) -> None:
+            old = paths.pop(record_id, None)
+            if old is not None:
+                by_path.pop(old, None)
+                plan.removed.add(old)
+                plan.files.pop(old, None)
+            final.pop(record_id, None)
+            plan.dropped.add(record_id)
+
+        for record_id in deletes:
+            if record_id in paths:
+                old_record = tree.records.get(record_id)
+                remove(record_id)
+                verbs.append(f"forget {_label(old_record) if old_record else record_id}")
+        for record in puts:
+            path = files.record_path(record)  # validates the key
+            data = files.dumps(record, seq)
+            replacing = path in by_path
+            occupant = by_path.get(path)
+            if occupant is not None and occupant != record.id:
+                remove(occupant)  # an occupied key is replaced: never two records on one file
+            if paths.get(record.id) not in (None, path):
+                remove(record.id)  # the record moved (its key or owner changed)
+            paths[record.id] = path
+            by_path[path] = record.id
+            plan.files[path] = data
+            plan.removed.discard(path)
+            plan.dropped.discard(record.id)
+            final[record.id] = (record, path, seq)
+            seq += 1
+            verbs.append(f"{'replace' if replacing else 'remember'} {_label(record)}")
+        plan.puts = list(final.values())
+        plan.message = message or _message(verbs)
+        owners = [r.owner for r in puts] or [tree.records[i].owner for i in deletes if i in tree.records]
+        owner = owners[0] if owners else None
+        plan.author = owner_actor(owner) if owner is not None else self.identity
+        return plan
+
+    async def _commit(self, plan: _Plan) -> None:
+        try:
+            await anyio.to_thread.run_sync(self._commit_sync, plan)
+        except StoreRejected:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any git failure is the engine refusing
+            raise StoreUnavailable(f"git commit failed in {self.path}: {exc}") from exc
+        self._next_seq = max([self._next_seq, *(s + 1 for _, _, s in plan.puts)])
+
+    def _commit_sync(self, plan: _Plan) -> None:
+        repo = self.repo
+        assert repo is not None
+        if self._proposed is not None:
+            self._commit_proposed(plan)
+        else:
+            try:
+                self._commit_main(plan)
+            except BaseException:
+                self._rollback_main()
+                raise
+        self._push()
+
+    def _stage(self, plan: _Plan) -> bytes:
+        """Blobs and trees of the change into the object database; returns the new root tree."""
+        assert self.repo is not None and self._trees is not None
+        for path in plan.removed:
+            self._trees.remove(path)
+        for path, data in plan.files.items():
+            stream = self._trees.odb.store(IStream("blob", len(data), io.BytesIO(data)))
+            self._trees.set(path, _FILE_MODE, stream.binsha)
+        return self._trees.write()
+
+    def _reload_trees(self) -> None:
+        """After a failed commit the in-memory trees may be ahead of the branch: rebuild them from it."""
+        repo = self.repo
+        assert repo is not None
+        branch = repo.heads[PROPOSED] if self.review else repo.head
+        self._trees = TreeBuilder.of_commit(repo, branch.commit)
+
+    def _commit_main(self, plan: _Plan) -> None:
+        repo = self.repo
+        assert repo is not None
+        for path in plan.removed:
+            file = self.path / path
+            file.unlink(missing_ok=True)
+            _prune_dirs(file.parent, self.path)
+        for path, data in plan.files.items():
+            file = self.path / path
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_bytes(data)
+        tree = GitTree(repo, self._stage(plan))
+        Commit.create_from_tree(
+            repo, tree, plan.message, parent_commits=[repo.head.commit], head=True,
+            author=plan.author, committer=self.identity,
+        )
+        self._update_index(plan)
+
+    def _update_index(self, plan: _Plan) -> None:
+        """Keep `.git/index` matching HEAD for people running `git status` in the live repository.
+
+        Only the changed paths, by one `git update-index`: rewriting the whole index
+        through GitPython is O(records). Cosmetic: a failure is logged, and
+        recovery resets the index anyway.
+        """
+        assert self._trees is not None
+        lines = [f"0 {'0' * 40}\t{path}" for path in plan.removed]
+        for path in plan.files:
+            directory, _, name = path.rpartition("/")
+            mode, sha = self._trees.dirs[directory][name]
+            assert sha is not None
+            lines.append(f"{mode:o} {sha.hex()}\t{path}")
+        try:
+            subprocess.run(
+                ["git", "update-index", "--index-info"], cwd=self.path, input="\n".join(lines) + "\n",
+                text=True, check=True, capture_output=True, timeout=60,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("procedural: could not update the index (git status may be stale): %s", exc)
+
+    def _rollback_main(self) -> None:
+        """Put the working tree and index back to HEAD after a failed commit."""
+        try:
+            self._recover_sync()
+        finally:
+            if self.repo is not None:
+                self._reload_trees()
+
+    def _commit_proposed(self, plan: _Plan) -> None:
+        repo = self.repo
+        assert repo is not None
+        head = repo.heads[PROPOSED]
+        try:
+            tree = GitTree(repo, self._stage(plan))
+            commit = Commit.create_from_tree(
+                repo, tree, plan.message, parent_commits=[head.commit], head=False,
+                author=plan.author, committer=self.identity,
+            )
+            head.set_commit(commit, logmsg=f"commit: {plan.message.splitlines()[0]}")
+        except BaseException:
+            self._reload_trees()
+            raise
+
+    def _push(self) -> None:
+        if not self.remote or self.repo is None:
+            return
+        refspecs = [f"refs/heads/{self.main}:refs/heads/{self.main}"]
+        if self.review:
+            refspecs.append(f"refs/heads/{PROPOSED}:refs/heads/{PROPOSED}")
+        try:
+            self.repo.git.push("--quiet", self.remote, *refspecs)
+            self.push_error = None
+        except git.GitCommandError as exc:
+            self.push_error = str(exc)
+            log.warning("procedural: push to %s failed (will retry with the next commit): %s", self.remote, exc)
+
+    # ----------------------------------------------------------- review gate
+
+    async def approve(self) -> dict[str, Any]:
+        """Fast-forward main to `proposed`: the reviewed procedures become recallable."""
+        async with self._lock:
+            self._require_open()
+            if self._proposed is None:
+                raise StoreRejected("this procedural tier has no review gate (options.review is off)")
+            result = await anyio.to_thread.run_sync(self._approve_sync)
+            if result["approved"]:
+                self._visible = _Visible(self._proposed.copy())
+            return result
+
+    def _approve_sync(self) -> dict[str, Any]:
+        repo = self.repo
+        assert repo is not None
+        main, proposed = repo.head.commit, repo.heads[PROPOSED].commit
+        if main == proposed:
+            return {"approved": 0, "commit": main.hexsha}
+        if not repo.is_ancestor(main, proposed):
+            raise StoreRejected(f"{PROPOSED} has diverged from {self.main}; merge it by hand")
+        count = int(repo.git.rev_list("--count", f"{main.hexsha}..{proposed.hexsha}"))
+        repo.git.reset("-q")  # the index file is not kept current per commit
+        repo.git.merge("--ff-only", "-q", PROPOSED)
+        self._push()
+        return {"approved": count, "commit": proposed.hexsha}
+
+    async def run_git(self, fn: Any, *args: Any) -> Any:
+        """Run `fn(repo, *args)` in a thread under the writer lock (the object database is not thread-safe)."""
+        async with self._lock:
+            self._require_open()
+            return await anyio.to_thread.run_sync(fn, self.repo, *args)
+
+    # ------------------------------------------------------------------- reads
+
+    def current(self, owner: str | None, key: str) -> Record | None:
+        """The record at `key` on the branch writes land on (proposed behind the gate)."""
+        tree = self._target()
+        if tree is self._visible.tree:
+            record_id = self._visible.keys.get((owner, key))
+            return tree.records.get(record_id) if record_id else None
+        try:
+            record_id = tree.by_path.get(files.path_for(owner, key, ""))
+        except StoreRejected:
+            return None
+        return tree.records.get(record_id) if record_id else None
+
+    def path_of(self, owner: str | None, *, key: str | None = None, record_id: str | None = None) -> str | None:
+        """The file a key or id lives at (None for an invalid key or an unknown keyed id)."""
+        if key is not None:
+            try:
+                return files.path_for(owner, key, "")
+            except StoreRejected:
+                return None
+        assert record_id is not None
+        for tree in (self._target(), self._visible.tree):
+            record = tree.records.get(record_id)
+            if record is not None and record.owner == owner:
+                return tree.paths[record_id]
+        return files.path_for(owner, None, record_id)
+
+    def _scoped(self, scope: Scope) -> list[Record]:
+        pool = self._visible.by_owner.get(scope.owner, {})
+        if scope.ids is not None:
+            candidates: Iterable[Record] = (pool[i] for i in dict.fromkeys(scope.ids) if i in pool)
+        else:
+            candidates = pool.values()
+        return [r for r in candidates if matches(r, scope)]
+
+    def _order_key(self, record: Record) -> tuple[str, int]:
+        return record.created_at, self._visible.tree.seqs.get(record.id, 0)
+
+    async def get(self, owner: str | None, ids: Sequence[str], *, with_embeddings: bool = False) -> list[Record]:
+        pool = self._visible.by_owner.get(owner, {})
+        return [_out(pool[i], with_embeddings) for i in ids if i in pool]
+
+    async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
+        out: dict[str, Record] = {}
+        for key in keys:
+            record_id = self._visible.keys.get((owner, key))
+            if record_id is not None:
+                out[key] = _out(self._visible.tree.records[record_id], False)
+        return out
+
+    async def select(
+        self,
+        scope: Scope,
+        *,
+        order: Literal["asc", "desc"] = "asc",
+        limit: int | None = None,
+        with_embeddings: bool = False,
+    ) -> list[Record]:
+        records = sorted(self._scoped(scope), key=self._order_key, reverse=order == "desc")
+        if limit is not None:
+            records = records[:limit]
+        return [_out(r, with_embeddings) for r in records]
+
+    async def search(
+        self,
+        scope: Scope,
+        *,
+        text: str | None,
+        vector: Sequence[float] | None,
+        limit: int,
+        with_embeddings: bool = False,
+    ) -> list[Record]:
+        pool = self._visible.by_owner.get(scope.owner, {})
+        lexical: dict[str, float] = {}
+        if text:
+            index = self._visible.bm25.get(scope.owner)
+            if index is not None:
+                lexical = {i: squash(s) for i, s in index.scores(text).items()}
+        semantic: dict[str, float] = {}
+        if vector is not None and len(vector):
+            semantic = self._cosine(scope, vector)
+        if not lexical and not semantic:
+            return []
+        both = bool(text) and vector is not None and bool(lexical or semantic)
+        plain = scope.is_empty_selector()  # the owner's pool is already the scope: skip the matcher
+        scored: list[tuple[float, Record]] = []
+        for record_id in (lexical.keys() | semantic.keys()) if both else (lexical or semantic):
+            record = pool.get(record_id)
+            if record is None or not (plain or matches(record, scope)):
+                continue
+            if both:
+                score = 0.5 * lexical.get(record_id, 0.0) + 0.5 * semantic.get(record_id, 0.0)
+            else:
+                score = lexical.get(record_id, semantic.get(record_id, 0.0))
+            scored.append((score, record))
+        seqs = self._visible.tree.seqs
+        best = heapq.nsmallest(limit or len(scored), scored, key=lambda p: (-p[0], p[1].created_at, seqs.get(p[1].id, 0)))
+        out = []
+        for score, record in best:
+            result = _out(record, with_embeddings)
+            result.score = min(1.0, max(0.0, score))
+            out.append(result)
+        return out
+
+    def _cosine(self, scope: Scope, vector: Sequence[float]) -> dict[str, float]:
+        import numpy as np
+
+        ids = [r.id for r in self._scoped(scope) if r.id in self._visible.vectors]
+        query = np.asarray(vector, dtype=np.float32)
+        norm = float(np.linalg.norm(query))
+        ids = [i for i in ids if self._visible.vectors[i].shape == query.shape]
+        if not ids or not norm:
+            return {}
+        sims = np.stack([self._visible.vectors[i] for i in ids]) @ (query / norm)
+        return {i: float((s + 1.0) / 2.0) for i, s in zip(ids, sims.tolist())}
+
+    async def delete(self, scope: Scope) -> int:
+        ids = [r.id for r in self._scoped(scope)]
+        if ids:
+            await self.write([], ids)
+        return len(ids)
+
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
+        pool = self._visible.by_owner.get(owner, {})
+        changed = False
+        for record_id in ids:
+            record = pool.get(record_id)
+            if record is None:
+                continue
+            updated = replace(record, access_count=record.access_count + 1, accessed_at=at)
+            self._visible.replace_record(updated)
+            if self._proposed is not None and record_id in self._proposed.records:
+                self._proposed.records[record_id] = replace(
+                    self._proposed.records[record_id], access_count=updated.access_count, accessed_at=at
+                )
+            self._access[record_id] = (updated.access_count, at)
+            changed = True
+        if changed:
+            self._mark_dirty()
+
+    async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
+        pool = self._visible.by_owner.get(owner, {})
+        found = [pool[i] for i in dict.fromkeys(ids) if i in pool]
+        changed = [
+            r.with_(salience=min(1.0, max(0.0, r.salience + amount)))
+            for r in found
+            if min(1.0, max(0.0, r.salience + amount)) != r.salience
+        ]
+        if changed:
+            label = _label(changed[0]) if len(changed) == 1 else f"{len(changed)} records"
+            await self.write(changed, message=f"reinforce {label} ({amount:+g})")
+        return len(found)
+
+    async def sessions(self, owner: str | None) -> list[SessionInfo]:
+        info: dict[str, SessionInfo] = {}
+        for record in self._visible.by_owner.get(owner, {}).values():
+            if record.session is None:
+                continue
+            entry = info.setdefault(record.session, SessionInfo(record.session, 0, record.created_at, record.created_at))
+            entry.records += 1
+            entry.opened_at = min(entry.opened_at or record.created_at, record.created_at)
+            latest = max(record.created_at, record.accessed_at or "")
+            entry.touched_at = max(entry.touched_at or latest, latest)
+        return sorted(info.values(), key=lambda s: s.session)
+
+    async def count(self, owner: str | None) -> int:
+        return len(self._visible.by_owner.get(owner, {}))
+
+    async def dimensions(self) -> int | None:
+        return self._dimensions
+
+
+def _label(record: Record) -> str:
+    return f"{record.key} (rev {record.revision})" if record.key is not None else record.id
+
+
+def _message(verbs: list[str]) -> str:
+    """One subject line a reviewer can scan; the full list in the body for a batch."""
+    if len(verbs) == 1:
+        return verbs[0]
+    counts: dict[str, int] = {}
+    for verb in verbs:
+        counts[verb.split(" ", 1)[0]] = counts.get(verb.split(" ", 1)[0], 0) + 1
+    subject = ", ".join(f"{v} {n}" for v, n in counts.items()) + f" record{'s' if len(verbs) > 1 else ''}"
+    return subject + "\n\n" + "\n".join(f"- {v}" for v in verbs)
+
+
+def _prune_dirs(directory: Path, root: Path) -> None:
+    """Remove directories a forget left empty, so the tree on disk matches git's (which has no empty dirs)."""
+    while directory != root and directory.is_relative_to(root):
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        directory = directory.parent

@@ -1,0 +1,470 @@
+"""GitStore against real git repositories in temporary directories."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from a2m.errors import A2MError
+from a2m.filters import Scope
+from a2m.records import Record
+from backends.procedural import CAPABILITIES, EXTENSION_DOCS, KIND, extensions, files, make_store
+from backends.procedural.store import GitStore
+from backends.settings import TierSettings
+from backends.store import StoreRejected
+from tests.conftest import scale
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Ctx:
+    """What the surface hands an extension handler: the owner the request is scoped to."""
+
+    def owner(self, params: dict[str, Any]) -> str | None:
+        return params.get("owner")
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def rec(i: int | str, content: str = "", *, owner: str | None = "alice", key: str | None = None, **kw: Any) -> Record:
+    created = kw.pop("created_at", f"2026-01-01T00:00:{int(i) % 60 if str(i).isdigit() else 0:02d}.000Z")
+    return Record(id=str(i), content=content or f"procedure {i}", created_at=created, owner=owner, key=key, **kw)
+
+
+async def opened(tmp_path: Path, **options: Any) -> GitStore:
+    store = make_store(TierSettings("procedural", tmp_path, options=options))
+    await store.open()
+    return store
+
+
+@pytest.fixture
+async def store(tmp_path: Path):
+    s = await opened(tmp_path, author="Reviewer Bot <bot@example.org>")
+    yield s
+    await s.close()
+
+
+def repo_of(store: GitStore) -> Path:
+    return store.path
+
+
+def test_package_surface() -> None:
+    assert KIND == "procedural"
+    assert "sessions" not in CAPABILITIES and {"core", "keys", "embeddings"} <= CAPABILITIES
+    assert set(EXTENSION_DOCS) == {"memory/history", "memory/restore", "memory/approve"}
+
+
+async def test_every_write_is_one_commit_by_the_owner(store: GitStore) -> None:
+    repo = repo_of(store)
+    base = int(git(repo, "rev-list", "--count", "HEAD"))
+    await store.write([rec(1, key="skills/refund/verify")])
+    await store.write([rec(2, owner="bob"), rec(3, owner="bob"), rec(4, owner="bob", key="b/x")])
+    await store.write([rec(5, owner=None, key="shared/one")])
+    await store.write([], ["2", "3"])
+    assert int(git(repo, "rev-list", "--count", "HEAD")) == base + 4
+    log = git(repo, "log", "--format=%an|%ae|%cn|%s", f"-4").splitlines()
+    assert log[3] == "alice|alice@a2m.local|Reviewer Bot|remember skills/refund/verify (rev 1)"
+    assert log[2].startswith("bob|bob@a2m.local|Reviewer Bot|remember 3 records")
+    assert log[1] == "Reviewer Bot|bot@example.org|Reviewer Bot|remember shared/one (rev 1)"
+    assert log[0].startswith("bob|bob@a2m.local|Reviewer Bot|forget 2 records")
+    assert git(repo, "status", "--porcelain") == ""
+    assert (repo / "owners/alice/skills/refund/verify.md").is_file()
+    assert (repo / "shared/shared/one.md").is_file()
+    assert not list((repo / "owners/bob/_ids").glob("*")) if (repo / "owners/bob/_ids").exists() else True
+    # An empty write (deleting ids that do not exist) makes no commit.
+    await store.write([], ["nope"])
+    assert int(git(repo, "rev-list", "--count", "HEAD")) == base + 4
+
+
+async def test_git_log_and_history_show_revisions(store: GitStore) -> None:
+    for revision in (1, 2, 3):
+        await store.write([rec("p", f"step version {revision}", key="skills/refund/verify", revision=revision)])
+    path = "owners/alice/skills/refund/verify.md"
+    assert len(git(repo_of(store), "log", "--format=%H", "--", path).split()) == 3
+    history = extensions(store)["memory/history"]
+    result = await history({"key": "skills/refund/verify", "owner": "alice"}, Ctx())
+    assert [r["revision"] for r in result["revisions"]] == [3, 2, 1]
+    first = result["revisions"][0]
+    assert first["author"] == "alice" and first["at"].endswith("Z") and len(first["at"]) == 24
+    assert first["message"] == "replace skills/refund/verify (rev 3)" and first["pending"] is False
+    by_id = await history({"id": "p", "owner": "alice"}, Ctx())
+    assert by_id == result
+    # Another owner sees no history for the same key.
+    assert (await history({"key": "skills/refund/verify", "owner": "bob"}, Ctx()))["revisions"] == []
+    with pytest.raises(A2MError) as err:
+        await history({"owner": "alice"}, Ctx())
+    assert err.value.code == -32602
+
+
+async def test_restore_writes_an_earlier_content_as_a_new_revision(store: GitStore) -> None:
+    handlers = extensions(store)
+    for revision in (1, 2, 3):
+        await store.write([rec("p", f"step version {revision}", key="k/p", revision=revision, metadata={"v": revision})])
+    revisions = (await handlers["memory/history"]({"key": "k/p", "owner": "alice"}, Ctx()))["revisions"]
+    first = revisions[-1]["commit"]
+    out = await handlers["memory/restore"]({"key": "k/p", "commit": first, "owner": "alice"}, Ctx())
+    assert out["record"]["content"] == "step version 1"
+    assert out["record"]["revision"] == 4 and out["record"]["id"] == "p" and out["record"]["metadata"] == {"v": 1}
+    current = (await store.get_keys("alice", ["k/p"]))["k/p"]
+    assert current.content == "step version 1" and current.revision == 4
+    assert git(repo_of(store), "log", "-1", "--format=%s").strip() == f"restore k/p to {first[:12]} (rev 4)"
+    revisions = (await handlers["memory/history"]({"key": "k/p", "owner": "alice"}, Ctx()))["revisions"]
+    assert [r["revision"] for r in revisions] == [4, 3, 2, 1]
+    # A forgotten procedure can be restored too, above every revision it ever had.
+    await store.write([], ["p"])
+    out = await handlers["memory/restore"]({"key": "k/p", "commit": revisions[1]["commit"], "owner": "alice"}, Ctx())
+    assert out["record"]["revision"] == 5 and out["record"]["content"] == "step version 3"
+    for bad in ({"key": "k/p", "commit": "zz"}, {"key": "k/p", "commit": "abcdef0"}, {"key": "nope", "commit": first},
+                {"key": "../x", "commit": first}, {"commit": first}):
+        with pytest.raises(A2MError) as err:
+            await handlers["memory/restore"]({**bad, "owner": "alice"}, Ctx())
+        assert err.value.code == -32602, bad
+
+
+BAD_KEYS = [
+    "../escape", "a/../../b", "/etc/passwd", "a//b", "a/", "a\\b", "a\x00b", "a/\nb", ".git/config",
+    "x/.git/hooks/pre-commit", ".gitattributes", "_ids/forged", "a/./b", "..", ".", "con", "x/NUL.txt",
+    "a.md/b", "x" * 300, "a/" + "b" * 250,
+]
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+async def test_unsafe_keys_are_refused_and_write_nothing(store: GitStore, key: str) -> None:
+    repo = repo_of(store)
+    await store.write([rec(1, key="fine")])
+    head = git(repo, "rev-parse", "HEAD")
+    with pytest.raises(StoreRejected):
+        await store.write([rec(2, key="also/fine"), rec(3, key=key)])
+    assert git(repo, "rev-parse", "HEAD") == head
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    assert await store.count("alice") == 1
+    assert not (repo / "owners/alice/also").exists()
+
+
+def test_key_paths_and_owner_encoding() -> None:
+    assert files.path_for(None, "skills/refund/verify", "x") == "shared/skills/refund/verify.md"
+    assert files.path_for("alice", None, "id/1") == "owners/alice/_ids/id%2F1.md"
+    assert files.owner_root("../x") == "owners/%2E.%2Fx"
+    assert files.owner_root("") == "owners/%"
+    assert files.owner_root("con") == "owners/%63on"
+    encoded = {files.encode_segment(s) for s in ["a/b", "a%2Fb", "a b", "a_b", "x" * 500, "x" * 501]}
+    assert len(encoded) == 6 and all("/" not in e and len(e) <= 200 for e in encoded)
+
+
+async def test_crash_before_commit_is_discarded_at_reopen(tmp_path: Path) -> None:
+    """The process dies after writing files and staging, just before the ref update."""
+    script = textwrap.dedent(f"""
+        import os, signal, anyio
+        from pathlib import Path
+        from git.objects.commit import Commit
+        from a2m.records import Record
+        from backends.procedural import make_store
+        from backends.settings import TierSettings
+
+        async def main():
+            store = make_store(TierSettings("procedural", Path({str(tmp_path)!r})))
+            await store.open()
+            await store.write([Record(id="kept", content="committed", created_at="2026-01-01T00:00:00.000Z", key="a/kept")])
+            def die(*a, **k):
+                os.kill(os.getpid(), signal.SIGKILL)
+            Commit.create_from_tree = die
+            await store.write([Record(id="lost", content="never acknowledged", created_at="2026-01-01T00:00:01.000Z", key="a/lost"),
+                               Record(id="kept", content="overwritten?", created_at="2026-01-01T00:00:00.000Z", key="a/kept", revision=2)])
+        anyio.run(main)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    repo = tmp_path / "repo"
+    assert (repo / "shared/a/lost.md").exists()  # the crash left a half-done write behind
+    assert git(repo, "status", "--porcelain") != ""
+    store = await opened(tmp_path)
+    try:
+        assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+        assert not (repo / "shared/a/lost.md").exists()
+        assert await store.get(None, ["lost"]) == []
+        [kept] = await store.get(None, ["kept"])
+        assert kept.content == "committed" and kept.revision == 1
+        await store.write([rec("after", owner=None, key="a/after")])  # the store works after recovery
+        git(repo, "fsck", "--no-progress")
+    finally:
+        await store.close()
+
+
+async def test_kill_during_batch_writes_leaves_repo_consistent(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import anyio, sys
+        from pathlib import Path
+        from a2m.records import Record
+        from backends.procedural import make_store
+        from backends.settings import TierSettings
+
+        async def main():
+            store = make_store(TierSettings("procedural", Path({str(tmp_path)!r})))
+            await store.open()
+            i = 0
+            while True:
+                batch = [Record(id=f"r{{i}}-{{j}}", content=f"batch {{i}} item {{j}}", created_at="2026-01-01T00:00:00.000Z",
+                                key=f"b{{i}}/{{j}}") for j in range(20)]
+                await store.write(batch)
+                print(i, flush=True)
+                i += 1
+        anyio.run(main)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for _ in range(3):
+            proc.stdout.readline()  # a few batches committed
+        time.sleep(0.013)  # land somewhere inside a later batch
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    repo = tmp_path / "repo"
+    store = await opened(tmp_path)
+    try:
+        assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+        tracked = [p for p in git(repo, "ls-files").split() if p.endswith(".md")]
+        assert await store.count(None) == len(tracked) and len(tracked) % 20 == 0 and tracked
+        git(repo, "fsck", "--no-progress")
+    finally:
+        await store.close()
+
+
+async def test_review_gate_hides_proposals_until_approved(tmp_path: Path) -> None:
+    store = await opened(tmp_path, review=True)
+    handlers = extensions(store)
+    try:
+        await store.write([rec(1, "refund: check the receipt first", key="skills/refund")])
+        scope = Scope(owner="alice")
+        assert await store.get("alice", ["1"]) == []
+        assert await store.select(scope) == []
+        assert await store.search(scope, text="receipt", vector=None, limit=5) == []
+        assert await store.get_keys("alice", ["skills/refund"]) == {}
+        assert not (tmp_path / "repo/owners/alice/skills/refund.md").exists()  # main's tree is untouched
+        history = (await handlers["memory/history"]({"key": "skills/refund", "owner": "alice"}, Ctx()))["revisions"]
+        assert len(history) == 1 and history[0]["pending"] is True
+        result = await handlers["memory/approve"]({}, Ctx())
+        assert result["approved"] == 1
+        assert [r.id for r in await store.search(scope, text="receipt", vector=None, limit=5)] == ["1"]
+        assert (tmp_path / "repo/owners/alice/skills/refund.md").exists()
+        assert (await handlers["memory/approve"]({}, Ctx()))["approved"] == 0
+        # A forget is a proposal as well.
+        await store.write([], ["1"])
+        assert len(await store.get("alice", ["1"])) == 1
+        await handlers["memory/approve"]({}, Ctx())
+        assert await store.get("alice", ["1"]) == []
+        # Pending proposals survive a restart and stay hidden.
+        await store.write([rec(2, "pending procedure", key="skills/pending")])
+        await store.close()
+        store = await opened(tmp_path, review=True)
+        handlers = extensions(store)
+        assert await store.count("alice") == 0
+        await handlers["memory/approve"]({}, Ctx())
+        assert await store.count("alice") == 1
+    finally:
+        await store.close()
+    # Without the gate, approve is refused; with approvers, only they may approve.
+    plain = await opened(tmp_path / "plain")
+    try:
+        with pytest.raises(A2MError) as err:
+            await extensions(plain)["memory/approve"]({}, Ctx())
+        assert err.value.code == -32602
+    finally:
+        await plain.close()
+    gated = await opened(tmp_path / "gated", review=True, approvers=["lead"])
+    try:
+        with pytest.raises(A2MError) as err:
+            await extensions(gated)["memory/approve"]({"owner": "agent"}, Ctx())
+        assert err.value.code == -32005
+        assert (await extensions(gated)["memory/approve"]({"owner": "lead"}, Ctx()))["approved"] == 0
+    finally:
+        await gated.close()
+
+
+async def test_push_to_a_bare_remote(tmp_path: Path) -> None:
+    remote = tmp_path / "team.git"
+    subprocess.run(["git", "init", "--bare", "-q", str(remote)], check=True)
+    store = await opened(tmp_path / "data", remote=str(remote))
+    try:
+        await store.write([rec(1, "push me", key="skills/push")])
+        assert git(remote, "log", "main", "-1", "--format=%an %s").strip() == "alice remember skills/push (rev 1)"
+        assert git(remote, "rev-parse", "main") == git(store.path, "rev-parse", "HEAD")
+        assert store.push_error is None
+    finally:
+        await store.close()
+    # The review gate pushes `proposed` too, so reviewers can open a pull request from it.
+    gated_remote = tmp_path / "gated.git"
+    subprocess.run(["git", "init", "--bare", "-q", str(gated_remote)], check=True)
+    gated = await opened(tmp_path / "gated", remote=str(gated_remote), review=True)
+    try:
+        await gated.write([rec(1, "proposal", key="skills/p")])
+        assert "proposal" in git(gated_remote, "show", "proposed:owners/alice/skills/p.md")
+    finally:
+        await gated.close()
+    # A remote that is gone does not fail the write.
+    broken = await opened(tmp_path / "broken", remote=str(tmp_path / "missing.git"))
+    try:
+        await broken.write([rec(1, key="x")])
+        assert broken.push_error and await broken.count("alice") == 1
+    finally:
+        await broken.close()
+
+
+async def test_owners_are_isolated(store: GitStore) -> None:
+    await store.write([rec("a", "alice refund steps", owner="alice", key="skills/refund")])
+    await store.write([rec("b", "bob refund steps", owner="bob", key="skills/refund")])
+    await store.write([rec("n", "shared refund steps", owner=None, key="skills/refund")])
+    for owner, rid in (("alice", "a"), ("bob", "b"), (None, "n")):
+        assert (await store.get_keys(owner, ["skills/refund"]))["skills/refund"].id == rid
+        assert [r.id for r in await store.select(Scope(owner=owner))] == [rid]
+        assert [r.id for r in await store.search(Scope(owner=owner), text="refund", vector=None, limit=10)] == [rid]
+        assert await store.count(owner) == 1
+    assert await store.get("bob", ["a"]) == []
+    assert await store.delete(Scope(owner="bob")) == 1
+    assert await store.count("alice") == 1 and await store.count(None) == 1
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63) | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(
+    content=st.text(),
+    metadata=st.dictionaries(st.text(max_size=10), json_values, max_size=5),
+    role=st.none() | st.text(max_size=10),
+    embedding=st.none() | st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), min_size=1, max_size=8),
+)
+def test_file_round_trip_is_lossless(content: str, metadata: dict, role: str | None, embedding: list | None) -> None:
+    record = Record(id="x", content=content, created_at="2026-01-01T00:00:00.000Z", role=role, metadata=metadata,
+                    key="k", owner="o", embedding=embedding, salience=0.25)
+    try:
+        data = files.dumps(record, 7)
+    except StoreRejected:
+        assert any(0xD800 <= ord(c) <= 0xDFFF for c in content + str(metadata) + str(role))
+        return
+    back, seq = files.loads(data)
+    assert back == record and seq == 7
+
+
+ODD = [
+    ("---\nnot: a header\n---\n", {"---": "---"}),
+    ("trailing newlines\n\n\n", {"nested": {"a": [1, 2.5, None, True, {"b": []}]}}),
+    ("città 東京 🚀\r\nwindows line\ttab", {"yes": "no", "null": None, "date": "2026-01-01", "n": "1.0"}),
+    ("", {"": {"": ""}, "big": 2**70, "neg0": -0.0, "e": 1e-300}),
+    ("\ufeffbom and \u2028 separators \x85", {"list": ["- a", ": b", "# c", "&x", "*y", "!z"]}),
+]
+
+
+async def test_odd_records_survive_a_restart(tmp_path: Path) -> None:
+    store = await opened(tmp_path)
+    written = [
+        Record(id=f"odd/{i} ✓", content=c, created_at="2026-01-01T00:00:00.000Z", metadata=m, owner="ödön <x>",
+               key=None if i % 2 else f"odd/{i}", role="tool", session="s1", group="g", tier="procedural",
+               uri="s3://b/k", media_type="text/markdown", salience=0.9, revision=3, embedding=[0.1, -2.0, 3e-8])
+        for i, (c, m) in enumerate(ODD)
+    ]
+    await store.write(written)
+    await store.touch("ödön <x>", [written[0].id], "2026-02-02T00:00:00.000Z")
+    await store.close()
+    store = await opened(tmp_path)
+    try:
+        back = await store.get("ödön <x>", [r.id for r in written], with_embeddings=True)
+        expected = [r.with_(access_count=1, accessed_at="2026-02-02T00:00:00.000Z") if i == 0 else r
+                    for i, r in enumerate(written)]
+        assert back == expected
+        assert await store.dimensions() == 3
+        assert (await store.get("ödön <x>", [written[0].id]))[0].embedding is None
+    finally:
+        await store.close()
+
+
+async def test_select_order_and_limits(store: GitStore) -> None:
+    same = "2026-01-01T00:00:00.000Z"
+    await store.write([rec("c", created_at="2026-01-01T00:00:02.000Z"), rec("a", created_at=same), rec("b", created_at=same)])
+    scope = Scope(owner="alice")
+    assert [r.id for r in await store.select(scope)] == ["a", "b", "c"]
+    assert [r.id for r in await store.select(scope, order="desc", limit=2)] == ["c", "b"]
+    await store.write([rec("a", "again", created_at=same)])  # a re-put takes a new place among ties
+    assert [r.id for r in await store.select(scope)] == ["b", "a", "c"]
+    assert [r.id for r in await store.select(Scope(owner="alice", ids=["c", "a", "zz"]))] == ["a", "c"]
+    assert [r.id for r in await store.select(Scope(owner="alice", after=same))] == ["c"]
+
+
+async def test_keys_replace_move_and_prefix(store: GitStore) -> None:
+    repo = repo_of(store)
+    await store.write([rec("1", "v1", key="skills/a")])
+    await store.write([rec("1", "moved", key="skills/b", revision=2)])  # same id, new key: the file moves
+    assert not (repo / "owners/alice/skills/a.md").exists() and (repo / "owners/alice/skills/b.md").exists()
+    assert await store.get_keys("alice", ["skills/a", "skills/b"]) == {"skills/b": (await store.get("alice", ["1"]))[0]}
+    await store.write([rec("2", "usurper", key="skills/b")])  # another id on an occupied key replaces it
+    assert await store.get("alice", ["1"]) == [] and (await store.get_keys("alice", ["skills/b"]))["skills/b"].id == "2"
+    await store.write([rec("3", key="other/x")])
+    assert [r.id for r in await store.select(Scope(owner="alice", key_prefix="skills/"))] == ["2"]
+    assert await store.delete(Scope(owner="alice", key_prefix="skills/")) == 1
+    assert not (repo / "owners/alice/skills").exists()  # no empty directories left behind
+
+
+async def test_touch_is_not_a_commit_and_reinforce_is(store: GitStore) -> None:
+    repo = repo_of(store)
+    await store.write([rec("1", key="k")])
+    head = git(repo, "rev-parse", "HEAD")
+    await store.touch("alice", ["1", "missing"], "2026-03-03T00:00:00.000Z")
+    [r] = await store.get("alice", ["1"])
+    assert r.access_count == 1 and r.accessed_at == "2026-03-03T00:00:00.000Z"
+    assert git(repo, "rev-parse", "HEAD") == head
+    assert await store.reinforce("alice", ["1", "missing"], 0.7) == 1
+    [r] = await store.get("alice", ["1"])
+    assert r.salience == 1.0 and r.access_count == 1
+    assert git(repo, "log", "-1", "--format=%s").strip() == "reinforce k (rev 1) (+0.7)"
+
+
+async def test_vector_and_hybrid_search(store: GitStore) -> None:
+    await store.write([
+        rec("x", "deploy the service", embedding=[1.0, 0.0]),
+        rec("y", "rollback the service", embedding=[0.0, 1.0]),
+        rec("z", "unrelated words"),
+    ])
+    scope = Scope(owner="alice")
+    by_vector = await store.search(scope, text=None, vector=[0.9, 0.1], limit=5)
+    assert [r.id for r in by_vector] == ["x", "y"] and all(0 <= r.score <= 1 for r in by_vector)
+    hybrid = await store.search(scope, text="rollback", vector=[0.9, 0.1], limit=5)
+    assert hybrid[0].id in {"x", "y"} and {r.id for r in hybrid} == {"x", "y"}
+    assert await store.search(scope, text="the and of", vector=None, limit=5) == []
+
+
+@pytest.mark.slow
+async def test_search_over_thousands_of_procedures_is_fast(store: GitStore) -> None:
+    n = scale(2000, 300)
+    topics = ["refund", "invoice", "shipping", "password", "deploy", "rollback", "backup", "onboarding"]
+    batch = [rec(i, f"How to handle {topics[i % 8]} case {i}: step {i % 13} then verify {topics[(i * 3) % 8]}",
+                 key=f"skills/{topics[i % 8]}/{i}") for i in range(n)]
+    await store.write(batch)  # one commit
+    scope = Scope(owner="alice")
+    times = []
+    for i in range(50):
+        start = time.perf_counter()
+        hits = await store.search(scope, text=f"{topics[i % 8]} case {i}", vector=None, limit=10)
+        times.append(time.perf_counter() - start)
+        assert hits and hits[0].id == str(i)
+    assert statistics.median(times) < 0.02
+    start = time.perf_counter()
+    await store.write([rec("new", "a brand new escalation procedure", key="skills/escalation")])
+    assert time.perf_counter() - start < 1.0
+    assert [r.id for r in await store.search(scope, text="escalation", vector=None, limit=3)] == ["new"]
