@@ -41,16 +41,25 @@ def _serve(args: argparse.Namespace) -> int:
 
     log_to_stderr()
     tokens = _tokens(args.token)
-    service_token = args.service_token or os.environ.get("A2M_SERVICE_TOKEN")
-    if service_token:
-        tokens[service_token] = SERVICE
     origins = frozenset(args.origin or [o for o in os.environ.get("A2M_ALLOWED_ORIGINS", "").split(",") if o])
-    http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens)
     if args.what == "router":
+        from router.config import ConfigError
         from router.server import build_router
 
-        server = build_router(args.config)
+        try:
+            server = build_router(args.config)
+        except ConfigError as exc:
+            print(f"a2m serve router: {exc}", file=sys.stderr)
+            return 2
+        configured = server.http_settings()  # [auth] tokens and origins from router.toml
+        tokens = {**configured.tokens, **tokens}
+        origins |= configured.allowed_origins
     else:
+        # Tier servers trust the router's service token to name owners; the router itself
+        # only presents it to its tiers, so it is never a front-door token there.
+        service_token = args.service_token or os.environ.get("A2M_SERVICE_TOKEN")
+        if service_token:
+            tokens[service_token] = SERVICE
         from a2m.embedder import make_embedder
         from backends.serve import build
         from backends.settings import TierSettings
@@ -64,6 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
         server = build(args.what, settings, embedder=make_embedder(args.embedder or os.environ.get("A2M_EMBEDDER")))
     from a2m.dispatch import Dispatcher
 
+    http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens)
     if args.stdio:
         from a2m.stdio import serve_stdio
 
@@ -92,7 +102,8 @@ def _transfer(args: argparse.Namespace) -> int:
     from . import transfer
 
     if args.command == "export":
-        return asyncio.run(transfer.export(args.url, args.file, token=args.token, embeddings=args.embeddings))
+        return asyncio.run(transfer.export(args.url, args.file, token=args.token, embeddings=args.embeddings,
+                                           owners=args.owner or [None]))
     return asyncio.run(transfer.import_(args.url, args.file, token=args.token, batch=args.batch))
 
 
@@ -143,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--token")
         if name == "export":
             p.add_argument("--embeddings", action="store_true", help="include vectors")
+            p.add_argument("--owner", action="append", default=None,
+                           help="export this owner's records (repeatable; default: the unowned partition)")
         else:
             p.add_argument("--batch", type=int, default=500)
         p.set_defaults(run=_transfer)

@@ -1,0 +1,299 @@
+"""The router's configuration: TOML in, a validated `RouterConfig` out.
+
+Validation happens once, at start, and refuses a layout the policy could not
+honour (a spill into a tier that does not exist, a cycle, a spill into
+procedural or into a read-only tier) with a message that names the tier and the
+fix, because a wrong spill chain otherwise shows up weeks later as lost or
+ping-ponging records.
+
+Without a file (or without `[[tiers]]`) the four-tier stack of the design is
+used: working (capacity 32 per session) -> episodic -> semantic, promotion
+episodic -> semantic after 3 recalls, procedural on its own, on
+http://127.0.0.1:8701..8704.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from a2m.capabilities import TIER_KINDS
+
+DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000, "max_recall_limit": 1000}
+FUSIONS = ("rrf", "rerank")
+RETENTIONS = ("keep", "drop")
+
+
+class ConfigError(ValueError):
+    """A configuration the router refuses to start with; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    name: str
+    url: str
+    kind: str | None = None
+    capacity: int | None = None
+    per_session: bool = False
+    spill_to: str | None = None
+    promote_to: str | None = None
+    promote_after: int = 3
+    read_only: bool = False
+    timeout: float = 5.0
+    retention: str = "keep"  # "drop": over capacity with no spill_to, the weakest records are deleted
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind, "capacity": self.capacity,
+                               "per_session": self.per_session, "spill_to": self.spill_to,
+                               "promote_to": self.promote_to, "read_only": self.read_only}
+        if self.promote_to:
+            out["promote_after"] = self.promote_after
+        return out
+
+
+@dataclass(frozen=True)
+class FusionConfig:
+    strategy: str = "rrf"
+    rrf_k: int = 60
+    pool: int = 50  # rerank: candidates asked of each tier (at least the caller's limit)
+    half_life_days: float = 30.0  # rerank: recency decay
+    weights: Mapping[str, float] = field(default_factory=lambda: {
+        "text": 0.45, "vector": 0.35, "recency": 0.12, "salience": 0.08})
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    name: str = "a2m-router"
+    tiers: tuple[TierConfig, ...] = ()
+    default_tier: str = "working"
+    fusion: FusionConfig = field(default_factory=FusionConfig)
+    embedder: str | None = None
+    embedder_model: str | None = None
+    tokens: Mapping[str, str] = field(default_factory=dict)  # bearer token -> principal (owner)
+    service_token: str | None = None  # how the router authenticates to its tiers
+    allowed_origins: frozenset[str] = frozenset()
+    limits: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
+    events_capacity: int = 1024
+    background_promotion: bool = True
+
+    def tier(self, name: str) -> TierConfig:
+        for tier in self.tiers:
+            if tier.name == name:
+                return tier
+        raise KeyError(name)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tiers]
+
+
+def default_tiers(base_port: int = 8701, host: str = "127.0.0.1") -> tuple[TierConfig, ...]:
+    url = lambda n: f"http://{host}:{base_port + n}/"  # noqa: E731
+    return (
+        TierConfig("working", url(0), kind="working", capacity=32, per_session=True, spill_to="episodic",
+                   timeout=2.0),
+        TierConfig("episodic", url(1), kind="episodic", spill_to="semantic", promote_to="semantic",
+                   promote_after=3),
+        TierConfig("semantic", url(2), kind="semantic"),
+        TierConfig("procedural", url(3), kind="procedural"),
+    )
+
+
+def _type(value: Any, kind: type | tuple[type, ...], where: str, what: str) -> Any:
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ConfigError(f"{where} must be {what}, got {value!r}")
+    if not isinstance(value, kind):
+        raise ConfigError(f"{where} must be {what}, got {value!r}")
+    return value
+
+
+def _tier(raw: Any, index: int, default_timeout: float) -> TierConfig:
+    where = f"tiers[{index}]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table ([[tiers]])")
+    known = {"name", "kind", "url", "capacity", "per_session", "spill_to", "promote_to", "promote_after",
+             "read_only", "timeout", "retention"}
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"{where} has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}.name is required (a non-empty string)")
+    where = f"tier {name!r}"
+    kind = raw.get("kind")
+    if kind is not None and kind not in TIER_KINDS:
+        raise ConfigError(f"{where}: kind must be one of {list(TIER_KINDS)}, got {kind!r}")
+    url = raw.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{where}: url is required and must be an http(s) URL, got {url!r}")
+    capacity = raw.get("capacity")
+    if capacity is not None:
+        _type(capacity, int, f"{where}: capacity", "a positive integer")
+        if capacity < 1:
+            raise ConfigError(f"{where}: capacity must be a positive integer, got {capacity}")
+    per_session = _type(raw.get("per_session", kind == "working"), bool, f"{where}: per_session", "true or false")
+    promote_after = _type(raw.get("promote_after", 3), int, f"{where}: promote_after", "a positive integer")
+    if promote_after < 1:
+        raise ConfigError(f"{where}: promote_after must be a positive integer, got {promote_after}")
+    timeout = _type(raw.get("timeout", default_timeout), (int, float), f"{where}: timeout", "a number of seconds")
+    if timeout <= 0:
+        raise ConfigError(f"{where}: timeout must be positive, got {timeout}")
+    retention = raw.get("retention", "keep")
+    if retention not in RETENTIONS:
+        raise ConfigError(f"{where}: retention must be one of {list(RETENTIONS)}, got {retention!r}")
+    for link in ("spill_to", "promote_to"):
+        if raw.get(link) is not None and not isinstance(raw[link], str):
+            raise ConfigError(f"{where}: {link} must be a tier name")
+    return TierConfig(
+        name=name, url=url, kind=kind, capacity=capacity, per_session=per_session,
+        spill_to=raw.get("spill_to"), promote_to=raw.get("promote_to"), promote_after=promote_after,
+        read_only=_type(raw.get("read_only", False), bool, f"{where}: read_only", "true or false"),
+        timeout=float(timeout), retention=retention,
+    )
+
+
+def validate(tiers: tuple[TierConfig, ...]) -> None:
+    """Refuse layouts the policy cannot honour. Raises ConfigError naming the tier."""
+    if not tiers:
+        raise ConfigError("at least one tier is required")
+    names = [t.name for t in tiers]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"tier names must be unique; repeated: {duplicates}")
+    by_name = {t.name: t for t in tiers}
+    for tier in tiers:
+        for link in ("spill_to", "promote_to"):
+            target_name = getattr(tier, link)
+            if target_name is None:
+                continue
+            verb = "spills" if link == "spill_to" else "promotes"
+            target = by_name.get(target_name)
+            if target is None:
+                raise ConfigError(f"tier {tier.name!r} {verb} into {target_name!r}, which is not a configured tier "
+                                  f"(tiers: {', '.join(names)})")
+            if target.read_only:
+                raise ConfigError(f"tier {tier.name!r} {verb} into {target_name!r}, which is read-only: "
+                                  f"the router never writes into a mounted read-only tier")
+            if target.kind == "procedural":
+                raise ConfigError(f"tier {tier.name!r} {verb} into {target_name!r}, a procedural tier: nothing "
+                                  f"spills or is promoted into procedural memory (write it there explicitly)")
+            if tier.read_only:
+                raise ConfigError(f"tier {tier.name!r} is read-only and cannot {verb[:-1]} anywhere: moving a "
+                                  f"record deletes it from its source")
+        if tier.read_only and tier.capacity is not None and tier.retention == "drop":
+            raise ConfigError(f"tier {tier.name!r} is read-only: retention = \"drop\" would delete from it")
+    # A cycle over spill and promote links would move the same records round for ever.
+    for start in tiers:
+        path = [start.name]
+        frontier = [(start.name, path)]
+        while frontier:
+            current, trail = frontier.pop()
+            tier = by_name[current]
+            for target in (tier.spill_to, tier.promote_to):
+                if target is None:
+                    continue
+                if target == start.name:
+                    raise ConfigError("spill/promote links form a cycle: " + " -> ".join(trail + [target]))
+                if target not in trail:
+                    frontier.append((target, trail + [target]))
+
+
+def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> RouterConfig:
+    """Build a RouterConfig from decoded TOML (a mapping); env supplies A2M_SERVICE_TOKEN."""
+    env = os.environ if env is None else env
+    section = dict(data.get("router", {}))  # keys may sit at top level or under [router]
+    for key, value in data.items():
+        if key not in ("router", "tiers", "auth", "limits", "fusion", "embedder"):
+            section.setdefault(key, value)
+    default_timeout = float(section.get("timeout", 5.0))
+    raw_tiers = data.get("tiers")
+    if raw_tiers is None:
+        tiers = default_tiers()
+    else:
+        if not isinstance(raw_tiers, list):
+            raise ConfigError("tiers must be an array of tables ([[tiers]])")
+        tiers = tuple(_tier(raw, i, default_timeout) for i, raw in enumerate(raw_tiers))
+    validate(tiers)
+
+    names = [t.name for t in tiers]
+    default_tier = section.get("default_tier")
+    if default_tier is None:
+        writable = [t for t in tiers if not t.read_only]
+        working = [t for t in writable if t.kind == "working"]
+        if not writable:
+            default_tier = tiers[0].name
+        else:
+            default_tier = (working or writable)[0].name
+    elif default_tier not in names:
+        raise ConfigError(f"default_tier {default_tier!r} is not a configured tier (tiers: {', '.join(names)})")
+
+    fusion_raw = data.get("fusion", section.get("fusion", "rrf"))
+    if isinstance(fusion_raw, str):
+        fusion_raw = {"strategy": fusion_raw}
+    if not isinstance(fusion_raw, dict):
+        raise ConfigError("fusion must be \"rrf\", \"rerank\" or a table")
+    strategy = fusion_raw.get("strategy", "rrf")
+    if strategy not in FUSIONS:
+        raise ConfigError(f"fusion strategy must be one of {list(FUSIONS)}, got {strategy!r}")
+    weights = dict(FusionConfig().weights)
+    for name, value in dict(fusion_raw.get("weights", {})).items():
+        if name not in weights:
+            raise ConfigError(f"fusion.weights.{name} is unknown; known: {sorted(weights)}")
+        weights[name] = float(_type(value, (int, float), f"fusion.weights.{name}", "a number"))
+    fusion = FusionConfig(strategy=strategy, rrf_k=int(fusion_raw.get("rrf_k", 60)),
+                          pool=int(fusion_raw.get("pool", 50)),
+                          half_life_days=float(fusion_raw.get("half_life_days", 30.0)), weights=weights)
+
+    embedder_raw = data.get("embedder", section.get("embedder"))
+    embedder_model = None
+    if isinstance(embedder_raw, dict):
+        embedder_model = embedder_raw.get("model")
+        embedder_raw = embedder_raw.get("spec", embedder_raw.get("url"))
+    if embedder_raw is not None and not isinstance(embedder_raw, str):
+        raise ConfigError("embedder must be none, local or an OpenAI-compatible URL")
+    if embedder_raw in ("", "none"):
+        embedder_raw = None
+
+    auth = dict(data.get("auth", {}))
+    tokens = auth.get("tokens", {})
+    if not isinstance(tokens, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v
+                                               for k, v in tokens.items()):
+        raise ConfigError("auth.tokens must map bearer tokens to principals (strings)")
+    service_token = auth.get("service_token", section.get("service_token")) or env.get("A2M_SERVICE_TOKEN") or None
+    origins = auth.get("allowed_origins", section.get("allowed_origins", []))
+    if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+        raise ConfigError("allowed_origins must be an array of origins")
+
+    limits = dict(DEFAULT_LIMITS)
+    for name, value in dict(data.get("limits", {})).items():
+        if name not in DEFAULT_LIMITS:
+            raise ConfigError(f"limits.{name} is unknown; known: {sorted(DEFAULT_LIMITS)}")
+        limits[name] = _type(value, int, f"limits.{name}", "a positive integer")
+
+    return RouterConfig(
+        name=str(section.get("name", "a2m-router")), tiers=tiers, default_tier=default_tier, fusion=fusion,
+        embedder=embedder_raw, embedder_model=embedder_model, tokens=dict(tokens), service_token=service_token,
+        allowed_origins=frozenset(origins), limits=limits,
+        events_capacity=int(section.get("events_capacity", 1024)),
+        background_promotion=bool(section.get("background_promotion", True)),
+    )
+
+
+def load(path: str | Path | None, env: Mapping[str, str] | None = None) -> RouterConfig:
+    """Read router.toml (None: the defaults). Raises ConfigError with the file name on a bad file."""
+    if path is None:
+        return parse({}, env)
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"router config {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"router config {path} is not valid TOML: {exc}") from None
+    try:
+        return parse(data, env)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

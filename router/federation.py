@@ -1,0 +1,196 @@
+"""The router's view of its tiers: one pooled client each, health, and fan-out.
+
+A tier is known only by its URL and what its `memory/describe` says. Each call
+runs under the tier's own timeout; a tier that cannot be reached is marked down
+and, for reads, skipped until its backoff expires (so a dead tier costs one
+timeout, not one per request); the first call after the backoff is the probe,
+and a tier that comes back is described again (its dimensions or capabilities
+may have changed while it was away). Writes are always attempted: a write must
+fail loudly rather than be skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Mapping
+
+from a2m.client import HTTPClient, Unavailable
+from a2m.errors import A2MError, INTERNAL_ERROR
+
+from .config import RouterConfig, TierConfig
+
+log = logging.getLogger("a2m.router")
+
+BACKOFF_MIN = 0.25
+BACKOFF_MAX = 15.0
+
+
+@dataclass(eq=False)
+class Tier:
+    config: TierConfig
+    client: Any  # HTTPClient, or anything with `async call(method, params, timeout=)` and `close()`
+    info: dict[str, Any] | None = None  # the tier's last describe result
+    healthy: bool = True
+    failures: int = 0
+    retry_at: float = 0.0
+    last_error: str | None = None
+    _reviving: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def writable(self) -> bool:
+        return not self.config.read_only
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset((self.info or {}).get("capabilities", ()))
+
+    def has(self, capability: str) -> bool:
+        # Before the first describe, assume the protocol's full set; the tier answers -32003 if not.
+        return self.info is None or capability in self.capabilities
+
+    @property
+    def searched(self) -> bool:
+        """Whether this tier ranks by vectors (only then does the router send it query vectors)."""
+        emb = (self.info or {}).get("embeddings") or {}
+        if "searched" in emb:
+            return bool(emb["searched"])
+        return self.config.kind in ("episodic", "semantic")
+
+    @property
+    def dimensions(self) -> int | None:
+        return ((self.info or {}).get("embeddings") or {}).get("dimensions")
+
+    @property
+    def metrics(self) -> list[str] | None:
+        emb = (self.info or {}).get("embeddings")
+        if not emb:
+            return None
+        return list(emb.get("metrics") or [emb.get("metric", "cosine")])
+
+    def available(self) -> bool:
+        """False while a down tier waits out its backoff (reads skip it)."""
+        return self.healthy or time.monotonic() >= self.retry_at
+
+    def _down(self, error: Exception) -> None:
+        self.failures += 1
+        self.healthy = False
+        self.last_error = str(error)
+        self.retry_at = time.monotonic() + min(BACKOFF_MAX, BACKOFF_MIN * 2 ** (self.failures - 1))
+        if self.failures == 1:
+            log.warning("tier %s is down: %s", self.name, error)
+
+    async def call(self, method: str, params: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """One call under the tier's timeout. Unreachable -> Unavailable (and the tier is marked down);
+        a protocol error from the tier is raised as the tier's A2MError."""
+        was_down = not self.healthy
+        try:
+            result = await asyncio.wait_for(self.client.call(method, params, timeout=timeout or self.config.timeout),
+                                            (timeout or self.config.timeout) + 1.0)
+        except (Unavailable, asyncio.TimeoutError, OSError) as exc:
+            error = exc if isinstance(exc, Unavailable) else Unavailable(f"{self.name}: {type(exc).__name__}")
+            self._down(error)
+            raise Unavailable(f"tier {self.name} unavailable: {error.message}",
+                              {"tier": self.name, "url": self.config.url}) from exc
+        if was_down:
+            self.healthy, self.failures, self.last_error = True, 0, None
+            log.warning("tier %s is back", self.name)
+            if method != "memory/describe":
+                asyncio.get_running_loop().create_task(self.refresh())
+        return result
+
+    async def refresh(self) -> dict[str, Any] | None:
+        """Describe the tier again (start and reconnect); None when it is down."""
+        try:
+            self.info = await self.call("memory/describe", {})
+        except A2MError:
+            return None
+        return self.info
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+@dataclass
+class FanOut:
+    """Results of one call sent to several tiers: name -> result, and which tiers were left out."""
+
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    degraded: list[str] = field(default_factory=list)
+    errors: dict[str, A2MError] = field(default_factory=dict)
+
+
+class Federation:
+    def __init__(self, config: RouterConfig, client_factory: Callable[[TierConfig], Any] | None = None) -> None:
+        self.config = config
+        self._factory = client_factory or (lambda t: HTTPClient(t.url, token=config.service_token, timeout=t.timeout))
+        self.tiers: dict[str, Tier] = {}
+        self.order = [t.name for t in config.tiers]
+
+    async def start(self) -> None:
+        for tier_config in self.config.tiers:
+            self.tiers[tier_config.name] = Tier(tier_config, self._factory(tier_config))
+        await asyncio.gather(*(t.refresh() for t in self.tiers.values()))
+        down = [t.name for t in self.tiers.values() if not t.healthy]
+        if down:
+            log.warning("router started with tiers down: %s", ", ".join(down))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(t.close() for t in self.tiers.values()), return_exceptions=True)
+
+    def __getitem__(self, name: str) -> Tier:
+        return self.tiers[name]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.tiers[name] for name in self.order)
+
+    def depth(self, name: str) -> int:
+        """How far down the spill chain a tier is (0 for a tier nothing spills into)."""
+        depth = 0
+        current = name
+        seen = {name}
+        while True:
+            parents = [t.name for t in self.config.tiers if current in (t.spill_to, t.promote_to)]
+            parents = [p for p in parents if p not in seen]
+            if not parents:
+                return depth
+            depth += 1
+            current = parents[0]
+            seen.add(current)
+
+    async def fan_out(self, method: str, params: Mapping[str, dict[str, Any]] | dict[str, Any],
+                      tiers: Iterable[Tier], *, per_tier: Callable[[Tier], dict[str, Any] | None] | None = None,
+                      skip_down: bool = True) -> FanOut:
+        """Call `method` on every tier concurrently, each under its own timeout. A tier that is down
+        (or waiting out its backoff) or fails is listed in `degraded`, never fails the whole call."""
+        out = FanOut()
+        calls: list[tuple[Tier, Awaitable[dict[str, Any]]]] = []
+        for tier in tiers:
+            if skip_down and not tier.available():
+                out.degraded.append(tier.name)
+                out.errors[tier.name] = Unavailable(f"tier {tier.name} is down", {"tier": tier.name})
+                continue
+            tier_params = per_tier(tier) if per_tier is not None else dict(params)  # type: ignore[arg-type]
+            if tier_params is None:
+                continue
+            calls.append((tier, tier.call(method, tier_params)))
+        results = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
+        for (tier, _), result in zip(calls, results):
+            if isinstance(result, BaseException):
+                if not isinstance(result, A2MError):
+                    log.error("tier %s failed %s: %r", tier.name, method, result)
+                    result = A2MError(INTERNAL_ERROR, f"tier {tier.name}: {type(result).__name__}")
+                elif not isinstance(result, Unavailable):
+                    log.warning("tier %s answered %s with %s", tier.name, method, result)
+                out.errors[tier.name] = result
+                out.degraded.append(tier.name)
+            else:
+                out.results[tier.name] = result
+        out.degraded.sort(key=self.order.index)
+        return out

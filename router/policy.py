@@ -1,0 +1,351 @@
+"""Capacity, spill, promotion, session flush and duplicate repair: the policy only the router can run.
+
+Every move between tiers is **write (original id, full history) -> verify
+(read back by id in the destination) -> delete from the source**. The write is
+idempotent (a client-supplied id that exists is kept as it is), so a move that
+was interrupted after its write and is run again, or found by a later
+consolidate, converges on one copy in the destination. A failure at any step
+leaves the record in its source: a move can duplicate, never lose.
+
+Groups move whole: the unit of every move is a group (a record without a group
+is a unit of one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+from typing import Any, Iterable, Sequence
+
+from a2m.client import Unavailable
+from a2m.embedder import Embedder, try_embed
+from a2m.errors import A2MError
+from a2m.timefmt import format_ts, parse_ts
+
+from .federation import Federation, Tier
+
+log = logging.getLogger("a2m.router.policy")
+
+MOVE_DROP = ("tier", "score")
+
+
+def move_form(record: dict[str, Any]) -> dict[str, Any]:
+    """A tier's wire record as a write of the move/import extension: everything but where it lived."""
+    out = {k: v for k, v in record.items() if k not in MOVE_DROP and v is not None}
+    out.setdefault("metadata", {})
+    return out
+
+
+def units(records: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Records grouped into the units that move together, in first-seen order."""
+    out: list[list[dict[str, Any]]] = []
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        group = record.get("group")
+        if group is None:
+            out.append([record])
+        elif group in by_group:
+            by_group[group].append(record)
+        else:
+            by_group[group] = [record]
+            out.append(by_group[group])
+    return out
+
+
+def weakest_first(unit_list: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """Oldest first (a unit is as young as its newest record); salience, then recall count break ties."""
+    return sorted(unit_list, key=lambda u: (max(r["created_at"] for r in u), max(r.get("salience", 0.5) for r in u),
+                                            max(r.get("access_count", 0) for r in u)))
+
+
+def _limit(tier: Tier, name: str, default: int) -> int:
+    limits = (tier.info or {}).get("limits") or {}
+    value = limits.get(name)
+    return min(default, value) if isinstance(value, int) and value > 0 else default
+
+
+def _owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
+    if owner is not None:
+        params["owner"] = owner
+    return params
+
+
+class Policy:
+    def __init__(self, federation: Federation, *, embedder: Embedder | None = None,
+                 emit: Any = None) -> None:
+        self.fed = federation
+        self.embedder = embedder
+        self.emit = emit  # async (kind, owner, **fields) -> None: the router's event log
+        self._locks: dict[tuple[Any, ...], asyncio.Lock] = {}
+        self.pending: dict[tuple[str | None, str], set[str]] = {}  # (owner, tier) -> ids earned promotion
+
+    def lock(self, *key: Any) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    # ---- reading from a tier -------------------------------------------------
+
+    async def by_ids(self, tier: Tier, owner: str | None, ids: Sequence[str], *,
+                     embeddings: bool = False) -> list[dict[str, Any]]:
+        """The records with these ids in `tier` (unknown ids left out), via `where: {id: [...]}`."""
+        out: list[dict[str, Any]] = []
+        page = _limit(tier, "max_recall_limit", 1000)
+        unique = list(dict.fromkeys(ids))
+        for start in range(0, len(unique), page):
+            chunk = unique[start:start + page]
+            result = await tier.call("memory/timeline", _owner(
+                {"where": {"id": chunk}, "limit": len(chunk), "embeddings": embeddings}, owner))
+            out.extend(result["records"])
+        return out
+
+    async def scan(self, tier: Tier, owner: str | None, *, where: dict[str, Any] | None = None,
+                   embeddings: bool = False) -> list[dict[str, Any]]:
+        """Every record of `owner` in `tier` (matching `where`), newest pages first, through `timeline`
+        and its `before` extension: no tier offers a cursor, so pages are cut at created_at, and a
+        page boundary inside a run of equal timestamps is re-read (ids de-duplicate it)."""
+        page = _limit(tier, "max_recall_limit", 1000)
+        seen: set[str] = set()
+        out: list[dict[str, Any]] = []
+        before: str | None = None
+        strict = False
+        while True:
+            params: dict[str, Any] = {"limit": page, "embeddings": embeddings}
+            if where:
+                params["where"] = where
+            if before is not None:
+                params["before"] = before
+            records = (await tier.call("memory/timeline", _owner(params, owner)))["records"]
+            fresh = [r for r in records if r["id"] not in seen]
+            for record in fresh:
+                seen.add(record["id"])
+            out.extend(fresh)
+            if len(records) < page:
+                return out
+            oldest = records[0]["created_at"]
+            if fresh and not strict:
+                before = format_ts(parse_ts(oldest) + timedelta(milliseconds=1))  # re-read ties at `oldest`
+            elif not strict:
+                strict, before = True, oldest  # more than a page share one timestamp: step past it
+            else:
+                if not fresh:
+                    return out
+                strict, before = False, format_ts(parse_ts(oldest) + timedelta(milliseconds=1))
+
+    # ---- the move -----------------------------------------------------------------
+
+    async def move(self, source: Tier, dest: Tier, owner: str | None, records: Sequence[dict[str, Any]],
+                   *, salience: float | None = None) -> list[str]:
+        """Write -> verify -> delete. Returns the source ids that now live (only) in `dest`."""
+        if not records:
+            return []
+        if not dest.available():  # waiting out its backoff: the records stay where they are
+            log.info("move %s -> %s skipped: %s is down", source.name, dest.name, dest.name)
+            return []
+        writes = [move_form(r) for r in records]
+        if salience is not None:
+            for write in writes:
+                write["salience"] = salience
+        if self.embedder is not None and dest.searched:
+            missing = [w for w in writes if w.get("embedding") is None and w.get("content")]
+            vectors = await try_embed(self.embedder, [w["content"] for w in missing])
+            for write, vector in zip(missing, vectors or []):
+                write["embedding"] = vector
+        batch = _limit(dest, "max_records_per_call", 500)
+        moved: list[str] = []
+        for start in range(0, len(writes), batch):
+            chunk = writes[start:start + batch]
+            try:
+                written = (await dest.call("memory/remember", _owner({"records": chunk}, owner)))["ids"]
+                present = {r["id"] for r in await self.by_ids(dest, owner, written)}
+            except A2MError as exc:
+                log.warning("move %s -> %s: write/verify failed (%s); %d records stay in %s",
+                            source.name, dest.name, exc, len(chunk), source.name)
+                break
+            verified = [w["id"] for w, got in zip(chunk, written) if got in present]
+            if not verified:
+                continue
+            try:
+                await source.call("memory/forget", _owner({"ids": verified}, owner))
+            except A2MError as exc:  # a duplicate now, repaired by the next consolidate
+                log.warning("move %s -> %s: delete from source failed (%s); %d duplicates until consolidate",
+                            source.name, dest.name, exc, len(verified))
+                break
+            moved.extend(verified)
+        if moved:
+            self._note_arrivals(dest, owner, [r for r in records if r["id"] in set(moved)])
+        return moved
+
+    def _note_arrivals(self, dest: Tier, owner: str | None, records: Iterable[dict[str, Any]]) -> None:
+        """Records that arrive already recalled often enough earn promotion in their new tier."""
+        config = dest.config
+        if not config.promote_to:
+            return
+        due = {r["id"] for r in records if int(r.get("access_count") or 0) >= config.promote_after}
+        if due:
+            self.pending.setdefault((owner, dest.name), set()).update(due)
+
+    # ---- capacity ---------------------------------------------------------------------
+
+    async def enforce(self, tier: Tier, owner: str | None, session: str | None) -> dict[str, int]:
+        """Bring one (owner, session) of a per-session tier back to its capacity (or the whole
+        partition of a tier with a plain capacity). Weakest whole groups go first."""
+        config = tier.config
+        capacity = config.capacity
+        if capacity is None or not tier.writable:
+            return {"moved": 0, "dropped": 0}
+        key = (tier.name, owner, session if config.per_session else None)
+        async with self.lock(*key):
+            if config.per_session:
+                where = {"session": session}
+                records = (await tier.call("memory/timeline", _owner({"where": where, "limit": 0}, owner)))["records"]
+                if len(records) >= _limit(tier, "max_recall_limit", 1000):
+                    records = await self.scan(tier, owner, where=where)
+            else:
+                records = await self.scan(tier, owner)
+            excess = len(records) - capacity
+            if excess <= 0:
+                return {"moved": 0, "dropped": 0}
+            victims: list[dict[str, Any]] = []
+            for unit in weakest_first(units(records)):
+                if excess <= 0:
+                    break
+                victims.extend(unit)
+                excess -= len(unit)
+            ids = [r["id"] for r in victims]
+            if config.spill_to:
+                full = await self.by_ids(tier, owner, ids, embeddings=True)
+                moved = await self.move(tier, self.fed[config.spill_to], owner, full)
+                return {"moved": len(moved), "dropped": 0}
+            if config.retention == "drop":
+                result = await tier.call("memory/forget", _owner({"ids": ids}, owner))
+                return {"moved": 0, "dropped": int(result.get("forgotten", 0))}
+            return {"moved": 0, "dropped": 0}
+
+    async def enforce_all(self, owner: str | None, tiers: Iterable[Tier] | None = None) -> dict[str, int]:
+        """Every capacity rule of every writable tier, top of the chain first."""
+        total = {"moved": 0, "dropped": 0}
+        for tier in tiers or list(self.fed):
+            if tier.config.capacity is None or not tier.writable:
+                continue
+            try:
+                if tier.config.per_session:
+                    sessions = (await tier.call("memory/session/list", _owner({}, owner)))["sessions"]
+                    buckets: list[str | None] = [s["session"] for s in sessions
+                                                 if s.get("records", 0) > tier.config.capacity]
+                    buckets.append(None)  # the implicit bucket of records without a session
+                else:
+                    buckets = [None]
+                for bucket in buckets:
+                    done = await self.enforce(tier, owner, bucket)
+                    total["moved"] += done["moved"]
+                    total["dropped"] += done["dropped"]
+            except A2MError as exc:
+                log.warning("capacity pass on %s failed: %s", tier.name, exc)
+        return total
+
+    # ---- sessions -------------------------------------------------------------------
+
+    async def flush(self, owner: str | None, session: str) -> int:
+        """Move a closed session out of every per-session tier into its spill_to, at once."""
+        flushed = 0
+        for tier in self.fed:
+            config = tier.config
+            if not (config.per_session and config.spill_to and tier.writable):
+                continue
+            async with self.lock(tier.name, owner, session):
+                records = await self.scan(tier, owner, where={"session": session}, embeddings=True)
+                records.sort(key=lambda r: r["created_at"])
+                moved = await self.move(tier, self.fed[config.spill_to], owner, records)
+                flushed += len(moved)
+        return flushed
+
+    # ---- promotion ------------------------------------------------------------------
+
+    async def recalled(self, owner: str | None, by_tier: dict[str, list[str]]) -> None:
+        """Count one recall of each record the router returned (a query-less recall by id, which
+        the tier touches), and queue the ones that reached `promote_after`."""
+        async def one(name: str, ids: list[str]) -> None:
+            tier = self.fed[name]
+            if not tier.writable or not tier.has("salience") and not tier.config.promote_to:
+                return
+            try:
+                result = await tier.call("memory/recall", _owner({"where": {"id": ids}, "limit": len(ids)}, owner))
+            except A2MError as exc:
+                log.info("could not count recalls on %s: %s", name, exc)
+                return
+            config = tier.config
+            if config.promote_to:
+                due = {r["id"] for r in result["records"] if int(r.get("access_count") or 0) >= config.promote_after}
+                if due:
+                    self.pending.setdefault((owner, name), set()).update(due)
+
+        await asyncio.gather(*(one(name, ids) for name, ids in by_tier.items() if ids))
+
+    async def promote_pending(self, owner: str | None) -> int:
+        promoted = 0
+        for (pending_owner, name), ids in list(self.pending.items()):
+            if pending_owner != owner or not ids:
+                continue
+            tier = self.fed[name]
+            target = tier.config.promote_to
+            if target is None:
+                continue
+            batch = sorted(ids)
+            moved = await self.promote(tier, self.fed[target], owner, batch)
+            ids.difference_update(batch)
+            promoted += len(moved)
+        return promoted
+
+    async def promote(self, source: Tier, dest: Tier, owner: str | None, ids: Sequence[str], *,
+                      salience: float | None = None) -> list[str]:
+        """Move these ids (with the rest of their groups) from `source` to `dest`; returns moved ids."""
+        found = await self.by_ids(source, owner, ids, embeddings=True)
+        if not found:
+            return []
+        groups = sorted({r["group"] for r in found if r.get("group")})
+        if groups:
+            known = {r["id"] for r in found}
+            extra = [r for r in await self.scan(source, owner, where={"group": groups}, embeddings=True)
+                     if r["id"] not in known]
+            found.extend(extra)
+        found.sort(key=lambda r: r["created_at"])
+        moved = await self.move(source, dest, owner, found, salience=salience)
+        if moved and self.emit is not None:
+            await self.emit("promoted", owner, ids=moved, tier=dest.name)
+        return moved
+
+    # ---- duplicate repair --------------------------------------------------------------
+
+    def links(self) -> list[tuple[Tier, Tier]]:
+        pairs: list[tuple[Tier, Tier]] = []
+        for tier in self.fed:
+            for target in {tier.config.spill_to, tier.config.promote_to} - {None}:
+                pairs.append((tier, self.fed[target]))  # type: ignore[index]
+        return pairs
+
+    async def repair(self, owner: str | None) -> int:
+        """Same id in a source and its destination (a move interrupted after its write): keep the
+        destination copy. Scans the smaller side of each link and looks the ids up in the other."""
+        removed = 0
+        for source, dest in self.links():
+            if not source.writable:
+                continue
+            try:
+                counts = await asyncio.gather(source.call("memory/describe", _owner({}, owner)),
+                                              dest.call("memory/describe", _owner({}, owner)))
+                n_source = sum(t.get("count", 0) for t in counts[0].get("tiers", []))
+                n_dest = sum(t.get("count", 0) for t in counts[1].get("tiers", []))
+                if not n_source or not n_dest:
+                    continue
+                small, other = (source, dest) if n_source <= n_dest else (dest, source)
+                ids = [r["id"] for r in await self.scan(small, owner)]
+                both = [r["id"] for r in await self.by_ids(other, owner, ids)] if ids else []
+                if both:
+                    result = await source.call("memory/forget", _owner({"ids": both}, owner))
+                    removed += int(result.get("forgotten", 0))
+            except (Unavailable, A2MError) as exc:
+                log.warning("duplicate repair %s -> %s skipped: %s", source.name, dest.name, exc)
+        return removed

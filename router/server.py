@@ -1,0 +1,663 @@
+"""The router's A2M surface: every method of the protocol, across the federation.
+
+The router stores nothing itself except its event log and the recall counts
+that earn promotion: records live in the tiers, and everything here is
+routing (where a write lands, which tiers a read covers), policy (capacity,
+spill, promotion, session flush: `policy.py`) and fusion (`fusion.py`).
+Owner scoping is the dispatcher's `Context.owner`: over authenticated HTTP the
+principal is the owner, and it is passed to every tier as `owner` (the tiers
+trust the router's service token to name owners).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Iterable, Mapping, Sequence
+
+from a2m import errors, prompt as prompts
+from a2m.capabilities import CAPABILITIES
+from a2m.dispatch import Context, Handler
+from a2m.embedder import make_embedder, try_embed
+from a2m.errors import A2MError, invalid
+from a2m.events import EventLog
+from a2m.filters import parse_scope
+from a2m.http import HTTPSettings
+from a2m.records import Record, parse_write, validate_embedding
+from a2m.summarize import summarize as extract_summary
+from a2m.timefmt import now
+
+from . import fusion
+from .config import RouterConfig, load
+from .federation import Federation, Tier
+from .policy import Policy
+
+log = logging.getLogger("a2m.router")
+
+DEFAULT_RECALL_LIMIT = 10
+SCOPE_PARAMS = ("where", "key_prefix", "after", "before")
+
+
+def _int(params: Mapping[str, Any], name: str, default: int | None) -> int | None:
+    value = params.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise invalid(f"{name} must be a non-negative integer", field=name)
+    return value
+
+
+def _opt_str(params: Mapping[str, Any], name: str) -> str | None:
+    value = params.get(name)
+    if value is not None and not isinstance(value, str):
+        raise invalid(f"{name} must be a string", field=name)
+    return value
+
+
+def _ids(params: Mapping[str, Any]) -> list[str]:
+    ids = params.get("ids")
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise invalid("ids must be an array of strings", field="ids")
+    return ids
+
+
+def _with_owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
+    if owner is not None:
+        params["owner"] = owner
+    return params
+
+
+class Router:
+    """An A2M service whose storage is other A2M servers."""
+
+    def __init__(self, config: RouterConfig, *, client_factory: Any = None) -> None:
+        self.config = config
+        self.name = config.name
+        self.capabilities = frozenset(CAPABILITIES)
+        self.limits = dict(config.limits)
+        self.fed = Federation(config, client_factory)
+        self.events = EventLog(config.events_capacity)
+        self.embedder = make_embedder(config.embedder, model=config.embedder_model)
+        self.policy = Policy(self.fed, embedder=self.embedder, emit=self._emit)
+        self._dims: int | None = getattr(self.embedder, "dimensions", None)
+        self._key_locks: dict[str | None, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---- plumbing ----------------------------------------------------------------
+
+    def http_settings(self) -> HTTPSettings:
+        """Bearer tokens -> principals and allowed origins from the config (for the HTTP binding)."""
+        return HTTPSettings(allowed_origins=self.config.allowed_origins, tokens=dict(self.config.tokens))
+
+    async def startup(self) -> None:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per tier call otherwise
+        await self.fed.start()
+
+    async def shutdown(self) -> None:
+        await self.drain()
+        await self.fed.close()
+
+    async def ready(self) -> bool:
+        tier = self.fed[self.config.default_tier]
+        if not tier.healthy and tier.available():
+            await tier.refresh()
+        return tier.healthy
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for background recall counting (consolidate does, so its promotions see every recall)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _emit(self, kind: str, owner: str | None, **fields: Any) -> None:
+        await self.events.emit(kind, owner, **fields)
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "memory/remember": self.remember,
+            "memory/recall": self.recall,
+            "memory/timeline": self.timeline,
+            "memory/forget": self.forget,
+            "memory/promote": self.promote,
+            "memory/consolidate": self.consolidate,
+            "memory/reinforce": self.reinforce,
+            "memory/session/list": self.session_list,
+            "memory/session/close": self.session_close,
+            "memory/fetch": self.fetch,
+            "memory/events": self.events_poll,
+            "memory/events/subscribe": self.subscribe,
+            "memory/events/unsubscribe": self.unsubscribe,
+            "memory/summarize": self.summarize,
+        }
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    def _tier(self, name: Any, field: str = "tier") -> Tier:
+        if not isinstance(name, str) or name not in self.fed.tiers:
+            raise A2MError(errors.UNKNOWN_TIER, f"unknown {field} {name!r}", {"tier": name, "tiers": self.fed.order})
+        return self.fed[name]
+
+    def _scope_tiers(self, params: Mapping[str, Any]) -> list[Tier]:
+        if params.get("tier") is None:
+            return list(self.fed)
+        return [self._tier(params["tier"])]
+
+    def _limit(self, params: Mapping[str, Any], default: int) -> int:
+        limit = _int(params, "limit", default)
+        assert limit is not None
+        cap = self.limits.get("max_recall_limit")
+        if cap:
+            if limit == 0:
+                return cap
+            if limit > cap:
+                raise invalid(f"limit exceeds max_recall_limit ({cap})", field="limit", max=cap)
+        return limit
+
+    def _depth(self) -> dict[str, int]:
+        return {name: self.fed.depth(name) for name in self.fed.order}
+
+    def dimensions(self) -> int | None:
+        if self._dims is None:
+            for tier in self.fed:
+                if tier.dimensions:
+                    self._dims = tier.dimensions
+                    break
+        return self._dims
+
+    def _check_width(self, vectors: Sequence[list[float]]) -> None:
+        if not vectors:
+            return
+        widths = {len(v) for v in vectors}
+        expected = self.dimensions() or next(iter(widths))
+        if widths != {expected}:
+            raise A2MError(errors.EMBEDDING_MISMATCH, f"embeddings in this federation have {expected} dimensions",
+                           {"expected": expected, "got": sorted(widths)})
+
+    def _scope_params(self, params: Mapping[str, Any], owner: str | None) -> dict[str, Any]:
+        """Validate the scope selectors once, here, and pass them down verbatim."""
+        parse_scope(params, owner)
+        out = {name: params[name] for name in SCOPE_PARAMS if params.get(name) is not None}
+        return _with_owner(out, owner)
+
+    @staticmethod
+    def _records(result: Mapping[str, Any], tier: str) -> list[Record]:
+        return [Record.from_wire(r).with_(tier=tier) for r in result.get("records", [])]
+
+    def _key_lock(self, owner: str | None) -> asyncio.Lock:
+        lock = self._key_locks.get(owner)
+        if lock is None:
+            lock = self._key_locks[owner] = asyncio.Lock()
+        return lock
+
+    # ---- remember --------------------------------------------------------------------
+
+    async def remember(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        raw_records = params.get("records")
+        if not isinstance(raw_records, list) or not raw_records:
+            raise invalid("records must be a non-empty array", field="records")
+        cap = self.limits.get("max_records_per_call")
+        if cap and len(raw_records) > cap:
+            raise invalid(f"at most {cap} records per call", field="records", max=cap)
+        return {"ids": await self.write(raw_records, owner)}
+
+    async def write(self, raw_records: list[Any], owner: str | None, *, tier: str | None = None) -> list[str]:
+        """Validate a batch, route each record, write, then enforce capacity where it landed."""
+        stamp = now()
+        records = [parse_write(raw, i, owner=owner, stamp=stamp) for i, raw in enumerate(raw_records)]
+        max_len = self.limits.get("max_content_length")
+        targets: list[Tier] = []
+        for i, record in enumerate(records):
+            if max_len and len(record.content) > max_len:
+                raise invalid(f"records[{i}].content exceeds max_content_length ({max_len})", index=i, max=max_len)
+            target = self._tier(record.tier or tier or self.config.default_tier)
+            if not target.writable:
+                raise A2MError(errors.READ_ONLY, f"tier {target.name} is read-only", {"tier": target.name, "index": i})
+            targets.append(target)
+        self._check_width([r.embedding for r in records if r.embedding is not None])
+        if any(r.key for r in records):
+            async with self._key_lock(owner):
+                return await self._write(records, raw_records, targets, owner)
+        return await self._write(records, raw_records, targets, owner)
+
+    async def _write(self, records: list[Record], raw: list[Any], targets: list[Tier],
+                     owner: str | None) -> list[str]:
+        ids: list[str | None] = [None] * len(records)
+        revisions: dict[int, int] = {}
+        # A client-supplied id that exists anywhere in the federation is idempotent: returned, not rewritten.
+        supplied = [r.id for r, w in zip(records, raw) if w.get("id") is not None]
+        if supplied:
+            existing = await self._locate("id", supplied, owner, list(self.fed))
+            for i, (record, w) in enumerate(zip(records, raw)):
+                if w.get("id") is not None and record.id in existing:
+                    ids[i] = record.id
+        # A key is unique per owner across the federation: a write to it replaces it where it lives.
+        keys = sorted({r.key for r in records if r.key})
+        if keys:
+            holders = await self._locate("key", keys, owner, [t for t in self.fed if t.writable and t.has("keys")])
+            for i, record in enumerate(records):
+                if record.key and record.key in holders and raw[i].get("tier") is None:
+                    tier_name, current = holders[record.key]
+                    targets[i] = self.fed[tier_name]
+                    revisions[i] = int(current.get("revision") or 1) + 1
+        by_tier: dict[str, list[int]] = {}
+        for i, target in enumerate(targets):
+            if ids[i] is None:
+                by_tier.setdefault(target.name, []).append(i)
+        written: list[tuple[Tier, list[str]]] = []
+        for name, indexes in by_tier.items():
+            tier = self.fed[name]
+            batch = []
+            for i in indexes:
+                out = {k: v for k, v in raw[i].items() if k != "tier"}
+                out["id"], out["created_at"] = records[i].id, records[i].created_at
+                batch.append(out)
+            if self.embedder is not None and tier.searched:
+                missing = [b for b in batch if b.get("embedding") is None and b.get("content")]
+                vectors = await try_embed(self.embedder, [b["content"] for b in missing])
+                for b, vector in zip(missing, vectors or []):
+                    b["embedding"] = vector
+            try:
+                result = await tier.call("memory/remember", _with_owner({"records": batch}, owner))
+            except A2MError:
+                await self._compensate(written, owner)  # all or nothing across tiers, as far as we can
+                raise
+            new_ids = result["ids"]
+            for i, new_id in zip(indexes, new_ids):
+                ids[i] = new_id
+            written.append((tier, [new_id for i, new_id in zip(indexes, new_ids) if i not in revisions]))
+        if self._dims is None:
+            widths = [len(r.embedding) for r in records if r.embedding]
+            if widths:
+                self._dims = widths[0]
+        for name, indexes in by_tier.items():
+            for i in indexes:
+                record = records[i]
+                await self.events.emit("written", owner, id=ids[i], tier=name, session=record.session,
+                                       key=record.key, revision=revisions.get(i, record.revision) if record.key else None)
+        # Capacity is enforced as writes arrive, per (owner, session) where the tier says per_session.
+        for name, indexes in by_tier.items():
+            tier = self.fed[name]
+            if tier.config.capacity is None:
+                continue
+            buckets = {records[i].session for i in indexes} if tier.config.per_session else {None}
+            for bucket in buckets:
+                try:
+                    done = await self.policy.enforce(tier, owner, bucket)
+                except A2MError as exc:
+                    log.warning("capacity pass on %s after a write failed: %s", name, exc)
+                    continue
+                if done["moved"] or done["dropped"]:
+                    await self.events.emit("consolidated", owner, tier=name, moved=done["moved"], promoted=0,
+                                           dropped=done["dropped"], summarized=0, session=bucket)
+        return [i for i in ids if i is not None]
+
+    async def _compensate(self, written: list[tuple[Tier, list[str]]], owner: str | None) -> None:
+        for tier, new_ids in written:
+            if new_ids:
+                try:
+                    await tier.call("memory/forget", _with_owner({"ids": new_ids}, owner))
+                except A2MError as exc:
+                    log.error("could not undo a partial write on %s (%s): ids %s", tier.name, exc, new_ids)
+
+    async def _locate(self, field: str, values: list[str], owner: str | None,
+                      tiers: Iterable[Tier]) -> dict[str, tuple[str, dict[str, Any]]]:
+        """value -> (tier, record) for records whose `field` is one of `values` (deepest tier wins)."""
+        fan = await self.fed.fan_out("memory/timeline", _with_owner(
+            {"where": {field: values}, "limit": len(values) if field == "id" else 0}, owner), tiers)
+        depth = self._depth()
+        found: dict[str, tuple[str, dict[str, Any]]] = {}
+        for name in sorted(fan.results, key=lambda n: depth.get(n, 0)):
+            for record in fan.results[name]["records"]:
+                value = record.get(field)
+                if value is None:
+                    continue
+                held = found.get(value)
+                if held is None or int(record.get("revision") or 1) >= int(held[1].get("revision") or 1):
+                    found[value] = (name, record)
+        return found
+
+    # ---- recall & timeline ---------------------------------------------------------------
+
+    async def recall(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        tiers = self._scope_tiers(params)
+        scope = self._scope_params(params, owner)
+        limit = self._limit(params, DEFAULT_RECALL_LIMIT)
+        query = _opt_str(params, "query")
+        min_score = params.get("min_score")
+        if min_score is not None and (not isinstance(min_score, (int, float)) or isinstance(min_score, bool)):
+            raise invalid("min_score must be a number", field="min_score")
+        options = prompts.parse(params.get("prompt"))
+        strategy = params.get("fusion", self.config.fusion.strategy)
+        if strategy not in ("rrf", "rerank"):
+            raise invalid("fusion must be rrf or rerank", field="fusion")
+        vector = params.get("embedding")
+        if vector is not None:
+            vector = validate_embedding(vector)
+            self._check_width([vector])
+        elif query and self.embedder is not None and any(t.searched for t in tiers):
+            embedded = await try_embed(self.embedder, [query])  # once per recall, for every searched tier
+            vector = embedded[0] if embedded else None
+        pool = limit if strategy == "rrf" else max(limit, self.config.fusion.pool)
+        asked_vectors = params.get("embeddings") is True
+        base = {**scope, "touch": False, "embeddings": asked_vectors or (strategy == "rerank" and vector is not None)}
+        if query:
+            base["query"] = query
+
+        def per_tier(tier: Tier) -> dict[str, Any]:
+            cap = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
+            out = {**base, "limit": min(pool, cap) if cap else pool}
+            if vector is not None and tier.searched:
+                out["embedding"] = vector
+            return out
+
+        fan = await self.fed.fan_out("memory/recall", {}, tiers, per_tier=per_tier)
+        lists = {name: self._records(result, name) for name, result in fan.results.items()}
+        depth = self._depth()
+        if not query and vector is None:
+            fused = fusion.recency(lists, depth)
+        elif strategy == "rerank":
+            fc = self.config.fusion
+            fused = fusion.rerank(lists, query=query, vector=vector, weights=fc.weights,
+                                  half_life_days=fc.half_life_days, depth=depth)
+        else:
+            fused = fusion.rrf(lists, k=self.config.fusion.rrf_k, depth=depth)
+        if min_score is not None:
+            fused = [r for r in fused if (r.score or 0.0) >= min_score]
+        fused = fused[:limit] if limit else fused
+        if fused and params.get("touch", True) is not False:
+            by_tier: dict[str, list[str]] = {}
+            for record in fused:
+                by_tier.setdefault(record.tier or "", []).append(record.id)
+            counting = self.policy.recalled(owner, by_tier)
+            if self.config.background_promotion:
+                self.spawn(counting)
+            else:
+                await counting
+        result: dict[str, Any] = {"records": [r.to_wire(embeddings=asked_vectors) for r in fused]}
+        if fan.degraded:
+            result["degraded"] = fan.degraded
+        if options is not None:
+            result.update(prompts.render(fused, options, ordered_by_time=False))
+        return result
+
+    async def timeline(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        tiers = self._scope_tiers(params)
+        scope = self._scope_params(params, owner)
+        limit = self._limit(params, self.limits.get("max_recall_limit") or 0)
+        options = prompts.parse(params.get("prompt"))
+        asked_vectors = params.get("embeddings") is True
+        fan = await self.fed.fan_out("memory/timeline", {**scope, "limit": limit, "embeddings": asked_vectors}, tiers)
+        records = self._merge_by_time(fan.results)
+        if limit:
+            records = records[-limit:]
+        result: dict[str, Any] = {"records": [r.to_wire(embeddings=asked_vectors) for r in records]}
+        if fan.degraded:
+            result["degraded"] = fan.degraded
+        if options is not None:
+            result.update(prompts.render(records, options, ordered_by_time=True))
+        return result
+
+    def _merge_by_time(self, results: Mapping[str, Mapping[str, Any]]) -> list[Record]:
+        """Ascending by created_at; equal stamps keep each tier's order, deeper tiers (older by
+        construction: records only move down) first. Duplicate ids keep the deeper copy."""
+        depth = self._depth()
+        keyed: dict[str, tuple[tuple[str, int, int, int], Record]] = {}
+        for name, result in results.items():
+            for position, record in enumerate(self._records(result, name)):
+                sort_key = (record.created_at, -depth.get(name, 0), self.fed.order.index(name), position)
+                held = keyed.get(record.id)
+                if held is None or depth.get(name, 0) > depth.get(held[1].tier or "", 0):
+                    keyed[record.id] = (sort_key, record)
+        return [r for _, r in sorted(keyed.values(), key=lambda p: p[0])]
+
+    # ---- forget, fetch, reinforce --------------------------------------------------------
+
+    async def forget(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        tiers = self._scope_tiers(params)
+        scope = parse_scope(params, owner, ids_field=True)
+        query = _opt_str(params, "query")
+        if scope.is_empty_selector() and not query:
+            raise invalid("forget needs a selector (ids, query, where, key_prefix, after or before)")
+        if params.get("tier") is not None and not tiers[0].writable:
+            raise A2MError(errors.READ_ONLY, f"tier {tiers[0].name} is read-only", {"tier": tiers[0].name})
+        down = {name: params[name] for name in (*SCOPE_PARAMS, "ids", "query") if params.get(name) is not None}
+        fan = await self.fed.fan_out("memory/forget", _with_owner(down, owner),
+                                     [t for t in tiers if t.writable], skip_down=False)
+        count = sum(int(r.get("forgotten", 0)) for r in fan.results.values())
+        await self.events.emit("forgotten", owner, count=count)
+        if fan.degraded:
+            raise A2MError(errors.INTERNAL_ERROR, f"forget incomplete: tiers {', '.join(fan.degraded)} did not answer "
+                           f"({count} forgotten elsewhere); repeat it when they are back",
+                           {"forgotten": count, "degraded": fan.degraded})
+        return {"forgotten": count}
+
+    async def fetch(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        key = params.get("key")
+        if not isinstance(key, str) or not key:
+            raise invalid("key is required", field="key")
+        owner = ctx.owner(params)
+        asked_vectors = params.get("embeddings") is True
+        fan = await self.fed.fan_out("memory/fetch", _with_owner({"key": key, "embeddings": asked_vectors}, owner),
+                                     [t for t in self.fed if t.has("keys")])
+        depth = self._depth()
+        best: Record | None = None
+        for name, result in fan.results.items():
+            if result.get("record") is None:
+                continue
+            record = Record.from_wire(result["record"]).with_(tier=name)
+            if best is None or (record.revision, depth.get(name, 0)) > (best.revision, depth.get(best.tier or "", 0)):
+                best = record
+        out: dict[str, Any] = {"record": None if best is None else best.to_wire(embeddings=asked_vectors)}
+        if fan.degraded:
+            out["degraded"] = fan.degraded
+        return out
+
+    async def reinforce(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        ids = _ids(params)
+        owner = ctx.owner(params)
+        amount = params.get("amount", 0.1)
+        if amount is None:
+            amount = 0.1
+        if not isinstance(amount, (int, float)) or isinstance(amount, bool) or not -1 <= amount <= 1:
+            raise invalid("amount must be a number in [-1, 1]", field="amount")
+        fan = await self.fed.fan_out("memory/reinforce", _with_owner({"ids": ids, "amount": amount}, owner),
+                                     [t for t in self.fed if t.writable and t.has("salience")], skip_down=False)
+        total = sum(int(r.get("reinforced", 0)) for r in fan.results.values())
+        return {"reinforced": min(total, len(set(ids)))}
+
+    # ---- tiers: promote, consolidate ---------------------------------------------------------
+
+    async def promote(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        ids = _ids(params)
+        if params.get("tier") is None:
+            raise invalid("tier is required", field="tier")
+        dest = self._tier(params["tier"])
+        owner = ctx.owner(params)
+        salience = params.get("salience")
+        if salience is not None and (not isinstance(salience, (int, float)) or isinstance(salience, bool)
+                                     or not 0 <= salience <= 1):
+            raise invalid("salience must be a number in [0, 1]", field="salience")
+        if not dest.writable:
+            raise A2MError(errors.READ_ONLY, f"tier {dest.name} is read-only", {"tier": dest.name})
+        wanted = set(ids)
+        promoted = 0
+        for source in self.fed:
+            if source is dest or not source.writable or not wanted:
+                continue
+            moved = await self.policy.promote(source, dest, owner, sorted(wanted),
+                                              salience=None if salience is None else float(salience))
+            hits = wanted & set(moved)
+            promoted += len(hits)
+            wanted -= hits
+        return {"promoted": promoted}
+
+    async def _counts(self, owner: str | None) -> dict[str, int]:
+        fan = await self.fed.fan_out("memory/describe", _with_owner({}, owner), list(self.fed))
+        return {name: sum(int(t.get("count", 0)) for t in result.get("tiers", []))
+                for name, result in fan.results.items()}
+
+    async def consolidate(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        await self.drain()
+        repaired = await self.policy.repair(owner)
+        promoted = await self.policy.promote_pending(owner)  # earned by recall: before capacity pressure
+        spilled = await self.policy.enforce_all(owner)
+        result = {"moved": spilled["moved"] + promoted, "promoted": promoted, "dropped": spilled["dropped"],
+                  "summarized": 0, "repaired": repaired, "counts": await self._counts(owner)}
+        await self.events.emit("consolidated", owner, moved=result["moved"], promoted=promoted,
+                               dropped=spilled["dropped"], summarized=0, repaired=repaired)
+        return result
+
+    # ---- sessions -----------------------------------------------------------------------
+
+    async def session_list(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        fan = await self.fed.fan_out("memory/session/list", _with_owner({}, owner),
+                                     [t for t in self.fed if t.has("sessions")])
+        merged: dict[str, dict[str, Any]] = {}
+        for name in self.fed.order:
+            for entry in (fan.results.get(name) or {}).get("sessions", []):
+                session = entry.get("session")
+                if session is None:
+                    continue
+                into = merged.setdefault(session, {"session": session, "records": 0, "tiers": {},
+                                                   "opened_at": None, "touched_at": None})
+                into["records"] += int(entry.get("records", 0))
+                into["tiers"][name] = into["tiers"].get(name, 0) + int(entry.get("records", 0))
+                for stamp, pick in (("opened_at", min), ("touched_at", max)):
+                    if entry.get(stamp):
+                        into[stamp] = entry[stamp] if into[stamp] is None else pick(into[stamp], entry[stamp])
+        out: dict[str, Any] = {"sessions": sorted(merged.values(), key=lambda e: e["opened_at"] or "")}
+        if fan.degraded:
+            out["degraded"] = fan.degraded
+        return out
+
+    async def session_close(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        session = params.get("session")
+        if not isinstance(session, str) or not session:
+            raise invalid("session is required", field="session")
+        owner = ctx.owner(params)
+        await self.drain()
+        flushed = await self.policy.flush(owner, session)
+        promoted = await self.policy.promote_pending(owner)
+        spilled = await self.policy.enforce_all(owner, [t for t in self.fed if not t.config.per_session])
+        moved = flushed + promoted + spilled["moved"]
+        await self.events.emit("session_closed", owner, session=session)
+        if moved or spilled["dropped"]:
+            await self.events.emit("consolidated", owner, moved=moved, promoted=promoted,
+                                   dropped=spilled["dropped"], summarized=0, session=session)
+        return {"moved": moved, "promoted": promoted, "dropped": spilled["dropped"], "summarized": 0,
+                "counts": await self._counts(owner), "closed": session, "flushed": flushed}
+
+    # ---- events ---------------------------------------------------------------------------
+
+    async def events_poll(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        return self.events.poll(params.get("cursor"), limit=params.get("limit"), kinds=params.get("kinds"),
+                                owner=ctx.owner(params))
+
+    async def subscribe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        if ctx.push is None:
+            raise A2MError(errors.CAPABILITY_NOT_SUPPORTED, "push needs a connection that carries notifications "
+                           "(stdio); poll memory/events over HTTP", {"transport": ctx.transport})
+        self.events.subscribe(ctx, ctx.push, owner=ctx.owner(params), kinds=params.get("kinds"))
+        return {"subscribed": True}
+
+    async def unsubscribe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        self.events.unsubscribe(ctx)
+        return {"subscribed": False}
+
+    # ---- summarize --------------------------------------------------------------------------
+
+    def _summary_tier(self, params: Mapping[str, Any]) -> Tier:
+        if params.get("into") is not None:
+            into = self._tier(params["into"], "into")
+        else:
+            semantic = [t for t in self.fed if t.config.kind == "semantic" and t.writable]
+            into = semantic[0] if semantic else self.fed[self.config.default_tier]
+        if not into.writable:
+            raise A2MError(errors.READ_ONLY, f"tier {into.name} is read-only", {"tier": into.name})
+        return into
+
+    async def summarize(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        tiers = self._scope_tiers(params)
+        into = self._summary_tier(params)
+        scope = parse_scope(params, owner, ids_field=True)
+        query = _opt_str(params, "query")
+        key = _opt_str(params, "key")
+        if scope.is_empty_selector() and not query and params.get("tier") is None:
+            raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
+        limit = self._limit(params, 50)
+        if query:
+            sources = (await self.recall({k: v for k, v in params.items() if k not in ("prompt", "into", "key")}
+                                         | {"limit": limit, "touch": False}, ctx))["records"]
+        elif scope.ids is not None:
+            located = await self._locate("id", list(scope.ids), owner, tiers)
+            sources = [record for _, record in located.values()]
+        else:
+            sources = (await self.timeline({k: v for k, v in params.items() if k not in ("prompt", "into", "key")}
+                                           | {"limit": limit}, ctx))["records"]
+        records = [Record.from_wire(r) for r in sources]
+        text = extract_summary(records)
+        if not text:
+            return {"records": [], "read": len(records), "written": 0}
+        summary: dict[str, Any] = {"content": text, "role": "memory", "metadata": {"summary_of": [r.id for r in records]}}
+        if key:
+            summary["key"] = key
+        ids = await self.write([summary], owner, tier=into.name)
+        stored = await self.policy.by_ids(self.fed[into.name], owner, ids)
+        if not stored:  # a key write may have landed where the key already lived
+            located = await self._locate("id", ids, owner, list(self.fed))
+            stored = [record for _, record in located.values()]
+        return {"records": stored, "read": len(records), "written": 1}
+
+    # ---- describe ---------------------------------------------------------------------------
+
+    async def describe_fields(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        owner = ctx.owner(params)
+        fan = await self.fed.fan_out("memory/describe", _with_owner({}, owner), list(self.fed))
+        layout = []
+        metrics: set[str] | None = None
+        for tier in self.fed:
+            entry = tier.config.describe()
+            result = fan.results.get(tier.name)
+            if result is not None:
+                tier.info = result
+                entry["count"] = sum(int(t.get("count", 0)) for t in result.get("tiers", []))
+                entry["kind"] = entry["kind"] or next((t.get("kind") for t in result.get("tiers", [])), None)
+                engines = [t.get("engine") for t in result.get("tiers", []) if t.get("engine")]
+                if engines:
+                    entry["engine"] = engines[0]
+                entry["status"] = "up"
+                if tier.metrics is not None:
+                    metrics = set(tier.metrics) if metrics is None else metrics & set(tier.metrics)
+            else:
+                entry["count"] = 0
+                entry["status"] = "down"
+            layout.append(entry)
+        out: dict[str, Any] = {
+            "tiers": layout,
+            "events": {"push": ctx.push is not None},
+            "embeddings": {"dimensions": self.dimensions(), "metric": "cosine",
+                           "metrics": sorted(metrics if metrics is not None else {"cosine"}),
+                           "model": getattr(self.embedder, "model", None)},
+            "summarize": {"model": None},
+            "prompt": prompts.describe(),
+            "fusion": self.config.fusion.strategy,
+        }
+        if fan.degraded:
+            out["degraded"] = fan.degraded
+        return out
+
+
+def build_router(config_path: str | None = None, **kwargs: Any) -> Router:
+    """`a2m serve router --config router.toml` lands here."""
+    return Router(load(config_path), **kwargs)

@@ -1,0 +1,105 @@
+"""Router config: the defaults are the design's stack; bad layouts are refused with clear messages."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from router.config import ConfigError, load, parse
+
+
+def tiers(*extra: dict) -> dict:
+    base = [
+        {"name": "working", "kind": "working", "url": "http://127.0.0.1:1/", "capacity": 8, "spill_to": "episodic"},
+        {"name": "episodic", "kind": "episodic", "url": "http://127.0.0.1:2/"},
+        {"name": "semantic", "kind": "semantic", "url": "http://127.0.0.1:3/"},
+        {"name": "procedural", "kind": "procedural", "url": "http://127.0.0.1:4/"},
+    ]
+    by_name = {t["name"]: t for t in base}
+    for change in extra:
+        by_name.setdefault(change["name"], {}).update(change)
+    return {"tiers": list(by_name.values())}
+
+
+def test_defaults_are_the_four_tier_stack() -> None:
+    config = parse({}, env={})
+    assert config.names == ["working", "episodic", "semantic", "procedural"]
+    working, episodic = config.tier("working"), config.tier("episodic")
+    assert (working.capacity, working.per_session, working.spill_to) == (32, True, "episodic")
+    assert (episodic.capacity, episodic.spill_to, episodic.promote_to, episodic.promote_after) == \
+        (None, "semantic", "semantic", 3)
+    assert [t.url for t in config.tiers] == [f"http://127.0.0.1:{p}/" for p in range(8701, 8705)]
+    assert config.default_tier == "working" and config.fusion.strategy == "rrf"
+    assert config.service_token is None
+
+
+def test_service_token_from_env() -> None:
+    assert parse({}, env={"A2M_SERVICE_TOKEN": "s3cret"}).service_token == "s3cret"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"name": "working", "spill_to": "episodc"}, "spills into 'episodc', which is not a configured tier"),
+    ({"name": "episodic", "spill_to": "working"}, "cycle: working -> episodic -> working"),
+    ({"name": "episodic", "promote_to": "episodic"}, "cycle: episodic -> episodic"),
+    ({"name": "working", "spill_to": "procedural"}, "a procedural tier"),
+    ({"name": "semantic", "read_only": True, "url": "http://127.0.0.1:3/"}, None),
+    ({"name": "working", "kind": "scratch"}, "kind must be one of"),
+    ({"name": "working", "capacity": 0}, "capacity must be a positive integer"),
+    ({"name": "working", "url": "redis://x"}, "url is required and must be an http(s) URL"),
+    ({"name": "working", "colour": "red"}, "unknown keys ['colour']"),
+])
+def test_layout_validation(change: dict, message: str | None) -> None:
+    if message is None:
+        parse(tiers(change), env={})  # a read-only tier nothing spills into is fine
+        return
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse(tiers(change), env={})
+
+
+def test_spill_into_read_only_is_refused() -> None:
+    with pytest.raises(ConfigError, match="'corpus', which is read-only"):
+        parse(tiers({"name": "corpus", "url": "http://127.0.0.1:9/", "read_only": True},
+                    {"name": "episodic", "spill_to": "corpus"}), env={})
+
+
+def test_read_only_tier_cannot_spill() -> None:
+    with pytest.raises(ConfigError, match="read-only and cannot spill"):
+        parse(tiers({"name": "corpus", "url": "http://127.0.0.1:9/", "read_only": True, "spill_to": "semantic"}),
+              env={})
+
+
+def test_duplicate_names_and_unknown_default() -> None:
+    data = tiers()
+    data["tiers"].append(dict(data["tiers"][0]))
+    with pytest.raises(ConfigError, match="unique"):
+        parse(data, env={})
+    with pytest.raises(ConfigError, match="default_tier 'nowhere'"):
+        parse({**tiers(), "default_tier": "nowhere"}, env={})
+
+
+def test_fusion_auth_and_limits() -> None:
+    config = parse({**tiers(), "fusion": {"strategy": "rerank", "pool": 80, "weights": {"text": 1.0}},
+                    "auth": {"tokens": {"tok-a": "alice"}, "service_token": "svc"},
+                    "limits": {"max_recall_limit": 200}}, env={})
+    assert config.fusion.strategy == "rerank" and config.fusion.pool == 80 and config.fusion.weights["text"] == 1.0
+    assert config.tokens == {"tok-a": "alice"} and config.service_token == "svc"
+    assert config.limits["max_recall_limit"] == 200
+    with pytest.raises(ConfigError, match="fusion strategy"):
+        parse({**tiers(), "fusion": "borda"}, env={})
+    with pytest.raises(ConfigError, match="limits.nope"):
+        parse({**tiers(), "limits": {"nope": 1}}, env={})
+
+
+def test_load_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "router.toml"
+    bad.write_text("[[tiers]]\nname = 'w'\nkind = 'working'\nurl = 'http://127.0.0.1:1/'\nspill_to = 'gone'\n")
+    with pytest.raises(ConfigError, match=r"router.toml: tier 'w' spills into 'gone'"):
+        load(bad)
+    bad.write_text("this is = = not toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(tmp_path / "missing.toml")
+    assert load(None).names[0] == "working"

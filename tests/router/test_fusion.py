@@ -1,0 +1,54 @@
+"""Fusion never compares raw tier scores: RRF by rank, rerank by one scorer over the pool."""
+
+from __future__ import annotations
+
+from a2m.records import Record
+from router import fusion
+
+
+def rec(id_: str, content: str = "", created_at: str = "2026-01-01T00:00:00.000Z", score: float = 0.5,
+        **kw) -> Record:
+    return Record(id=id_, content=content, created_at=created_at, score=score, **kw)
+
+
+def test_rrf_interleaves_by_rank_ignoring_raw_scores() -> None:
+    lists = {
+        "a": [rec("a1", score=0.99), rec("a2", score=0.98), rec("a3", score=0.97)],
+        "b": [rec("b1", score=0.01, created_at="2026-01-02T00:00:00.000Z"), rec("b2", score=0.005)],
+    }
+    fused = fusion.rrf(lists, k=60)
+    assert [r.id for r in fused] == ["b1", "a1", "a2", "b2", "a3"]  # equal ranks: the newer first, then stable
+    scores = [r.score for r in fused]
+    assert scores == sorted(scores, reverse=True) and scores[0] == 1.0 and all(0 < s <= 1 for s in scores)
+
+
+def test_duplicates_keep_the_deeper_copy() -> None:
+    lists = {"working": [rec("x", tier="working"), rec("w")], "episodic": [rec("x", tier="episodic")]}
+    fused = fusion.rrf(lists, depth={"working": 0, "episodic": 1})
+    assert sorted(r.id for r in fused) == ["w", "x"]
+    assert next(r for r in fused if r.id == "x").tier == "episodic"
+
+
+def test_recency_without_query() -> None:
+    lists = {"a": [rec("old", created_at="2026-01-01T00:00:00.000Z")],
+             "b": [rec("new", created_at="2026-03-01T00:00:00.000Z"), rec("mid", created_at="2026-02-01T00:00:00.000Z")]}
+    assert [r.id for r in fusion.recency(lists)] == ["new", "mid", "old"]
+
+
+def test_rerank_scores_the_pool_with_one_scorer() -> None:
+    lists = {
+        "working": [rec("w1", "the weather is nice today", score=0.9), rec("w2", "parrots can talk", score=0.8)],
+        "semantic": [rec("s1", "my parrot is called Kiwi and the parrot talks", score=0.1)],
+    }
+    fused = fusion.rerank(lists, query="parrot", vector=None, weights={"text": 1, "vector": 1, "recency": 0, "salience": 0},
+                          now=0)
+    assert [r.id for r in fused] == ["s1", "w2"]  # w1 shares no term: not relevant, left out
+    assert all(0 <= r.score <= 1 for r in fused)
+
+
+def test_rerank_uses_cosine_when_vectors_exist() -> None:
+    lists = {"a": [rec("near", "alpha", embedding=[1.0, 0.0]), rec("far", "alpha", embedding=[0.0, 1.0])]}
+    fused = fusion.rerank(lists, query="alpha", vector=[1.0, 0.1],
+                          weights={"text": 0.5, "vector": 0.5, "recency": 0, "salience": 0})
+    assert [r.id for r in fused] == ["near", "far"]
+    assert fusion.cosine([1, 0], [1, 0]) == 1.0 and fusion.cosine([1], [1, 2]) is None
