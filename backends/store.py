@@ -63,6 +63,10 @@ class Store(Protocol):
     async def get(self, owner: str | None, ids: Sequence[str], *, with_embeddings: bool = False) -> list[Record]:
         """The records with these ids in this owner's partition; unknown ids are left out."""
 
+    async def owners(self, ids: Sequence[str]) -> dict[str, str | None]:
+        """id -> owner for the ids that exist in ANY partition: ids are global in every engine,
+        so the surface refuses an id another owner holds instead of overwriting it."""
+
     async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
         """key -> record for the occupied keys of this owner."""
 

@@ -265,11 +265,14 @@ class TierServer:
         by_owner: dict[str | None, list[Record]] = {}
         for record in records:
             by_owner.setdefault(record.owner, []).append(record)
-        existing_ids: set[tuple[str | None, str]] = set()
+        held = await self.store.owners([r.id for r in records])
+        for index, record in enumerate(records):
+            if record.id in held and held[record.id] != record.owner:
+                raise A2MError(errors.SCOPE_DENIED, f"records[{index}].id is held by another owner",
+                               {"id": record.id, "index": index})
+        existing_ids = {(owner, record_id) for record_id, owner in held.items()}
         keyed: dict[tuple[str | None, str], Record] = {}
         for owner, group in by_owner.items():
-            found = await self.store.get(owner, [r.id for r in group])
-            existing_ids.update((owner, r.id) for r in found)
             keys = sorted({r.key for r in group if r.key})
             if keys:
                 for key, record in (await self.store.get_keys(owner, keys)).items():

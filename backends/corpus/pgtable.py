@@ -199,6 +199,9 @@ class TableStore:
     async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
         return {}  # a mounted table has no A2M keys
 
+    async def owners(self, ids: Sequence[str]) -> dict[str, str | None]:
+        return {}  # never written through A2M, so no id can collide
+
     async def select(self, scope: Scope, *, order: Literal["asc", "desc"] = "asc", limit: int | None = None,
                      with_embeddings: bool = False) -> list[Record]:
         if scope.key_prefix is not None:

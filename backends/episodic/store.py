@@ -438,6 +438,16 @@ class PostgresStore:
         by_id = {r.id: r for r in found}
         return [by_id[i] for i in dict.fromkeys(ids) if i in by_id]
 
+    async def owners(self, ids: Sequence[str]) -> dict[str, str | None]:
+        if not ids:
+            return {}
+
+        async def work(conn: AsyncConnection) -> dict[str, str | None]:
+            cur = await conn.execute("SELECT id, owner FROM records WHERE id = ANY(%s)", [list(ids)])
+            return {row[0]: row[1] for row in await cur.fetchall()}
+
+        return await self._run(work)
+
     async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
         if not keys:
             return {}

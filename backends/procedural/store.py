@@ -688,6 +688,10 @@ class GitStore:
         pool = self._visible.by_owner.get(owner, {})
         return [_out(pool[i], with_embeddings) for i in ids if i in pool]
 
+    async def owners(self, ids: Sequence[str]) -> dict[str, str | None]:
+        records = self._visible.tree.records
+        return {i: records[i].owner for i in ids if i in records}
+
     async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
         out: dict[str, Record] = {}
         for key in keys:

@@ -446,6 +446,13 @@ class SemanticStore:
         by_id = {p["id"]: p for p in await self._own(owner, ids, with_embedding=with_embeddings)}
         return [from_payload(by_id[i], with_embedding=with_embeddings) for i in dict.fromkeys(ids) if i in by_id]
 
+    async def owners(self, ids: Sequence[str]) -> dict[str, str | None]:
+        if not ids:
+            return {}
+        payloads = await self._guard(self._engine.retrieve(list(dict.fromkeys(point_id(i) for i in ids)),
+                                                           with_embedding=False))
+        return {p["id"]: (None if p.get("part") == "n" else str(p.get("part", ""))[2:]) for p in payloads}
+
     async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
         if not keys:
             return {}

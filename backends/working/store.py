@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal, Mapping, Sequence
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import anyio
 import orjson
@@ -253,6 +253,11 @@ def _enc(value: str | None) -> str:
     return "!" if value is None else "=" + quote(value, safe="")
 
 
+def _dec(segment: bytes | str) -> str | None:
+    text = segment.decode() if isinstance(segment, bytes) else segment
+    return None if text == "!" else unquote(text[1:])
+
+
 def _millis(ts: str) -> int:
     return (datetime.fromisoformat(ts) - _EPOCH) // _MS
 
@@ -461,6 +466,21 @@ class RedisStore:
             return []
         flat = await self._eval(self._fetch, [_enc(owner), "1" if with_embeddings else "0", "ids", *unique])
         return [r for _, r in self._records(flat)]
+
+    async def owners(self, ids: Sequence[str]) -> dict[str, str | None]:
+        unique = list(dict.fromkeys(ids))
+        if not unique:
+            return {}
+        await self._ready()
+        assert self._redis is not None
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for record_id in unique:
+                    pipe.hget(f"{self.prefix}:r:{record_id}", "o")
+                found = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+        return {i: _dec(o) for i, o in zip(unique, found) if o is not None}
 
     async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
         unique = list(dict.fromkeys(keys))

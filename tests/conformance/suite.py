@@ -410,6 +410,19 @@ async def _scopes(s: Session) -> None:
     expect(not await s.timeline(where={"m": m}, owner=f"bob-{s.run}"), "another owner saw it in timeline")
 
 
+@check("scopes", "a client id used by one owner never overwrites another owner's record", writes=True)
+async def _scopes_ids(s: Session) -> None:
+    m = s.marker()
+    rid = f"shared-id-{m}"
+    await s.remember({"id": rid, "content": f"{m} alice original"}, owner=f"alice-{s.run}")
+    try:
+        await s.remember({"id": rid, "content": f"{m} bob intruder"}, owner=f"bob-{s.run}")
+    except RPCError:
+        pass  # refusing is fine; silently replacing alice's record is not
+    mine = await s.recall(query=m, owner=f"alice-{s.run}")
+    expect([r["content"] for r in mine] == [f"{m} alice original"], f"alice's record became {mine}")
+
+
 # ---------------------------------------------------------------- sessions
 
 @check("sessions", "a session replays alone; list counts it; close never destroys; unknown close is a no-op", writes=True)

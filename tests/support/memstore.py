@@ -44,6 +44,9 @@ class MemoryStore:
     async def get(self, owner, ids, *, with_embeddings=False):  # type: ignore[no-untyped-def]
         return [self._copy(r, with_embeddings) for i in ids if (e := self.records.get(i)) and (r := e[1]).owner == owner]
 
+    async def owners(self, ids):  # type: ignore[no-untyped-def]
+        return {i: self.records[i][1].owner for i in ids if i in self.records}
+
     async def get_keys(self, owner, keys):  # type: ignore[no-untyped-def]
         return {r.key: self._copy(r, False) for _, r in self.records.values() if r.owner == owner and r.key in keys}
 
