@@ -27,12 +27,19 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-
 
 def fold(text: str) -> str:
     """Case- and accent-fold: NFKC, casefold, strip combining marks."""
+    if text.isascii():  # the common case, and NFKC/NFD cannot change ASCII
+        return text.lower()
     text = unicodedata.normalize("NFKC", text).casefold()
     decomposed = unicodedata.normalize("NFD", text)
     return unicodedata.normalize("NFC", "".join(c for c in decomposed if not unicodedata.combining(c)))
 
 
 _FOLDED_STOPWORDS = {lang: frozenset(fold(w) for w in words) for lang, words in STOPWORDS.items()}
+_LANGUAGES_OF: dict[str, tuple[str, ...]] = {}
+for _lang, _words in _FOLDED_STOPWORDS.items():
+    for _word in _words:
+        _LANGUAGES_OF[_word] = _LANGUAGES_OF.get(_word, ()) + (_lang,)
+_ORDER = {lang: i for i, lang in enumerate(_FOLDED_STOPWORDS)}
 
 
 def _cjk_grams(run: str) -> list[str]:
@@ -42,8 +49,11 @@ def _cjk_grams(run: str) -> list[str]:
 
 
 def _split(text: str) -> list[str]:
+    folded = fold(text)
+    if not _CJK.search(folded):
+        return _WORD.findall(folded)
     words: list[str] = []
-    for word in _WORD.findall(fold(text)):
+    for word in _WORD.findall(folded):
         if word.isdigit() or not _CJK.search(word):
             words.append(word)
             continue
@@ -59,13 +69,14 @@ def _split(text: str) -> list[str]:
 
 
 def detect_language(words: Sequence[str]) -> str | None:
-    """The language whose stopwords occur most among `words`; None when none occur."""
-    best, best_hits = None, 0
-    for lang, stop in _FOLDED_STOPWORDS.items():
-        hits = sum(1 for w in words if w in stop)
-        if hits > best_hits:
-            best, best_hits = lang, hits
-    return best
+    """The language whose stopwords occur most among `words`; None when none occur (ties: list order)."""
+    hits: dict[str, int] = {}
+    for word in words:
+        for lang in _LANGUAGES_OF.get(word, ()):
+            hits[lang] = hits.get(lang, 0) + 1
+    if not hits:
+        return None
+    return max(hits, key=lambda lang: (hits[lang], -_ORDER[lang]))
 
 
 def _stem_en(word: str) -> str:
@@ -115,62 +126,77 @@ def sparse_vector(text: str) -> tuple[list[int], list[float]]:
 class BM25:
     """Okapi BM25 over an in-memory corpus that can change (add / remove by id).
 
-    Postings are kept per term, so scoring touches only documents that share a
-    term with the query: thousands of procedures score in well under a millisecond.
+    Postings map each term to {doc: tf}, and each document's length norm is
+    cached until the corpus changes, so a query costs one dict step per posting
+    of its terms: a few milliseconds over thousands of procedures.
     """
 
     def __init__(self, k1: float = 1.2, b: float = 0.75) -> None:
         self.k1, self.b = k1, b
-        self._docs: dict[str, Counter[str]] = {}
+        self._terms: dict[str, tuple[str, ...]] = {}  # doc -> its distinct terms
         self._lengths: dict[str, int] = {}
-        self._postings: dict[str, set[str]] = {}
+        self._postings: dict[str, dict[str, int]] = {}
         self._total = 0
+        self._norms: dict[str, float] | None = None
 
     def __len__(self) -> int:
-        return len(self._docs)
+        return len(self._lengths)
 
     def add(self, doc_id: str, text: str) -> None:
         self.remove(doc_id)
         terms = Counter(tokenize(text))
-        self._docs[doc_id] = terms
+        self._terms[doc_id] = tuple(terms)
         length = sum(terms.values())
         self._lengths[doc_id] = length
         self._total += length
-        for term in terms:
-            self._postings.setdefault(term, set()).add(doc_id)
+        for term, tf in terms.items():
+            self._postings.setdefault(term, {})[doc_id] = tf
+        self._norms = None
 
     def remove(self, doc_id: str) -> None:
-        terms = self._docs.pop(doc_id, None)
+        terms = self._terms.pop(doc_id, None)
         if terms is None:
             return
         self._total -= self._lengths.pop(doc_id)
         for term in terms:
             posting = self._postings.get(term)
             if posting is not None:
-                posting.discard(doc_id)
+                posting.pop(doc_id, None)
                 if not posting:
                     del self._postings[term]
+        self._norms = None
+
+    def _doc_norms(self) -> dict[str, float]:
+        if self._norms is None:
+            n = len(self._lengths)
+            avg = self._total / n if n and self._total else 1.0
+            k1, b = self.k1, self.b
+            self._norms = {d: k1 * (1 - b + b * length / avg) for d, length in self._lengths.items()}
+        return self._norms
 
     def scores(self, query: str, allowed: Iterable[str] | None = None) -> dict[str, float]:
         """doc id -> raw BM25 score for documents matching at least one query term."""
-        terms = tokenize(query)
-        if not terms or not self._docs:
+        terms = set(tokenize(query))
+        if not terms or not self._lengths:
             return {}
+        n = len(self._lengths)
+        norms = self._doc_norms()
+        k1p1 = self.k1 + 1
         allow = None if allowed is None else set(allowed)
-        n = len(self._docs)
-        avg = self._total / n if n else 1.0
         out: dict[str, float] = {}
-        for term in set(terms):
+        get = out.get
+        for term in terms:
             posting = self._postings.get(term)
             if not posting:
                 continue
-            idf = math.log(1 + (n - len(posting) + 0.5) / (len(posting) + 0.5))
-            for doc_id in posting:
-                if allow is not None and doc_id not in allow:
-                    continue
-                tf = self._docs[doc_id][term]
-                norm = tf * (self.k1 + 1) / (tf + self.k1 * (1 - self.b + self.b * self._lengths[doc_id] / avg))
-                out[doc_id] = out.get(doc_id, 0.0) + idf * norm
+            idf = math.log(1 + (n - len(posting) + 0.5) / (len(posting) + 0.5)) * k1p1
+            if allow is None:
+                for doc_id, tf in posting.items():
+                    out[doc_id] = get(doc_id, 0.0) + idf * tf / (tf + norms[doc_id])
+            else:
+                for doc_id, tf in posting.items():
+                    if doc_id in allow:
+                        out[doc_id] = get(doc_id, 0.0) + idf * tf / (tf + norms[doc_id])
         return out
 
 

@@ -6,6 +6,8 @@ works in its own owner partition, or its own database when it needs an empty one
 
 from __future__ import annotations
 
+import time
+
 import math
 import random
 import uuid
@@ -235,6 +237,7 @@ async def test_two_replicas_migrate_an_empty_database(server: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # A2M_SCALE=full loads 100,000 vectors into an HNSW index
 async def test_filtered_vector_search_returns_limit(server: str) -> None:
     n, dims, limit = scale(100_000, 5_000), 64, 10
     s = PostgresStore(_settings(_fresh_database(server)))
@@ -283,7 +286,15 @@ async def test_database_goes_away_and_comes_back(tmp_path: Path) -> None:
             await s.select(Scope(owner="a"))
         embedded = EmbeddedPostgres(tmp_path)
         assert embedded.start() == dsn
-        await s.ping()
+        deadline = time.monotonic() + 30  # the pool reconnects with backoff: bounded, not instant
+        while True:
+            try:
+                await s.ping()
+                break
+            except StoreUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                await anyio.sleep(0.2)
         assert [r.content for r in await s.select(Scope(owner="a"))] == ["before"]  # nothing half-written
         await s.write([rec(2, "a", content="after")])
     finally:
