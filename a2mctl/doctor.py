@@ -1,0 +1,136 @@
+"""`a2m doctor [URL]`: is this A2M endpoint, and every tier behind it, healthy?
+
+It asks only what any A2M server answers (describe, /readyz, a recall), so it
+works against the router, a single tier server, or someone else's A2M server.
+The probe recall passes `touch: false`, so running doctor never changes what a
+tier will promote. Exit status: 0 all up, 1 something is down, 2 unreachable.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+PROBES = 5
+PROBE_QUERY = "a2m doctor probe"
+
+
+@dataclass
+class TierReport:
+    name: str
+    kind: str | None = None
+    engine: str | None = None
+    url: str | None = None
+    records: int | None = None
+    p50_ms: float | None = None
+    status: str = "up"
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "up"
+
+
+async def _get(http: Any, url: str) -> int | None:
+    try:
+        return (await http.get(url, timeout=5.0)).status_code
+    except Exception:  # noqa: BLE001 — unreachable is an answer here
+        return None
+
+
+async def _probe(client: Any, tier: str | None) -> tuple[float | None, str]:
+    """p50 of a few recalls in ms, or (None, why)."""
+    from a2m.errors import A2MError
+
+    params: dict[str, Any] = {"query": PROBE_QUERY, "limit": 5, "touch": False}
+    if tier is not None:
+        params["tier"] = tier
+    took: list[float] = []
+    for _ in range(PROBES):
+        start = time.perf_counter()
+        try:
+            result = await client.call("memory/recall", params, timeout=10.0)
+        except A2MError as exc:
+            return None, exc.message
+        took.append((time.perf_counter() - start) * 1000)
+        if tier is not None and tier in (result.get("degraded") or []):
+            return None, "left out of the recall (down or slow)"
+    return statistics.median(took), ""
+
+
+async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], list[TierReport]]:
+    """Describe + readiness + probes. Raises `Unavailable` when `url` does not answer JSON-RPC."""
+    import httpx
+
+    from a2m.client import HTTPClient
+    from a2m.errors import A2MError
+
+    base = url.rstrip("/") + "/"
+    async with httpx.AsyncClient(trust_env=False) as http:
+        ready, health = await _get(http, base + "readyz"), await _get(http, base + "healthz")
+    summary: dict[str, Any] = {"url": base, "readyz": ready, "healthz": health}
+    async with HTTPClient(base, token=token, timeout=10.0) as client:
+        try:
+            described = await client.call("memory/describe", {})
+        except A2MError as exc:
+            if ready is None and health is None:
+                raise
+            # It answers HTTP but cannot describe itself: a tier whose engine is down does this.
+            summary["error"] = exc.message
+            return summary, [TierReport(name=base, url=base, status="down", detail=exc.message)]
+        summary.update(name=described.get("name"), protocol=described.get("protocol"))
+        entries = described.get("tiers") or [{"name": described.get("name") or base}]
+        single = len(entries) == 1 and "status" not in entries[0]
+        reports = []
+        for entry in entries:
+            report = TierReport(
+                name=str(entry.get("name")), kind=entry.get("kind"), engine=entry.get("engine"),
+                url=entry.get("url") or (base if single else None), records=entry.get("count"),
+            )
+            if entry.get("status") == "down" or (single and ready not in (200, None)):
+                report.status, report.detail = "down", entry.get("error") or (
+                    f"/readyz {ready}" if single else "did not answer describe")
+            else:
+                p50, why = await _probe(client, None if single else report.name)
+                report.p50_ms = p50
+                if p50 is None:
+                    report.status, report.detail = "down", why
+            reports.append(report)
+        if "degraded" in described:
+            summary["degraded"] = described["degraded"]
+    return summary, reports
+
+
+async def doctor(url: str, token: str | None = None) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from a2m.client import Unavailable
+
+    console = Console(highlight=False)
+    try:
+        summary, reports = await check(url, token)
+    except Unavailable as exc:
+        console.print(f"[red]✗ {url} is unreachable:[/] {exc.message}")
+        return 2
+    title = f"{summary.get('name') or summary['url']} at {summary['url']}"
+    table = Table(title=title, title_justify="left")
+    for column in ("tier", "kind", "engine", "URL", "records", "p50 recall", "status"):
+        table.add_column(column, justify="right" if column in ("records", "p50 recall") else "left")
+    for r in reports:
+        status = "[green]up[/]" if r.ok else f"[red]{r.status}[/]" + (f" ({r.detail})" if r.detail else "")
+        table.add_row(r.name, r.kind or "—", r.engine or "—", r.url or "—",
+                      "—" if r.records is None else f"{r.records:,}",
+                      "—" if r.p50_ms is None else f"{r.p50_ms:.1f} ms", status)
+    console.print(table)
+    ready = summary.get("readyz")
+    console.print(f"/readyz {ready if ready is not None else 'unreachable'} · "
+                  f"/healthz {summary.get('healthz') if summary.get('healthz') is not None else 'unreachable'}")
+    down = [r.name for r in reports if not r.ok]
+    if down or ready != 200:
+        console.print(f"[red]✗ not healthy:[/] {', '.join(down) if down else '/readyz is not 200'}")
+        return 1
+    console.print("[green]✓ all tiers up[/]")
+    return 0

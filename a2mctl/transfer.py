@@ -1,0 +1,277 @@
+"""`a2m export` / `a2m import`: records as JSON Lines in the protocol's wire form.
+
+Both speak only A2M, so they work through the router, a single tier server, or
+any other A2M server. Export pages through `memory/timeline` per tier and per
+owner; import writes `memory/remember` batches using the move/import extension
+(docs/extensions.md), so ids, keys, revisions, `created_at` and access history
+survive, and a record lands in the tier it was exported from when the target
+has one of that name.
+
+Paging: a timeline with `limit` returns the *most recent* `limit` records, so
+export walks backwards with `before`. Timestamps have millisecond precision and
+many records can share one, so each page asks for `before` = (earliest stamp of
+the last page) + 1 ms, which re-reads that millisecond, and drops the ids it has
+already written. Pages are spooled to a temporary file and written out oldest
+first, so the file is in creation order (and, within one millisecond, in the
+order the source returns them): importing it reproduces the timeline exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+from typing import IO, Any, AsyncIterator, Iterator, Sequence
+
+import orjson
+
+from a2m.timefmt import format_ts, parse_ts
+
+PAGE = 1000  # the protocol's usual max_recall_limit
+WIRE_FIELDS = ("id", "content", "created_at", "role", "metadata", "group", "tier", "salience", "access_count",
+               "accessed_at", "owner", "session", "key", "revision", "uri", "media_type")
+
+
+class TransferError(Exception):
+    """Export or import cannot continue; the message says why and what to do."""
+
+
+def _shift(stamp: str, ms: int) -> str:
+    return format_ts(parse_ts(stamp) + timedelta(milliseconds=ms))
+
+
+def _progress() -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    console=Console(stderr=True), transient=False)
+
+
+async def _describe(client: Any, owner: str | None = None) -> dict[str, Any]:
+    return await client.call("memory/describe", {} if owner is None else {"owner": owner})
+
+
+def _tier_names(described: dict[str, Any]) -> list[str | None]:
+    """Per-tier paging where the endpoint has several tiers (a router); one stream otherwise."""
+    tiers = [t.get("name") for t in described.get("tiers") or [] if t.get("name")]
+    return tiers if len(tiers) > 1 else [None]
+
+
+def _recall_cap(described: dict[str, Any]) -> int | None:
+    cap = (described.get("limits") or {}).get("max_recall_limit")
+    return int(cap) if cap else None
+
+
+async def pages_backwards(client: Any, *, tier: str | None, owner: str | None, embeddings: bool,
+                          page: int = PAGE, cap: int | None = PAGE) -> AsyncIterator[list[dict[str, Any]]]:
+    """Every record of one (tier, owner) stream, newest page first, each page ascending, no duplicates.
+
+    `cap` is the endpoint's max_recall_limit (None: `limit: 0` returns everything).
+    """
+    base: dict[str, Any] = {"limit": page, "embeddings": embeddings}
+    if tier is not None:
+        base["tier"] = tier
+    if owner is not None:
+        base["owner"] = owner
+    before: str | None = None  # exclusive upper bound of the next page
+    boundary: set[str] = set()  # ids already yielded at the millisecond just below `before`
+    while True:
+        params = dict(base) if before is None else {**base, "before": before}
+        records = (await client.call("memory/timeline", params))["records"]
+        if not records:
+            return
+        fresh = [r for r in records if r["id"] not in boundary]
+        if len(records) < page:
+            if fresh:
+                yield fresh
+            return  # the page holds everything before `before`
+        earliest = records[0]["created_at"]
+        if before is not None and earliest == _shift(before, -1):
+            # The whole page sits in the boundary millisecond: it holds at least `page` records, and
+            # the next page would be this one again. Read that millisecond alone, then go below it.
+            exact = {**base, "after": _shift(earliest, -1), "before": before, "limit": 0}
+            same = (await client.call("memory/timeline", exact))["records"]
+            if cap is not None and len(same) >= cap:
+                raise TransferError(f"at least {len(same)} records share created_at {earliest} in "
+                                    f"{tier or 'this endpoint'}, more than one timeline page holds: "
+                                    f"export cannot page past them")
+            fresh = [r for r in same if r["id"] not in boundary]
+            if fresh:
+                yield fresh
+            before, boundary = earliest, set()
+            continue
+        if fresh:
+            yield fresh
+        # Re-read the earliest millisecond next time (it may hold more than this page showed).
+        boundary = {r["id"] for r in records if r["created_at"] == earliest}
+        before = _shift(earliest, 1)
+
+
+def _clean(record: dict[str, Any], embeddings: bool) -> dict[str, Any]:
+    out = {k: record.get(k) for k in WIRE_FIELDS}
+    if embeddings:
+        out["embedding"] = record.get("embedding")
+    return out
+
+
+@contextlib.contextmanager
+def _output(file: str) -> Iterator[IO[bytes]]:
+    if file == "-":
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    path = Path(file)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with open(partial, "wb") as handle:
+            yield handle
+    except BaseException:
+        partial.unlink(missing_ok=True)  # a failed export leaves no half file behind
+        raise
+    os.replace(partial, path)
+
+
+async def export(url: str, file: str, token: str | None = None, embeddings: bool = False,
+                 owners: Sequence[str | None] = (None,), quiet: bool = False, page: int = PAGE) -> int:
+    """Write every record reachable at `url` (for each owner in `owners`) to `file` as JSON Lines."""
+    from a2m.client import connect
+    from a2m.errors import A2MError
+
+    written = 0
+    try:
+        async with connect(url, token=token, timeout=60.0) as client:
+            described = await _describe(client)
+            tiers = _tier_names(described)
+            cap = _recall_cap(described)
+            page = min(page, cap) if cap else page
+            progress = _progress()
+            with _output(file) as out, progress if not quiet else contextlib.nullcontext():
+                for owner in owners:
+                    counts = {t.get("name"): int(t.get("count") or 0)
+                              for t in (await _describe(client, owner)).get("tiers") or []}
+                    for tier in tiers:
+                        total = counts.get(tier) if tier is not None else sum(counts.values()) or None
+                        label = f"export {tier or described.get('name') or url}" + (f" ({owner})" if owner else "")
+                        task = None if quiet else progress.add_task(label, total=total)
+                        written += await _export_stream(client, out, tier=tier, owner=owner, embeddings=embeddings,
+                                                        page=page, cap=cap, progress=None if quiet else progress, task=task)
+    except TransferError as exc:
+        print(f"a2m export: {exc}", file=sys.stderr)
+        return 1
+    except A2MError as exc:
+        print(f"a2m export: {url}: {exc.message}", file=sys.stderr)
+        return 1
+    if not quiet:
+        print(f"exported {written} records to {file}", file=sys.stderr)
+    return 0
+
+
+async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner: str | None, embeddings: bool,
+                         page: int, cap: int | None, progress: Any, task: Any) -> int:
+    # Spool pages (newest first) to a temporary file, then copy them out oldest first.
+    offsets: list[tuple[int, int]] = []
+    count = 0
+    with tempfile.TemporaryFile() as spool:
+        async for records in pages_backwards(client, tier=tier, owner=owner, embeddings=embeddings, page=page,
+                                                 cap=cap):
+            blob = b"".join(orjson.dumps(_clean(r, embeddings)) + b"\n" for r in records)
+            offsets.append((spool.tell(), len(blob)))
+            spool.write(blob)
+            count += len(records)
+            if progress is not None:
+                progress.advance(task, len(records))
+        for start, size in reversed(offsets):
+            spool.seek(start)
+            out.write(spool.read(size))
+    if progress is not None:
+        progress.update(task, total=count, completed=count)
+    return count
+
+
+def _read_lines(file: str) -> Iterator[dict[str, Any]]:
+    handle: IO[bytes] = sys.stdin.buffer if file == "-" else open(file, "rb")
+    try:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise TransferError(f"{file}:{number}: not JSON ({exc})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("content"), str):
+                raise TransferError(f"{file}:{number}: not an A2M record (an object with content)")
+            yield record
+    finally:
+        if handle is not sys.stdin.buffer:
+            handle.close()
+
+
+def _count_lines(file: str) -> int | None:
+    if file == "-":
+        return None
+    with open(file, "rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
+def _prepare(record: dict[str, Any], tiers: set[str], keep_tier: bool) -> dict[str, Any]:
+    out = {k: v for k, v in record.items() if k != "score" and v is not None}
+    if not keep_tier or out.get("tier") not in tiers:
+        out.pop("tier", None)  # the target has no tier of that name: let it place the record
+    return out
+
+
+async def import_(url: str, file: str, token: str | None = None, batch: int = 500, quiet: bool = False) -> int:
+    """Write the records of a JSON Lines export to `url` in `memory/remember` batches."""
+    from a2m.client import connect
+    from a2m.errors import A2MError
+
+    total = _count_lines(file)
+    sent = kept = 0
+    try:
+        async with connect(url, token=token, timeout=120.0) as client:
+            described = await _describe(client)
+            tiers = {t.get("name") for t in described.get("tiers") or [] if t.get("name")}
+            keep_tier = "tiers" in (described.get("capabilities") or [])
+            cap = (described.get("limits") or {}).get("max_records_per_call")
+            size = max(1, min(batch, int(cap)) if cap else batch)
+            progress = _progress()
+            with progress if not quiet else contextlib.nullcontext():
+                task = None if quiet else progress.add_task(f"import into {described.get('name') or url}",
+                                                            total=total)
+                pending: list[dict[str, Any]] = []
+                owner: str | None = None
+
+                async def flush() -> None:
+                    nonlocal sent, kept
+                    if not pending:
+                        return
+                    params: dict[str, Any] = {"records": pending}
+                    if owner is not None:
+                        params["owner"] = owner
+                    ids = (await client.call("memory/remember", params))["ids"]
+                    sent += len(pending)
+                    kept += sum(1 for r, i in zip(pending, ids) if "id" in r and r["id"] != i)
+                    if not quiet:
+                        progress.advance(task, len(pending))
+                    pending.clear()
+
+                for record in _read_lines(file):
+                    if record.get("owner") != owner or len(pending) >= size:
+                        await flush()
+                        owner = record.get("owner")
+                    pending.append(_prepare(record, tiers, keep_tier))
+                await flush()
+    except TransferError as exc:
+        print(f"a2m import: {exc}", file=sys.stderr)
+        return 1
+    except A2MError as exc:
+        print(f"a2m import: {url}: {exc.message} (after {sent} records)", file=sys.stderr)
+        return 1
+    if not quiet:
+        note = f"; {kept} kept a newer record already at their key" if kept else ""
+        print(f"imported {sent} records into {url}{note}", file=sys.stderr)
+    return 0

@@ -1,0 +1,326 @@
+"""`a2m up`: the whole federation on this machine, from the Procfile, through honcho.
+
+Why honcho and a Procfile rather than a supervisor written here: the Procfile is
+the same five lines a user can run with `honcho start` or `foreman start`, and
+honcho already multiplexes output and turns one Ctrl-C into SIGTERM for every
+process group. What this module adds is what a first run needs: a data
+directory, a router.toml that matches the ports and the tiers chosen, a wait
+until every tier answers /readyz, one status line per tier, and a last check
+that no embedded engine (redis-server, postgres) outlives the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shlex
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+TIERS = ("working", "episodic", "semantic", "procedural")
+PORT_OFFSET = {name: i + 1 for i, name in enumerate(TIERS)}  # router on --port, tiers on the next four
+READY_TIMEOUT = 180.0  # the first start of the embedded PostgreSQL runs initdb (5-50 s on a busy laptop)
+STOP_TIMEOUT = 30.0  # honcho's SIGKILL comes after this; postgres must have stopped well before
+
+# One process per line, runnable as is by honcho or foreman: both run each line
+# through /bin/sh, so POSIX parameter expansion and arithmetic are the only
+# templating, and the defaults are the ones `a2m up` uses. `exec` makes the server the process
+# honcho signals and waits for, not a shell that dies first and leaves it stopping unwatched. (Neither `$PORT`,
+# which honcho and foreman set per process, nor `.env` is relied on.)
+PROCFILE = """\
+# The a2m federation on embedded engines: four tier servers and the router.
+# `a2m up` runs this through honcho; `honcho start` or `foreman start` run it as is.
+# A2M_DATA: the data directory (default .data); A2M_BASE_PORT: the router's port,
+# the tiers listen on the next four; A2M: the a2m command; A2M_ROUTER_CONFIG: a
+# router.toml (without one the router expects its tiers on 8701-8704).
+working: exec ${A2M:-a2m} serve working --port $((${A2M_BASE_PORT:-8700} + 1)) --data "${A2M_DATA:-.data}"
+episodic: exec ${A2M:-a2m} serve episodic --port $((${A2M_BASE_PORT:-8700} + 2)) --data "${A2M_DATA:-.data}"
+semantic: exec ${A2M:-a2m} serve semantic --port $((${A2M_BASE_PORT:-8700} + 3)) --data "${A2M_DATA:-.data}"
+procedural: exec ${A2M:-a2m} serve procedural --port $((${A2M_BASE_PORT:-8700} + 4)) --data "${A2M_DATA:-.data}"
+router: exec ${A2M:-a2m} serve router --port ${A2M_BASE_PORT:-8700} ${A2M_ROUTER_CONFIG:+--config "$A2M_ROUTER_CONFIG"}
+"""
+
+_LINE = re.compile(r"^([A-Za-z0-9_-]+):\s*(.+)$")  # the Procfile grammar honcho and foreman share
+
+
+def procfile_processes(text: str = PROCFILE) -> dict[str, str]:
+    return {m.group(1): m.group(2) for line in text.splitlines() if (m := _LINE.match(line))}
+
+
+def procfile_for(names: Iterable[str]) -> str:
+    """The Procfile with only `names` (comments kept): what this run starts, for `honcho start` later."""
+    keep = set(names)
+    return "\n".join(line for line in PROCFILE.splitlines()
+                     if (m := _LINE.match(line)) is None or m.group(1) in keep) + "\n"
+
+
+def router_available() -> bool:
+    try:
+        return importlib.util.find_spec("router.server") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def parse_tiers(value: str) -> list[str]:
+    chosen = [t.strip() for t in value.split(",") if t.strip()]
+    unknown = [t for t in chosen if t not in TIERS]
+    if unknown or not chosen:
+        raise SystemExit(f"--tiers takes a comma-separated subset of {','.join(TIERS)}; got {value!r}")
+    return [t for t in TIERS if t in chosen]  # Procfile order, no duplicates
+
+
+# ---- router.toml --------------------------------------------------------------------------
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def router_toml(tiers: Iterable[str], base_port: int, host: str = "127.0.0.1") -> str:
+    """The design's default layout restricted to `tiers`, on base_port+1.., links into absent tiers cut.
+
+    Generated from `router.config.default_tiers` so it cannot drift from the router's own defaults.
+    """
+    from router.config import default_tiers
+
+    chosen = set(tiers)
+    lines = ["# Written by `a2m up`; edit the Procfile's A2M_ROUTER_CONFIG to use your own.", ""]
+    for tier in default_tiers(base_port=base_port + 1, host=host):
+        if tier.name not in chosen:
+            continue
+        fields: dict[str, Any] = {
+            "name": tier.name, "kind": tier.kind,
+            "url": f"http://{host}:{base_port + PORT_OFFSET[tier.name]}/",
+            "capacity": tier.capacity, "per_session": tier.per_session,
+            "spill_to": tier.spill_to if tier.spill_to in chosen else None,
+            "promote_to": tier.promote_to if tier.promote_to in chosen else None,
+            "promote_after": tier.promote_after, "timeout": tier.timeout,
+        }
+        lines.append("[[tiers]]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items() if v is not None]
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---- the run ------------------------------------------------------------------------------
+
+
+@dataclass
+class Member:
+    name: str
+    url: str
+    state: str = "starting"
+    since: float = 0.0
+    detail: str = ""
+
+
+def a2m_command() -> str:
+    """How the Procfile's `$A2M` runs this very installation (works without the venv on PATH)."""
+    return f"{shlex.quote(sys.executable)} -m a2mctl.cli"
+
+
+def _child_env(data: Path, port: int, config: Path | None) -> dict[str, str]:
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env.update({"A2M": a2m_command(), "A2M_DATA": str(data), "A2M_BASE_PORT": str(port),
+                "PYTHONPATH": os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p),
+                "PYTHONUNBUFFERED": "1"})
+    if config is not None:
+        env["A2M_ROUTER_CONFIG"] = str(config)
+    else:
+        env.pop("A2M_ROUTER_CONFIG", None)
+    return env
+
+
+def _ready(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url + "readyz", timeout=1.0, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _tier_summary(url: str) -> str:
+    """`engine, N records` from describe; best effort (the tier is ready, but say so if it will not tell)."""
+    import httpx
+
+    try:
+        response = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "memory/describe", "params": {}},
+                              timeout=5.0, trust_env=False)
+        tiers = response.json()["result"].get("tiers") or []
+    except Exception:  # noqa: BLE001 — a status line, not a health check (that is `a2m doctor`)
+        return ""
+    engine = next((t.get("engine") for t in tiers if t.get("engine")), "?")
+    count = sum(int(t.get("count") or 0) for t in tiers)
+    return f"{engine}, {count} records"
+
+
+def engine_processes(data: Path) -> list[int]:
+    """Pids of redis-server / postgres processes serving `data` (found by their command lines)."""
+    needle = str(data.resolve())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in argv and ("redis-server" in argv or "postgres" in argv) and "a2mctl" not in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def reap_engines(data: Path, timeout: float = 15.0) -> list[int]:
+    """The safety net: stop engines a killed tier server left behind. Returns the pids it signalled.
+
+    redis-server dies with its parent (PDEATHSIG), but the embedded PostgreSQL is
+    daemonized by pg_ctl and survives a SIGKILLed tier server. SIGINT is its
+    "fast shutdown": it disconnects clients and checkpoints.
+    """
+    pids = engine_processes(data)
+    postmaster = data / "episodic" / "postgres" / "postmaster.pid"
+    try:
+        head = int(postmaster.read_text().split()[0])
+        if head in pids:
+            pids = [head] + [p for p in pids if p != head]
+    except (OSError, ValueError, IndexError):
+        pass
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGINT if pid == pids[0] and postmaster.exists() else signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and engine_processes(data):
+        time.sleep(0.1)
+    for pid in engine_processes(data):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def up(args: argparse.Namespace) -> int:
+    from honcho import manager as honcho_manager
+    from rich.console import Console
+
+    from .cli import default_data_dir
+
+    console = Console(highlight=False)
+    data = Path(args.data).expanduser() if args.data else default_data_dir()
+    data = data.resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    port = int(args.port)
+    tiers = parse_tiers(args.tiers)
+    host = "127.0.0.1"
+    with_router = router_available()
+    if not with_router:
+        console.print("[yellow]router/ is not installed here: starting the tier servers only[/]")
+
+    config = None
+    if with_router:
+        config = data / "router.toml"
+        config.write_text(router_toml(tiers, port, host))
+    commands = procfile_processes()
+    chosen = [*tiers, "router"] if with_router else list(tiers)
+    (data / "Procfile").write_text(procfile_for(chosen))
+
+    members = {name: Member(name, f"http://{host}:{port + PORT_OFFSET.get(name, 0)}/") for name in chosen}
+    env = _child_env(data, port, config)
+    honcho_manager.KILL_WAIT = STOP_TIMEOUT  # honcho's default (5 s) can SIGKILL a tier before postgres stops
+    stopping = threading.Event()
+    outcome: dict[str, Any] = {"ready": False}
+
+    class Manager(honcho_manager.Manager):  # type: ignore[misc]
+        def _start(self) -> None:
+            super()._start()  # forks first; the watcher thread starts after, so no fork sees it
+            threading.Thread(target=watch, args=(self,), daemon=True, name="a2m-up-watch").start()
+
+    def watch(manager: Any) -> None:
+        from rich.live import Live
+        from rich.spinner import Spinner
+        from rich.table import Table
+
+        start = time.monotonic()
+
+        def render() -> Table:
+            table = Table.grid(padding=(0, 2))
+            for m in members.values():
+                mark: Any = Spinner("dots", style="cyan") if m.state == "starting" else "[green]✓[/]"
+                table.add_row(mark, m.name, m.url, m.state if m.state == "starting" else f"ready in {m.since:.1f} s")
+            return table
+
+        with Live(render(), console=console, transient=True, refresh_per_second=8) as live:
+            while not stopping.is_set() and time.monotonic() - start < READY_TIMEOUT:
+                for m in members.values():
+                    if m.state == "starting" and _ready(m.url):
+                        m.state, m.since = "ready", time.monotonic() - start
+                live.update(render())
+                if all(m.state == "ready" for m in members.values()):
+                    break
+                stopping.wait(0.2)
+        if stopping.is_set():
+            return
+        if not all(m.state == "ready" for m in members.values()):
+            late = ", ".join(m.name for m in members.values() if m.state != "ready")
+            console.print(f"[red]not ready after {READY_TIMEOUT:.0f} s: {late}; stopping[/]")
+            outcome["timeout"] = True
+            manager.terminate()
+            return
+        outcome["ready"] = True
+        head = members["router"].url if with_router else None
+        console.print(f"[bold green]a2m is up[/] — router {head}" if head else
+                      "[bold green]a2m tiers are up[/] (no router)")
+        for name in tiers:
+            m = members[name]
+            console.print(f"  {name:<11} {m.url:<24} ready  {_tier_summary(m.url)}")
+        console.print(f"  data in {data}; Ctrl-C stops everything")
+        sys.stdout.flush()
+
+    manager = Manager(printer=_RichPrinter(console))
+    for name in chosen:
+        manager.add_process(name, commands[name], env=env, cwd=str(data))
+    try:
+        manager.loop()
+    finally:
+        stopping.set()
+        left = reap_engines(data)
+        if left:
+            console.print(f"[yellow]stopped {len(left)} engine process(es) a tier left behind: {left}[/]")
+    console.print("a2m stopped")
+    if outcome.get("timeout"):
+        return 1
+    if manager.returncode in (130, 143) and outcome["ready"]:
+        return 0  # stopped on request
+    return int(manager.returncode or 0) or (0 if outcome["ready"] else 1)
+
+
+class _RichPrinter:
+    """honcho's printer interface, writing through rich so child output scrolls above the spinner."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.width = 0
+
+    def write(self, message: Any) -> None:
+        data = message.data.decode("utf-8", "replace") if isinstance(message.data, bytes) else message.data
+        name = (message.name or "").ljust(self.width)
+        style = "dim" if message.name == "system" else "cyan"
+        from rich.text import Text
+
+        for line in data.splitlines():
+            self.console.print(Text.assemble((f"{name} | ", style), line), soft_wrap=True)

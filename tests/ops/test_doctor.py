@@ -1,0 +1,79 @@
+"""`a2m doctor`: a table of every tier behind a router (or one tier server), non-zero when one is down."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from a2mctl.doctor import check, doctor
+from a2mctl.up import router_available, router_toml
+from tests.support.procs import ROOT, a2m_command, free_port, stop, wait_ready
+
+from .conftest import free_port_block
+
+
+@pytest.fixture
+def federation(tmp_path: Path) -> Iterator[tuple[str, dict[str, subprocess.Popen[bytes]]]]:
+    """working + procedural tier servers and a router in front of them, as real processes."""
+    if not router_available():
+        pytest.skip("router/ not present")
+    base = free_port_block(5)
+    config = tmp_path / "router.toml"
+    config.write_text(router_toml(["working", "procedural"], base))
+    commands = {
+        "working": a2m_command("serve", "working", "--port", str(base + 1), "--data", str(tmp_path)),
+        "procedural": a2m_command("serve", "procedural", "--port", str(base + 4), "--data", str(tmp_path)),
+        "router": a2m_command("serve", "router", "--port", str(base), "--config", str(config)),
+    }
+    procs = {name: subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL) for name, cmd in commands.items()}
+    try:
+        wait_ready(f"http://127.0.0.1:{base + 1}/", procs["working"])
+        wait_ready(f"http://127.0.0.1:{base + 4}/", procs["procedural"])
+        wait_ready(f"http://127.0.0.1:{base}/", procs["router"])
+        yield f"http://127.0.0.1:{base}/", procs
+    finally:
+        for proc in procs.values():
+            stop(proc)
+
+
+@pytest.mark.anyio
+async def test_doctor_reports_a_killed_tier_down(federation: tuple[str, dict[str, subprocess.Popen[bytes]]],
+                                                 capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    url, procs = federation
+    summary, reports = await check(url)
+    assert summary["readyz"] == 200
+    assert {r.name: (r.kind, r.engine, r.status) for r in reports} == {
+        "working": ("working", "redis", "up"), "procedural": ("procedural", "git", "up")}
+    assert all(r.p50_ms is not None and r.records == 0 for r in reports)
+    assert await doctor(url) == 0
+    assert "all tiers up" in capsys.readouterr().out
+
+    # One tier server alone is an A2M URL too.
+    working_url = url.replace(url.rsplit(":", 1)[1], f"{int(url.rsplit(':', 1)[1].strip('/')) + 1}/")
+    _, alone = await check(working_url)
+    assert [(r.name, r.status, r.url) for r in alone] == [("working", "up", working_url)]
+
+    procs["procedural"].kill()  # SIGKILL: no goodbye
+    procs["procedural"].wait()
+    assert await doctor(url) == 1
+    out = capsys.readouterr().out
+    assert "procedural" in out and "down" in out and "not healthy" in out
+    _, reports = await check(url)
+    assert {r.name: r.status for r in reports} == {"working": "up", "procedural": "down"}
+
+
+@pytest.mark.anyio
+async def test_doctor_on_an_unreachable_url_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert await doctor(f"http://127.0.0.1:{free_port()}/") == 2
+    assert "unreachable" in capsys.readouterr().out
+
+
+def test_doctor_command_line_exit_status() -> None:
+    result = subprocess.run(a2m_command("doctor", f"http://127.0.0.1:{free_port()}/"), cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 2, result.stdout + result.stderr

@@ -1,0 +1,138 @@
+"""`a2m export` / `a2m import` round-trip records exactly between real servers over HTTP."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+import pytest
+
+from a2m.client import HTTPClient
+from a2mctl import transfer
+from tests.conftest import scale
+from tests.support.procs import ROOT, a2m_command, fixture_server_command, free_port, http_server
+
+
+@pytest.fixture
+def two_fixture_servers() -> Iterator[tuple[str, str]]:
+    a, b = free_port(), free_port()
+    with http_server(fixture_server_command("--port", str(a)), a) as one, \
+            http_server(fixture_server_command("--port", str(b)), b) as two:
+        yield one, two
+
+
+def _record(i: int) -> dict[str, object]:
+    # 7 records per millisecond, so paging must cross shared timestamps correctly.
+    second, ms = divmod(i // 7, 1000)
+    record: dict[str, object] = {
+        "id": f"r{i:06d}", "content": f"record {i} about topic {i % 17}",
+        "created_at": f"2026-01-01T{second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}.{ms:03d}Z",
+        "metadata": {"i": i, "tags": ["a", str(i % 3)], "nested": {"x": i / 3}},
+        "session": f"s{i % 5}", "role": "user" if i % 2 else "assistant",
+        "access_count": i % 4, "revision": 1 + i % 3, "salience": round((i % 10) / 10, 1),
+    }
+    if i % 10 == 0:
+        record["key"] = f"app/k{i}"
+    if i % 13 == 0:
+        record["accessed_at"] = "2026-02-01T00:00:00.000Z"
+    if i % 29 == 0:
+        record["group"] = f"g{i // 29 % 50}"
+    if i % 31 == 0:
+        record["uri"], record["media_type"] = f"s3://bucket/{i}", "text/plain"
+    if i % 3 == 0:
+        record["embedding"] = [float(i % 7), 1.0, -0.5]
+    return record
+
+
+async def _fill(url: str, records: list[dict[str, object]], owner: str | None = None) -> None:
+    async with HTTPClient(url) as client:
+        for start in range(0, len(records), 500):
+            params: dict[str, object] = {"records": records[start:start + 500]}
+            if owner is not None:
+                params["owner"] = owner
+            await client.call("memory/remember", params)
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_round_trip_is_exact(two_fixture_servers: tuple[str, str], tmp_path: Path) -> None:
+    source, target = two_fixture_servers
+    n = scale(10_000, 3_000)
+    originals = [_record(i) for i in range(n)]
+    await _fill(source, originals)
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert await transfer.export(source, str(first), embeddings=True, quiet=True) == 0
+    exported = _lines(first)
+    assert [r["id"] for r in exported] == [r["id"] for r in originals]  # creation order, ties kept
+    for want, got in zip(originals, exported):
+        for name, value in want.items():
+            assert got[name] == value, (want["id"], name)
+    assert await transfer.import_(target, str(first), quiet=True) == 0
+    assert await transfer.export(target, str(second), embeddings=True, quiet=True) == 0
+    assert first.read_bytes() == second.read_bytes()
+
+
+@pytest.mark.anyio
+async def test_owners_and_a_crowded_millisecond(two_fixture_servers: tuple[str, str], tmp_path: Path) -> None:
+    """More records in one millisecond than one page holds; two owners exported and restored apart."""
+    source, target = two_fixture_servers
+    crowded = [{"id": f"c{i:04d}", "content": f"same ms {i}", "created_at": "2026-03-01T00:00:00.000Z"}
+               for i in range(250)]
+    before = [{"id": f"b{i}", "content": f"before {i}", "created_at": "2026-02-28T23:59:59.999Z"} for i in range(5)]
+    await _fill(source, before + crowded)
+    await _fill(source, [{"id": "alice-1", "content": "alice's note"}], owner="alice")
+    out = tmp_path / "all.jsonl"
+    assert await transfer.export(source, str(out), owners=[None, "alice"], quiet=True, page=100) == 0
+    ids = [r["id"] for r in _lines(out)]
+    assert ids == [r["id"] for r in before + crowded] + ["alice-1"]
+    assert await transfer.import_(target, str(out), batch=400, quiet=True) == 0
+    async with HTTPClient(target) as client:
+        alice = await client.call("memory/timeline", {"owner": "alice"})
+        assert [(r["id"], r["owner"]) for r in alice["records"]] == [("alice-1", "alice")]
+        assert (await client.call("memory/describe", {}))["tiers"][0]["count"] == 255
+
+
+@pytest.mark.anyio
+async def test_a_millisecond_beyond_the_recall_cap_fails_loudly(two_fixture_servers: tuple[str, str],
+                                                               tmp_path: Path) -> None:
+    source, _ = two_fixture_servers
+    await _fill(source, [{"content": f"x {i}", "created_at": "2026-03-01T00:00:00.000Z"} for i in range(1001)])
+    out = tmp_path / "x.jsonl"
+    assert await transfer.export(source, str(out), quiet=True) == 1
+    assert not out.exists()  # no half export under the real name
+
+
+@pytest.mark.anyio
+async def test_cli_through_the_working_tier(tmp_path: Path) -> None:
+    """The real Redis-backed tier as both ends; the export through the `a2m` command line to stdout."""
+    port_a, port_b = free_port(), free_port()
+    records = [_record(i) for i in range(300)]
+    for r in records:
+        r.pop("embedding", None)
+        r.pop("uri", None)
+    with http_server(a2m_command("serve", "working", "--port", str(port_a), "--data", str(tmp_path / "a")), port_a) as a, \
+            http_server(a2m_command("serve", "working", "--port", str(port_b), "--data", str(tmp_path / "b")), port_b) as b:
+        await _fill(a, records)
+        dump = subprocess.run(a2m_command("export", a, "-"), cwd=ROOT, capture_output=True, check=True).stdout
+        assert len(dump.splitlines()) == 300
+        (tmp_path / "dump.jsonl").write_bytes(dump)
+        assert await transfer.import_(b, str(tmp_path / "dump.jsonl"), quiet=True) == 0
+        assert await transfer.export(b, str(tmp_path / "again.jsonl"), quiet=True) == 0
+        assert (tmp_path / "again.jsonl").read_bytes() == dump
+        mine = {r["id"]: r for r in map(orjson.loads, dump.splitlines())}
+        for want in records:
+            got = mine[want["id"]]
+            assert {k: got[k] for k in want} == want
+
+
+def test_bad_lines_are_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"content": "ok"}\nnot json\n')
+    with pytest.raises(transfer.TransferError, match="bad.jsonl:2"):
+        list(transfer._read_lines(str(bad)))

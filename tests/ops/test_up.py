@@ -1,0 +1,165 @@
+"""`a2m up`: the whole federation on embedded engines, a scripted client, Ctrl-C, and a second start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from a2m.client import HTTPClient
+from a2mctl import transfer
+from a2mctl.up import PROCFILE, TIERS, engine_processes, procfile_processes, router_available, router_toml
+from tests.support.procs import ROOT, a2m_command
+
+from .conftest import free_port_block
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class Up:
+    """`a2m up` as a child process, its output collected by a thread (so the pipe never fills)."""
+
+    def __init__(self, data: Path, port: int, *extra: str) -> None:
+        self.data = data
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(a2m_command("up", "--data", str(data), "--port", str(port), *extra), cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "COLUMNS": "200"})
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_up(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any("Ctrl-C stops everything" in line for line in self.lines):
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"a2m up exited with {self.proc.returncode}:\n{self.output}")
+            time.sleep(0.2)
+        raise AssertionError(f"a2m up not ready after {timeout} s:\n{self.output}")
+
+    def interrupt(self, timeout: float = 60.0) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _no_engines_left(data: Path) -> None:
+    assert engine_processes(data) == []
+    for name in ("redis-server", "postgres"):
+        found = subprocess.run(["pgrep", "-f", f"{name}.*{data}"], capture_output=True, text=True).stdout.split()
+        assert found == [], f"{name} left behind: {found}"
+    found = subprocess.run(["pgrep", "-f", f"a2mctl.cli serve .*{data}"], capture_output=True, text=True).stdout
+    assert found.split() == [], "tier server left behind"
+
+
+def test_procfile_in_the_repository_is_the_one_up_runs() -> None:
+    assert (ROOT / "Procfile").read_text() == PROCFILE
+    processes = procfile_processes((ROOT / "Procfile").read_text())
+    assert list(processes) == [*TIERS, "router"]
+    for offset, name in enumerate(TIERS, 1):
+        # Each line runs through /bin/sh; check the expansion gives the port and data dir we promise.
+        line = processes[name].replace("exec ${A2M:-a2m}", "echo")
+        out = subprocess.run(["sh", "-c", line], capture_output=True, text=True,
+                             env={"PATH": os.environ["PATH"], "A2M_BASE_PORT": "9100", "A2M_DATA": "/d x"}).stdout
+        assert out.split() == ["serve", name, "--port", str(9100 + offset), "--data", "/d", "x"]
+    router = processes["router"].replace("exec ${A2M:-a2m}", "echo")
+    assert subprocess.run(["sh", "-c", router], capture_output=True, text=True, env={}).stdout.split() == \
+        ["serve", "router", "--port", "8700"]
+    out = subprocess.run(["sh", "-c", router], capture_output=True, text=True,
+                         env={"A2M_ROUTER_CONFIG": "/etc/r.toml"}).stdout.split()
+    assert out[-2:] == ["--config", "/etc/r.toml"]
+
+
+@pytest.mark.skipif(not router_available(), reason="router/ not present")
+def test_router_toml_for_a_subset_cuts_links_into_absent_tiers() -> None:
+    from router.config import parse
+    import tomllib
+
+    config = parse(tomllib.loads(router_toml(["working", "procedural"], 9000)), env={})
+    assert [t.name for t in config.tiers] == ["working", "procedural"]
+    assert config.tier("working").url == "http://127.0.0.1:9001/"
+    assert config.tier("working").spill_to is None
+    assert config.tier("procedural").url == "http://127.0.0.1:9004/"
+    full = parse(tomllib.loads(router_toml(TIERS, 9000)), env={})
+    assert full.tier("working").spill_to == "episodic" and full.tier("episodic").promote_to == "semantic"
+
+
+@pytest.mark.anyio
+async def test_up_serves_the_federation_stops_cleanly_and_finds_its_data(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    port = free_port_block(5)
+    up = Up(data, port)
+    try:
+        up.wait_up()
+        for offset, name in enumerate(TIERS, 1):
+            assert any(line.strip().startswith(name) and f":{port + offset}/" in line for line in up.lines), up.output
+        assert (data / "Procfile").exists()
+        url = f"http://127.0.0.1:{port}/"
+        if router_available():
+            assert f"router {url}" in up.output
+            async with HTTPClient(url) as client:
+                turns = [{"content": f"the user said their cat is called Miso ({i})", "session": "chat-1",
+                          "role": "user"} for i in range(3)]
+                ids = (await client.call("memory/remember", {"records": turns}))["ids"]
+                found = await client.call("memory/recall", {"query": "cat Miso"})
+                assert {r["id"] for r in found["records"]} >= set(ids)
+                closed = await client.call("memory/session/close", {"session": "chat-1"})
+                assert closed["flushed"] == 3
+                assert (await client.call("memory/timeline", {"tier": "working"}))["records"] == []
+                spilled = await client.call("memory/timeline", {"tier": "episodic"})
+                assert [r["id"] for r in spilled["records"]] == ids
+            out = tmp_path / "export.jsonl"
+            assert await transfer.export(url, str(out), quiet=True) == 0
+            assert len(out.read_text().splitlines()) == 3
+        assert up.interrupt() == 0, up.output
+        assert "a2m stopped" in up.output
+        _no_engines_left(data)
+
+        # A second run on the same data dir (a subset this time) finds the records again.
+        again = Up(data, port, "--tiers", "working,episodic")
+        try:
+            again.wait_up()
+            assert "semantic" not in again.output.split("a2m is up")[-1]
+            if router_available():
+                async with HTTPClient(url) as client:
+                    found = await client.call("memory/recall", {"query": "cat Miso"})
+                    assert {r["id"] for r in found["records"]} >= set(ids)
+            else:
+                async with HTTPClient(f"http://127.0.0.1:{port + 1}/") as client:
+                    await client.call("memory/describe", {})
+            # A tier server killed outright (no chance to stop its PostgreSQL): honcho stops the rest,
+            # and `a2m up` stops the orphaned engine on its way out.
+            episodic = subprocess.run(["pgrep", "-f", f"a2mctl.cli serve episodic .*{data}"], capture_output=True,
+                                      text=True).stdout.split()
+            assert episodic, again.output
+            for pid in episodic:
+                os.kill(int(pid), signal.SIGKILL)
+            assert again.proc.wait(60) != 0
+            assert "engine process(es) a tier left behind" in again.output, again.output
+        finally:
+            again.kill()
+        _no_engines_left(data)
+    finally:
+        up.kill()
