@@ -642,6 +642,9 @@ class Router:
             else:
                 entry["count"] = 0
                 entry["status"] = "down"
+                if tier.last_error:
+                    entry["error"] = tier.last_error
+            entry["url"] = tier.config.url  # for `a2m doctor`; the tiers listen privately anyway
             layout.append(entry)
         out: dict[str, Any] = {
             "tiers": layout,

