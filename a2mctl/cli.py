@@ -35,6 +35,24 @@ def _tokens(values: list[str]) -> dict[str, object]:
     return out
 
 
+def _option(text: str) -> tuple[str, object]:
+    """`--option KEY=VALUE`: booleans and numbers are typed, so `review=false` means False."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--option expects KEY=VALUE, got {text!r}")
+    lowered = value.strip().lower()
+    if lowered in ("true", "yes", "on"):
+        return key, True
+    if lowered in ("false", "no", "off"):
+        return key, False
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    return key, value
+
+
 def _serve(args: argparse.Namespace) -> int:
     from a2m.http import SERVICE, HTTPSettings
     from a2m.stdio import log_to_stderr
@@ -66,7 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         data = Path(args.data) if args.data else default_data_dir()
         name = args.name or args.what
-        options = dict(opt.split("=", 1) for opt in args.option)
+        options = dict(_option(opt) for opt in args.option)
         url = args.url or os.environ.get(f"A2M_{args.what.upper()}_URL")
         settings = TierSettings(name=name, data_dir=data / name, url=url, options=options)
         settings.data_dir.mkdir(parents=True, exist_ok=True)

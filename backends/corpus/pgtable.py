@@ -41,12 +41,17 @@ class TableSpec:
         if not options.get("table"):
             raise SystemExit("corpus: --option table=NAME is required")
         columns = options.get("metadata_columns") or ""
-        if isinstance(columns, str):
-            columns = [c.strip() for c in columns.split(",") if c.strip()]
-        return cls(table=options["table"], id_column=options.get("id_column", "id"),
-                   text_column=options.get("text_column", "content"),
-                   vector_column=options.get("vector_column") or None,
-                   created_column=options.get("created_column") or None, metadata_columns=list(columns))
+        if not isinstance(columns, list):
+            columns = [c.strip() for c in str(columns).split(",") if c.strip()]
+
+        def name(key: str, default: str | None) -> str | None:
+            value = options.get(key) or default
+            return None if value is None else str(value)
+
+        return cls(table=str(options["table"]), id_column=name("id_column", "id") or "id",
+                   text_column=name("text_column", "content") or "content",
+                   vector_column=name("vector_column", None), created_column=name("created_column", None),
+                   metadata_columns=[str(c) for c in columns])
 
 
 def _json_safe(value: Any) -> Any:
