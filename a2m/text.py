@@ -80,18 +80,23 @@ def detect_language(words: Sequence[str]) -> str | None:
 
 
 def _stem_en(word: str) -> str:
-    if len(word) <= 3 or word.isdigit():
+    """Fold inflections so a query's form meets the record's: moved/moving/move -> mov."""
+    if len(word) <= 3 or not word.isascii() or not word.isalpha():
         return word
     if word.endswith("ies") and len(word) > 4:
-        return word[:-3] + "y"
-    if word.endswith("ing") and len(word) > 5:
-        return word[:-3]
-    if word.endswith("ed") and len(word) > 4:
-        return word[:-2]
-    if word.endswith("es") and word[-3] in "sxz" and len(word) > 4:
-        return word[:-2]
-    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        return word[:-1]
+        word = word[:-3] + "y"
+    elif word.endswith("ing") and len(word) > 5:
+        word = word[:-3]
+    elif word.endswith("ed") and len(word) > 4:
+        word = word[:-2]
+    elif word.endswith("es") and word[-3] in "sxz" and len(word) > 4:
+        word = word[:-2]
+    elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    if len(word) > 3 and word[-1] == word[-2] and word[-1] not in "aeiouls":
+        word = word[:-1]  # running -> runn -> run, stopped -> stopp -> stop
+    if len(word) > 3 and word.endswith("e"):
+        word = word[:-1]  # move / moved / moving all meet at mov
     return word
 
 

@@ -42,6 +42,8 @@ def test_only_stopwords_yields_nothing() -> None:
 def test_english_plurals_fold() -> None:
     assert tokenize("adoption agencies") == tokenize("adoption agency")
     assert tokenize("cats") == tokenize("cat")
+    assert tokenize("moved") == tokenize("move") == tokenize("moving")
+    assert tokenize("running") == tokenize("run") and tokenize("stopped") == tokenize("stop")
 
 
 def test_bm25_prefers_rarer_and_more_frequent_terms() -> None:
