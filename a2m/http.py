@@ -77,6 +77,9 @@ class HTTPApp:
         self.metrics = Metrics()
         self.lifespan = lifespan  # an object with async startup() / shutdown(), or None
         dispatcher.observer = self.metrics.observe
+        register = getattr(dispatcher.service, "register_metrics", None)
+        if register is not None:  # a service's own gauges and counters join the same /metrics
+            register(self.metrics.registry)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -102,7 +105,14 @@ class HTTPApp:
                 ready = await self.dispatcher.service.ready()
             except Exception:
                 ready = False
-            await _respond(send, 200 if ready else 503, b'{"status":"ready"}' if ready else b'{"status":"unavailable"}')
+            body: dict[str, Any] = {"status": "ready" if ready else "unavailable"}
+            health = getattr(self.dispatcher.service, "health", None)
+            if health is not None:  # e.g. the router's per-tier status
+                try:
+                    body.update(await health())
+                except Exception as exc:
+                    body["error"] = type(exc).__name__
+            await _respond(send, 200 if ready else 503, orjson.dumps(body))
         elif path == "/metrics":
             await _respond(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode())
         else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from datetime import timedelta
 from typing import Any, Iterable, Sequence
 
@@ -79,6 +80,8 @@ class Policy:
         self.emit = emit  # async (kind, owner, **fields) -> None: the router's event log
         self._locks: dict[tuple[Any, ...], asyncio.Lock] = {}
         self.pending: dict[tuple[str | None, str], set[str]] = {}  # (owner, tier) -> ids earned promotion
+        self._recalls: dict[tuple[str | None, str], Counter[str]] = {}  # recalls not yet counted in the tiers
+        self._flushing = False
 
     def lock(self, *key: Any) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -267,22 +270,51 @@ class Policy:
     async def recalled(self, owner: str | None, by_tier: dict[str, list[str]]) -> None:
         """Count one recall of each record the router returned (a query-less recall by id, which
         the tier touches), and queue the ones that reached `promote_after`."""
-        async def one(name: str, ids: list[str]) -> None:
-            tier = self.fed[name]
-            if not tier.writable or not tier.has("salience") and not tier.config.promote_to:
-                return
+        await asyncio.gather(*(self._count(owner, name, ids) for name, ids in by_tier.items() if ids))
+
+    def count_later(self, owner: str | None, by_tier: dict[str, list[str]]) -> bool:
+        """Buffer recall counts for `flush_counts`; True when the caller must start a flush.
+
+        Under concurrent recalls the counting calls would otherwise double the tier calls per
+        recall; buffered, every recall answered while one flush is in flight shares the next one
+        (one call per tier and owner, per distinct multiplicity)."""
+        for name, ids in by_tier.items():
+            if ids:
+                self._recalls.setdefault((owner, name), Counter()).update(ids)
+        if self._flushing:
+            return False
+        self._flushing = True
+        return True
+
+    async def flush_counts(self) -> None:
+        try:
+            while self._recalls:
+                batch, self._recalls = self._recalls, {}
+                calls = []
+                for (owner, name), counter in batch.items():
+                    for round_ in range(1, max(counter.values()) + 1):  # a record returned twice counts twice
+                        calls.append(self._count(owner, name, [i for i, n in counter.items() if n >= round_]))
+                await asyncio.gather(*calls)
+        finally:
+            self._flushing = False
+
+    async def _count(self, owner: str | None, name: str, ids: list[str]) -> None:
+        tier = self.fed[name]
+        if not tier.writable or not tier.has("salience") and not tier.config.promote_to:
+            return
+        page = _limit(tier, "max_recall_limit", 1000)
+        config = tier.config
+        for start in range(0, len(ids), page):
+            chunk = ids[start:start + page]
             try:
-                result = await tier.call("memory/recall", _owner({"where": {"id": ids}, "limit": len(ids)}, owner))
+                result = await tier.call("memory/recall", _owner({"where": {"id": chunk}, "limit": len(chunk)}, owner))
             except A2MError as exc:
                 log.info("could not count recalls on %s: %s", name, exc)
                 return
-            config = tier.config
             if config.promote_to:
                 due = {r["id"] for r in result["records"] if int(r.get("access_count") or 0) >= config.promote_after}
                 if due:
                     self.pending.setdefault((owner, name), set()).update(due)
-
-        await asyncio.gather(*(one(name, ids) for name, ids in by_tier.items() if ids))
 
     async def promote_pending(self, owner: str | None) -> int:
         promoted = 0

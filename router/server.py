@@ -12,6 +12,7 @@ trust the router's service token to name owners).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -23,7 +24,7 @@ from a2m.errors import A2MError, invalid
 from a2m.events import EventLog
 from a2m.filters import parse_scope
 from a2m.http import HTTPSettings
-from a2m.records import Record, parse_write, validate_embedding
+from a2m.records import DEFAULT_SALIENCE, Record, parse_write, validate_embedding
 from a2m.summarize import summarize as extract_summary
 from a2m.timefmt import now
 
@@ -35,6 +36,9 @@ from .policy import Policy
 log = logging.getLogger("a2m.router")
 
 DEFAULT_RECALL_LIMIT = 10
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(Record))
+_DEFAULTS = (("metadata", dict), ("salience", DEFAULT_SALIENCE), ("access_count", 0), ("revision", 1),
+             ("content", ""), ("created_at", now))
 SCOPE_PARAMS = ("where", "key_prefix", "after", "before")
 
 
@@ -82,6 +86,7 @@ class Router:
         self._dims: int | None = getattr(self.embedder, "dimensions", None)
         self._key_locks: dict[str | None, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._depths: dict[str, int] | None = None
 
     # ---- plumbing ----------------------------------------------------------------
 
@@ -158,7 +163,9 @@ class Router:
         return limit
 
     def _depth(self) -> dict[str, int]:
-        return {name: self.fed.depth(name) for name in self.fed.order}
+        if self._depths is None:  # the layout is fixed at start
+            self._depths = {name: self.fed.depth(name) for name in self.fed.order}
+        return self._depths
 
     def dimensions(self) -> int | None:
         if self._dims is None:
@@ -185,7 +192,17 @@ class Router:
 
     @staticmethod
     def _records(result: Mapping[str, Any], tier: str) -> list[Record]:
-        return [Record.from_wire(r).with_(tier=tier) for r in result.get("records", [])]
+        """A tier's wire records as Records placed in `tier` (one constructor call each: this runs
+        for every candidate of every recall)."""
+        out = []
+        for wire in result.get("records", []):
+            known = {k: wire[k] for k in _RECORD_FIELDS if k in wire}
+            known["tier"] = tier
+            for name, default in _DEFAULTS:
+                if known.get(name) is None:
+                    known[name] = default() if callable(default) else default
+            out.append(Record(**known))
+        return out
 
     def _key_lock(self, owner: str | None) -> asyncio.Lock:
         lock = self._key_locks.get(owner)
@@ -374,11 +391,10 @@ class Router:
             by_tier: dict[str, list[str]] = {}
             for record in fused:
                 by_tier.setdefault(record.tier or "", []).append(record.id)
-            counting = self.policy.recalled(owner, by_tier)
-            if self.config.background_promotion:
-                self.spawn(counting)
-            else:
-                await counting
+            if not self.config.background_promotion:
+                await self.policy.recalled(owner, by_tier)
+            elif self.policy.count_later(owner, by_tier):
+                self.spawn(self.policy.flush_counts())
         result: dict[str, Any] = {"records": [r.to_wire(embeddings=asked_vectors) for r in fused]}
         if fan.degraded:
             result["degraded"] = fan.degraded
@@ -394,27 +410,32 @@ class Router:
         options = prompts.parse(params.get("prompt"))
         asked_vectors = params.get("embeddings") is True
         fan = await self.fed.fan_out("memory/timeline", {**scope, "limit": limit, "embeddings": asked_vectors}, tiers)
-        records = self._merge_by_time(fan.results)
+        wire = self._merge_by_time(fan.results)
         if limit:
-            records = records[-limit:]
-        result: dict[str, Any] = {"records": [r.to_wire(embeddings=asked_vectors) for r in records]}
+            wire = wire[-limit:]
+        result: dict[str, Any] = {"records": wire}
         if fan.degraded:
             result["degraded"] = fan.degraded
         if options is not None:
+            records = [Record.from_wire(r) for r in wire]
             result.update(prompts.render(records, options, ordered_by_time=True))
         return result
 
-    def _merge_by_time(self, results: Mapping[str, Mapping[str, Any]]) -> list[Record]:
+    def _merge_by_time(self, results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Ascending by created_at; equal stamps keep each tier's order, deeper tiers (older by
-        construction: records only move down) first. Duplicate ids keep the deeper copy."""
+        construction: records only move down) first. Duplicate ids keep the deeper copy. Works on
+        the tiers' wire records as they came (a session replay can be thousands of them)."""
         depth = self._depth()
-        keyed: dict[str, tuple[tuple[str, int, int, int], Record]] = {}
+        keyed: dict[str, tuple[tuple[str, int, int, int], dict[str, Any]]] = {}
         for name, result in results.items():
-            for position, record in enumerate(self._records(result, name)):
-                sort_key = (record.created_at, -depth.get(name, 0), self.fed.order.index(name), position)
-                held = keyed.get(record.id)
-                if held is None or depth.get(name, 0) > depth.get(held[1].tier or "", 0):
-                    keyed[record.id] = (sort_key, record)
+            here = depth.get(name, 0)
+            order = self.fed.order.index(name)
+            for position, record in enumerate(result.get("records", [])):
+                record["tier"] = name
+                sort_key = (record["created_at"], -here, order, position)
+                held = keyed.get(record["id"])
+                if held is None or here > -held[0][1]:
+                    keyed[record["id"]] = (sort_key, record)
         return [r for _, r in sorted(keyed.values(), key=lambda p: p[0])]
 
     # ---- forget, fetch, reinforce --------------------------------------------------------

@@ -27,6 +27,9 @@ FOUR = [
 ]
 
 
+LAUNCH_KEYS = ("serve", "seed_read_only", "engine", "args")  # how a tier is started, not router config
+
+
 def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -49,7 +52,7 @@ def write_config(path: Path, tiers: Sequence[dict[str, Any]], top: dict[str, Any
             lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
     for tier in tiers:
         lines.append("[[tiers]]")
-        lines += [f"{k} = {toml_value(v)}" for k, v in tier.items() if k not in ("serve", "seed_read_only")]
+        lines += [f"{k} = {toml_value(v)}" for k, v in tier.items() if k not in LAUNCH_KEYS]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -122,7 +125,9 @@ def tier_command(tier: dict[str, Any], port: int, mode: str, data: Path) -> list
         if tier.get("seed_read_only"):
             command.append("--read-only")
         return command
-    return a2m_command("serve", tier["kind"], "--port", str(port), "--data", str(data), "--name", tier["name"])
+    # `engine` picks another server than the kind's own (e.g. "corpus"), `args` adds its switches.
+    return a2m_command("serve", tier.get("engine", tier["kind"]), "--port", str(port), "--data", str(data),
+                       "--name", tier["name"], *tier.get("args", ()))
 
 
 @contextmanager
