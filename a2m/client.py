@@ -1,4 +1,4 @@
-"""An async A2M client over HTTP (pooled keep-alive) or stdio (a child process).
+"""An async A2M client over HTTP (pooled keep-alive aiohttp) or stdio (a child process).
 
 The router talks to every tier through this. Protocol errors come back as
 `A2MError` with the server's code; a server that cannot be reached raises
@@ -13,7 +13,6 @@ import itertools
 import os
 from typing import Any, Awaitable, Callable, Sequence
 
-import httpx
 import orjson
 
 from . import errors
@@ -41,44 +40,63 @@ def _unwrap(response: Any) -> dict[str, Any]:
 
 
 class HTTPClient:
-    """A pooled keep-alive client. aiohttp's transport behind the httpx API: on these
-    machines it is ~2.5x faster than httpx's default transport (bench/protocol.py)."""
+    """JSON-RPC over one pooled keep-alive aiohttp session.
+
+    aiohttp directly, not through httpx: the router makes several tier calls
+    per request, and on these machines httpx's default transport costs ~2 ms a
+    loopback call and httpx's request/response models another ~0.5 ms over
+    aiohttp (bench/protocol.py, docs/decisions.md).
+    """
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0,
                  max_connections: int = 64, headers: dict[str, str] | None = None) -> None:
-        from httpx_aiohttp import AiohttpTransport
-
         self.url = url.rstrip("/") + "/"
-        base_headers = {"content-type": "application/json", **(headers or {})}
+        self.timeout = timeout
+        self._headers = {"content-type": "application/json", **(headers or {})}
         if token:
-            base_headers["authorization"] = f"Bearer {token}"
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._http = httpx.AsyncClient(
-            transport=AiohttpTransport(limits=limits, trust_env=False), headers=base_headers, timeout=timeout,
-        )
+            self._headers["authorization"] = f"Bearer {token}"
+        self._limit = max_connections
+        self._session: Any = None
         self._ids = itertools.count(1)
+
+    def _open(self) -> Any:
+        import aiohttp
+
+        if self._session is None or self._session.closed:  # created on first use: it binds the running loop
+            connector = aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit, keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers, trust_env=False,
+                                                  skip_auto_headers=("User-Agent",),
+                                                  cookie_jar=aiohttp.DummyCookieJar())
+        return self._session
+
+    async def _post(self, body: bytes, timeout: float | None) -> tuple[int, bytes]:
+        import aiohttp
+
+        try:
+            async with self._open().post(self.url, data=body,
+                                         timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as response:
+                return response.status, await response.read()
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise Unavailable(f"{self.url} unreachable: {type(exc).__name__}", {"url": self.url}) from exc
 
     async def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> dict[str, Any]:
         body = orjson.dumps({"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params or {}})
+        status, payload = await self._post(body, timeout)
+        if status != 200:
+            raise Unavailable(f"{self.url} answered HTTP {status}",
+                              {"url": self.url, "status": status, "body": payload[:200].decode(errors="replace")})
         try:
-            kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-            response = await self._http.post(self.url, content=body, **kwargs)
-        except (httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:
-            raise Unavailable(f"{self.url} unreachable: {type(exc).__name__}", {"url": self.url}) from exc
-        if response.status_code != 200:
-            raise Unavailable(f"{self.url} answered HTTP {response.status_code}",
-                              {"url": self.url, "status": response.status_code, "body": response.text[:200]})
-        try:
-            return _unwrap(orjson.loads(response.content))
+            return _unwrap(orjson.loads(payload))
         except orjson.JSONDecodeError as exc:
             raise Unavailable(f"{self.url} answered invalid JSON", {"url": self.url}) from exc
 
     async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
-        body = orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params or {}})
-        await self._http.post(self.url, content=body)
+        await self._post(orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params or {}}), None)
 
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def __aenter__(self) -> "HTTPClient":
         return self

@@ -74,7 +74,8 @@ class Record:
         if known.get("revision") is None:
             known["revision"] = 1
         known.setdefault("content", "")
-        known.setdefault("created_at", now())
+        if "created_at" not in known:
+            known["created_at"] = now()
         return cls(**known)
 
 

@@ -3,8 +3,8 @@
 Prints one JSON object: p50/p99 latency (sequential) and requests/s (16
 concurrent) for (a) a bare ASGI app returning a constant JSON-RPC response,
 (b) the a2m dispatcher + HTTP binding answering describe, each through the
-a2m client (aiohttp transport) and, for the transport choice, through httpx's
-default transport. Target: the dispatcher adds at most 30% to the bare p50.
+a2m client (aiohttp, what the router uses) and, for the transport choice,
+through httpx's default transport. Target: the dispatcher adds at most 30% to the bare p50.
 
     python bench/protocol.py [--requests 2000] [--concurrency 16]
 """
@@ -62,34 +62,46 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def measure(url: str, requests: int, concurrency: int, transport: str) -> dict[str, float]:
-    import httpx
+    """`a2m-client`: the a2m HTTPClient (aiohttp) the router uses; `httpx-default`: for the transport choice."""
+    if transport == "a2m-client":
+        from a2m.client import HTTPClient
 
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "memory/describe", "params": {}}).encode()
-    if transport == "aiohttp":
-        from httpx_aiohttp import AiohttpTransport
+        a2m_client = HTTPClient(url)
 
-        client = httpx.AsyncClient(transport=AiohttpTransport(trust_env=False))
+        async def post() -> None:
+            await a2m_client.call("memory/describe", {})
+
+        close = a2m_client.close
     else:
-        client = httpx.AsyncClient()
-    headers = {"content-type": "application/json"}
-    async with client:
+        import httpx
+
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "memory/describe", "params": {}}).encode()
+        httpx_client = httpx.AsyncClient()
+
+        async def post() -> None:
+            reply = await httpx_client.post(url, content=body, headers={"content-type": "application/json"})
+            assert reply.status_code == 200
+
+        close = httpx_client.aclose
+    try:
         for _ in range(100):  # warm-up: connections, caches
-            await client.post(url, content=body, headers=headers)
+            await post()
         latencies = []
         for _ in range(requests):
             started = time.perf_counter()
-            reply = await client.post(url, content=body, headers=headers)
+            await post()
             latencies.append((time.perf_counter() - started) * 1000)
-            assert reply.status_code == 200
         per_worker = max(1, requests // concurrency)
 
         async def worker() -> None:
             for _ in range(per_worker):
-                await client.post(url, content=body, headers=headers)
+                await post()
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
+    finally:
+        await close()
     return {"p50_ms": round(statistics.median(latencies), 3), "p99_ms": round(percentile(latencies, 0.99), 3),
             "rps_concurrent": round(per_worker * concurrency / elapsed, 1)}
 
@@ -128,13 +140,13 @@ def main() -> None:
         port = free_port()
         proc = start(kind, port)
         try:
-            for transport in ("aiohttp", "httpx-default"):
+            for transport in ("a2m-client", "httpx-default"):
                 results[f"{kind}/{transport}"] = asyncio.run(
                     measure(f"http://127.0.0.1:{port}/", requests, args.concurrency, transport))
         finally:
             proc.terminate()
             proc.wait()
-    bare, a2m = results["bare/aiohttp"], results["a2m/aiohttp"]
+    bare, a2m = results["bare/a2m-client"], results["a2m/a2m-client"]
     results["dispatcher_overhead_p50"] = round(a2m["p50_ms"] / bare["p50_ms"] - 1, 3)  # type: ignore[index]
     results["target_overhead_p50"] = 0.30
     print(json.dumps(results, indent=2))

@@ -17,11 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from a2m.client import Unavailable
+from a2m.client import HTTPClient, Unavailable
 from a2m.errors import A2MError, INTERNAL_ERROR
 
 from .config import RouterConfig, TierConfig
-from .wire import TierClient
 
 log = logging.getLogger("a2m.router")
 
@@ -32,7 +31,7 @@ BACKOFF_MAX = 15.0
 @dataclass(eq=False)
 class Tier:
     config: TierConfig
-    client: Any  # TierClient, or anything with `async call(method, params, timeout=)` and `close()`
+    client: Any  # a2m.client.HTTPClient, or anything with `async call(method, params, timeout=)` and `close()`
     info: dict[str, Any] | None = None  # the tier's last describe result
     healthy: bool = True
     failures: int = 0
@@ -130,7 +129,7 @@ class FanOut:
 class Federation:
     def __init__(self, config: RouterConfig, client_factory: Callable[[TierConfig], Any] | None = None) -> None:
         self.config = config
-        self._factory = client_factory or (lambda t: TierClient(t.url, token=config.service_token, timeout=t.timeout))
+        self._factory = client_factory or (lambda t: HTTPClient(t.url, token=config.service_token, timeout=t.timeout))
         self.tiers: dict[str, Tier] = {}
         self.order = [t.name for t in config.tiers]
 

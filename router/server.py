@@ -168,6 +168,11 @@ class Router:
         return self._depths
 
     def dimensions(self) -> int | None:
+        """The federation's vector width: the embedder's when one is configured (its vectors are the
+        ones the tiers hold), else the first tier that reports one, else the first vector written."""
+        width = getattr(self.embedder, "dimensions", None)
+        if width:
+            return width
         if self._dims is None:
             for tier in self.fed:
                 if tier.dimensions:
@@ -175,9 +180,11 @@ class Router:
                     break
         return self._dims
 
-    def _check_width(self, vectors: Sequence[list[float]]) -> None:
+    async def _check_width(self, vectors: Sequence[list[float]]) -> None:
         if not vectors:
             return
+        if self.embedder is not None and not getattr(self.embedder, "dimensions", None):
+            await try_embed(self.embedder, ["dimensions"])  # an HTTP embedder learns its width on first use
         widths = {len(v) for v in vectors}
         expected = self.dimensions() or next(iter(widths))
         if widths != {expected}:
@@ -235,7 +242,7 @@ class Router:
             if not target.writable:
                 raise A2MError(errors.READ_ONLY, f"tier {target.name} is read-only", {"tier": target.name, "index": i})
             targets.append(target)
-        self._check_width([r.embedding for r in records if r.embedding is not None])
+        await self._check_width([r.embedding for r in records if r.embedding is not None])
         if any(r.key for r in records):
             async with self._key_lock(owner):
                 return await self._write(records, raw_records, targets, owner)
@@ -356,7 +363,7 @@ class Router:
         vector = params.get("embedding")
         if vector is not None:
             vector = validate_embedding(vector)
-            self._check_width([vector])
+            await self._check_width([vector])
         elif query and self.embedder is not None and any(t.searched for t in tiers):
             embedded = await try_embed(self.embedder, [query])  # once per recall, for every searched tier
             vector = embedded[0] if embedded else None

@@ -1,0 +1,271 @@
+"""Benchmark the router in front of the four tier servers on their embedded engines.
+
+Prints one JSON object. The tiers are bulk-loaded directly (batches of 500, not
+through the router, so set-up stays fast), then every figure is taken through
+the router over HTTP, and the same recall queries are sent to each tier
+directly in the same run, so the router's own cost (fan-out, fusion, the
+recall counting it does after answering) is the difference to the slowest
+tier. Targets come from issue 7 and are printed next to the figures.
+
+    python bench/router.py [--quick] [--working 1000 --episodic 100000 --semantic 20000 --procedural 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from a2m.client import HTTPClient  # noqa: E402
+from a2m.timefmt import format_ts  # noqa: E402
+from tests.router.stack import federation  # noqa: E402  (the same launcher as the router's tests)
+
+def vocabulary(n: int = 5000) -> list[str]:
+    """Pronounceable made-up words: a vocabulary as wide as real chat, with no stopwords in it."""
+    onsets, vowels, codas = "b d f g k l m n p r t v z br tr pl st".split(), "a e i o u".split(), "n r l k x m".split()
+    rnd, words = random.Random(3), set()
+    while len(words) < n:
+        words.add("".join(rnd.choice(onsets) + rnd.choice(vowels) for _ in range(rnd.randint(2, 3)))
+                  + rnd.choice(codas))
+    return sorted(words)
+
+
+WORDS = vocabulary()
+# Zipf-like word frequencies (s = 1): a few common words, a long tail, like natural text.
+CUMULATIVE = list(itertools.accumulate(1.0 / (rank + 1) for rank in range(len(WORDS))))
+CAPACITY = 32
+TIERS = [
+    {"name": "working", "kind": "working", "capacity": CAPACITY, "spill_to": "episodic", "timeout": 5.0},
+    {"name": "episodic", "kind": "episodic", "spill_to": "semantic", "promote_to": "semantic", "promote_after": 3,
+     "timeout": 10.0},
+    {"name": "semantic", "kind": "semantic", "timeout": 10.0},
+    {"name": "procedural", "kind": "procedural", "timeout": 10.0},
+]
+TARGETS = {"recall_p50_vs_slowest_tier": 1.5, "recall_p50_ms": 25.0, "timeline_p50_ms": 3.0,
+           "concurrent_recalls_per_s": 300.0, "spill_records_per_s": 1000.0}
+
+
+def ms(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return round(ordered[index] * 1000, 2)
+
+
+def text(rnd: random.Random, n: int = 12) -> str:
+    return " ".join(rnd.choices(WORDS, cum_weights=CUMULATIVE, k=n))
+
+
+def query(rnd: random.Random) -> str:
+    """Two mid-frequency words: each matches a few hundred to a few thousand of 100,000 records."""
+    return " ".join(rnd.sample(WORDS[30:1500], 2))
+
+
+def records(kind: str, n: int, rnd: random.Random, start: datetime) -> list[dict[str, Any]]:
+    out = []
+    for i in range(n):
+        created = format_ts(start + timedelta(seconds=i * 60 + rnd.random()))
+        record: dict[str, Any] = {"content": text(rnd), "created_at": created, "metadata": {"n": i}}
+        if kind == "working":
+            record["session"] = f"w{i // (CAPACITY - 4)}"  # under capacity: nothing spills on load
+            record["role"] = "user" if i % 2 else "assistant"
+        elif kind == "episodic":
+            record["session"] = f"e{i // 200}"
+            record["role"] = "user" if i % 2 else "assistant"
+        elif kind == "semantic":
+            record["role"] = "memory"
+        else:
+            record["key"] = f"skill/{i}"
+            record["role"] = "skill"
+        out.append(record)
+    return out
+
+
+async def load(url: str, batch: list[dict[str, Any]], size: int = 500, parallel: int = 2) -> float:
+    """Write straight into one tier; returns seconds."""
+    t0 = time.perf_counter()
+    async with HTTPClient(url, timeout=300) as client:
+        chunks = [batch[i:i + size] for i in range(0, len(batch), size)]
+        gate = asyncio.Semaphore(parallel)
+
+        async def one(chunk: list[dict[str, Any]]) -> None:
+            async with gate:
+                await client.call("memory/remember", {"records": chunk})
+
+        await asyncio.gather(*(one(c) for c in chunks))
+    return time.perf_counter() - t0
+
+
+async def timed(n: int, call: Callable[[int], Awaitable[Any]]) -> list[float]:
+    out = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        await call(i)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+async def throughput(client: HTTPClient, queries: list[str], clients: int, seconds: float) -> float:
+    stop_at = time.perf_counter() + seconds
+    done = 0
+
+    async def worker(w: int) -> None:
+        nonlocal done
+        i = w
+        while time.perf_counter() < stop_at:
+            await client.call("memory/recall", {"query": queries[i % len(queries)], "limit": 10})
+            done += 1
+            i += clients
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(clients)))
+    return round(done / (time.perf_counter() - t0), 1)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    rnd = random.Random(7)
+    sizes = {"working": args.working, "episodic": args.episodic, "semantic": args.semantic,
+             "procedural": args.procedural}
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    out: dict[str, Any] = {"benchmark": "router", "sizes": sizes, "queries": args.queries, "targets": TARGETS}
+    with tempfile.TemporaryDirectory(prefix="a2m-bench-") as tmp, \
+            federation(Path(tmp), TIERS, mode="real", timeout=180.0) as stack:
+        t0 = time.perf_counter()
+        loads = await asyncio.gather(*(load(stack.tiers[name].url, records(name, n, random.Random(name), start))
+                                       for name, n in sizes.items() if n))
+        out["load_s"] = round(time.perf_counter() - t0, 1)
+        out["load_tier_s"] = {name: round(s, 1) for name, s in zip([k for k, v in sizes.items() if v], loads)}
+        queries = [query(rnd) for _ in range(args.queries)]
+        tiers = {name: HTTPClient(proc.url, timeout=60) for name, proc in stack.tiers.items()}
+        router = HTTPClient(stack.url, timeout=60, max_connections=64)
+        try:
+            for q in queries[:10]:  # warm every connection pool and cache
+                await router.call("memory/recall", {"query": q})
+                for client in tiers.values():
+                    await client.call("memory/recall", {"query": q, "touch": False})
+
+            # Each tier's own recall for the same queries, in the same run.
+            per_tier = {}
+            for name, client in tiers.items():
+                lat = await timed(len(queries), lambda i, c=client: c.call(
+                    "memory/recall", {"query": queries[i], "limit": 10, "touch": False}))
+                per_tier[name] = {"p50_ms": ms(lat, 50), "p99_ms": ms(lat, 99)}
+            slowest = max(per_tier, key=lambda n: per_tier[n]["p50_ms"])
+            out["tier_recall"] = per_tier
+            out["slowest_tier"] = {"name": slowest, **per_tier[slowest]}
+            # Rerank asks each tier for a broad pool: its fair baseline is the slowest tier at that pool.
+            pool = 50
+            lat = await timed(len(queries), lambda i: tiers[slowest].call(
+                "memory/recall", {"query": queries[i], "limit": pool, "touch": False}))
+            out["slowest_tier"]["pool_p50_ms"] = ms(lat, 50)
+            # The floor of any fan-out on this machine: the four tiers called concurrently by this client.
+            lat = await timed(len(queries), lambda i: asyncio.gather(*(c.call(
+                "memory/recall", {"query": queries[i], "limit": 10, "touch": False}) for c in tiers.values())))
+            out["tiers_concurrently"] = {"p50_ms": ms(lat, 50), "p99_ms": ms(lat, 99)}
+            # The router's own cost over one tier (the fastest), without fan-out contention.
+            fastest = min(per_tier, key=lambda n: per_tier[n]["p50_ms"])
+            lat = await timed(len(queries), lambda i: router.call(
+                "memory/recall", {"query": queries[i], "limit": 10, "tier": fastest}))
+            out["router_recall_one_tier"] = {"tier": fastest, "p50_ms": ms(lat, 50),
+                                             "overhead_ms": round(ms(lat, 50) - per_tier[fastest]["p50_ms"], 2)}
+
+            for strategy in ("rrf", "rerank"):
+                lat = await timed(len(queries), lambda i, s=strategy: router.call(
+                    "memory/recall", {"query": queries[i], "limit": 10, "fusion": s}))
+                p50 = ms(lat, 50)
+                out[f"router_recall_{strategy}"] = {
+                    "p50_ms": p50, "p99_ms": ms(lat, 99),
+                    "vs_slowest_tier": round(p50 / max(per_tier[slowest]["p50_ms"], 1e-6), 2)}
+            await router.call("memory/consolidate", {})  # drain the background recall counting
+
+            # Timeline of one session: a working session (on the working tier) through the router.
+            lat = await timed(len(queries), lambda i: router.call(
+                "memory/timeline", {"where": {"session": "w1"}, "limit": 0}))
+            out["timeline_session"] = {"p50_ms": ms(lat, 50), "p99_ms": ms(lat, 99)}
+            lat = await timed(len(queries), lambda i: router.call(
+                "memory/timeline", {"where": {"session": "e3"}, "limit": 0}))
+            out["timeline_episodic_session"] = {"p50_ms": ms(lat, 50), "p99_ms": ms(lat, 99)}
+
+            # remember through the router: single records into sessions under capacity, then batches.
+            n_single = args.remember
+            lat = await timed(n_single, lambda i: router.call("memory/remember", {"records": [
+                {"content": text(rnd), "session": f"r{i // CAPACITY}", "role": "user"}]}))
+            out["remember_single"] = {"p50_ms": ms(lat, 50), "p99_ms": ms(lat, 99),
+                                      "records_per_s": round(n_single / sum(lat), 1)}
+            batches = max(1, args.remember // 100)
+            lat = await timed(batches, lambda i: router.call("memory/remember", {"records": [
+                {"content": text(rnd), "role": "memory", "tier": "episodic"} for _ in range(100)]}))
+            out["remember_batch100_episodic"] = {"records_per_s": round(batches * 100 / sum(lat), 1)}
+
+            # Spill: big sessions written straight into working, then session/close moves them to episodic.
+            spill_records = 0
+            spill_time = 0.0
+            for s in range(args.spill_sessions):
+                batch = [{"content": text(rnd), "session": f"big{s}", "role": "user"} for _ in range(args.spill_size)]
+                await load(stack.tiers["working"].url, batch)
+                t0 = time.perf_counter()
+                closed = await router.call("memory/session/close", {"session": f"big{s}"})
+                spill_time += time.perf_counter() - t0
+                spill_records += closed["flushed"]
+            out["spill"] = {"records": spill_records, "seconds": round(spill_time, 2),
+                            "records_per_s": round(spill_records / spill_time, 1)}
+
+            out["concurrent_recall"] = {"clients": 16, "recalls_per_s": await throughput(
+                router, queries, 16, args.seconds)}
+            await router.call("memory/consolidate", {})
+        finally:
+            await router.close()
+            for client in tiers.values():
+                await client.close()
+
+    rrf, rerank = out["router_recall_rrf"], out["router_recall_rerank"]
+    out["meets"] = {
+        "recall_rrf_p50_vs_slowest_tier": rrf["vs_slowest_tier"] <= TARGETS["recall_p50_vs_slowest_tier"],
+        "recall_rerank_p50_vs_slowest_tier": rerank["vs_slowest_tier"] <= TARGETS["recall_p50_vs_slowest_tier"],
+        "recall_rrf_p50_ms": rrf["p50_ms"] <= TARGETS["recall_p50_ms"],
+        "recall_rerank_p50_ms": rerank["p50_ms"] <= TARGETS["recall_p50_ms"],
+        "timeline_p50_ms": out["timeline_session"]["p50_ms"] <= TARGETS["timeline_p50_ms"],
+        "concurrent_recalls_per_s": out["concurrent_recall"]["recalls_per_s"] >= TARGETS["concurrent_recalls_per_s"],
+        "spill_records_per_s": out["spill"]["records_per_s"] >= TARGETS["spill_records_per_s"],
+    }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: about two minutes")
+    parser.add_argument("--working", type=int)
+    parser.add_argument("--episodic", type=int)
+    parser.add_argument("--semantic", type=int)
+    parser.add_argument("--procedural", type=int)
+    parser.add_argument("--queries", type=int, help="recall/timeline samples per figure")
+    parser.add_argument("--remember", type=int, help="single-record remembers through the router")
+    parser.add_argument("--spill-sessions", type=int)
+    parser.add_argument("--spill-size", type=int)
+    parser.add_argument("--seconds", type=float, help="duration of the 16-client recall run")
+    args = parser.parse_args()
+    quick = dict(working=1000, episodic=5000, semantic=2000, procedural=200, queries=100, remember=200,
+                 spill_sessions=2, spill_size=500, seconds=5.0)
+    full = dict(working=1000, episodic=100_000, semantic=20_000, procedural=1000, queries=300, remember=500,
+                spill_sessions=3, spill_size=1000, seconds=10.0)
+    for name, value in (quick if args.quick else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    result = asyncio.run(run(args))
+    json.dump(result, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()

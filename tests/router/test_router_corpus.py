@@ -1,0 +1,153 @@
+"""The real `backends/corpus` server, over a pgvector table this test creates, mounted behind the
+router as a read-only tier: recalled and fused with the writable tiers, never written, spilled,
+promoted, summarized or consolidated into; a write aimed at it answers -32004.
+
+The writable tiers are the in-memory fixture servers (the policy under test is the router's);
+the corpus tier is `a2m serve corpus` on an embedded PostgreSQL, and the table is checked
+row for row in PostgreSQL itself, behind both servers' backs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+import pytest
+
+from a2m.client import HTTPClient
+from a2m.errors import A2MError
+from backends.episodic.embedded import EmbeddedPostgres
+
+from .stack import Stack, federation
+
+DOCS = [
+    ("Refunds are issued within 14 days of a return.", "policy", [1.0, 0.0, 0.0, 0.0]),
+    ("Shipping to Italy takes 3 to 5 business days.", "shipping", [0.0, 1.0, 0.0, 0.0]),
+    ("Gift cards never expire and cannot be refunded.", "policy", [0.0, 0.0, 1.0, 0.0]),
+    ("Our warehouse in Bologna ships every weekday.", "shipping", [0.0, 0.7, 0.0, 0.7]),
+]
+
+
+def table_rows(dsn: str) -> list[tuple]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT doc_id, body, source, emb::text, written FROM kb ORDER BY doc_id").fetchall()
+
+
+@pytest.fixture(scope="module")
+def corpus_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, str]]:
+    pg = EmbeddedPostgres(tmp_path_factory.mktemp("corpus-pg"))
+    dsn = pg.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            conn.execute("CREATE TABLE kb (doc_id serial PRIMARY KEY, body text, source text, emb vector(4),"
+                         " written timestamptz DEFAULT now())")
+            for body, source, emb in DOCS:
+                conn.execute("INSERT INTO kb (body, source, emb) VALUES (%s, %s, %s::vector)", (body, source, str(emb)))
+        corpus = {"name": "kb", "kind": "semantic", "read_only": True, "engine": "corpus", "serve": "real",
+                  "args": ["--url", dsn, "--option", "table=kb", "--option", "id_column=doc_id",
+                           "--option", "text_column=body", "--option", "vector_column=emb",
+                           "--option", "created_column=written", "--option", "metadata_columns=source"]}
+        tiers = [
+            {"name": "working", "kind": "working", "capacity": 4, "spill_to": "episodic", "timeout": 5.0},
+            {"name": "episodic", "kind": "episodic", "spill_to": "semantic", "promote_to": "semantic",
+             "promote_after": 2},
+            {"name": "semantic", "kind": "semantic"},
+            corpus,
+        ]
+        with federation(tmp_path_factory.mktemp("router-corpus"), tiers, mode="fixture",
+                        top={"background_promotion": False}) as stack:
+            yield stack, dsn
+    finally:
+        pg.stop()
+
+
+def owner() -> str:
+    return "owner-" + uuid.uuid4().hex[:8]
+
+
+@pytest.mark.anyio
+async def test_corpus_is_described_read_only_and_recalled_fused_with_the_conversation(corpus_stack) -> None:  # type: ignore[no-untyped-def]
+    stack, _ = corpus_stack
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        layout = {t["name"]: t for t in (await router.call("memory/describe", {}))["tiers"]}
+        assert layout["kb"]["read_only"] is True and layout["kb"]["status"] == "up"
+        assert layout["kb"]["count"] == len(DOCS)
+        said = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "the customer asked about refunds for a broken kettle", "session": "s1"}]}))["ids"]
+        for strategy in ("rrf", "rerank"):
+            hits = (await router.call("memory/recall", {"owner": me, "query": "refunds", "limit": 10,
+                                                        "fusion": strategy}))["records"]
+            tiers = {h["tier"] for h in hits}
+            assert {"working", "kb"} <= tiers, (strategy, hits)
+            assert said[0] in {h["id"] for h in hits}
+            from_corpus = [h for h in hits if h["tier"] == "kb"]
+            assert any(h["content"].startswith("Refunds") for h in from_corpus)
+            assert {h["metadata"]["source"] for h in from_corpus} == {"policy"}
+            assert all(0.0 <= h["score"] <= 1.0 for h in hits)
+        # A caller vector reaches the corpus (it searches vectors): nearest first.
+        near = (await router.call("memory/recall", {"owner": me, "embedding": [0.0, 1.0, 0.0, 0.1],
+                                                    "tier": "kb", "limit": 2}))["records"]
+        assert [h["metadata"]["source"] for h in near] == ["shipping", "shipping"]
+        # Scope selectors pass down to the mounted tier too.
+        policy = (await router.call("memory/timeline", {"owner": me, "tier": "kb",
+                                                        "where": {"source": "policy"}}))["records"]
+        assert len(policy) == 2 and {r["tier"] for r in policy} == {"kb"}
+
+
+@pytest.mark.anyio
+async def test_writes_aimed_at_the_corpus_answer_read_only(corpus_stack) -> None:  # type: ignore[no-untyped-def]
+    stack, dsn = corpus_stack
+    me = owner()
+    before = table_rows(dsn)
+    async with HTTPClient(stack.url) as router:
+        some_id = (await router.call("memory/recall", {"owner": me, "query": "shipping", "tier": "kb"}))["records"][0]["id"]
+        mine = (await router.call("memory/remember", {"owner": me, "records": [{"content": "a note"}]}))["ids"]
+        attempts = [
+            ("memory/remember", {"records": [{"content": "x", "tier": "kb"}]}),
+            ("memory/remember", {"records": [{"content": "ok"}, {"content": "x", "tier": "kb"}]}),
+            ("memory/forget", {"ids": [some_id], "tier": "kb"}),
+            ("memory/promote", {"ids": mine, "tier": "kb"}),
+            ("memory/summarize", {"tier": "working", "into": "kb"}),
+        ]
+        for method, params in attempts:
+            with pytest.raises(A2MError) as err:
+                await router.call(method, {"owner": me, **params})
+            assert err.value.code == -32004, (method, err.value)
+            assert "kb" in str(err.value)
+        # The mixed batch was refused whole: nothing of it landed in a writable tier either.
+        assert not (await router.call("memory/recall", {"owner": me, "query": "ok"}))["records"]
+    assert table_rows(dsn) == before
+
+
+@pytest.mark.anyio
+async def test_the_corpus_is_never_spilled_promoted_or_consolidated_into(corpus_stack) -> None:  # type: ignore[no-untyped-def]
+    stack, dsn = corpus_stack
+    me = owner()
+    before = table_rows(dsn)
+    async with HTTPClient(stack.url) as router:
+        ids = []
+        for turn in range(12):  # capacity 4: eight of these spill as they arrive
+            ids += (await router.call("memory/remember", {"owner": me, "records": [
+                {"content": f"turn {turn}: shipping to Italy and refunds again", "session": "long"}]}))["ids"]
+        for _ in range(3):  # episodic promote_after = 2: recalled records are promoted on consolidate
+            await router.call("memory/recall", {"owner": me, "query": "shipping Italy refunds", "limit": 20})
+        closed = await router.call("memory/session/close", {"session": "long", "owner": me})
+        done = await router.call("memory/consolidate", {"owner": me})
+        assert closed["promoted"] + done["promoted"] > 0
+        placed = (await router.call("memory/timeline", {"owner": me, "where": {"session": "long"}}))["records"]
+        assert [r["id"] for r in placed] == ids and "kb" not in {r["tier"] for r in placed}
+        assert "semantic" in {r["tier"] for r in placed}  # promoted somewhere writable
+        # A query-wide forget fans out to writable tiers only: the corpus keeps its matches.
+        forgotten = (await router.call("memory/forget", {"owner": me, "query": "shipping"}))["forgotten"]
+        assert forgotten >= 1
+        still = (await router.call("memory/recall", {"owner": me, "query": "shipping", "limit": 20}))["records"]
+        assert {h["tier"] for h in still} == {"kb"}
+        layout = {t["name"]: t for t in (await router.call("memory/describe", {"owner": me}))["tiers"]}
+        assert layout["kb"]["count"] == len(DOCS)
+    async with HTTPClient(stack.tiers["kb"].url) as corpus:
+        assert len((await corpus.call("memory/timeline", {"limit": 0}))["records"]) == len(DOCS)
+    assert table_rows(dsn) == before
