@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 import unicodedata
 import zlib
 from collections import Counter
@@ -79,6 +80,7 @@ def detect_language(words: Sequence[str]) -> str | None:
     return max(hits, key=lambda lang: (hits[lang], -_ORDER[lang]))
 
 
+@lru_cache(maxsize=65536)
 def _stem_en(word: str) -> str:
     """Fold inflections so a query's form meets the record's: moved/moving/move -> mov."""
     if len(word) <= 3 or not word.isascii() or not word.isalpha():
@@ -102,6 +104,13 @@ def _stem_en(word: str) -> str:
 
 def tokenize(text: str, language: str | None = None) -> list[str]:
     """Searchable terms of `text`, in order (duplicates kept, for term frequency)."""
+    return list(_terms(text, language))
+
+
+@lru_cache(maxsize=32768)
+def _terms(text: str, language: str | None) -> tuple[str, ...]:
+    # Cached: tiers that rank by scanning (working, the router's rerank pool) see the
+    # same record texts on every recall, and tokenizing is most of a ranking's cost.
     words = _split(text)
     # Short texts (queries) often hold no stopword at all: they fold like English, the
     # most common case, so that "agencies" in a query meets "agency" in a record.
@@ -110,7 +119,7 @@ def tokenize(text: str, language: str | None = None) -> list[str]:
     kept = [w for w in words if w not in stop]
     if lang == "en":
         kept = [_stem_en(w) for w in kept]
-    return kept
+    return tuple(kept)
 
 
 def term_id(term: str) -> int:
@@ -149,7 +158,7 @@ class BM25:
 
     def add(self, doc_id: str, text: str) -> None:
         self.remove(doc_id)
-        terms = Counter(tokenize(text))
+        terms = Counter(_terms(text, None))
         self._terms[doc_id] = tuple(terms)
         length = sum(terms.values())
         self._lengths[doc_id] = length
@@ -181,7 +190,7 @@ class BM25:
 
     def scores(self, query: str, allowed: Iterable[str] | None = None) -> dict[str, float]:
         """doc id -> raw BM25 score for documents matching at least one query term."""
-        terms = set(tokenize(query))
+        terms = set(_terms(query, None))
         if not terms or not self._lengths:
             return {}
         n = len(self._lengths)
@@ -210,10 +219,34 @@ def squash(score: float) -> float:
     return score / (score + 1.0) if score > 0 else 0.0
 
 
-def rank(texts: dict[str, str], query: str) -> list[tuple[str, float]]:
-    """One-shot BM25 over a small corpus (id -> text): [(id, score in [0,1))], best first."""
-    index = BM25()
+def rank(texts: dict[str, str], query: str, k1: float = 1.2, b: float = 0.75) -> list[tuple[str, float]]:
+    """One-shot BM25 over a small corpus (id -> text): [(id, score in [0,1))], best first.
+
+    No index is built: one pass counts the query's terms in each (cached)
+    tokenization, which is what a scan of a working session or a rerank pool needs.
+    """
+    wanted = set(_terms(query, None))
+    if not wanted or not texts:
+        return []
+    total = 0
+    hits: list[tuple[str, int, dict[str, int]]] = []
+    df: Counter[str] = Counter()
     for doc_id, text in texts.items():
-        index.add(doc_id, text)
-    scored = index.scores(query)
-    return sorted(((d, squash(s)) for d, s in scored.items()), key=lambda p: -p[1])
+        terms = _terms(text, None)
+        total += len(terms)
+        tf: dict[str, int] = {}
+        for term in terms:
+            if term in wanted:
+                tf[term] = tf.get(term, 0) + 1
+        if tf:
+            hits.append((doc_id, len(terms), tf))
+            df.update(tf.keys())
+    n = len(texts)
+    avg = total / n if total else 1.0
+    idf = {t: math.log(1 + (n - d + 0.5) / (d + 0.5)) * (k1 + 1) for t, d in df.items()}
+    scored = []
+    for doc_id, length, tf in hits:
+        norm = k1 * (1 - b + b * length / avg)
+        scored.append((doc_id, squash(sum(idf[t] * f / (f + norm) for t, f in tf.items()))))
+    scored.sort(key=lambda p: -p[1])
+    return scored
