@@ -43,9 +43,19 @@ class Record:
     media_type: str | None = None
     score: float | None = None
 
-    def to_wire(self, *, embeddings: bool = False) -> dict[str, Any]:
-        """The protocol form. `embedding` only when asked; `score` only when set (recall)."""
-        out = {name: getattr(self, name) for name in _WIRE_FIELDS}
+    def to_wire(self, *, embeddings: bool = False, tier: str | None = None) -> dict[str, Any]:
+        """The protocol form. `embedding` only when asked; `score` only when set (recall).
+
+        Spelled out rather than reflected over fields: a timeline serialises
+        every record of a session on the hottest path there is.
+        """
+        out = {
+            "id": self.id, "content": self.content, "created_at": self.created_at, "role": self.role,
+            "metadata": self.metadata, "group": self.group, "tier": tier if tier is not None else self.tier,
+            "salience": self.salience, "access_count": self.access_count, "accessed_at": self.accessed_at,
+            "owner": self.owner, "session": self.session, "key": self.key, "revision": self.revision,
+            "uri": self.uri, "media_type": self.media_type,
+        }
         if embeddings:
             out["embedding"] = self.embedding
         if self.score is not None:
@@ -54,8 +64,8 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, embedding included: the form stores and exports keep."""
-        out = {name: getattr(self, name) for name in _WIRE_FIELDS}
-        out["embedding"] = self.embedding
+        out = self.to_wire(embeddings=True)
+        out.pop("score", None)
         return out
 
     def with_(self, **changes: Any) -> "Record":

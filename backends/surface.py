@@ -202,7 +202,7 @@ class TierServer:
 
     def _wire(self, records: Sequence[Record], params: Mapping[str, Any]) -> list[dict[str, Any]]:
         embeddings = params.get("embeddings") is True
-        return [r.with_(tier=self.name).to_wire(embeddings=embeddings) for r in records]
+        return [r.to_wire(embeddings=embeddings, tier=self.name) for r in records]
 
     def _with_prompt(self, result: dict[str, Any], records: Sequence[Record], options: dict[str, Any] | None,
                      ordered_by_time: bool) -> dict[str, Any]:

@@ -1,0 +1,189 @@
+"""Each tier server over HTTP on its embedded engine: the figures the tier issues ask for.
+
+Starts `a2m serve <tier>` on a free loopback port, loads it through the wire,
+and measures through the a2m client (the router's). The raw engine baselines
+of the same operations are in bench/<tier>.py; this one adds the HTTP hop and
+the protocol surface.
+
+    python bench/tiers_http.py [--quick] [--tiers working,episodic,semantic,procedural]
+        [--episodic 100000] [--semantic 50000] [--procedural 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from a2m.client import HTTPClient  # noqa: E402
+from a2m.timefmt import format_ts  # noqa: E402
+from tests.support.procs import a2m_command, free_port, http_server  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(5000)]
+DIMS = 384
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+
+async def timed(fn: Callable[[], Awaitable[Any]], n: int, warmup: int = 20) -> dict[str, float]:
+    for _ in range(warmup):
+        await fn()
+    out = []
+    for _ in range(n):
+        started = time.perf_counter()
+        await fn()
+        out.append((time.perf_counter() - started) * 1000)
+    return {"p50_ms": round(statistics.median(out), 3), "p99_ms": pct(out, 0.99)}
+
+
+def text(rng: random.Random, n: int = 20) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def vector(rng: random.Random, centre: list[float] | None = None) -> list[float]:
+    base = centre or [rng.gauss(0, 1) for _ in range(DIMS)]
+    return [round(x + rng.gauss(0, 0.3), 5) for x in base]
+
+
+async def load(client: HTTPClient, records: list[dict[str, Any]], batch: int) -> float:
+    started = time.perf_counter()
+    for i in range(0, len(records), batch):
+        await client.call("memory/remember", {"records": records[i:i + batch]})
+    return round(len(records) / (time.perf_counter() - started), 1)
+
+
+async def working(client: HTTPClient, n: int, rng: random.Random) -> dict[str, Any]:
+    session = [{"content": text(rng), "session": "s-bench", "role": "user"} for _ in range(32)]
+    await client.call("memory/remember", {"records": session})
+    bulk = [{"content": text(rng), "session": f"bulk-{i % 50}"} for i in range(n)]
+    rate = await load(client, bulk, 100)
+    turn = lambda: client.call("memory/remember", {"records": [  # noqa: E731
+        {"content": text(rng), "session": "s-turn", "role": r} for r in ("user", "assistant", "tool", "assistant")]})
+    return {
+        "timeline_32": await timed(lambda: client.call("memory/timeline", {"where": {"session": "s-bench"}}), 500),
+        "remember_turn_4": await timed(turn, 300),
+        "bulk_remember_per_s_batch100": rate,
+        "targets": {"timeline_p50_ms": 2.0, "turn_p50_ms": 3.0, "bulk_per_s": 5000},
+    }
+
+
+async def episodic(client: HTTPClient, n: int, rng: random.Random) -> dict[str, Any]:
+    centres = [[rng.gauss(0, 1) for _ in range(DIMS)] for _ in range(50)]
+    start = datetime(2026, 9, 1, tzinfo=timezone.utc)
+    records = []
+    for i in range(n):
+        records.append({
+            "content": text(rng), "embedding": vector(rng, centres[i % 50]), "owner": f"owner-{i % 100}",
+            "session": f"session-{i % 1000}", "created_at": format_ts(start + timedelta(minutes=(i * 129600) // n)),
+            "metadata": {"channel": rng.choice(["chat", "email", "voice"])},
+        })
+    started = time.perf_counter()
+    for owner in range(100):  # each owner's records in batches of 500 (a batch is one owner's)
+        mine = [dict(r) for r in records if r["owner"] == f"owner-{owner}"]
+        for r in mine:
+            r.pop("owner")
+        for i in range(0, len(mine), 500):
+            await client.call("memory/remember", {"records": mine[i:i + 500], "owner": f"owner-{owner}"})
+    rate = round(n / (time.perf_counter() - started), 1)
+    query = lambda: vector(rng, rng.choice(centres))  # noqa: E731
+    week = {"after": format_ts(start + timedelta(days=40)), "before": format_ts(start + timedelta(days=47))}
+    cases = {
+        "vector": lambda: client.call("memory/recall", {"embedding": query(), "owner": "owner-7", "touch": False}),
+        "vector_owner_session": lambda: client.call("memory/recall", {
+            "embedding": query(), "owner": "owner-7", "where": {"session": "session-107"}, "touch": False}),
+        "vector_7_days": lambda: client.call("memory/recall", {"embedding": query(), "owner": "owner-7", **week,
+                                                               "touch": False}),
+        "hybrid_text_vector": lambda: client.call("memory/recall", {
+            "query": text(rng, 4), "embedding": query(), "owner": "owner-7", "touch": False}),
+    }
+    out: dict[str, Any] = {"records": n, "insert_per_s_batch500": rate}
+    for name, fn in cases.items():
+        out[name] = await timed(fn, 200)
+    out["targets"] = {"filtered_p50_ms": 15, "filtered_p99_ms": 40, "insert_per_s": 2000}
+    return out
+
+
+async def semantic(client: HTTPClient, n: int, rng: random.Random) -> dict[str, Any]:
+    centres = [[rng.gauss(0, 1) for _ in range(DIMS)] for _ in range(50)]
+    facts = [{"content": text(rng, 12), "embedding": vector(rng, centres[i % 50]), "key": f"fact/{i}"}
+             for i in range(n)]
+    rate = await load(client, facts, 500)
+    await client.call("memory/remember", {"records": [{"content": text(rng, 12), "embedding": vector(rng),
+                                                       "key": f"mine/{i}"} for i in range(200)], "owner": "alice"})
+    cases = {
+        "dense": lambda: client.call("memory/recall", {"embedding": vector(rng, rng.choice(centres)), "touch": False}),
+        "bm25": lambda: client.call("memory/recall", {"query": text(rng, 3), "touch": False}),
+        "hybrid": lambda: client.call("memory/recall", {"query": text(rng, 3),
+                                                        "embedding": vector(rng, rng.choice(centres)), "touch": False}),
+        "dense_owner": lambda: client.call("memory/recall", {"embedding": vector(rng), "owner": "alice", "touch": False}),
+        "bm25_owner": lambda: client.call("memory/recall", {"query": text(rng, 3), "owner": "alice", "touch": False}),
+    }
+    out: dict[str, Any] = {"records": n, "upsert_per_s_batch500": rate}
+    for name, fn in cases.items():
+        out[name] = await timed(fn, 200)
+    out["targets"] = {"recall_p50_ms": 10, "upsert_per_s": 3000}
+    return out
+
+
+async def procedural(client: HTTPClient, n: int, rng: random.Random) -> dict[str, Any]:
+    procs = [{"content": f"To {text(rng, 3)}: {text(rng, 40)}", "key": f"skills/{i // 50}/{i}"} for i in range(n)]
+    rate = await load(client, procs, 100)
+    counter = iter(range(10**9))
+    write = lambda: client.call("memory/remember", {"records": [  # noqa: E731
+        {"content": text(rng, 30), "key": f"bench/write/{next(counter)}"}]})
+    return {
+        "records": n, "load_per_s_batch100": rate,
+        "write_commit": await timed(write, 100, warmup=5),
+        "recall": await timed(lambda: client.call("memory/recall", {"query": text(rng, 4), "touch": False}), 300),
+        "targets": {"write_p50_ms": 40, "recall_p50_ms": 5},
+    }
+
+
+TIERS = {"working": working, "episodic": episodic, "semantic": semantic, "procedural": procedural}
+
+
+async def bench_tier(tier: str, size: int, data: Path) -> dict[str, Any]:
+    port = free_port()
+    with http_server(a2m_command("serve", tier, "--port", str(port), "--data", str(data)), port, timeout=180) as url:
+        client = HTTPClient(url, timeout=120)
+        try:
+            return await TIERS[tier](client, size, random.Random(7))
+        finally:
+            await client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tiers", default="working,episodic,semantic,procedural")
+    parser.add_argument("--working", type=int, default=10000)
+    parser.add_argument("--episodic", type=int, default=100000)
+    parser.add_argument("--semantic", type=int, default=50000)
+    parser.add_argument("--procedural", type=int, default=2000)
+    args = parser.parse_args()
+    sizes = {"working": 2000, "episodic": 10000, "semantic": 5000, "procedural": 500} if args.quick else {
+        "working": args.working, "episodic": args.episodic, "semantic": args.semantic, "procedural": args.procedural}
+    result: dict[str, Any] = {"benchmark": "tiers_http", "quick": args.quick}
+    with tempfile.TemporaryDirectory() as tmp:
+        for tier in args.tiers.split(","):
+            result[tier] = asyncio.run(bench_tier(tier, sizes[tier], Path(tmp) / tier))
+            print(f"{tier} done", file=sys.stderr)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
