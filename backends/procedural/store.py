@@ -335,8 +335,19 @@ class GitStore:
         repo = self.repo
         assert repo is not None
         git_dir = Path(repo.git_dir)
-        for lock in [git_dir / "index.lock", git_dir / "HEAD.lock", *git_dir.glob("refs/heads/**/*.lock")]:
+        locks = [git_dir / "index.lock", git_dir / "HEAD.lock", *git_dir.glob("refs/heads/**/*.lock")]
+        # A killed store's `git` child (update-index) is not killed with it and may still hold
+        # a lock for a moment: let it finish before its lock is declared stale.
+        deadline = time.monotonic() + 3.0
+        while any(lock.exists() for lock in locks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for lock in locks:
             lock.unlink(missing_ok=True)
+        # gitdb writes each object to objects/obj<random> and renames it into place: a kill
+        # mid-write leaves that temp file, which nothing references and `git fsck` calls garbage.
+        for partial in (git_dir / "objects").glob("obj*"):
+            if partial.is_file():
+                partial.unlink(missing_ok=True)
         if not repo.head.is_valid():
             return
         if repo.is_dirty(untracked_files=False) or repo.untracked_files:

@@ -36,7 +36,9 @@ class Ctx:
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    assert done.returncode == 0, f"git {' '.join(args)} failed: {done.stdout}{done.stderr}"
+    return done.stdout
 
 
 def rec(i: int | str, content: str = "", *, owner: str | None = "alice", key: str | None = None, **kw: Any) -> Record:
