@@ -52,6 +52,21 @@ class Context:
 
 Handler = Callable[[dict[str, Any], Context], Awaitable[dict[str, Any]]]
 
+# Every A2M method's handler name on a service, by one convention (memory/session/list -> session_list).
+HANDLER_NAMES = {
+    "memory/remember": "remember", "memory/recall": "recall", "memory/timeline": "timeline",
+    "memory/forget": "forget", "memory/promote": "promote", "memory/consolidate": "consolidate",
+    "memory/reinforce": "reinforce", "memory/session/list": "session_list",
+    "memory/session/close": "session_close", "memory/fetch": "fetch", "memory/events": "events_poll",
+    "memory/events/subscribe": "subscribe", "memory/events/unsubscribe": "unsubscribe",
+    "memory/summarize": "summarize",
+}
+
+
+def bound_handlers(service: object) -> dict[str, Handler]:
+    """The A2M methods `service` implements, found by HANDLER_NAMES (describe is the dispatcher's)."""
+    return {method: getattr(service, name) for method, name in HANDLER_NAMES.items() if hasattr(service, name)}
+
 
 class Service(Protocol):
     """What a server implements; the dispatcher does the rest."""

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
 from a2m import errors, prompt as prompts
-from a2m.dispatch import Context, Handler
+from a2m.dispatch import Context, Handler, bound_handlers
 from a2m.embedder import Embedder, try_embed
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog
@@ -112,23 +112,7 @@ class TierServer:
         raise A2MError(errors.READ_ONLY, f"tier {self.name} is read-only", {"tier": self.name})
 
     def _handlers(self) -> dict[str, Handler]:
-        return {
-            "memory/remember": self.remember,
-            "memory/recall": self.recall,
-            "memory/timeline": self.timeline,
-            "memory/forget": self.forget,
-            "memory/promote": self.promote,
-            "memory/consolidate": self.consolidate,
-            "memory/reinforce": self.reinforce,
-            "memory/session/list": self.session_list,
-            "memory/session/close": self.session_close,
-            "memory/fetch": self.fetch,
-            "memory/events": self.events_poll,
-            "memory/events/subscribe": self.subscribe,
-            "memory/events/unsubscribe": self.unsubscribe,
-            "memory/summarize": self.summarize,
-            **self.extensions,
-        }
+        return {**bound_handlers(self), **self.extensions}
 
     @contextmanager
     def engine(self) -> Iterator[None]:

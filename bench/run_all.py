@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-ORDER = ["protocol", "working", "episodic", "semantic", "procedural", "router", "locomo", "peer_langgraph"]
+ORDER = ["protocol", "working", "episodic", "semantic", "procedural", "tiers_http", "router", "locomo", "peer_langgraph"]
 SKIP = {"run_all", "__init__"}
 
 # Arguments per benchmark: (quick, full). A benchmark not listed gets `--quick` when its

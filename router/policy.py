@@ -82,6 +82,7 @@ class Policy:
         self.pending: dict[tuple[str | None, str], set[str]] = {}  # (owner, tier) -> ids earned promotion
         self._recalls: dict[tuple[str | None, str], Counter[str]] = {}  # recalls not yet counted in the tiers
         self._flushing = False
+        self.observe_move: Any = None  # (reason, source, dest, count) -> None: the router's metrics
 
     def lock(self, *key: Any) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -140,7 +141,7 @@ class Policy:
     # ---- the move -----------------------------------------------------------------
 
     async def move(self, source: Tier, dest: Tier, owner: str | None, records: Sequence[dict[str, Any]],
-                   *, salience: float | None = None) -> list[str]:
+                   *, salience: float | None = None, reason: str = "spill") -> list[str]:
         """Write -> verify -> delete. Returns the source ids that now live (only) in `dest`."""
         if not records:
             return []
@@ -179,6 +180,8 @@ class Policy:
             moved.extend(verified)
         if moved:
             self._note_arrivals(dest, owner, [r for r in records if r["id"] in set(moved)])
+            if self.observe_move is not None:
+                self.observe_move(reason, source.name, dest.name, len(moved))
         return moved
 
     def _note_arrivals(self, dest: Tier, owner: str | None, records: Iterable[dict[str, Any]]) -> None:
@@ -261,7 +264,7 @@ class Policy:
             async with self.lock(tier.name, owner, session):
                 records = await self.scan(tier, owner, where={"session": session}, embeddings=True)
                 records.sort(key=lambda r: r["created_at"])
-                moved = await self.move(tier, self.fed[config.spill_to], owner, records)
+                moved = await self.move(tier, self.fed[config.spill_to], owner, records, reason="session_close")
                 flushed += len(moved)
         return flushed
 
@@ -344,7 +347,7 @@ class Policy:
                      if r["id"] not in known]
             found.extend(extra)
         found.sort(key=lambda r: r["created_at"])
-        moved = await self.move(source, dest, owner, found, salience=salience)
+        moved = await self.move(source, dest, owner, found, salience=salience, reason="promote")
         if moved and self.emit is not None:
             await self.emit("promoted", owner, ids=moved, tier=dest.name)
         return moved

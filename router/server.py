@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from a2m import errors, prompt as prompts
 from a2m.capabilities import CAPABILITIES
-from a2m.dispatch import Context, Handler
+from a2m.dispatch import Context, Handler, bound_handlers
 from a2m.embedder import make_embedder, try_embed
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog
@@ -118,26 +118,35 @@ class Router:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
+    def _count_degraded(self, tiers: list[str]) -> None:
+        counter = getattr(self, "_degraded", None)
+        if counter is not None:
+            for name in tiers:
+                counter.labels(name).inc()
+
     async def _emit(self, kind: str, owner: str | None, **fields: Any) -> None:
         await self.events.emit(kind, owner, **fields)
 
     def handlers(self) -> dict[str, Handler]:
-        return {
-            "memory/remember": self.remember,
-            "memory/recall": self.recall,
-            "memory/timeline": self.timeline,
-            "memory/forget": self.forget,
-            "memory/promote": self.promote,
-            "memory/consolidate": self.consolidate,
-            "memory/reinforce": self.reinforce,
-            "memory/session/list": self.session_list,
-            "memory/session/close": self.session_close,
-            "memory/fetch": self.fetch,
-            "memory/events": self.events_poll,
-            "memory/events/subscribe": self.subscribe,
-            "memory/events/unsubscribe": self.unsubscribe,
-            "memory/summarize": self.summarize,
-        }
+        return bound_handlers(self)
+
+    def register_metrics(self, registry: Any) -> None:
+        """Policy and health on the router's /metrics, beside the binding's request counts."""
+        from prometheus_client import Counter, Gauge
+
+        moved = Counter("a2m_router_moved_records", "records moved between tiers", ["reason", "source", "dest"],
+                        registry=registry)
+        self.policy.observe_move = lambda reason, source, dest, n: moved.labels(reason, source, dest).inc(n)
+        self._degraded = Counter("a2m_router_degraded_calls", "calls that left a tier out", ["tier"],
+                                 registry=registry)
+        up = Gauge("a2m_router_tier_up", "1 while the router reaches the tier", ["tier"], registry=registry)
+        for name in self.fed.order:  # the tiers themselves exist only once the federation starts
+            up.labels(name).set_function(
+                lambda name=name: 1.0 if name in self.fed.tiers and self.fed.tiers[name].healthy else 0.0)
+
+    async def health(self) -> dict[str, Any]:
+        """Per-tier status for /readyz: ready needs only the default tier, the rest is reported."""
+        return {"tiers": {t.name: ("up" if t.healthy else "down") for t in self.fed}}
 
     # ---- helpers ---------------------------------------------------------------------
 
@@ -405,6 +414,7 @@ class Router:
         result: dict[str, Any] = {"records": [r.to_wire(embeddings=asked_vectors) for r in fused]}
         if fan.degraded:
             result["degraded"] = fan.degraded
+            self._count_degraded(fan.degraded)
         if options is not None:
             result.update(prompts.render(fused, options, ordered_by_time=False))
         return result
@@ -423,6 +433,7 @@ class Router:
         result: dict[str, Any] = {"records": wire}
         if fan.degraded:
             result["degraded"] = fan.degraded
+            self._count_degraded(fan.degraded)
         if options is not None:
             records = [Record.from_wire(r) for r in wire]
             result.update(prompts.render(records, options, ordered_by_time=True))

@@ -1,0 +1,32 @@
+"""The router's /metrics counts the records it moves and reports tier health; /readyz names each tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from a2m.client import HTTPClient
+
+from .stack import federation
+
+
+@pytest.mark.anyio
+async def test_moves_and_tier_health_are_exported(tmp_path: Path) -> None:
+    with federation(tmp_path) as stack:
+        async with HTTPClient(stack.url) as router:
+            turns = [{"content": f"turn {i}", "session": "metrics", "role": "user"} for i in range(40)]
+            for i in range(0, 40, 10):
+                await router.call("memory/remember", {"records": turns[i:i + 10], "owner": "m"})
+            await router.call("memory/session/close", {"session": "metrics", "owner": "m"})
+        metrics = httpx.get(stack.url + "metrics").text
+        ready = httpx.get(stack.url + "readyz").json()
+    spilled = [line for line in metrics.splitlines()
+               if line.startswith('a2m_router_moved_records_total{dest="episodic",reason="spill",source="working"}')]
+    closed = [line for line in metrics.splitlines()
+              if line.startswith('a2m_router_moved_records_total{dest="episodic",reason="session_close"')]
+    assert spilled and float(spilled[0].split()[-1]) >= 8  # capacity 32: at least 8 of 40 spilled on write
+    assert closed and float(closed[0].split()[-1]) >= 1  # the rest left working at close
+    assert 'a2m_router_tier_up{tier="working"} 1.0' in metrics
+    assert ready["status"] == "ready" and ready["tiers"]["episodic"] == "up"
