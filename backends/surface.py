@@ -22,6 +22,7 @@ from a2m.filters import Scope, parse_scope
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
 from a2m.summarize import summarize as extract_summary
 from a2m.timefmt import now
+from a2m.params import ids_param, int_param, str_param
 
 from .store import Store, StoreRejected, StoreUnavailable
 
@@ -30,31 +31,6 @@ log = logging.getLogger("a2m.tier")
 DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000, "max_recall_limit": 1000}
 DEFAULT_RECALL_LIMIT = 10
 FORGET_BY_QUERY_LIMIT = 1000
-
-
-def _int(params: Mapping[str, Any], name: str, default: int | None) -> int | None:
-    value = params.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise invalid(f"{name} must be a non-negative integer", field=name)
-    return value
-
-
-def _opt_str(params: Mapping[str, Any], name: str) -> str | None:
-    value = params.get(name)
-    if value is not None and not isinstance(value, str):
-        raise invalid(f"{name} must be a string", field=name)
-    return value
-
-
-def _ids(params: Mapping[str, Any], *, required: bool = True) -> list[str]:
-    ids = params.get("ids")
-    if ids is None and not required:
-        return []
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-        raise invalid("ids must be an array of strings", field="ids")
-    return ids
 
 
 class TierServer:
@@ -164,7 +140,7 @@ class TierServer:
         return parse_scope(params, ctx.owner(params), ids_field=ids_field)
 
     def _recall_limit(self, params: Mapping[str, Any], default: int) -> int:
-        limit = _int(params, "limit", default)
+        limit = int_param(params, "limit", default)
         assert limit is not None
         cap = self.limits.get("max_recall_limit")
         if cap:
@@ -294,7 +270,7 @@ class TierServer:
         self._check_tier(params)
         scope = self._scope(params, ctx)
         limit = self._recall_limit(params, DEFAULT_RECALL_LIMIT)
-        query = _opt_str(params, "query")
+        query = str_param(params, "query")
         min_score = params.get("min_score")
         if min_score is not None and (not isinstance(min_score, (int, float)) or isinstance(min_score, bool)):
             raise invalid("min_score must be a number", field="min_score")
@@ -340,7 +316,7 @@ class TierServer:
     async def forget(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         self._check_tier(params)
         scope = self._scope(params, ctx, ids_field=True)
-        query = _opt_str(params, "query")
+        query = str_param(params, "query")
         if scope.is_empty_selector() and not query:
             raise invalid("forget needs a selector (ids, query, where, key_prefix, after or before)")
         with self.engine():
@@ -358,7 +334,7 @@ class TierServer:
     # ---- tiers, salience, sessions, keys -------------------------------------
 
     async def promote(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        ids = _ids(params)
+        ids = ids_param(params)
         tier = params.get("tier")
         if not isinstance(tier, str):
             raise invalid("tier is required", field="tier")
@@ -375,7 +351,7 @@ class TierServer:
         return result
 
     async def reinforce(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        ids = _ids(params)
+        ids = ids_param(params)
         owner = ctx.owner(params)
         amount = params.get("amount", 0.1)
         if amount is None:
@@ -442,8 +418,8 @@ class TierServer:
         self._check_tier(params)
         self._check_tier(params, "into")
         scope = self._scope(params, ctx, ids_field=True)
-        query = _opt_str(params, "query")
-        key = _opt_str(params, "key")
+        query = str_param(params, "query")
+        key = str_param(params, "key")
         if scope.is_empty_selector() and not query and params.get("tier") is None:
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
         limit = self._recall_limit(params, 50)

@@ -27,6 +27,7 @@ from a2m.http import HTTPSettings
 from a2m.records import DEFAULT_SALIENCE, Record, parse_write, validate_embedding
 from a2m.summarize import summarize as extract_summary
 from a2m.timefmt import now
+from a2m.params import ids_param, int_param, str_param
 
 from . import fusion
 from .config import RouterConfig, load
@@ -40,29 +41,6 @@ _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(Record))
 _DEFAULTS = (("metadata", dict), ("salience", DEFAULT_SALIENCE), ("access_count", 0), ("revision", 1),
              ("content", ""), ("created_at", now))
 SCOPE_PARAMS = ("where", "key_prefix", "after", "before")
-
-
-def _int(params: Mapping[str, Any], name: str, default: int | None) -> int | None:
-    value = params.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise invalid(f"{name} must be a non-negative integer", field=name)
-    return value
-
-
-def _opt_str(params: Mapping[str, Any], name: str) -> str | None:
-    value = params.get(name)
-    if value is not None and not isinstance(value, str):
-        raise invalid(f"{name} must be a string", field=name)
-    return value
-
-
-def _ids(params: Mapping[str, Any]) -> list[str]:
-    ids = params.get("ids")
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-        raise invalid("ids must be an array of strings", field="ids")
-    return ids
 
 
 def _with_owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
@@ -161,7 +139,7 @@ class Router:
         return [self._tier(params["tier"])]
 
     def _limit(self, params: Mapping[str, Any], default: int) -> int:
-        limit = _int(params, "limit", default)
+        limit = int_param(params, "limit", default)
         assert limit is not None
         cap = self.limits.get("max_recall_limit")
         if cap:
@@ -361,7 +339,7 @@ class Router:
         tiers = self._scope_tiers(params)
         scope = self._scope_params(params, owner)
         limit = self._limit(params, DEFAULT_RECALL_LIMIT)
-        query = _opt_str(params, "query")
+        query = str_param(params, "query")
         min_score = params.get("min_score")
         if min_score is not None and (not isinstance(min_score, (int, float)) or isinstance(min_score, bool)):
             raise invalid("min_score must be a number", field="min_score")
@@ -462,7 +440,7 @@ class Router:
         owner = ctx.owner(params)
         tiers = self._scope_tiers(params)
         scope = parse_scope(params, owner, ids_field=True)
-        query = _opt_str(params, "query")
+        query = str_param(params, "query")
         if scope.is_empty_selector() and not query:
             raise invalid("forget needs a selector (ids, query, where, key_prefix, after or before)")
         if params.get("tier") is not None and not tiers[0].writable:
@@ -500,7 +478,7 @@ class Router:
         return out
 
     async def reinforce(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        ids = _ids(params)
+        ids = ids_param(params)
         owner = ctx.owner(params)
         amount = params.get("amount", 0.1)
         if amount is None:
@@ -515,7 +493,7 @@ class Router:
     # ---- tiers: promote, consolidate ---------------------------------------------------------
 
     async def promote(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        ids = _ids(params)
+        ids = ids_param(params)
         if params.get("tier") is None:
             raise invalid("tier is required", field="tier")
         dest = self._tier(params["tier"])
@@ -630,8 +608,8 @@ class Router:
         tiers = self._scope_tiers(params)
         into = self._summary_tier(params)
         scope = parse_scope(params, owner, ids_field=True)
-        query = _opt_str(params, "query")
-        key = _opt_str(params, "key")
+        query = str_param(params, "query")
+        key = str_param(params, "key")
         if scope.is_empty_selector() and not query and params.get("tier") is None:
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
         limit = self._limit(params, 50)
