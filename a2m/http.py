@@ -25,6 +25,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
+_READ_HEADERS = frozenset({b"origin", b"authorization", b"a2m-protocol-version", b"content-type", b"content-length"})
 SERVICE = object()  # a token that maps to SERVICE is trusted to name any owner (the router's token)
 
 
@@ -136,7 +137,8 @@ class HTTPApp:
                 return
 
     async def _rpc(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        # ASGI header names arrive lowercased: keep only the five this binding reads.
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _READ_HEADERS}
         origin = headers.get("origin")
         if origin is not None and origin not in self.settings.allowed_origins:
             await _respond(send, 403, b'{"error":"origin not allowed"}')
@@ -164,9 +166,16 @@ class HTTPApp:
         if declared is not None and declared.isdigit() and int(declared) > self.settings.max_body:
             await _respond(send, 413, b'{"error":"body too large"}')
             return
-        chunks: list[bytes] = []
-        size = 0
-        more = True
+        first = await receive()
+        if first["type"] == "http.disconnect":
+            return
+        body = first.get("body", b"")
+        if len(body) > self.settings.max_body:
+            await _respond(send, 413, b'{"error":"body too large"}')
+            return
+        chunks: list[bytes] = [body]
+        size = len(body)
+        more = first.get("more_body", False)
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -179,11 +188,11 @@ class HTTPApp:
             chunks.append(chunk)
             more = message.get("more_body", False)
         ctx = Context(principal=principal, transport="http")
-        body = await self.dispatcher.handle_bytes(b"".join(chunks), ctx)
-        if body is None:
+        reply = await self.dispatcher.handle_bytes(chunks[0] if len(chunks) == 1 else b"".join(chunks), ctx)
+        if reply is None:
             await _respond(send, 202)
         else:
-            await _respond(send, 200, body)
+            await _respond(send, 200, reply)
 
 
 def run(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning") -> None:
