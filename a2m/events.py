@@ -14,7 +14,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable
 
-from .errors import invalid
+from . import errors
+from .errors import A2MError, invalid
 from .timefmt import now
 
 EVENT_KINDS = frozenset({"written", "forgotten", "promoted", "consolidated", "session_closed"})
@@ -121,3 +122,28 @@ class EventLog:
 
     def unsubscribe(self, key: object) -> bool:
         return self._subscribers.pop(key, None) is not None
+
+
+class EventMethods:
+    """memory/events, events/subscribe and events/unsubscribe over `self.events`, for any service.
+
+    Push needs a transport that carries notifications (`ctx.push`); over plain
+    HTTP subscribe answers -32003 and clients poll.
+    """
+
+    events: EventLog
+
+    async def events_poll(self, params: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        return self.events.poll(params.get("cursor"), limit=params.get("limit"), kinds=params.get("kinds"),
+                                owner=ctx.owner(params))
+
+    async def subscribe(self, params: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        if ctx.push is None:
+            raise A2MError(errors.CAPABILITY_NOT_SUPPORTED, "push needs a connection that carries notifications "
+                           "(stdio); poll memory/events over HTTP", {"transport": ctx.transport})
+        self.events.subscribe(ctx, ctx.push, owner=ctx.owner(params), kinds=params.get("kinds"))
+        return {"subscribed": True}
+
+    async def unsubscribe(self, params: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        self.events.unsubscribe(ctx)
+        return {"subscribed": False}

@@ -23,9 +23,7 @@ def default_data_dir() -> Path:
 
 
 def _tokens(values: list[str]) -> dict[str, object]:
-    """`--token TOKEN=principal` (an owner scope) or `--service-token TOKEN` (trusted to name owners)."""
-    from a2m.http import SERVICE
-
+    """`--token TOKEN=principal`: a bearer token and the owner scope it grants."""
     out: dict[str, object] = {}
     for value in values:
         token, sep, principal = value.partition("=")

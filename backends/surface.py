@@ -17,7 +17,7 @@ from a2m import errors, prompt as prompts
 from a2m.dispatch import Context, Handler, bound_handlers
 from a2m.embedder import Embedder, try_embed
 from a2m.errors import A2MError, invalid
-from a2m.events import EventLog
+from a2m.events import EventLog, EventMethods
 from a2m.filters import Scope, parse_scope
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
 from a2m.summarize import summarize as extract_summary
@@ -33,7 +33,7 @@ DEFAULT_RECALL_LIMIT = 10
 FORGET_BY_QUERY_LIMIT = 1000
 
 
-class TierServer:
+class TierServer(EventMethods):
     """One tier, one engine: a complete, conformant A2M service."""
 
     def __init__(
@@ -334,7 +334,7 @@ class TierServer:
     # ---- tiers, salience, sessions, keys -------------------------------------
 
     async def promote(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        ids = ids_param(params)
+        ids_param(params)  # validated: the ids already live in the only tier here
         tier = params.get("tier")
         if not isinstance(tier, str):
             raise invalid("tier is required", field="tier")
@@ -394,23 +394,6 @@ class TierServer:
                 full = await self.store.get(owner, [record.id], with_embeddings=True)
                 record = full[0] if full else record
         return {"record": None if record is None else self._wire([record], params)[0]}
-
-    # ---- events --------------------------------------------------------------
-
-    async def events_poll(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        return self.events.poll(params.get("cursor"), limit=params.get("limit"), kinds=params.get("kinds"),
-                                owner=ctx.owner(params))
-
-    async def subscribe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        if ctx.push is None:
-            raise A2MError(errors.CAPABILITY_NOT_SUPPORTED, "push needs a connection that carries notifications "
-                           "(stdio); poll memory/events over HTTP", {"transport": ctx.transport})
-        self.events.subscribe(ctx, ctx.push, owner=ctx.owner(params), kinds=params.get("kinds"))
-        return {"subscribed": True}
-
-    async def unsubscribe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        self.events.unsubscribe(ctx)
-        return {"subscribed": False}
 
     # ---- summarize -------------------------------------------------------------
 

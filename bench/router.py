@@ -17,7 +17,6 @@ import asyncio
 import itertools
 import json
 import random
-import statistics
 import sys
 import tempfile
 import time

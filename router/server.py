@@ -21,7 +21,7 @@ from a2m.capabilities import CAPABILITIES
 from a2m.dispatch import Context, Handler, bound_handlers
 from a2m.embedder import make_embedder, try_embed
 from a2m.errors import A2MError, invalid
-from a2m.events import EventLog
+from a2m.events import EventLog, EventMethods
 from a2m.filters import parse_scope
 from a2m.http import HTTPSettings
 from a2m.records import DEFAULT_SALIENCE, Record, parse_write, validate_embedding
@@ -49,7 +49,7 @@ def _with_owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
     return params
 
 
-class Router:
+class Router(EventMethods):
     """An A2M service whose storage is other A2M servers."""
 
     def __init__(self, config: RouterConfig, *, client_factory: Any = None) -> None:
@@ -573,23 +573,6 @@ class Router:
                                    dropped=spilled["dropped"], summarized=0, session=session)
         return {"moved": moved, "promoted": promoted, "dropped": spilled["dropped"], "summarized": 0,
                 "counts": await self._counts(owner), "closed": session, "flushed": flushed}
-
-    # ---- events ---------------------------------------------------------------------------
-
-    async def events_poll(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        return self.events.poll(params.get("cursor"), limit=params.get("limit"), kinds=params.get("kinds"),
-                                owner=ctx.owner(params))
-
-    async def subscribe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        if ctx.push is None:
-            raise A2MError(errors.CAPABILITY_NOT_SUPPORTED, "push needs a connection that carries notifications "
-                           "(stdio); poll memory/events over HTTP", {"transport": ctx.transport})
-        self.events.subscribe(ctx, ctx.push, owner=ctx.owner(params), kinds=params.get("kinds"))
-        return {"subscribed": True}
-
-    async def unsubscribe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        self.events.unsubscribe(ctx)
-        return {"subscribed": False}
 
     # ---- summarize --------------------------------------------------------------------------
 

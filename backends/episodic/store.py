@@ -25,7 +25,6 @@ import json
 import logging
 import re
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Awaitable, Callable, Literal, Sequence, TypeVar
 
 import orjson

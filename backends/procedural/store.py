@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import time
 from collections import defaultdict
@@ -54,6 +55,7 @@ from gitdb.base import IStream
 from a2m.filters import Scope, matches
 from a2m.records import Record
 from a2m.text import BM25, squash
+from backends.children import die_with_parent
 from backends.settings import TierSettings
 from backends.store import SessionInfo, StoreRejected, StoreUnavailable
 
@@ -583,6 +585,7 @@ class GitStore:
             subprocess.run(
                 ["git", "update-index", "--index-info"], cwd=self.path, input="\n".join(lines) + "\n",
                 text=True, check=True, capture_output=True, timeout=60,
+                preexec_fn=die_with_parent(signal.SIGKILL),  # never touch the index after a crash
             )
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("procedural: could not update the index (git status may be stale): %s", exc)

