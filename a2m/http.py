@@ -199,5 +199,7 @@ def run(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: str 
     """Serve `app` with uvicorn (httptools + uvloop), the binding's production server."""
     import uvicorn
 
+    # No proxy-header middleware (this binding never reads the client address) and no
+    # Server header: both are per-request work on the hottest path.
     uvicorn.run(app, host=host, port=port, log_level=log_level, http="httptools", loop="uvloop",
-                lifespan="on", access_log=False)
+                lifespan="on", access_log=False, proxy_headers=False, server_header=False)

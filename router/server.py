@@ -12,7 +12,6 @@ trust the router's service token to name owners).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -24,7 +23,7 @@ from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
 from a2m.filters import parse_scope
 from a2m.http import HTTPSettings
-from a2m.records import DEFAULT_SALIENCE, Record, parse_write, validate_embedding
+from a2m.records import Record, parse_write, validate_embedding
 from a2m.summarize import summarize as extract_summary
 from a2m.timefmt import now
 from a2m.params import ids_param, int_param, str_param
@@ -37,9 +36,6 @@ from .policy import Policy
 log = logging.getLogger("a2m.router")
 
 DEFAULT_RECALL_LIMIT = 10
-_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(Record))
-_DEFAULTS = (("metadata", dict), ("salience", DEFAULT_SALIENCE), ("access_count", 0), ("revision", 1),
-             ("content", ""), ("created_at", now))
 SCOPE_PARAMS = ("where", "key_prefix", "after", "before")
 
 
@@ -186,17 +182,8 @@ class Router(EventMethods):
 
     @staticmethod
     def _records(result: Mapping[str, Any], tier: str) -> list[Record]:
-        """A tier's wire records as Records placed in `tier` (one constructor call each: this runs
-        for every candidate of every recall)."""
-        out = []
-        for wire in result.get("records", []):
-            known = {k: wire[k] for k in _RECORD_FIELDS if k in wire}
-            known["tier"] = tier
-            for name, default in _DEFAULTS:
-                if known.get(name) is None:
-                    known[name] = default() if callable(default) else default
-            out.append(Record(**known))
-        return out
+        """A tier's wire records as Records placed in `tier`."""
+        return [Record.from_wire(wire, tier=tier) for wire in result.get("records", [])]
 
     def _key_lock(self, owner: str | None) -> asyncio.Lock:
         lock = self._key_locks.get(owner)

@@ -56,6 +56,7 @@ from backends.store import SessionInfo, StoreRejected, StoreUnavailable
 from .embedded import RedisServer
 
 _REJECT = "A2M-REJECT"
+_POLL_S = 0.5  # how stale the embedded child's liveness may be on the happy path
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)
 _MUTABLE = ("salience", "access_count", "accessed_at", "embedding")
@@ -138,7 +139,10 @@ if width ~= '' then redis.call('SETNX', P .. ':dims', width) end
 return removed
 """
 
-# ARGV: P, owner, want-embeddings, mode, mode args.  Returns m j sal ac aa e per record.
+# ARGV: P, owner, want-embeddings, mode, mode args.  Returns the index member of each
+# record, then one JSON array of the records with their mutable fields spliced into
+# the stored JSON (server-made text: a timestamp, numbers, a vector), so Python
+# decodes one document, not six values a record.
 #   z      <index suffix> <min> <max> <rev 0|1> <limit, -1 = all>
 #   ids    <id>...
 #   keys   <key>...
@@ -172,18 +176,19 @@ else
   end
   for x = 1, #keys do ids[#ids + 1] = redis.call('HGET', base .. ':k', keys[x]) end
 end
-local out = {}
+local out, bodies = {}, {}
 for x = 1, #ids do
   local h = redis.call('HMGET', P .. ':r:' .. ids[x], 'o', 'm', 'j', 'sal', 'ac', 'aa', 'e')
   if h[1] == o then
     out[#out + 1] = h[2]
-    out[#out + 1] = h[3]
-    out[#out + 1] = h[4]
-    out[#out + 1] = h[5]
-    out[#out + 1] = h[6]
-    if want then out[#out + 1] = h[7] else out[#out + 1] = false end
+    local aa, e = 'null', 'null'
+    if h[6] and h[6] ~= '' then aa = '"' .. h[6] .. '"' end
+    if want and h[7] and h[7] ~= '' then e = h[7] end
+    bodies[#bodies + 1] = string.sub(h[3], 1, -2) .. ',"salience":' .. h[4] .. ',"access_count":' .. h[5]
+      .. ',"accessed_at":' .. aa .. ',"embedding":' .. e .. '}'
   end
 end
+out[#out + 1] = '[' .. table.concat(bodies, ',') .. ']'
 return out
 """
 
@@ -280,6 +285,10 @@ def _single(where: Mapping[str, Any], name: str) -> tuple[bool, str | None]:
     return False, None
 
 
+class _Unreachable(StoreUnavailable):
+    """The connection failed: the one failure worth a retry on a restarted child."""
+
+
 class RedisStore:
     """`Store` on Redis; an embedded `redis-server` child when no URL is given."""
 
@@ -299,6 +308,7 @@ class RedisStore:
         self._redis: aioredis.Redis | None = None
         self._restart_lock: anyio.Lock | None = None
         self._failed_restart_at = 0.0
+        self._polled_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -341,7 +351,7 @@ class RedisStore:
             await self.server.stop()
 
     async def ping(self) -> None:
-        await self._ready()
+        await self._ready(check=True)
         assert self._redis is not None
         try:
             await self._redis.ping()
@@ -350,12 +360,23 @@ class RedisStore:
         except OSError as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
 
-    async def _ready(self) -> None:
-        """Restart an embedded child that died; fail fast while a restart keeps failing."""
+    async def _ready(self, *, check: bool = False) -> None:
+        """Restart an embedded child that died; fail fast while a restart keeps failing.
+
+        Polling the child costs a waitpid per call, a tenth of a timeline's CPU,
+        so the happy path polls at most every `_POLL_S`; a connection error
+        polls at once (`check`), and `_eval` retries once on a fresh child.
+        """
         if self._redis is None:
             raise StoreUnavailable("the working store is not open")
         server = self.server
-        if server is None or server.alive():
+        if server is None:
+            return
+        clock = time.monotonic()
+        if not check and clock - self._polled_at < _POLL_S:
+            return
+        self._polled_at = clock
+        if server.alive():
             return
         assert self._restart_lock is not None
         async with self._restart_lock:
@@ -373,6 +394,18 @@ class RedisStore:
     async def _eval(self, script: Any, args: list[Any]) -> Any:
         await self._ready()
         try:
+            return await self._run(script, args)
+        except _Unreachable:
+            if self.server is None or self.server.alive():
+                raise
+        # The embedded child died under this call. Writes are idempotent by id, so
+        # repeating on a new child is safe; a touch or reinforce that reached the
+        # AOF before the crash may count twice, which beats losing the call.
+        await self._ready(check=True)
+        return await self._run(script, args)
+
+    async def _run(self, script: Any, args: list[Any]) -> Any:
+        try:
             return await script(args=[self.prefix, *args], client=self._redis)
         except ResponseError as exc:
             text = str(exc)
@@ -380,7 +413,7 @@ class RedisStore:
                 raise StoreRejected(text.split(_REJECT, 1)[1].strip()) from None
             raise StoreUnavailable(f"redis: {text}") from exc
         except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
-            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+            raise _Unreachable(f"redis unreachable: {exc}") from exc
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
         except UnicodeEncodeError as exc:
@@ -410,16 +443,7 @@ class RedisStore:
     @staticmethod
     def _records(flat: list[Any]) -> list[tuple[bytes, Record]]:
         """(index member, record) pairs from a fetch reply."""
-        out = []
-        for x in range(0, len(flat), 6):
-            member, j, sal, ac, aa, e = flat[x : x + 6]
-            body = orjson.loads(j)
-            body["salience"] = float(sal)
-            body["access_count"] = int(ac)
-            body["accessed_at"] = aa.decode() if aa else None
-            body["embedding"] = orjson.loads(e) if e else None
-            out.append((member, Record(**body)))
-        return out
+        return [(member, Record.from_wire(body)) for member, body in zip(flat, orjson.loads(flat[-1]))]
 
     # -- writes ------------------------------------------------------------
 
