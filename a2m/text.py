@@ -18,7 +18,7 @@ from functools import lru_cache
 import unicodedata
 import zlib
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from .stopwords import STOPWORDS
 
@@ -224,15 +224,19 @@ def squash(score: float) -> float:
     return score / (score + 1.0) if score > 0 else 0.0
 
 
-def rank(texts: dict[str, str], query: str, k1: float = 0.9, b: float = 0.4) -> list[tuple[str, float]]:
-    """One-shot BM25 over a small corpus (id -> text): [(id, score in [0,1))], best first.
+def bm25_scores(texts: Mapping[str, str], query: str, *, documents: int | None = None,
+                k1: float = 0.9, b: float = 0.4) -> dict[str, float]:
+    """One-shot raw BM25 over a small corpus (id -> text), for the documents matching a term.
 
     No index is built: one pass counts the query's terms in each (cached)
-    tokenization, which is what a scan of a working session or a rerank pool needs.
+    tokenization. `documents` is the size of the collection `texts` was drawn
+    from, when `texts` is every document there that holds a query term (a
+    database's full-text matches): document frequencies are then exact, and
+    only the collection's size is missing for the IDF.
     """
     wanted = set(_terms(query, None))
     if not wanted or not texts:
-        return []
+        return {}
     total = 0
     hits: list[tuple[str, int, dict[str, int]]] = []
     df: Counter[str] = Counter()
@@ -246,12 +250,18 @@ def rank(texts: dict[str, str], query: str, k1: float = 0.9, b: float = 0.4) -> 
         if tf:
             hits.append((doc_id, len(terms), tf))
             df.update(tf.keys())
-    n = len(texts)
-    avg = total / n if total else 1.0
+    n = max(len(texts), documents or 0)
+    avg = total / len(texts) if total else 1.0
     idf = {t: math.log(1 + (n - d + 0.5) / (d + 0.5)) * (k1 + 1) for t, d in df.items()}
-    scored = []
+    out = {}
     for doc_id, length, tf in hits:
         norm = k1 * (1 - b + b * length / avg)
-        scored.append((doc_id, squash(sum(idf[t] * f / (f + norm) for t, f in tf.items()))))
+        out[doc_id] = sum(idf[t] * f / (f + norm) for t, f in tf.items())
+    return out
+
+
+def rank(texts: dict[str, str], query: str, k1: float = 0.9, b: float = 0.4) -> list[tuple[str, float]]:
+    """BM25 over a small corpus (a working session, a rerank pool): [(id, score in [0,1))], best first."""
+    scored = [(doc_id, squash(s)) for doc_id, s in bm25_scores(texts, query, k1=k1, b=b).items()]
     scored.sort(key=lambda p: (-p[1], p[0]))  # ties by id: the same order on every run
     return scored

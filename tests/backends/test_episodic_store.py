@@ -162,6 +162,27 @@ async def test_search_text_vector_hybrid(store: PostgresStore) -> None:
     assert await store.dimensions() == 3
 
 
+async def test_text_rank_weighs_rare_words_and_lends_to_session_neighbours(store: PostgresStore) -> None:
+    owner = _owner()
+    turns = [
+        ("user", "Anna: the weather is nice today, lovely weather"),
+        ("user", "Ben: did you finish the pottery class?"),
+        ("assistant", "Anna: yes, I made a blue bowl"),
+        ("user", "Ben: the weather is nice indeed"),
+    ]
+    await store.write([rec(i, owner, content=c, role=role, session="s1", created_at=f"2026-03-01T10:00:0{i}.000Z")
+                       for i, (role, c) in enumerate(turns)]
+                      + [rec(9, owner, content="Ben: bye for now", session="s2")])
+    found = [r.id for r in await store.search(Scope(owner=owner), text="pottery weather", vector=None, limit=10)]
+    # one rare word outweighs a common one said twice (IDF; ts_rank would put record 0 first)
+    assert found[0] == f"{owner}-1"
+    # the reply to the pottery question holds no query word, yet it is found, through its neighbour
+    assert f"{owner}-2" in found and f"{owner}-9" not in found
+    # a neighbour outside the scope is never lent into it
+    scoped = await store.search(Scope(owner=owner, where={"role": "user"}), text="pottery", vector=None, limit=10)
+    assert f"{owner}-2" not in {r.id for r in scoped} and scoped[0].id == f"{owner}-1"
+
+
 async def test_owner_isolation_on_every_path(store: PostgresStore) -> None:
     mine, theirs = _owner(), _owner()
     shared = dict(content="secret deployment plan", key="k", session="s", embedding=[1.0, 0.0, 0.0])
