@@ -61,7 +61,7 @@ class FusionConfig:
     pool: int = 50  # rerank: candidates asked of each tier (at least the caller's limit)
     half_life_days: float = 30.0  # rerank: recency decay
     weights: Mapping[str, float] = field(default_factory=lambda: {
-        "text": 0.45, "vector": 0.35, "recency": 0.12, "salience": 0.08})
+        "text": 0.25, "vector": 0.2, "rank": 0.45, "recency": 0.06, "salience": 0.04})
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ are never compared across tiers. Two strategies:
   go to the more recent record.
 - **rerank**: every candidate of the broad pool is scored by one scorer: BM25
   over the pool (so IDF is the pool's, shared by all candidates), cosine to the
-  query vector where both vectors exist, recency (exponential decay) and
-  salience. Weights are renormalised over the signals present, so a pool
+  query vector where both vectors exist, its rank in its own tier's list (what
+  the tier knew that the pool does not: collection-wide IDF, session
+  neighbours), recency (exponential decay) and salience. Weights are renormalised over the signals present, so a pool
   without vectors is not penalised for it.
 
 Without a query (and without a vector) there is nothing to rank by relevance:
@@ -26,6 +27,8 @@ from typing import Mapping, Sequence
 from a2m.records import Record
 from a2m.text import BM25
 from a2m.timefmt import to_epoch
+
+RANK_K = 10  # rerank's tier-rank signal: 1.0 for a tier's first hit, 0.5 by its 11th
 
 
 def _dedupe(lists: Mapping[str, Sequence[Record]], depth: Mapping[str, int]) -> dict[str, list[tuple[int, Record]]]:
@@ -83,7 +86,9 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float | None:
 def rerank(lists: Mapping[str, Sequence[Record]], *, query: str | None, vector: Sequence[float] | None,
            weights: Mapping[str, float], half_life_days: float = 30.0, now: float | None = None,
            depth: Mapping[str, int] | None = None) -> list[Record]:
-    pool = [r for _, ranked in _dedupe(lists, depth or {}).items() for _, r in ranked]
+    kept = _dedupe(lists, depth or {})
+    pool = [r for _, ranked in kept.items() for _, r in ranked]
+    tier_rank = {r.id: (RANK_K + 1) / (RANK_K + 1 + rank) for ranked in kept.values() for rank, r in ranked}
     if not pool:
         return []
     if not query and vector is None:
@@ -99,6 +104,7 @@ def rerank(lists: Mapping[str, Sequence[Record]], *, query: str | None, vector: 
         if top > 0:
             text_scores = {i: s / top for i, s in raw.items()}
     half_life = max(half_life_days, 1e-6) * 86400.0
+    by_rank = weights.get("rank", 0.0) > 0  # a tier's own pick counts as relevant when its rank is weighed
     scored: list[tuple[float, float, Record]] = []
     for record in pool:
         signals: dict[str, float] = {}
@@ -112,9 +118,10 @@ def rerank(lists: Mapping[str, Sequence[Record]], *, query: str | None, vector: 
             age = max(0.0, now - to_epoch(record.created_at))
         except Exception:
             age = half_life
+        signals["rank"] = tier_rank[record.id]
         signals["recency"] = 0.5 ** (age / half_life)
         signals["salience"] = record.salience
-        relevance = signals.get("text", 0.0) + signals.get("vector", 0.0)
+        relevance = signals.get("text", 0.0) + signals.get("vector", 0.0) + by_rank * signals["rank"]
         if relevance <= 0.0:
             continue  # recency and salience order relevant candidates; they do not make one relevant
         total = sum(weights.get(name, 0.0) for name in signals) or 1.0

@@ -52,3 +52,14 @@ def test_rerank_uses_cosine_when_vectors_exist() -> None:
                           weights={"text": 0.5, "vector": 0.5, "recency": 0, "salience": 0})
     assert [r.id for r in fused] == ["near", "far"]
     assert fusion.cosine([1, 0], [1, 0]) == 1.0 and fusion.cosine([1], [1, 2]) is None
+
+
+def test_rerank_keeps_a_tiers_own_pick_when_rank_is_weighed() -> None:
+    # the episodic tier's second hit holds no query word (a session neighbour it lent score to)
+    lists = {"episodic": [rec("q", "did you finish the pottery class"), rec("a", "yes, a blue bowl")],
+             "semantic": [rec("s", "pottery is fun, pottery is messy")]}
+    weights = {"text": 0.25, "vector": 0.2, "rank": 0.45, "recency": 0, "salience": 0}
+    fused = [r.id for r in fusion.rerank(lists, query="pottery", vector=None, weights=weights, now=0)]
+    assert "a" in fused and fused.index("q") < fused.index("a")
+    assert "a" not in [r.id for r in fusion.rerank(lists, query="pottery", vector=None,
+                                                  weights={**weights, "rank": 0}, now=0)]
