@@ -233,6 +233,7 @@ class PostgresStore:
         if mode not in (None, "hnsw", "exact"):
             raise ValueError(f"vector_search must be 'hnsw' or 'exact', not {mode!r}")
         self.vector_search: str = mode or "hnsw"
+        self.hnsw = schema.HNSWBuild(int(options.get("hnsw_m", 16)), int(options.get("hnsw_ef_construction", 64)))
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -256,7 +257,7 @@ class PostgresStore:
                 await schema.migrate(conn)
                 self._dims = await schema.embedding_dimensions(conn)
                 if self._dims is not None and self.vector_search == "hnsw":
-                    await schema.ensure_vector_index(conn, self._dims)
+                    await schema.ensure_vector_index(conn, self._dims, self.hnsw)
             pool = AsyncConnectionPool(
                 self.dsn,
                 min_size=self.pool_min,
@@ -360,7 +361,7 @@ class PostgresStore:
                     first = next(r.embedding for r in puts if r.embedding is not None)
                     # Not cached until commit: if this transaction fails, the column was never made.
                     dims = await schema.ensure_embedding(
-                        conn, len(first), index=self.vector_search == "hnsw")  # type: ignore[arg-type]
+                        conn, len(first), index=self.hnsw if self.vector_search == "hnsw" else None)  # type: ignore[arg-type]
                 if widths and widths != {dims}:
                     raise StoreRejected(f"embedding width {sorted(widths - {dims})} differs from the tier's {dims}")
                 if deletes:

@@ -257,6 +257,21 @@ async def test_two_replicas_migrate_an_empty_database(server: str) -> None:
             await s.close()
 
 
+async def test_hnsw_build_parameters_are_options(server: str) -> None:
+    dsn = _fresh_database(server)
+    store = PostgresStore(_settings(dsn, hnsw_m=8, hnsw_ef_construction=32))
+    await store.open()
+    try:
+        await store.write([rec(1, "a", embedding=[0.5, 0.5])])
+        with psycopg.connect(dsn) as conn:
+            (options,) = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'records_embedding'").fetchone()
+        assert sorted(options) == ["ef_construction=32", "m=8"]
+    finally:
+        await store.close()
+    with pytest.raises(ValueError, match="hnsw_m"):
+        PostgresStore(_settings(dsn, hnsw_m=8, hnsw_ef_construction=10))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # A2M_SCALE=full loads 100,000 vectors into an HNSW index
 async def test_filtered_vector_search_returns_limit(server: str) -> None:
