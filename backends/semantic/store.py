@@ -29,11 +29,13 @@ containing `"`, which cannot be written as a JSON path).
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import struct
 import time
 import uuid
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal, Protocol, Sequence
 
 import anyio
@@ -65,8 +67,17 @@ INDEXES: tuple[tuple[str, str], ...] = (
 )
 
 
+_NAMESPACE_BYTES = NAMESPACE.bytes
+
+
 def point_id(record_id: str) -> str:
-    return str(uuid.uuid5(NAMESPACE, record_id))
+    """`str(uuid.uuid5(NAMESPACE, record_id))`, spelled out: the `UUID` object costs
+    2 µs of a write's per-record budget, the digest and formatting under 1 µs."""
+    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + record_id.encode("utf-8")).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def partition(owner: str | None) -> str:
@@ -211,7 +222,9 @@ def _test(path: str, expected: Any) -> Cond:
     return conds[0] if len(conds) == 1 else Either(conds)
 
 
+@lru_cache(maxsize=4096)
 def _millis(ts: str) -> int:
+    # cached: every record of a `remember` batch carries the same stamp
     return round(to_epoch(ts) * 1000)
 
 
