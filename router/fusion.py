@@ -11,8 +11,9 @@ are never compared across tiers. Two strategies:
   over the pool (so IDF is the pool's, shared by all candidates), cosine to the
   query vector where both vectors exist, its rank in its own tier's list (what
   the tier knew that the pool does not: collection-wide IDF, session
-  neighbours), recency (exponential decay) and salience. Weights are renormalised over the signals present, so a pool
-  without vectors is not penalised for it.
+  neighbours), recency (exponential decay) and salience. Weights are
+  renormalised over the signals present, so a pool without vectors is not
+  penalised for it.
 
 Without a query (and without a vector) there is nothing to rank by relevance:
 both strategies order by recency, as a single tier does.

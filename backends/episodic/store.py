@@ -53,11 +53,11 @@ T = TypeVar("T")
 RRF_K = 60
 RELEVANCE_WEIGHT, RECENCY_WEIGHT, SALIENCE_WEIGHT = 0.95, 0.03, 0.02
 RECENCY_SECONDS = 30 * 86400.0
-# The text branch (see `_lexical`).
+# Ranking (see `_nearest`, `_relevance` and `_text_scores`).
 LEXICAL_MATCHES = 1000  # full-text matches ranked by BM25; past this, the best by ts_rank
-COLLECTION_COUNT_CAP = 100_000  # the scope's size for the IDF, counted up to this
+SCOPE_COUNT_CAP = 10_000  # a scope's size is counted up to this (the IDF saturates; see EXACT_SCAN_ROWS)
 NEIGHBOURS, NEIGHBOUR_HITS, NEIGHBOUR_WEIGHT = 2, 50, 0.25
-EXACT_SCAN_ROWS = 10_000  # a vector recall over a scope this small reads every row (see `_nearest`)
+EXACT_SCAN_ROWS = SCOPE_COUNT_CAP  # a vector recall over a scope this small reads every row
 HYBRID_POOL = 50  # nearest records a hybrid query weighs (and lexical hits given a cosine)
 VECTOR_WEIGHT = 0.5  # the rescaled cosine's share beside BM25 (1.0 for the best match)
 
@@ -520,11 +520,17 @@ class PostgresStore:
                 params = [*scope_params, limit]
             else:
                 pool = max(2 * limit, HYBRID_POOL) if use_vector and use_text else limit
-                similar = await self._nearest(conn, condition, scope_params, query_vector, dims, pool) \
+                size = 0  # the scope's size, counted once: the IDF and the choice of an exact scan need it
+                if use_text or self.vector_search == "hnsw":
+                    cur = await conn.execute(
+                        f"SELECT count(*) FROM (SELECT 1 FROM records WHERE {condition} LIMIT %s) c",
+                        [*scope_params, SCOPE_COUNT_CAP + 1])
+                    size = int((await cur.fetchone() or (0,))[0])
+                similar = await self._nearest(conn, condition, scope_params, query_vector, dims, pool, size) \
                     if use_vector else {}
                 if use_text:
                     relevance = await self._relevance(conn, condition, scope_params, words, text or "",
-                                                      similar, query_vector, dims)
+                                                      similar, query_vector, dims, size)
                 else:  # one ranked list: the reciprocal-rank shape, 1.0 for the nearest
                     relevance = {i: (RRF_K + 1.0) / (RRF_K + r) for r, i in enumerate(similar, 1)}
                 best = sorted(relevance, key=relevance.__getitem__, reverse=True)[:pool]
@@ -551,27 +557,21 @@ class PostgresStore:
         return f"embedding::halfvec({dims:d}) <=> %s::halfvec({dims:d})"
 
     async def _nearest(self, conn: AsyncConnection, condition: str, scope_params: list[Any], query: Vector,
-                       dims: int | None, pool: int) -> dict[str, float]:
+                       dims: int | None, pool: int, size: int) -> dict[str, float]:
         """id -> cosine similarity of the `pool` nearest records in scope, nearest first.
 
-        A scope of at most `EXACT_SCAN_ROWS` records is scanned exactly: there
-        the planner may still pick the HNSW index, and a graph walk that must
-        skip 99% of its nodes (one owner of a hundred) found 68% of the true
-        top 10 at 100,000 rows, slower than reading the owner's rows.
+        A scope of at most `EXACT_SCAN_ROWS` records (`size`) is scanned exactly:
+        there the planner may still pick the HNSW index, and a graph walk that
+        must skip 99% of its nodes (one owner of a hundred) found 68% of the
+        true top 10 at 100,000 rows, slower than reading the owner's rows.
         """
         distance = self._distance(dims)
-        exact = self.vector_search != "hnsw"
-        if not exact:
-            cur = await conn.execute(
-                f"SELECT count(*) FROM (SELECT 1 FROM records WHERE {condition} LIMIT %s) c",
-                [*scope_params, EXACT_SCAN_ROWS + 1])
-            row = await cur.fetchone()
-            exact = row is not None and int(row[0]) <= EXACT_SCAN_ROWS
-        # HNSW serves only ORDER BY the bare operator; "(...) + 0" is the same order, read from the rows
         if self.vector_search != "hnsw":
             order, repeat = "d", []
+        elif size <= EXACT_SCAN_ROWS:  # HNSW serves only ORDER BY the bare operator; "+ 0" is the same order
+            order, repeat = f"({distance}) + 0", [query]
         else:
-            order, repeat = (f"({distance}) + 0" if exact else distance), [query]
+            order, repeat = distance, [query]
         cur = await conn.execute(
             f"SELECT id, {distance} AS d FROM records WHERE {condition} AND embedding IS NOT NULL "
             f"ORDER BY {order} LIMIT %s",
@@ -581,7 +581,7 @@ class PostgresStore:
 
     async def _relevance(self, conn: AsyncConnection, condition: str, scope_params: list[Any], words: str,
                          text: str, similar: dict[str, float], query: Vector | None,
-                         dims: int | None) -> dict[str, float]:
+                         dims: int | None, size: int) -> dict[str, float]:
         """id -> relevance in [0, 1] for a text (or hybrid) query.
 
         Scores are summed, not rank-fused: BM25 over the best match's, plus
@@ -594,7 +594,7 @@ class PostgresStore:
         did she say about X" is often the reply to the turn that names X
         (LoCoMo dev, text only, recall@10 at store level: 0.63 -> 0.71).
         """
-        text_scores = await self._text_scores(conn, condition, scope_params, words, text)
+        text_scores = await self._text_scores(conn, condition, scope_params, words, text, size)
         top_text = max(text_scores.values(), default=0.0) or 1.0
         fused = {i: s / top_text for i, s in text_scores.items()}
         if similar and query is not None:
@@ -628,27 +628,26 @@ class PostgresStore:
         return {i: v / top for i, v in final.items()}
 
     async def _text_scores(self, conn: AsyncConnection, condition: str, scope_params: list[Any], words: str,
-                           text: str) -> dict[str, float]:
-        """id -> BM25 for the full-text matches in scope (0.0 where only PostgreSQL's stemmer matched).
+                           text: str, size: int) -> dict[str, float]:
+        """id -> BM25 for the full-text matches in scope (a sliver where only PostgreSQL's stemmer matched).
 
         PostgreSQL finds the matches (the GIN index, inside the scope); BM25
         with the shared tokenizer ranks them, because `ts_rank` has no IDF and
         lets the commonest query word decide. The matches are every record
         holding a query term (up to `LEXICAL_MATCHES`), so document frequencies
-        are exact; only the scope's size is counted apart.
+        are exact; `size` is the scope's size.
         """
         cur = await conn.execute(
             "WITH q AS (SELECT (replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
-            " || replace(plainto_tsquery('simple', %s)::text, ' & ', ' | ')::tsquery) AS query), "
-            f"n AS (SELECT count(*) AS n FROM (SELECT 1 FROM records WHERE {condition} LIMIT %s) c) "
-            f"SELECT id, content, n.n FROM records, q, n WHERE {condition} AND fts @@ q.query "
+            " || replace(plainto_tsquery('simple', %s)::text, ' & ', ' | ')::tsquery) AS query) "
+            f"SELECT id, content FROM records, q WHERE {condition} AND fts @@ q.query "
             "ORDER BY ts_rank(fts, q.query, 1) DESC, created_at DESC LIMIT %s",
-            [words, words, *scope_params, COLLECTION_COUNT_CAP, *scope_params, LEXICAL_MATCHES],
+            [words, words, *scope_params, LEXICAL_MATCHES],
         )
         rows = await cur.fetchall()
         if not rows:
             return {}
-        scores = bm25_scores({row[0]: row[1] for row in rows}, text, documents=int(rows[0][2]))
+        scores = bm25_scores({row[0]: row[1] for row in rows}, text, documents=size)
         # a match BM25 does not see keeps a sliver, in ts_rank order, below every BM25 hit
         sliver = 1e-6 * (min(scores.values(), default=1.0))
         return {row[0]: scores.get(row[0], sliver / (1 + k)) for k, row in enumerate(rows)}
