@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from datetime import datetime
+from datetime import datetime, timezone
+from math import exp
 from typing import Any, Awaitable, Callable, Literal, Sequence, TypeVar
 
 import orjson
@@ -46,6 +47,7 @@ from backends.store import SessionInfo, StoreRejected, StoreUnavailable
 
 from . import schema
 from .embedded import EmbeddedPostgres
+from .scope_sizes import ScopeSizes
 
 _log = logging.getLogger("a2m.episodic")
 T = TypeVar("T")
@@ -53,7 +55,7 @@ T = TypeVar("T")
 RRF_K = 60
 RELEVANCE_WEIGHT, RECENCY_WEIGHT, SALIENCE_WEIGHT = 0.95, 0.03, 0.02
 RECENCY_SECONDS = 30 * 86400.0
-# Ranking (see `_nearest`, `_relevance` and `_text_scores`).
+# Ranking (see `_nearest_rows`, `_relevance` and `_text_scores`).
 LEXICAL_MATCHES = 1000  # full-text matches ranked by BM25; past this, the best by ts_rank
 SCOPE_COUNT_CAP = 10_000  # a scope's size is counted up to this (the IDF saturates; see EXACT_SCAN_ROWS)
 NEIGHBOURS, NEIGHBOUR_HITS, NEIGHBOUR_WEIGHT = 2, 50, 0.25
@@ -203,6 +205,28 @@ def _record(row: Sequence[Any], *, with_embedding: bool, score: float | None = N
     )
 
 
+def _count_sql(condition: str) -> str:
+    """Count a scope up to a cap (the last parameter): past it, only "large" matters."""
+    return f"SELECT count(*) AS n FROM (SELECT 1 FROM records WHERE {condition} LIMIT %s) c"
+
+
+def _recency(created_at: datetime, now: datetime) -> float:
+    """1.0 for a record written now, 1/e after RECENCY_SECONDS; a future timestamp counts as now."""
+    return exp(-max(0.0, (now - created_at).total_seconds()) / RECENCY_SECONDS)
+
+
+def _blend(rows: Sequence[Sequence[Any]], relevance: Sequence[float], embed: bool, limit: int) -> list[Record]:
+    """The best `limit` of `rows` (relevance[i] in [0, 1] for rows[i]) by relevance blended with recency
+    and salience, the newer first on a tie. Scored here rather than in SQL so a ranked read is the
+    plain statement a hand-written query would be (decision 23)."""
+    now = datetime.now(timezone.utc)
+    scored = sorted(
+        ((RELEVANCE_WEIGHT * rel + RECENCY_WEIGHT * _recency(row[2], now) + SALIENCE_WEIGHT * float(row[7]), row)
+         for row, rel in zip(rows, relevance)),
+        key=lambda pair: (pair[0], pair[1][2]), reverse=True)
+    return [_record(row, with_embedding=embed, score=min(1.0, max(0.0, score))) for score, row in scored[:limit]]
+
+
 def _rejected(error: Exception) -> StoreRejected:
     diag = getattr(error, "diag", None)
     detail = getattr(diag, "message_primary", None) or str(error).splitlines()[0]
@@ -227,6 +251,7 @@ class PostgresStore:
         self._embedded: EmbeddedPostgres | None = None
         self._pool: AsyncConnectionPool | None = None
         self._dims: int | None = None
+        self._sizes = ScopeSizes()
         self.dsn: str | None = settings.url
         # "hnsw": approximate, filtered inside the index scan; "exact": a scan of the rows in scope
         # over halfvec casts (always exact; for a server whose pgvector cannot run HNSW on its CPU).
@@ -367,6 +392,7 @@ class PostgresStore:
                     raise StoreRejected(f"embedding width {sorted(widths - {dims})} differs from the tier's {dims}")
                 if deletes:
                     await conn.execute("DELETE FROM records WHERE id = ANY(%s::text[])", [list(deletes)])
+                    self._sizes.clear()
                 if not puts:
                     return
                 vectors = dims is not None
@@ -428,6 +454,7 @@ class PostgresStore:
 
         async def work(conn: AsyncConnection) -> int:
             cur = await conn.execute(f"DELETE FROM records WHERE {condition}", params)
+            self._sizes.clear()  # a scope that shrank below the exact-scan threshold must not be walked
             return cur.rowcount
 
         return await self._run(work)
@@ -498,8 +525,7 @@ class PostgresStore:
         if text is not None and not words and vector is None:
             return []  # only stopwords: nothing to rank by, and "everything" is not an answer
         condition, scope_params = scope_sql(scope)
-        recency = f"exp(-greatest(0, extract(epoch FROM now() - created_at)) / {RECENCY_SECONDS})"
-        query_vector = None if vector is None else Vector([float(x) for x in vector])
+        query_vector = None if vector is None else Vector(list(vector))  # checked finite numbers upstream
 
         async def work(conn: AsyncConnection) -> list[Record]:
             dims = await self._dimensions(conn)
@@ -509,46 +535,41 @@ class PostgresStore:
             use_text = bool(words)
             embed = with_embeddings and dims is not None
             columns = self._columns(embed)
-            params: list[Any] = []
             if not use_vector and not use_text:
                 if vector is not None:
                     return []  # a vector query and no vectors stored yet: nothing is similar
-                sql = (
-                    f"SELECT {columns}, {recency} AS score FROM records WHERE {condition} "
-                    "ORDER BY created_at DESC, seq DESC LIMIT %s"
-                )
-                params = [*scope_params, limit]
+                cur = await conn.execute(f"SELECT {columns} FROM records WHERE {condition} "
+                                         "ORDER BY created_at DESC, seq DESC LIMIT %s", [*scope_params, limit])
+                now = datetime.now(timezone.utc)
+                return [_record(row, with_embedding=embed, score=_recency(row[2], now))
+                        for row in await cur.fetchall()]
+            if not use_text:  # one ranked list, read whole in one statement: the reciprocal-rank shape
+                rows = await self._nearest_rows(conn, columns, scope, query_vector, dims, limit)
+                relevance = [(RRF_K + 1.0) / (RRF_K + rank) for rank in range(1, len(rows) + 1)]
             else:
-                pool = max(2 * limit, HYBRID_POOL) if use_vector and use_text else limit
-                size = 0  # the scope's size, counted once: the IDF and the choice of an exact scan need it
-                if use_text or self.vector_search == "hnsw":
-                    cur = await conn.execute(
-                        f"SELECT count(*) FROM (SELECT 1 FROM records WHERE {condition} LIMIT %s) c",
-                        [*scope_params, SCOPE_COUNT_CAP + 1])
-                    size = int((await cur.fetchone() or (0,))[0])
-                similar = await self._nearest(conn, condition, scope_params, query_vector, dims, pool, size) \
-                    if use_vector else {}
-                if use_text:
-                    relevance = await self._relevance(conn, condition, scope_params, words, text or "",
-                                                      similar, query_vector, dims, size)
-                else:  # one ranked list: the reciprocal-rank shape, 1.0 for the nearest
-                    relevance = {i: (RRF_K + 1.0) / (RRF_K + r) for r, i in enumerate(similar, 1)}
-                best = sorted(relevance, key=relevance.__getitem__, reverse=True)[:pool]
-                score = (
-                    f"({RELEVANCE_WEIGHT} * rel + {RECENCY_WEIGHT} * {recency} + {SALIENCE_WEIGHT} * salience)"
-                )
-                sql = (
-                    f"SELECT {columns}, {score} AS score FROM unnest(%s::text[], %s::float8[]) AS f(id, rel) "
-                    "JOIN records USING (id) ORDER BY score DESC, created_at DESC LIMIT %s"
-                )
-                params = [best, [relevance[i] for i in best], limit]
-            cur = await conn.execute(sql, params)
-            rows = await cur.fetchall()
-            return [
-                _record(row, with_embedding=embed, score=min(1.0, max(0.0, float(row[-1])))) for row in rows
-            ]
+                pool = max(2 * limit, HYBRID_POOL) if use_vector else limit
+                size = await self._scope_size(conn, condition, scope_params)  # BM25's document count
+                similar = {row[0]: 1.0 - float(row[1]) for row in await self._nearest_rows(
+                    conn, "id", scope, query_vector, dims, pool)} if use_vector else {}
+                by_id = await self._relevance(conn, condition, scope_params, words, text or "",
+                                              similar, query_vector, dims, size)
+                best = sorted(by_id, key=by_id.__getitem__, reverse=True)[:pool]
+                cur = await conn.execute(f"SELECT {columns} FROM records WHERE id = ANY(%s::text[])", [best])
+                rows = await cur.fetchall()
+                relevance = [by_id[row[0]] for row in rows]
+            return _blend(rows, relevance, embed, limit)
 
         return await self._run(work)
+
+    async def _scope_size(self, conn: AsyncConnection, condition: str, scope_params: list[Any]) -> int:
+        """How many records the scope holds, up to SCOPE_COUNT_CAP + 1 (remembered a few seconds)."""
+        key = self._sizes.key(condition, scope_params)
+        size = self._sizes.get(key)
+        if size is None:
+            cur = await conn.execute(_count_sql(condition), [*scope_params, SCOPE_COUNT_CAP + 1])
+            size = int((await cur.fetchone() or (0,))[0])
+            self._sizes.put(key, size)
+        return size
 
     def _distance(self, dims: int | None) -> str:
         """Cosine distance to the query vector (one parameter), as the index expects it."""
@@ -556,28 +577,34 @@ class PostgresStore:
             return "embedding <=> %s"
         return f"embedding::halfvec({dims:d}) <=> %s::halfvec({dims:d})"
 
-    async def _nearest(self, conn: AsyncConnection, condition: str, scope_params: list[Any], query: Vector,
-                       dims: int | None, pool: int, size: int) -> dict[str, float]:
-        """id -> cosine similarity of the `pool` nearest records in scope, nearest first.
+    async def _nearest_rows(self, conn: AsyncConnection, columns: str, scope: Scope, query: Vector,
+                            dims: int | None, pool: int) -> list[tuple[Any, ...]]:
+        """The `pool` nearest records in scope, nearest first: `columns`, then the cosine distance.
 
-        A scope of at most `EXACT_SCAN_ROWS` records (`size`) is scanned exactly:
-        there the planner may still pick the HNSW index, and a graph walk that
-        must skip 99% of its nodes (one owner of a hundred) found 68% of the
-        true top 10 at 100,000 rows, slower than reading the owner's rows.
+        A scope of at most `EXACT_SCAN_ROWS` records is scanned exactly: there
+        the planner may still pick the HNSW index, and a graph walk that must
+        skip 99% of its nodes (one owner of a hundred) found 68% of the true top
+        10 at 100,000 rows, slower than reading the owner's rows. Every filter
+        narrows the owner's records, so an owner with few enough needs no count
+        of the narrower scope. (Counting and scanning in one statement, the
+        unneeded scan cut off by a one-time filter, measured no faster:
+        planning both scans ate the round trip.)
         """
+        condition, scope_params = scope_sql(scope)
         distance = self._distance(dims)
+        select = f"SELECT {columns}, {distance} AS d FROM records WHERE {condition} AND embedding IS NOT NULL"
         if self.vector_search != "hnsw":
-            order, repeat = "d", []
-        elif size <= EXACT_SCAN_ROWS:  # HNSW serves only ORDER BY the bare operator; "+ 0" is the same order
-            order, repeat = f"({distance}) + 0", [query]
+            cur = await conn.execute(f"{select} ORDER BY d LIMIT %s", [query, *scope_params, pool])
+            return await cur.fetchall()
+        if (await self._scope_size(conn, *scope_sql(Scope(owner=scope.owner))) <= EXACT_SCAN_ROWS
+                or await self._scope_size(conn, condition, scope_params) <= EXACT_SCAN_ROWS):
+            order = f"({distance}) + 0"  # HNSW serves only ORDER BY the bare operator: "+ 0" is the same order
         else:
-            order, repeat = distance, [query]
-        cur = await conn.execute(
-            f"SELECT id, {distance} AS d FROM records WHERE {condition} AND embedding IS NOT NULL "
-            f"ORDER BY {order} LIMIT %s",
-            [query, *scope_params, *repeat, pool],
-        )
-        return {row[0]: 1.0 - float(row[1]) for row in await cur.fetchall()}
+            order = distance
+        cur = await conn.execute(f"{select} ORDER BY {order} LIMIT %s", [query, *scope_params, query, pool])
+        rows = await cur.fetchall()
+        rows.sort(key=lambda row: row[-1])  # an iterative index scan in relaxed order may return a few out of order
+        return rows
 
     async def _relevance(self, conn: AsyncConnection, condition: str, scope_params: list[Any], words: str,
                          text: str, similar: dict[str, float], query: Vector | None,
