@@ -3,7 +3,9 @@
 Starts `a2m serve <tier>` on a free loopback port, loads it through the wire,
 and measures through the a2m client (the router's). The raw engine baselines
 of the same operations are in bench/<tier>.py; this one adds the HTTP hop and
-the protocol surface.
+the protocol surface. For the episodic tier the bench starts the embedded
+PostgreSQL itself and serves the tier on it (`--url`), so each recall over
+HTTP is paired with the same question asked by hand through psycopg.
 
     python bench/tiers_http.py [--quick] [--tiers working,episodic,semantic,procedural]
         [--episodic 100000] [--semantic 50000] [--procedural 2000]
@@ -81,7 +83,7 @@ async def working(client: HTTPClient, n: int, rng: random.Random) -> dict[str, A
     }
 
 
-async def episodic(client: HTTPClient, n: int, rng: random.Random) -> dict[str, Any]:
+async def episodic(client: HTTPClient, n: int, rng: random.Random, dsn: str | None = None) -> dict[str, Any]:
     centres = [[rng.gauss(0, 1) for _ in range(DIMS)] for _ in range(50)]
     start = datetime(2026, 9, 1, tzinfo=timezone.utc)
     records = []
@@ -99,21 +101,76 @@ async def episodic(client: HTTPClient, n: int, rng: random.Random) -> dict[str, 
         for i in range(0, len(mine), 500):
             await client.call("memory/remember", {"records": mine[i:i + 500], "owner": f"owner-{owner}"})
     rate = round(n / (time.perf_counter() - started), 1)
-    query = lambda: vector(rng, rng.choice(centres))  # noqa: E731
     week = {"after": format_ts(start + timedelta(days=40)), "before": format_ts(start + timedelta(days=47))}
+    # (recall params, the WHERE of the same question asked by hand)
     cases = {
-        "vector": lambda: client.call("memory/recall", {"embedding": query(), "owner": "owner-7", "touch": False}),
-        "vector_owner_session": lambda: client.call("memory/recall", {
-            "embedding": query(), "owner": "owner-7", "where": {"session": "session-107"}, "touch": False}),
-        "vector_7_days": lambda: client.call("memory/recall", {"embedding": query(), "owner": "owner-7", **week,
-                                                               "touch": False}),
-        "hybrid_text_vector": lambda: client.call("memory/recall", {
-            "query": text(rng, 4), "embedding": query(), "owner": "owner-7", "touch": False}),
+        "vector": ({"owner": "owner-7"}, "owner = 'owner-7'"),
+        "vector_owner_session": ({"owner": "owner-7", "where": {"session": "session-107"}},
+                                 "owner = 'owner-7' AND session = 'session-107'"),
+        "vector_7_days": ({"owner": "owner-7", **week}, f"owner = 'owner-7' AND created_at > '{week['after']}' "
+                                                        f"AND created_at < '{week['before']}'"),
+        "hybrid_text_vector": ({"owner": "owner-7"}, None),
     }
     out: dict[str, Any] = {"records": n, "insert_per_s_batch500": rate}
-    for name, fn in cases.items():
-        out[name] = await timed(fn, 200)
-    out["targets"] = {"filtered_p50_ms": 15, "filtered_p99_ms": 40, "insert_per_s": 2000}
+    conn = await _raw_connection(dsn) if dsn else None
+    try:
+        for name, (scope, where) in cases.items():
+            def recall(q: list[float], scope: dict[str, Any] = scope, hybrid: bool = where is None) -> Awaitable[Any]:
+                return client.call("memory/recall", {"embedding": q, **scope, "touch": False,
+                                                     **({"query": text(rng, 4)} if hybrid else {})})
+            out[name] = await timed_pair(lambda: vector(rng, rng.choice(centres)), recall,
+                                         _raw_nearest(conn, where) if conn and where else None, 200)
+    finally:
+        if conn is not None:
+            await conn.close()
+    out["targets"] = {"filtered_p50_ms": 15, "filtered_p99_ms": 40, "vs_raw_sql": 2.0, "insert_per_s": 2000}
+    return out
+
+
+async def _raw_connection(dsn: str) -> Any:
+    import psycopg
+    from pgvector.psycopg import register_vector_async
+
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    await register_vector_async(conn)
+    await conn.execute("VACUUM ANALYZE records")  # both sides then read a settled table (as in bench/episodic.py)
+    await conn.execute("SET hnsw.ef_search = 100")
+    return conn
+
+
+def _raw_nearest(conn: Any, where: str) -> Callable[[list[float]], Awaitable[Any]]:
+    """The question asked by hand through psycopg: the ten nearest rows in scope, the columns a
+    record is read from, an exact scan (each scope here is one owner's 1,000 records or fewer)."""
+    from pgvector import Vector
+
+    from backends.episodic.store import _COLUMNS
+
+    async def call(q: list[float]) -> Any:
+        cur = await conn.execute(f"SELECT {_COLUMNS} FROM records WHERE {where} AND embedding IS NOT NULL "
+                                 "ORDER BY (embedding <=> %s) + 0 LIMIT 10", [Vector(q)])
+        return await cur.fetchall()
+
+    return call
+
+
+async def timed_pair(draw: Callable[[], list[float]], call: Callable[[list[float]], Awaitable[Any]],
+                     raw: Callable[[list[float]], Awaitable[Any]] | None, n: int, warmup: int = 20) -> dict[str, Any]:
+    """p50/p99 of `call`, and of `raw` for the same query vectors in turn (each going first half the time)."""
+    lat: list[float] = []
+    base: list[float] = []
+    for i in range(warmup + n):
+        q = draw()
+        for first in ((call, raw) if i % 2 else (raw, call)):
+            if first is None:
+                continue
+            started = time.perf_counter()
+            await first(q)
+            if i >= warmup:
+                (lat if first is call else base).append((time.perf_counter() - started) * 1000)
+    out: dict[str, Any] = {"p50_ms": round(statistics.median(lat), 3), "p99_ms": pct(lat, 0.99)}
+    if base:
+        out |= {"raw_sql_p50_ms": round(statistics.median(base), 3), "raw_sql_p99_ms": pct(base, 0.99),
+                "vs_raw_sql": round(statistics.median(lat) / statistics.median(base), 2)}
     return out
 
 
@@ -158,12 +215,25 @@ TIERS = {"working": working, "episodic": episodic, "semantic": semantic, "proced
 
 async def bench_tier(tier: str, size: int, data: Path) -> dict[str, Any]:
     port = free_port()
-    with http_server(a2m_command("serve", tier, "--port", str(port), "--data", str(data)), port, timeout=180) as url:
-        client = HTTPClient(url, timeout=120)
-        try:
-            return await TIERS[tier](client, size, random.Random(7))
-        finally:
-            await client.close()
+    command = a2m_command("serve", tier, "--port", str(port), "--data", str(data))
+    postgres = None
+    if tier == "episodic":  # the bench owns the embedded PostgreSQL, so it can ask the same SQL by hand
+        from backends.episodic.embedded import EmbeddedPostgres
+
+        postgres = EmbeddedPostgres(data / "bench-pg")
+        command += ["--url", await asyncio.to_thread(postgres.start)]
+    try:
+        with http_server(command, port, timeout=180) as url:
+            client = HTTPClient(url, timeout=120)
+            try:
+                if postgres is not None:
+                    return await episodic(client, size, random.Random(7), postgres.dsn)
+                return await TIERS[tier](client, size, random.Random(7))
+            finally:
+                await client.close()
+    finally:
+        if postgres is not None:
+            postgres.stop()
 
 
 def main() -> None:
