@@ -60,6 +60,7 @@ _POLL_S = 0.5  # how stale the embedded child's liveness may be on the happy pat
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)
 _MUTABLE = ("salience", "access_count", "accessed_at", "embedding")
+_CONTENTS_HELD = 65_536  # texts a server keeps for recall; past this it starts over
 
 _LIB = """
 local P = ARGV[1]
@@ -192,6 +193,12 @@ out[#out + 1] = '[' .. table.concat(bodies, ',') .. ']'
 return out
 """
 
+# ARGV: P, owner, index suffix, min, max. The members of one index, newest first: a recall
+# ranks the texts it holds for them (a member names one version of one record, never reused).
+_MEMBERS = """
+return redis.call('ZREVRANGEBYSCORE', ARGV[1] .. ':o:' .. ARGV[2] .. ARGV[3], ARGV[5], ARGV[4])
+"""
+
 # ARGV: P, owner, at, ids...
 _TOUCH = """
 local P, o, at = ARGV[1], ARGV[2], ARGV[3]
@@ -271,6 +278,22 @@ def _from_millis(raw: bytes | str) -> str:
     return format_ts(_EPOCH + timedelta(milliseconds=int(float(raw))))
 
 
+def _index(scope: Scope) -> tuple[str, str, str, dict[str, Any]]:
+    """The narrowest index of a scope (without ids or key_prefix): its suffix, the score range,
+    and what of `where` it does not answer."""
+    where = dict(scope.where)
+    index = ":all"
+    for name, suffix in (("session", ":s:"), ("group", ":g:")):
+        usable, value = _single(where, name)
+        if usable and (name == "session" or value is not None):
+            index = suffix + _enc(value)
+            del where[name]
+            break
+    lo = "-inf" if scope.after is None else f"({_millis(scope.after)}"
+    hi = "+inf" if scope.before is None else f"({_millis(scope.before)}"
+    return index, lo, hi, where
+
+
 def _single(where: Mapping[str, Any], name: str) -> tuple[bool, str | None]:
     """(usable, value) when `where[name]` selects exactly one index bucket."""
     if name not in where:
@@ -309,6 +332,7 @@ class RedisStore:
         self._restart_lock: anyio.Lock | None = None
         self._failed_restart_at = 0.0
         self._polled_at = 0.0
+        self._contents: dict[bytes, str] = {}  # index member -> content, for recall (see `_texts`)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -335,6 +359,7 @@ class RedisStore:
         client = self._redis
         self._write = client.register_script(_WRITE)
         self._fetch = client.register_script(_FETCH)
+        self._members = client.register_script(_MEMBERS)
         self._touch = client.register_script(_TOUCH)
         self._reinforce = client.register_script(_REINFORCE)
         self._sessions = client.register_script(_SESSIONS)
@@ -519,7 +544,6 @@ class RedisStore:
         """Records in scope with their index member, in order, from the narrowest index."""
         want = "1" if with_embeddings else "0"
         owner = _enc(scope.owner)
-        where = dict(scope.where)
         if scope.ids is not None or scope.key_prefix is not None:
             if scope.ids is not None:
                 if not scope.ids:
@@ -530,15 +554,7 @@ class RedisStore:
             found = [(m, r) for m, r in self._records(flat) if matches(r, scope)]
             found.sort(key=lambda p: (p[1].created_at, p[0][:16]), reverse=order == "desc")
             return found if limit is None else found[:limit]
-        index = ":all"
-        for name, suffix in (("session", ":s:"), ("group", ":g:")):
-            usable, value = _single(where, name)
-            if usable and (name == "session" or value is not None):
-                index = suffix + _enc(value)
-                del where[name]
-                break
-        lo = "-inf" if scope.after is None else f"({_millis(scope.after)}"
-        hi = "+inf" if scope.before is None else f"({_millis(scope.before)}"
+        index, lo, hi, where = _index(scope)
         exact = not where  # the index alone is the scope: the limit can run in Redis
         pushed = -1 if limit is None or not exact else limit
         flat = await self._eval(self._fetch, [owner, want, "z", index, lo, hi, "1" if order == "desc" else "0", pushed])
@@ -571,13 +587,43 @@ class RedisStore:
         limit: int,
         with_embeddings: bool = False,
     ) -> list[Record]:
-        """BM25 over the scope's records (a working set is small); newest first among ties."""
+        """BM25 over the scope's records (a working set is small), newest first among ties.
+
+        Within one index (the common case: an owner's records, one session) only
+        the index is read and the texts come from memory; the best `limit` are
+        then read whole. Decoding every record in scope on every recall was
+        most of a recall's cost (decision 24).
+        """
         if not text or not tokenize(text) or limit <= 0:
             return []
-        found = await self._scan(scope, order="desc", limit=None, with_embeddings=with_embeddings)
-        by_id = {r.id: r for _, r in found}
-        ranked = rank({r.id: r.content for r in by_id.values()}, text)
-        return [by_id[i].with_(score=s) for i, s in ranked[:limit]]
+        if scope.ids is not None or scope.key_prefix is not None or _index(scope)[3]:
+            found = await self._scan(scope, order="desc", limit=None, with_embeddings=with_embeddings)
+            by_id = {r.id: r for _, r in found}
+            ranked = rank({r.id: r.content for r in by_id.values()}, text)
+            return [by_id[i].with_(score=s) for i, s in ranked[:limit]]
+        ranked = rank(await self._texts(scope), text)[:limit]
+        best = {r.id: r for r in await self.get(scope.owner, [i for i, _ in ranked], with_embeddings=with_embeddings)}
+        return [best[i].with_(score=s) for i, s in ranked if i in best]
+
+    async def _texts(self, scope: Scope) -> dict[str, str]:
+        """id -> content of the records in one index, newest first; read from Redis only for
+        members not seen before (a member is one version of one record: its text never changes)."""
+        owner = _enc(scope.owner)
+        index, lo, hi, _ = _index(scope)
+        members = await self._eval(self._members, [owner, index, lo, hi])
+        texts: dict[str, str | None] = {}
+        missing = []
+        for member in members:
+            content = self._contents.get(member)
+            texts[member[16:].decode()] = content
+            if content is None:
+                missing.append(member[16:].decode())
+        if missing:
+            if len(self._contents) + len(missing) > _CONTENTS_HELD:
+                self._contents.clear()
+            for member, record in self._records(await self._eval(self._fetch, [owner, "0", "ids", *missing])):
+                self._contents[member] = texts[record.id] = record.content
+        return {i: c for i, c in texts.items() if c is not None}
 
     async def sessions(self, owner: str | None) -> list[SessionInfo]:
         flat = await self._eval(self._sessions, [_enc(owner)])

@@ -326,6 +326,20 @@ async def test_search_is_lexical_within_scope(store: RedisStore) -> None:
     # search never changes the timeline
     assert ids(await store.select(Scope(where={"session": "s"}))) == ["paris", "rome", "citta"]
 
+async def test_search_sees_a_replaced_or_deleted_record_as_it_is_now(store: RedisStore) -> None:
+    """Recall ranks texts it remembers by index member; a re-put is a new member, a delete none."""
+    await store.write([rec("fact", T0, session="s", content="the deploy runs on tuesday", salience=0.2),
+                       rec("gone", T1, session="s", content="a tuesday standup")])
+    assert set(ids(await store.search(Scope(), text="tuesday", vector=None, limit=5))) == {"fact", "gone"}
+    await store.write([rec("fact", T0, session="s", content="the deploy runs on friday", revision=2)],
+                      deletes=["gone"])
+    assert await store.search(Scope(), text="tuesday", vector=None, limit=5) == []
+    [found] = await store.search(Scope(where={"session": "s"}), text="friday", vector=None, limit=5)
+    assert (found.id, found.revision, found.salience) == ("fact", 2, 0.5)  # read whole, as it is now
+    # a filter no index answers ranks whole records, and agrees
+    assert ids(await store.search(Scope(where={"role": None}), text="friday", vector=None, limit=5)) == ["fact"]
+
+
 
 # -- the engine going away, restarting, persisting ------------------------------------
 
