@@ -11,7 +11,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 RUN mkdir -p a2m backends router a2mctl \
     && touch a2m/__init__.py backends/__init__.py router/__init__.py a2mctl/__init__.py \
-    && /opt/a2m/bin/pip install . \
+    && /opt/a2m/bin/pip install '.[otel]' \
     && /opt/a2m/bin/pip uninstall -y a2m-router
 COPY a2m ./a2m
 COPY backends ./backends

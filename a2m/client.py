@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import orjson
 
-from . import errors
+from . import errors, tracing
 from .errors import A2MError
 
 Notify = Callable[[dict[str, Any]], Awaitable[None] | None]
@@ -69,19 +69,20 @@ class HTTPClient:
                                                   cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
-    async def _post(self, body: bytes, timeout: float | None) -> tuple[int, bytes]:
+    async def _post(self, body: bytes, timeout: float | None, method: str) -> tuple[int, bytes]:
         import aiohttp
 
-        try:
-            async with self._open().post(self.url, data=body,
-                                         timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as response:
-                return response.status, await response.read()
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            raise Unavailable(f"{self.url} unreachable: {type(exc).__name__}", {"url": self.url}) from exc
+        with tracing.client_span(method, self.url) as headers:
+            try:
+                async with self._open().post(self.url, data=body, headers=headers,
+                                             timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as response:
+                    return response.status, await response.read()
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                raise Unavailable(f"{self.url} unreachable: {type(exc).__name__}", {"url": self.url}) from exc
 
     async def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> dict[str, Any]:
         body = orjson.dumps({"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params or {}})
-        status, payload = await self._post(body, timeout)
+        status, payload = await self._post(body, timeout, method)
         if status != 200:
             raise Unavailable(f"{self.url} answered HTTP {status}",
                               {"url": self.url, "status": status, "body": payload[:200].decode(errors="replace")})
@@ -91,7 +92,7 @@ class HTTPClient:
             raise Unavailable(f"{self.url} answered invalid JSON", {"url": self.url}) from exc
 
     async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
-        await self._post(orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params or {}}), None)
+        await self._post(orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params or {}}), None, method)
 
     async def close(self) -> None:
         if self._session is not None:

@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 import orjson
 
-from . import errors
+from . import errors, tracing
 from .capabilities import METHOD_CAPABILITY, PROTOCOL, compatible
 from .errors import A2MError, invalid
 
@@ -37,6 +37,7 @@ class Context:
     transport: str = "inproc"
     push: Push | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    traceparent: str | None = None  # the caller's W3C trace context (HTTP), for `a2m.tracing`
 
     def owner(self, params: Mapping[str, Any]) -> str | None:
         value = params.get("owner")
@@ -156,18 +157,21 @@ class Dispatcher:
             params = {}
         started = time.perf_counter()
         ok = False
-        try:
-            if not isinstance(params, dict):
-                raise invalid("params must be an object (by name)")
-            result = await self.call(method, params, ctx)
-            ok = True
-            response: dict[str, Any] = {"jsonrpc": "2.0", "id": id_, "result": result}
-        except A2MError as exc:
-            response = _error(id_, exc)
-        except Exception as exc:  # a bug or an engine failure: report it, never crash the binding
-            log.exception("internal error in %s", method)
-            response = _error(id_, A2MError(errors.INTERNAL_ERROR, f"internal error: {type(exc).__name__}",
-                                            {"method": method}))
+        with tracing.server_span(method, ctx.traceparent) as span:
+            try:
+                if not isinstance(params, dict):
+                    raise invalid("params must be an object (by name)")
+                result = await self.call(method, params, ctx)
+                ok = True
+                response: dict[str, Any] = {"jsonrpc": "2.0", "id": id_, "result": result}
+            except A2MError as exc:
+                response = _error(id_, exc)
+                tracing.failed(span, exc.code, exc.message)
+            except Exception as exc:  # a bug or an engine failure: report it, never crash the binding
+                log.exception("internal error in %s", method)
+                response = _error(id_, A2MError(errors.INTERNAL_ERROR, f"internal error: {type(exc).__name__}",
+                                                {"method": method}))
+                tracing.failed(span, errors.INTERNAL_ERROR, type(exc).__name__)
         if self.observer is not None:
             self.observer(method if method in METHOD_CAPABILITY or method in self._handlers else "unknown",
                           time.perf_counter() - started, ok)

@@ -25,7 +25,8 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
-_READ_HEADERS = frozenset({b"origin", b"authorization", b"a2m-protocol-version", b"content-type", b"content-length"})
+_READ_HEADERS = frozenset({b"origin", b"authorization", b"a2m-protocol-version", b"content-type", b"content-length",
+                           b"traceparent"})
 SERVICE = object()  # a token that maps to SERVICE is trusted to name any owner (the router's token)
 
 
@@ -137,7 +138,7 @@ class HTTPApp:
                 return
 
     async def _rpc(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # ASGI header names arrive lowercased: keep only the five this binding reads.
+        # ASGI header names arrive lowercased: keep only the six this binding reads.
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _READ_HEADERS}
         origin = headers.get("origin")
         if origin is not None and origin not in self.settings.allowed_origins:
@@ -187,7 +188,7 @@ class HTTPApp:
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
-        ctx = Context(principal=principal, transport="http")
+        ctx = Context(principal=principal, transport="http", traceparent=headers.get("traceparent"))
         reply = await self.dispatcher.handle_bytes(chunks[0] if len(chunks) == 1 else b"".join(chunks), ctx)
         if reply is None:
             await _respond(send, 202)

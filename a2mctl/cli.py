@@ -87,8 +87,10 @@ def _serve(args: argparse.Namespace) -> int:
         settings = TierSettings(name=name, data_dir=data / name, url=url, options=options)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         server = build(args.what, settings, embedder=make_embedder(args.embedder or os.environ.get("A2M_EMBEDDER")))
+    from a2m import tracing
     from a2m.dispatch import Dispatcher
 
+    tracing.configure("a2m-router" if args.what == "router" else f"a2m-{name}")
     http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens)
     if args.stdio:
         from a2m.stdio import serve_stdio

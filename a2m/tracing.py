@@ -1,0 +1,103 @@
+"""OpenTelemetry traces, when asked for: one span per JSON-RPC request a server handles and one per
+call the A2M client makes, joined across processes by the W3C `traceparent` header, so one recall
+is one trace through the router and every tier it asked.
+
+Off unless `OTEL_TRACES_EXPORTER` is `otlp` or `console`, or `A2M_TRACE_FILE` names a file (one
+JSON span a line, for debugging and tests), and the optional SDK is installed
+(`pip install 'a2m-router[otel]'`). The OTLP exporter reads the standard `OTEL_EXPORTER_OTLP_*`
+variables. Off, a request pays one global lookup: the SDK is never imported.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+_log = logging.getLogger("a2m.tracing")
+_tracer: Any = None
+
+
+def configure(service_name: str) -> bool:
+    """Install a tracer provider for this process if the environment asks for one; True if it did."""
+    global _tracer
+    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    trace_file = os.environ.get("A2M_TRACE_FILE")
+    if not trace_file and exporter in ("", "none"):
+        return False
+    try:
+        from opentelemetry import trace
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+    except ImportError:
+        _log.warning("tracing is configured but opentelemetry-sdk is not installed: pip install 'a2m-router[otel]'")
+        return False
+    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    if trace_file:
+        stream = open(trace_file, "a", buffering=1, encoding="utf-8")  # a line per span, appended whole
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(
+            out=stream, formatter=lambda span: span.to_json(indent=None) + "\n")))
+    if exporter == "otlp":
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError:
+            _log.warning("OTEL_TRACES_EXPORTER=otlp needs opentelemetry-exporter-otlp-proto-http")
+        else:
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    elif exporter == "console":
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    trace.set_tracer_provider(provider)
+    atexit.register(provider.shutdown)  # flush what the batch processors still hold
+    _tracer = trace.get_tracer("a2m")
+    _log.info("tracing on as %s", name)
+    return True
+
+
+def enabled() -> bool:
+    return _tracer is not None
+
+
+@contextmanager
+def server_span(method: str, traceparent: str | None) -> Iterator[Any]:
+    """The span of one request this process serves, a child of the caller's when it sent one."""
+    if _tracer is None:
+        yield None
+        return
+    from opentelemetry.propagate import extract
+    from opentelemetry.trace import SpanKind
+
+    parent = extract({"traceparent": traceparent}) if traceparent else None
+    with _tracer.start_as_current_span(f"a2m {method}", context=parent, kind=SpanKind.SERVER,
+                                       attributes={"rpc.system": "jsonrpc", "rpc.method": method}) as span:
+        yield span
+
+
+@contextmanager
+def client_span(method: str, url: str) -> Iterator[dict[str, str] | None]:
+    """The span of one call to another server; yields the headers that carry it (None when off)."""
+    if _tracer is None:
+        yield None
+        return
+    from opentelemetry.propagate import inject
+    from opentelemetry.trace import SpanKind
+
+    with _tracer.start_as_current_span(f"a2m {method}", kind=SpanKind.CLIENT,
+                                       attributes={"rpc.system": "jsonrpc", "rpc.method": method,
+                                                   "server.address": url}):
+        headers: dict[str, str] = {}
+        inject(headers)
+        yield headers
+
+
+def failed(span: Any, code: int, message: str) -> None:
+    """Mark a span as a JSON-RPC error (its code as an attribute)."""
+    if span is None:
+        return
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_attribute("rpc.jsonrpc.error_code", code)
+    span.set_status(Status(StatusCode.ERROR, message))
