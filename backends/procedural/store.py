@@ -47,6 +47,7 @@ from typing import Any, Iterable, Literal, Sequence
 
 import anyio
 import git
+from git.db import GitCmdObjectDB
 from git.objects.commit import Commit
 from git.objects.tree import Tree as GitTree
 from gitdb import LooseObjectDB
@@ -87,8 +88,26 @@ def owner_actor(owner: str) -> git.Actor:
 _TREE_MODE = 0o040000
 
 
+class InProcessObjectDB(GitCmdObjectDB):
+    """`repo.odb` that reads through git (packs, alternates) but stores objects in-process.
+
+    GitCmdObjectDB.store pipes each object into `git hash-object -w --stdin --literally`
+    through a buffered pipe. A store killed after writing but before flushing leaves the
+    child reading EOF, and `--literally` makes it write what it got: an empty commit object
+    (`commit 0\\0`, dcf5b16e...) that `git fsck` reports as bogus. This is how
+    `Commit.create_from_tree` stores every commit. gitdb's own store writes an obj<random>
+    temp file and renames it into place, so an object is either complete or absent.
+    """
+
+    def store(self, istream: IStream) -> IStream:
+        return LooseObjectDB.store(self, istream)
+
+
+_EMPTY_COMMIT = "dcf5b16e76cce7425d0beaef62d79a7d10fce1f5"  # `git hash-object -t commit --literally </dev/null`
+
+
 def loose_odb(repo: git.Repo) -> LooseObjectDB:
-    """Write objects in-process: `repo.odb` (GitCmdObjectDB) may spawn `git` per object stored."""
+    """Write objects in-process, whatever odb type `repo` was opened with."""
     return LooseObjectDB(os.path.join(repo.common_dir, "objects"))
 
 
@@ -295,9 +314,9 @@ class GitStore:
     def _open_sync(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         if (self.path / ".git").exists():
-            repo = git.Repo(self.path)
+            repo = git.Repo(self.path, odbt=InProcessObjectDB)
         else:
-            repo = git.Repo.init(self.path, initial_branch="main")
+            repo = git.Repo.init(self.path, initial_branch="main", odbt=InProcessObjectDB)
         self.repo = repo
         with repo.config_writer() as config:  # a commit made by hand in this repo needs an identity too
             if not config.has_option("user", "name"):
@@ -350,6 +369,9 @@ class GitStore:
         for partial in (git_dir / "objects").glob("obj*"):
             if partial.is_file():
                 partial.unlink(missing_ok=True)
+        # Before InProcessObjectDB a kill mid-commit could leave an empty commit object (see
+        # there): unparseable, so nothing references it, and `git fsck` fails while it exists.
+        (git_dir / "objects" / _EMPTY_COMMIT[:2] / _EMPTY_COMMIT[2:]).unlink(missing_ok=True)
         if not repo.head.is_valid():
             return
         if repo.is_dirty(untracked_files=False) or repo.untracked_files:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import git.cmd as git_cmd
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
@@ -240,6 +241,35 @@ async def test_kill_during_batch_writes_leaves_repo_consistent(tmp_path: Path) -
         assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
         tracked = [p for p in git(repo, "ls-files").split() if p.endswith(".md")]
         assert await store.count(None) == len(tracked) and len(tracked) % 20 == 0 and tracked
+        git(repo, "fsck", "--no-progress")
+    finally:
+        await store.close()
+
+
+async def test_commits_are_stored_in_process_and_recovery_drops_empty_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GitPython's default odb stores a commit through `git hash-object --literally` over a buffered
+    pipe: a kill before the flush made git write an empty, unparseable commit that `git fsck` rejects.
+    Objects must be written in-process (temp file + rename); one left by an older version is removed."""
+    def no_hash_object(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an object was stored through `git hash-object`")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(git_cmd.Git, "hash_object", no_hash_object, raising=False)
+        store = await opened(tmp_path)  # the initial commit
+        await store.write([rec(1, key="a/one")])
+        await store.close()
+        store = await opened(tmp_path, review=True)  # a commit to `proposed`
+        await store.write([rec(2, key="a/two")])
+    repo = tmp_path / "repo"
+    try:
+        empty = subprocess.run(["git", "-C", str(repo), "hash-object", "-t", "commit", "-w", "--stdin", "--literally"],
+                               input="", capture_output=True, text=True, check=True).stdout.strip()
+        assert subprocess.run(["git", "-C", str(repo), "fsck", "--no-progress"], capture_output=True).returncode != 0
+        await store.close()
+        store = await opened(tmp_path)
+        assert not (repo / ".git/objects" / empty[:2] / empty[2:]).exists()
         git(repo, "fsck", "--no-progress")
     finally:
         await store.close()
