@@ -107,6 +107,12 @@ def tokenize(text: str, language: str | None = None) -> list[str]:
     return list(_terms(text, language))
 
 
+def tokenize_once(text: str) -> list[str]:
+    """`tokenize` for a text seen once (a record being stored): it bypasses the cache, which is for
+    texts ranked again and again and would otherwise hold every record written."""
+    return list(_terms.__wrapped__(text, None))
+
+
 @lru_cache(maxsize=32768)
 def _terms(text: str, language: str | None) -> tuple[str, ...]:
     # Cached: tiers that rank by scanning (working, the router's rerank pool) see the
@@ -224,6 +230,11 @@ def squash(score: float) -> float:
     return score / (score + 1.0) if score > 0 else 0.0
 
 
+def query_terms(query: str) -> set[str]:
+    """The distinct terms a query is ranked by (as `tokenize` makes them)."""
+    return set(_terms(query, None))
+
+
 def bm25_scores(texts: Mapping[str, str], query: str, *, documents: int | None = None,
                 k1: float = 0.9, b: float = 0.4) -> dict[str, float]:
     """One-shot raw BM25 over a small corpus (id -> text), for the documents matching a term.
@@ -234,24 +245,32 @@ def bm25_scores(texts: Mapping[str, str], query: str, *, documents: int | None =
     database's full-text matches): document frequencies are then exact, and
     only the collection's size is missing for the IDF.
     """
-    wanted = set(_terms(query, None))
-    if not wanted or not texts:
+    terms = {doc_id: _terms(text, None) for doc_id, text in texts.items()}
+    return bm25_counts({doc_id: (len(t), t) for doc_id, t in terms.items()}, query_terms(query),
+                       documents=documents, k1=k1, b=b)
+
+
+def bm25_counts(docs: Mapping[str, tuple[int, Sequence[str]]], wanted: set[str], *,
+                documents: int | None = None, k1: float = 0.9, b: float = 0.4) -> dict[str, float]:
+    """BM25 from each document's length in terms and the terms it holds (at least the query's, with
+    repeats): for a store that keeps each record's `tokenize` output and hands back only the
+    query's terms, so ranking never re-tokenizes text."""
+    if not wanted or not docs:
         return {}
     total = 0
     hits: list[tuple[str, int, dict[str, int]]] = []
     df: Counter[str] = Counter()
-    for doc_id, text in texts.items():
-        terms = _terms(text, None)
-        total += len(terms)
+    for doc_id, (length, held) in docs.items():
+        total += length
         tf: dict[str, int] = {}
-        for term in terms:
+        for term in held:
             if term in wanted:
                 tf[term] = tf.get(term, 0) + 1
         if tf:
-            hits.append((doc_id, len(terms), tf))
+            hits.append((doc_id, length, tf))
             df.update(tf.keys())
-    n = max(len(texts), documents or 0)
-    avg = total / len(texts) if total else 1.0
+    n = max(len(docs), documents or 0)
+    avg = total / len(docs) if total else 1.0
     idf = {t: math.log(1 + (n - d + 0.5) / (d + 0.5)) * (k1 + 1) for t, d in df.items()}
     out = {}
     for doc_id, length, tf in hits:

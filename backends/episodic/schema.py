@@ -68,6 +68,12 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "CREATE INDEX IF NOT EXISTS records_metadata ON records USING gin (metadata jsonb_path_ops)",
         ],
     ),
+    (
+        2,
+        "terms: each record's BM25 terms (a2m.text.tokenize), written with it",
+        # NULL for rows written before: a text recall tokenizes their content instead.
+        ["ALTER TABLE records ADD COLUMN IF NOT EXISTS terms text[]"],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]

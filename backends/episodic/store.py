@@ -40,7 +40,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from a2m.errors import A2MError
 from a2m.filters import RECORD_FIELDS, Scope
 from a2m.records import Record
-from a2m.text import bm25_scores, detect_language, fold, tokenize
+from a2m.text import bm25_counts, detect_language, fold, query_terms, tokenize, tokenize_once
 from a2m.timefmt import format_ts, normalize_ts
 from backends.settings import TierSettings
 from backends.store import SessionInfo, StoreRejected, StoreUnavailable
@@ -69,12 +69,12 @@ _COLUMNS = (
 )
 _INSERT_COLUMNS = (
     'id, owner, session, role, "group", tier, key, revision, metadata, created_at, salience, '
-    "access_count, accessed_at, uri, media_type, content"
+    "access_count, accessed_at, uri, media_type, content, terms"
 )
 _UPDATE_SET = ", ".join(
     f"{c} = EXCLUDED.{c}"
     for c in ('owner', 'session', 'role', '"group"', 'tier', 'key', 'revision', 'metadata', 'created_at',
-              'salience', 'access_count', 'accessed_at', 'uri', 'media_type', 'content')
+              'salience', 'access_count', 'accessed_at', 'uri', 'media_type', 'content', 'terms')
 )
 
 # How a `where` on a record field compares: the column's type decides which option values can match
@@ -397,7 +397,7 @@ class PostgresStore:
                     return
                 vectors = dims is not None
                 columns = _INSERT_COLUMNS + (", embedding" if vectors else "")
-                marks = ", ".join(["%s"] * (17 if vectors else 16))
+                marks = ", ".join(["%s"] * (18 if vectors else 17))
                 sql = (
                     f"INSERT INTO records ({columns}) VALUES ({marks}) ON CONFLICT (id) DO UPDATE SET {_UPDATE_SET}"
                     + (", embedding = EXCLUDED.embedding" if vectors else "")
@@ -416,7 +416,7 @@ class PostgresStore:
         row: tuple[Any, ...] = (
             r.id, r.owner, r.session, r.role, r.group, r.tier, r.key, r.revision,
             Jsonb(r.metadata or {}, dumps=_dumps), r.created_at, r.salience, r.access_count, r.accessed_at,
-            r.uri, r.media_type, r.content,
+            r.uri, r.media_type, r.content, tokenize_once(r.content),  # terms: BM25 reads counts, not text (decision 26)
         )
         if vectors:
             row += (None if r.embedding is None else Vector(r.embedding),)
@@ -662,19 +662,29 @@ class PostgresStore:
         with the shared tokenizer ranks them, because `ts_rank` has no IDF and
         lets the commonest query word decide. The matches are every record
         holding a query term (up to `LEXICAL_MATCHES`), so document frequencies
-        are exact; `size` is the scope's size.
+        are exact; `size` is the scope's size. Each row's terms were tokenized
+        when it was written: PostgreSQL hands back only its length and the query
+        terms it holds (a row from before the column is tokenized here).
         """
+        wanted = query_terms(text)
         cur = await conn.execute(
             "WITH q AS (SELECT (replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
             " || replace(plainto_tsquery('simple', %s)::text, ' & ', ' | ')::tsquery) AS query) "
-            f"SELECT id, content FROM records, q WHERE {condition} AND fts @@ q.query "
+            "SELECT id, cardinality(terms), ARRAY(SELECT t FROM unnest(terms) t WHERE t = ANY(%s::text[])), "
+            f"CASE WHEN terms IS NULL THEN content END FROM records, q WHERE {condition} AND fts @@ q.query "
             "ORDER BY ts_rank(fts, q.query, 1) DESC, created_at DESC LIMIT %s",
-            [words, words, *scope_params, LEXICAL_MATCHES],
+            [words, words, list(wanted), *scope_params, LEXICAL_MATCHES],
         )
         rows = await cur.fetchall()
         if not rows:
             return {}
-        scores = bm25_scores({row[0]: row[1] for row in rows}, text, documents=size)
+        counts: dict[str, tuple[int, Sequence[str]]] = {}
+        for record_id, length, held, content in rows:
+            if content is not None:
+                terms = tokenize(content)
+                length, held = len(terms), terms
+            counts[record_id] = (length, held)
+        scores = bm25_counts(counts, wanted, documents=size)
         # a match BM25 does not see keeps a sliver, in ts_rank order, below every BM25 hit
         sliver = 1e-6 * (min(scores.values(), default=1.0))
         return {row[0]: scores.get(row[0], sliver / (1 + k)) for k, row in enumerate(rows)}

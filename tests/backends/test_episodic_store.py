@@ -20,7 +20,7 @@ import pytest
 
 from a2m.filters import Scope
 from a2m.records import Record
-from backends.episodic import CAPABILITIES, KIND, PostgresStore, make_store
+from backends.episodic import CAPABILITIES, KIND, PostgresStore, make_store, schema
 from backends.episodic.embedded import EmbeddedPostgres
 from backends.settings import TierSettings
 from backends.store import StoreRejected, StoreUnavailable
@@ -183,6 +183,23 @@ async def test_text_rank_weighs_rare_words_and_lends_to_session_neighbours(store
     assert f"{owner}-2" not in {r.id for r in scoped} and scoped[0].id == f"{owner}-1"
 
 
+async def test_rows_written_before_the_terms_column_rank_the_same(store: PostgresStore, server: str) -> None:
+    """Schema 2 stores each record's terms; a row from schema 1 (terms NULL) is tokenized at recall."""
+    owner = _owner()
+    texts = ["deploy friday release", "release notes for the deploy", "lunch on friday", "a deploy went wrong"]
+    await store.write([rec(i, owner, content=t) for i, t in enumerate(texts)])
+    query = "deploy release"
+    before = [(r.id, r.score) for r in await store.search(Scope(owner=owner), text=query, vector=None, limit=10)]
+    with psycopg.connect(server, autocommit=True) as conn:
+        stored = conn.execute("SELECT terms FROM records WHERE id = %s", [f"{owner}-1"]).fetchone()
+        assert stored == (["releas", "not", "deploy"],)  # tokenize(): stopwords out, English folded
+        conn.execute("UPDATE records SET terms = NULL WHERE id IN (%s, %s)", [f"{owner}-0", f"{owner}-3"])
+    store._sizes.clear()
+    after = [(r.id, r.score) for r in await store.search(Scope(owner=owner), text=query, vector=None, limit=10)]
+    assert [i for i, _ in after] == [i for i, _ in before] and len(before) == 3  # lunch holds neither word
+    assert all(math.isclose(a, b, abs_tol=1e-6) for (_, a), (_, b) in zip(after, before))  # recency moved on
+
+
 async def test_owner_isolation_on_every_path(store: PostgresStore) -> None:
     mine, theirs = _owner(), _owner()
     shared = dict(content="secret deployment plan", key="k", session="s", embedding=[1.0, 0.0, 0.0])
@@ -251,7 +268,9 @@ async def test_two_replicas_migrate_an_empty_database(server: str) -> None:
         assert [r.id for r in await stores[1].get("a", ["a-1"])] == ["a-1"]
         assert await stores[2].dimensions() == 2
         with psycopg.connect(dsn) as conn:
-            assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+            # every migration applied exactly once, though three replicas raced to apply them
+            assert conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [
+                (v,) for v in range(1, schema.LATEST + 1)]
     finally:
         for s in stores:
             await s.close()
