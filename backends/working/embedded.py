@@ -7,12 +7,17 @@ separately installed server is one more thing a laptop user must run. The
 - It listens on a unix socket in the data directory and on no TCP port
   (`port 0`), so it never clashes with another Redis on the machine and is not
   reachable from the network.
-- Persistence is AOF with `appendfsync everysec`. Redis writes the AOF buffer to
-  the file before it answers a command, so a crash of Redis or of this process
-  loses nothing acknowledged; only an OS crash or power loss can lose the last
-  second. `always` (an fsync per write) costs a disk flush on every turn of the
-  hottest tier for protection against that rarer event; it is one option away
-  (`TierSettings.options["appendfsync"]`).
+- Persistence is AOF with `appendfsync everysec`. Redis normally writes the AOF
+  buffer to the file before it answers a command, but not always: while the
+  once-a-second background fsync is still running (a busy disk), `everysec`
+  postpones that write for up to 2 s and answers anyway (Redis 6.2
+  `flushAppendOnlyFile`). A crash of Redis (or a SIGKILL of the child) in that
+  window loses writes it acknowledged; a crash of this process alone loses
+  nothing, since the child flushes on SIGTERM. `always` (write and fsync before
+  every reply, about 5x the cost of a write here) and `no` (write before every
+  reply, the OS flushes within ~30 s) never postpone, so with either a crash of
+  Redis loses nothing acknowledged. Each is one option away
+  (`TierSettings.options["appendfsync"]`; decision 16).
 - The child must never outlive its parent: it gets `PR_SET_PDEATHSIG` (SIGTERM,
   so Redis still flushes its AOF), an `atexit` hook stops it on a normal exit,
   and `stop()` escalates SIGTERM to SIGKILL. PDEATHSIG fires when the *thread*
