@@ -207,11 +207,6 @@ def _record(row: Sequence[Any], *, with_embedding: bool, score: float | None = N
     )
 
 
-def _count_sql(condition: str) -> str:
-    """Count a scope up to a cap (the last parameter): past it, only "large" matters."""
-    return f"SELECT count(*) AS n FROM (SELECT 1 FROM records WHERE {condition} LIMIT %s) c"
-
-
 def _recency(created_at: datetime, now: datetime) -> float:
     """1.0 for a record written now, 1/e after RECENCY_SECONDS; a future timestamp counts as now."""
     return exp(-max(0.0, (now - created_at).total_seconds()) / RECENCY_SECONDS)
@@ -573,7 +568,8 @@ class PostgresStore:
         key = self._sizes.key(condition, scope_params)
         size = self._sizes.get(key)
         if size is None:
-            cur = await conn.execute(_count_sql(condition), [*scope_params, SCOPE_COUNT_CAP + 1])
+            cur = await conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM records WHERE {condition} LIMIT %s) c",
+                                     [*scope_params, SCOPE_COUNT_CAP + 1])
             size = int((await cur.fetchone() or (0,))[0])
             self._sizes.put(key, size)
         return size
@@ -603,8 +599,7 @@ class PostgresStore:
         if self.vector_search != "hnsw":
             cur = await conn.execute(f"{select} ORDER BY d LIMIT %s", [query, *scope_params, pool])
             return await cur.fetchall()
-        if (await self._scope_size(conn, *scope_sql(Scope(owner=scope.owner))) <= EXACT_SCAN_ROWS
-                or await self._scope_size(conn, condition, scope_params) <= EXACT_SCAN_ROWS):
+        if await self._fits_exact_scan(conn, scope, condition, scope_params):
             order = f"({distance}) + 0"  # HNSW serves only ORDER BY the bare operator: "+ 0" is the same order
         else:
             order = distance
@@ -612,6 +607,17 @@ class PostgresStore:
         rows = await cur.fetchall()
         rows.sort(key=lambda row: row[-1])  # an iterative index scan in relaxed order may return a few out of order
         return rows
+
+    async def _fits_exact_scan(self, conn: AsyncConnection, scope: Scope, condition: str,
+                               scope_params: list[Any]) -> bool:
+        """Whether the scope holds at most EXACT_SCAN_ROWS records: its remembered size if any (a hybrid
+        recall has just counted it), else its owner's as an upper bound, else a count of its own."""
+        known = self._sizes.get(self._sizes.key(condition, scope_params))
+        if known is not None:
+            return known <= EXACT_SCAN_ROWS
+        if await self._scope_size(conn, *scope_sql(Scope(owner=scope.owner))) <= EXACT_SCAN_ROWS:
+            return True
+        return await self._scope_size(conn, condition, scope_params) <= EXACT_SCAN_ROWS
 
     async def _relevance(self, conn: AsyncConnection, condition: str, scope_params: list[Any], words: str,
                          text: str, similar: dict[str, float], query: Vector | None,

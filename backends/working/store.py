@@ -596,28 +596,27 @@ class RedisStore:
         """
         if not text or not tokenize(text) or limit <= 0:
             return []
-        if scope.ids is not None or scope.key_prefix is not None or _index(scope)[3]:
+        index, lo, hi, unanswered = _index(scope)
+        if scope.ids is not None or scope.key_prefix is not None or unanswered:
             found = await self._scan(scope, order="desc", limit=None, with_embeddings=with_embeddings)
             by_id = {r.id: r for _, r in found}
             ranked = rank({r.id: r.content for r in by_id.values()}, text)
             return [by_id[i].with_(score=s) for i, s in ranked[:limit]]
-        ranked = rank(await self._texts(scope), text)[:limit]
+        ranked = rank(await self._texts(_enc(scope.owner), index, lo, hi), text)[:limit]
         best = {r.id: r for r in await self.get(scope.owner, [i for i, _ in ranked], with_embeddings=with_embeddings)}
         return [best[i].with_(score=s) for i, s in ranked if i in best]
 
-    async def _texts(self, scope: Scope) -> dict[str, str]:
-        """id -> content of the records in one index, newest first; read from Redis only for
-        members not seen before (a member is one version of one record: its text never changes)."""
-        owner = _enc(scope.owner)
-        index, lo, hi, _ = _index(scope)
+    async def _texts(self, owner: str, index: str, lo: str, hi: str) -> dict[str, str]:
+        """id -> content of the records in one index's score range, newest first; read from Redis only
+        for members not seen before (a member is one version of one record: its text never changes)."""
         members = await self._eval(self._members, [owner, index, lo, hi])
         texts: dict[str, str | None] = {}
         missing = []
         for member in members:
-            content = self._contents.get(member)
-            texts[member[16:].decode()] = content
+            record_id = member[16:].decode()
+            content = texts[record_id] = self._contents.get(member)
             if content is None:
-                missing.append(member[16:].decode())
+                missing.append(record_id)
         if missing:
             if len(self._contents) + len(missing) > _CONTENTS_HELD:
                 self._contents.clear()
