@@ -51,7 +51,25 @@ def test_rerank_uses_cosine_when_vectors_exist() -> None:
     fused = fusion.rerank(lists, query="alpha", vector=[1.0, 0.1],
                           weights={"text": 0.5, "vector": 0.5, "recency": 0, "salience": 0})
     assert [r.id for r in fused] == ["near", "far"]
-    assert fusion.cosine([1, 0], [1, 0]) == 1.0 and fusion.cosine([1], [1, 2]) is None
+    pool = [rec("same", "x", embedding=[2.0, 0.0]), rec("opposite", "x", embedding=[-1.0, 0.0]),
+            rec("narrow", "x", embedding=[1.0]), rec("zero", "x", embedding=[0.0, 0.0]), rec("none", "x")]
+    # a vector of another width, a zero vector or none gives no vector signal; a negative cosine gives 0
+    assert fusion._cosines(pool, [1.0, 0.0]) == {"same": 1.0, "opposite": 0.0}
+
+
+def test_rerank_scores_text_like_a_bm25_index_over_the_pool() -> None:
+    from a2m.text import BM25
+
+    texts = {"a": "deploy the release to production", "b": "the release notes of the deploy",
+             "c": "lunch with the team", "d": "release release release"}
+    index = BM25()
+    for doc_id, text in texts.items():
+        index.add(doc_id, text)
+    expected = index.scores("release deploy")
+    top = max(expected.values())
+    fused = fusion.rerank({"t": [rec(i, t) for i, t in texts.items()]}, query="release deploy", vector=None,
+                          weights={"text": 1, "recency": 0, "salience": 0}, now=0)
+    assert {r.id: round(r.score, 9) for r in fused} == {i: round(s / top, 9) for i, s in expected.items()}
 
 
 def test_rerank_keeps_a_tiers_own_pick_when_rank_is_weighed() -> None:
