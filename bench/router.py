@@ -236,10 +236,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     "vs_slowest_tier_pool": round(p50 / max(out["slowest_tier"]["pool_p50_ms"], 1e-6), 2)}
             await router.call("memory/consolidate", {})  # drain the background recall counting
 
-            # Timeline of one session: a working session (on the working tier) through the router.
-            lat = await timed(len(queries), lambda i: router.call(
-                "memory/timeline", {"where": {"session": "w1"}, "limit": 0}))
-            out["timeline_session"] = {"p50_ms": ms(lat, 50), "p99_ms": ms(lat, 99)}
+            # Timeline of one session: a working session (on the working tier) through the router,
+            # taking turns with each tier's own timeline of it and the four asked concurrently.
+            session = {"where": {"session": "w1"}, "limit": 0}
+            probes = {name: lambda i, c=client: c.call("memory/timeline", session) for name, client in tiers.items()}
+            probes["tiers_concurrently"] = lambda i: asyncio.gather(
+                *(c.call("memory/timeline", session) for c in tiers.values()))
+            probes["router"] = lambda i: router.call("memory/timeline", session)
+            lat = await interleaved(len(queries), probes)
+            out["timeline_session"] = {"p50_ms": ms(lat["router"], 50), "p99_ms": ms(lat["router"], 99)}
+            out["tier_timeline"] = {name: {"p50_ms": ms(lat[name], 50)} for name in [*tiers, "tiers_concurrently"]}
             lat = await timed(len(queries), lambda i: router.call(
                 "memory/timeline", {"where": {"session": "e3"}, "limit": 0}))
             out["timeline_episodic_session"] = {"p50_ms": ms(lat, 50), "p99_ms": ms(lat, 99)}
