@@ -10,6 +10,7 @@ import time
 
 import math
 import random
+import os
 import uuid
 from pathlib import Path
 from typing import AsyncIterator, Iterator
@@ -40,6 +41,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     dsn = embedded.start()
     yield dsn
     embedded.stop()
+
+
+def test_the_embedded_server_runs_with_its_settings_from_the_first_start(server: str) -> None:
+    # the module's server was made by initdb in this run: the settings took on that first start
+    from backends.episodic.embedded import server_settings
+
+    wanted = server_settings(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    with psycopg.connect(server) as conn:
+        shown = {name: conn.execute(f"SELECT setting, unit FROM pg_settings WHERE name = '{name}'").fetchone()
+                 for name in wanted}
+    assert int(shown["shared_buffers"][0]) * 8 == int(wanted["shared_buffers"].removesuffix("MB")) * 1024
+    assert shown["max_wal_size"] == ("2048", "MB") and shown["checkpoint_timeout"] == ("900", "s")
+    assert server_settings(2**30)["shared_buffers"] == "128MB" and server_settings(2**40)["shared_buffers"] == "1024MB"
 
 
 def _settings(url: str | None, data_dir: Path | None = None, **options: object) -> TierSettings:
