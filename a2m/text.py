@@ -260,15 +260,17 @@ def bm25_counts(docs: Mapping[str, tuple[int, Sequence[str]]], wanted: set[str],
     total = 0
     hits: list[tuple[str, int, dict[str, int]]] = []
     df: Counter[str] = Counter()
+    isdisjoint = wanted.isdisjoint
     for doc_id, (length, held) in docs.items():
         total += length
+        if isdisjoint(held):  # most documents hold no query term: one C-level pass says so
+            continue
         tf: dict[str, int] = {}
         for term in held:
             if term in wanted:
                 tf[term] = tf.get(term, 0) + 1
-        if tf:
-            hits.append((doc_id, length, tf))
-            df.update(tf.keys())
+        hits.append((doc_id, length, tf))
+        df.update(tf.keys())
     n = max(len(docs), documents or 0)
     avg = total / len(docs) if total else 1.0
     idf = {t: math.log(1 + (n - d + 0.5) / (d + 0.5)) * (k1 + 1) for t, d in df.items()}
