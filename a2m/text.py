@@ -283,6 +283,16 @@ def bm25_counts(docs: Mapping[str, tuple[int, Sequence[str]]], wanted: set[str],
 
 def rank(texts: dict[str, str], query: str, k1: float = 0.9, b: float = 0.4) -> list[tuple[str, float]]:
     """BM25 over a small corpus (a working session, a rerank pool): [(id, score in [0,1))], best first."""
-    scored = [(doc_id, squash(s)) for doc_id, s in bm25_scores(texts, query, k1=k1, b=b).items()]
+    return rank_counts({doc_id: _counted(_terms(text, None)) for doc_id, text in texts.items()}, query, k1=k1, b=b)
+
+
+def _counted(terms: Sequence[str]) -> tuple[int, Sequence[str]]:
+    return len(terms), terms
+
+
+def rank_counts(docs: Mapping[str, tuple[int, Sequence[str]]], query: str, *, k1: float = 0.9,
+                b: float = 0.4) -> list[tuple[str, float]]:
+    """`rank` over documents tokenized already ((length, terms) per id, as `bm25_counts` takes them)."""
+    scored = [(doc_id, squash(s)) for doc_id, s in bm25_counts(docs, query_terms(query), k1=k1, b=b).items()]
     scored.sort(key=lambda p: (-p[1], p[0]))  # ties by id: the same order on every run
     return scored

@@ -48,7 +48,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from a2m.filters import Scope, matches
 from a2m.records import Record
-from a2m.text import rank, tokenize
+from a2m.text import rank, rank_counts, tokenize, tokenize_once
 from a2m.timefmt import format_ts
 from backends.settings import TierSettings
 from backends.store import SessionInfo, StoreRejected, StoreUnavailable
@@ -60,7 +60,7 @@ _POLL_S = 0.5  # how stale the embedded child's liveness may be on the happy pat
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)
 _MUTABLE = ("salience", "access_count", "accessed_at", "embedding")
-_CONTENTS_HELD = 65_536  # texts a server keeps for recall; past this it starts over
+_TERMS_HELD = 65_536  # records whose BM25 terms a server keeps for recall; past this it starts over
 
 _LIB = """
 local P = ARGV[1]
@@ -332,7 +332,8 @@ class RedisStore:
         self._restart_lock: anyio.Lock | None = None
         self._failed_restart_at = 0.0
         self._polled_at = 0.0
-        self._contents: dict[bytes, str] = {}  # index member -> content, for recall (see `_texts`)
+        # index member -> (record id, length, terms) for recall (see `_held_terms`)
+        self._held: dict[bytes, tuple[str, int, tuple[str, ...]]] = {}
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -602,27 +603,33 @@ class RedisStore:
             by_id = {r.id: r for _, r in found}
             ranked = rank({r.id: r.content for r in by_id.values()}, text)
             return [by_id[i].with_(score=s) for i, s in ranked[:limit]]
-        ranked = rank(await self._texts(_enc(scope.owner), index, lo, hi), text)[:limit]
+        ranked = rank_counts(await self._held_terms(_enc(scope.owner), index, lo, hi), text)[:limit]
         best = {r.id: r for r in await self.get(scope.owner, [i for i, _ in ranked], with_embeddings=with_embeddings)}
         return [best[i].with_(score=s) for i, s in ranked if i in best]
 
-    async def _texts(self, owner: str, index: str, lo: str, hi: str) -> dict[str, str]:
-        """id -> content of the records in one index's score range, newest first; read from Redis only
-        for members not seen before (a member is one version of one record: its text never changes)."""
+    async def _held_terms(self, owner: str, index: str, lo: str, hi: str) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """id -> (length, BM25 terms) of the records in one index's score range, newest first; read
+        from Redis and tokenized only for members not seen before (a member is one version of one
+        record: its text never changes)."""
         members = await self._eval(self._members, [owner, index, lo, hi])
-        texts: dict[str, str | None] = {}
+        held = self._held
+        docs: dict[str, tuple[int, tuple[str, ...]]] = {}
         missing = []
         for member in members:
-            record_id = member[16:].decode()
-            content = texts[record_id] = self._contents.get(member)
-            if content is None:
-                missing.append(record_id)
+            known = held.get(member)
+            if known is None:
+                missing.append(member)
+            else:
+                docs[known[0]] = known[1:]
         if missing:
-            if len(self._contents) + len(missing) > _CONTENTS_HELD:
-                self._contents.clear()
-            for member, record in self._records(await self._eval(self._fetch, [owner, "0", "ids", *missing])):
-                self._contents[member] = texts[record.id] = record.content
-        return {i: c for i, c in texts.items() if c is not None}
+            if len(held) + len(missing) > _TERMS_HELD:
+                held.clear()
+            ids = [member[16:].decode() for member in missing]
+            for member, record in self._records(await self._eval(self._fetch, [owner, "0", "ids", *ids])):
+                terms = tuple(tokenize_once(record.content))
+                held[member] = (record.id, len(terms), terms)
+                docs[record.id] = (len(terms), terms)
+        return docs
 
     async def sessions(self, owner: str | None) -> list[SessionInfo]:
         flat = await self._eval(self._sessions, [_enc(owner)])
