@@ -245,9 +245,16 @@ def bm25_scores(texts: Mapping[str, str], query: str, *, documents: int | None =
     database's full-text matches): document frequencies are then exact, and
     only the collection's size is missing for the IDF.
     """
-    terms = {doc_id: _terms(text, None) for doc_id, text in texts.items()}
-    return bm25_counts({doc_id: (len(t), t) for doc_id, t in terms.items()}, query_terms(query),
-                       documents=documents, k1=k1, b=b)
+    return bm25_counts(_tokenized(texts), query_terms(query), documents=documents, k1=k1, b=b)
+
+
+def _tokenized(texts: Mapping[str, str]) -> dict[str, tuple[int, Sequence[str]]]:
+    """id -> (length, terms), the form `bm25_counts` ranks, through the tokenizer's cache."""
+    out = {}
+    for doc_id, text in texts.items():
+        terms = _terms(text, None)
+        out[doc_id] = (len(terms), terms)
+    return out
 
 
 def bm25_counts(docs: Mapping[str, tuple[int, Sequence[str]]], wanted: set[str], *,
@@ -283,11 +290,7 @@ def bm25_counts(docs: Mapping[str, tuple[int, Sequence[str]]], wanted: set[str],
 
 def rank(texts: dict[str, str], query: str, k1: float = 0.9, b: float = 0.4) -> list[tuple[str, float]]:
     """BM25 over a small corpus (a working session, a rerank pool): [(id, score in [0,1))], best first."""
-    return rank_counts({doc_id: _counted(_terms(text, None)) for doc_id, text in texts.items()}, query, k1=k1, b=b)
-
-
-def _counted(terms: Sequence[str]) -> tuple[int, Sequence[str]]:
-    return len(terms), terms
+    return rank_counts(_tokenized(texts), query, k1=k1, b=b)
 
 
 def rank_counts(docs: Mapping[str, tuple[int, Sequence[str]]], query: str, *, k1: float = 0.9,

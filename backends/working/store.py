@@ -602,10 +602,10 @@ class RedisStore:
             found = await self._scan(scope, order="desc", limit=None, with_embeddings=with_embeddings)
             by_id = {r.id: r for _, r in found}
             ranked = rank({r.id: r.content for r in by_id.values()}, text)
-            return [by_id[i].with_(score=s) for i, s in ranked[:limit]]
+            return [by_id[i].scored(s) for i, s in ranked[:limit]]
         ranked = rank_counts(await self._held_terms(_enc(scope.owner), index, lo, hi), text)[:limit]
         best = {r.id: r for r in await self.get(scope.owner, [i for i, _ in ranked], with_embeddings=with_embeddings)}
-        return [best[i].with_(score=s) for i, s in ranked if i in best]
+        return [best[i].scored(s) for i, s in ranked if i in best]
 
     async def _held_terms(self, owner: str, index: str, lo: str, hi: str) -> dict[str, tuple[int, tuple[str, ...]]]:
         """id -> (length, BM25 terms) of the records in one index's score range, newest first; read
