@@ -265,26 +265,26 @@ def bm25_counts(docs: Mapping[str, tuple[int, Sequence[str]]], wanted: set[str],
     if not wanted or not docs:
         return {}
     total = 0
-    hits: list[tuple[str, int, dict[str, int]]] = []
-    df: Counter[str] = Counter()
+    terms = tuple(wanted)
+    hits: list[tuple[str, int, list[tuple[str, int]]]] = []
+    df = dict.fromkeys(terms, 0)
     isdisjoint = wanted.isdisjoint
     for doc_id, (length, held) in docs.items():
         total += length
         if isdisjoint(held):  # most documents hold no query term: one C-level pass says so
             continue
-        tf: dict[str, int] = {}
-        for term in held:
-            if term in wanted:
-                tf[term] = tf.get(term, 0) + 1
+        tf = [(t, f) for t in terms if (f := held.count(t))]  # a C-level count per query term
+        for t, _ in tf:
+            df[t] += 1
         hits.append((doc_id, length, tf))
-        df.update(tf.keys())
     n = max(len(docs), documents or 0)
     avg = total / len(docs) if total else 1.0
     idf = {t: math.log(1 + (n - d + 0.5) / (d + 0.5)) * (k1 + 1) for t, d in df.items()}
+    fixed, per_term = k1 * (1 - b), k1 * b / avg  # the length norm, k1 * (1 - b + b * length / avg)
     out = {}
     for doc_id, length, tf in hits:
-        norm = k1 * (1 - b + b * length / avg)
-        out[doc_id] = sum(idf[t] * f / (f + norm) for t, f in tf.items())
+        norm = fixed + per_term * length
+        out[doc_id] = sum(idf[t] * f / (f + norm) for t, f in tf)
     return out
 
 
