@@ -59,7 +59,7 @@ RECENCY_SECONDS = 30 * 86400.0
 # Ranking (see `_nearest_rows`, `_relevance` and `_text_scores`).
 LEXICAL_MATCHES = 1000  # full-text matches ranked by BM25; past this, the best by ts_rank
 SCOPE_COUNT_CAP = 10_000  # a scope's size is counted up to this (the IDF saturates; see EXACT_SCAN_ROWS)
-NEIGHBOURS, NEIGHBOUR_HITS, NEIGHBOUR_WEIGHT = 2, 50, 0.25
+NEIGHBOURS, NEIGHBOUR_HITS, NEIGHBOUR_WEIGHT = 2, 20, 0.25
 EXACT_SCAN_ROWS = SCOPE_COUNT_CAP  # a vector recall over a scope this small reads every row
 NO_DIMENSIONS_TTL_S = 5.0  # how long a server believes its tier holds no vectors (another replica may add some)
 HYBRID_POOL = 50  # nearest records a hybrid query weighs (and lexical hits given a cosine)
