@@ -225,11 +225,17 @@ class _Plan:
 
 
 class _Visible:
-    """The searchable view of the branch recall sees: per-owner dicts, keys, BM25, vectors."""
+    """The searchable view of the branch recall sees: per-owner dicts, keys, BM25, vectors.
+
+    `by_session` indexes the records that name a session, so a session's
+    timeline (which the router asks of every tier on each replay) reads only
+    that session instead of matching every record of the owner.
+    """
 
     def __init__(self, tree: Tree) -> None:
         self.tree = tree
         self.by_owner: dict[str | None, dict[str, Record]] = defaultdict(dict)
+        self.by_session: dict[tuple[str | None, str], dict[str, Record]] = defaultdict(dict)
         self.keys: dict[tuple[str | None, str], str] = {}
         self.bm25: dict[str | None, BM25] = defaultdict(BM25)
         self.vectors: dict[str, Any] = {}
@@ -238,6 +244,8 @@ class _Visible:
 
     def _index(self, record: Record) -> None:
         self.by_owner[record.owner][record.id] = record
+        if record.session is not None:
+            self.by_session[(record.owner, record.session)][record.id] = record
         if record.key is not None:
             self.keys[(record.owner, record.key)] = record.id
         self.bm25[record.owner].add(record.id, record.content)
@@ -253,6 +261,12 @@ class _Visible:
         if record is None:
             return
         self.by_owner[record.owner].pop(record_id, None)
+        if record.session is not None:
+            session = self.by_session.get((record.owner, record.session))
+            if session is not None:
+                session.pop(record_id, None)
+                if not session:
+                    del self.by_session[(record.owner, record.session)]
         if record.key is not None and self.keys.get((record.owner, record.key)) == record_id:
             del self.keys[(record.owner, record.key)]
         self.bm25[record.owner].remove(record_id)
@@ -271,6 +285,8 @@ class _Visible:
         """Swap a record in place without re-indexing its text (access statistics only)."""
         self.tree.records[record.id] = record
         self.by_owner[record.owner][record.id] = record
+        if record.session is not None:
+            self.by_session[(record.owner, record.session)][record.id] = record
 
 
 def _out(record: Record, with_embeddings: bool) -> Record:
@@ -710,7 +726,11 @@ class GitStore:
         return files.path_for(owner, None, record_id)
 
     def _scoped(self, scope: Scope) -> list[Record]:
-        pool = self._visible.by_owner.get(scope.owner, {})
+        session = scope.where.get("session")
+        if isinstance(session, str):
+            pool = self._visible.by_session.get((scope.owner, session), {})
+        else:
+            pool = self._visible.by_owner.get(scope.owner, {})
         if scope.ids is not None:
             candidates: Iterable[Record] = (pool[i] for i in dict.fromkeys(scope.ids) if i in pool)
         else:

@@ -427,6 +427,30 @@ async def test_odd_records_survive_a_restart(tmp_path: Path) -> None:
         await store.close()
 
 
+async def test_session_scope_follows_writes_moves_and_deletes(tmp_path: Path) -> None:
+    """A session-scoped read (a timeline replay) goes through the session index: it must see a
+    record's session change, its deletion, other owners' same-named session never, and a restart."""
+    store = await opened(tmp_path)
+
+    async def session(name: str, owner: str = "alice") -> list[str]:
+        return [r.id for r in await store.select(Scope(owner=owner, where={"session": name}))]
+
+    try:
+        await store.write([rec(1, session="s1"), rec(2, session="s1"), rec(3, session="s2"), rec(4),
+                           rec(5, session="s1", owner="bob")])
+        assert await session("s1") == ["1", "2"] and await session("s2") == ["3"] and await session("s1", "bob") == ["5"]
+        await store.write([rec(2, "moved", session="s2")], deletes=["1"])
+        assert await session("s1") == [] and await session("s2") == ["2", "3"]
+        await store.touch("alice", ["3"], "2026-02-02T00:00:00.000Z")  # access statistics swap the record in place
+        assert [r.access_count for r in await store.select(Scope(owner="alice", where={"session": "s2"}))] == [0, 1]
+        assert [r.id for r in await store.select(Scope(owner="alice", where={"session": ["s1", "s2"]}))] == ["2", "3"]
+        await store.close()
+        store = await opened(tmp_path)
+        assert await session("s2") == ["2", "3"] and await session("s1", "bob") == ["5"]
+    finally:
+        await store.close()
+
+
 async def test_select_order_and_limits(store: GitStore) -> None:
     same = "2026-01-01T00:00:00.000Z"
     await store.write([rec("c", created_at="2026-01-01T00:00:02.000Z"), rec("a", created_at=same), rec("b", created_at=same)])
