@@ -7,7 +7,9 @@ need is a new step (never "drop and recreate", which would lose memories).
 
 The embedding column is not a migration: its width is fixed by the first
 vector a client sends, so it is added lazily (`ensure_embedding`) under the same
-lock, together with its HNSW index.
+lock. Its HNSW index is built by the store once the first load pauses
+(`build_vector_index`, decision 28), under a session-level lock of its own so
+one replica builds it.
 
 Full text: a generated `tsvector` of `english` (stemmed, stopwords removed)
 concatenated with `simple` (every word verbatim), so English recall gets
@@ -24,6 +26,9 @@ from psycopg import AsyncConnection
 
 # pg_advisory_xact_lock key: "a2m-epi" as a stable 63-bit integer.
 LOCK_KEY = 0x0061326D2D657069
+# pg_try_advisory_lock key of the one replica building the vector index: "a2m-hnsw".
+INDEX_LOCK_KEY = 0x61326D2D686E7377
+VECTOR_INDEX = "records_embedding"
 
 # HNSW in pgvector indexes at most 2,000 dimensions of `vector`; wider vectors are searched exactly.
 HNSW_MAX_DIMENSIONS = 2000
@@ -151,10 +156,46 @@ async def ensure_embedding(conn: AsyncConnection, dimensions: int, *, index: HNS
     return width
 
 
+def indexable(width: int) -> bool:
+    return width <= HNSW_MAX_DIMENSIONS
+
+
+async def vector_index_state(conn: AsyncConnection) -> str:
+    """"valid", "invalid" (a concurrent build that was interrupted: unused by the planner, dropped
+    before the next build) or "missing"."""
+    cur = await conn.execute(
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = %s",
+        [VECTOR_INDEX])
+    row = await cur.fetchone()
+    return "missing" if row is None else "valid" if row[0] else "invalid"
+
+
+def _create_index_sql(build: HNSWBuild, concurrently: bool) -> str:
+    return (f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS {VECTOR_INDEX} ON records "
+            f"USING hnsw (embedding vector_cosine_ops) WITH (m = {build.m:d}, ef_construction = {build.ef_construction:d})")
+
+
 async def ensure_vector_index(conn: AsyncConnection, width: int, build: HNSWBuild = HNSWBuild()) -> None:
-    """The cosine HNSW index, when pgvector can index this width (idempotent)."""
-    if width <= HNSW_MAX_DIMENSIONS:
-        await conn.execute(
-            "CREATE INDEX IF NOT EXISTS records_embedding ON records USING hnsw (embedding vector_cosine_ops) "
-            f"WITH (m = {build.m:d}, ef_construction = {build.ef_construction:d})"
-        )
+    """The cosine HNSW index, when pgvector can index this width (idempotent, in the caller's transaction)."""
+    if indexable(width):
+        await conn.execute(_create_index_sql(build, concurrently=False))
+
+
+async def build_vector_index(conn: AsyncConnection, build: HNSWBuild) -> bool:
+    """Build the index over the rows already written, without blocking writes (CONCURRENTLY, so
+    `conn` must be in autocommit). False when another replica holds the build lock: it is building.
+
+    The lock is a session lock: the caller closes `conn` afterwards, which releases it even when
+    the build was interrupted. An invalid index left by an interrupted build is dropped first
+    (`IF NOT EXISTS` would keep it).
+    """
+    cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", [INDEX_LOCK_KEY])
+    if not (await cur.fetchone() or (False,))[0]:
+        return False
+    state = await vector_index_state(conn)
+    if state == "valid":
+        return True
+    if state == "invalid":
+        await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {VECTOR_INDEX}")
+    await conn.execute(_create_index_sql(build, concurrently=True))
+    return True

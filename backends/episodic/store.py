@@ -18,10 +18,15 @@ Design notes (why, not what):
   would take over another owner's id is refused instead of crossing partitions.
 - A pooled connection that died with the server is discarded and the call is
   retried on another, so a database that comes back is usable at once.
+- The HNSW index is built after the first load, not row by row during it
+  (pgvector's own advice): once vector writes pause for `index_quiet_s`, or at
+  most `INDEX_DEFER_MAX_S` after the first, in the background and without
+  blocking writes. Until then a vector recall is an exact scan (decision 28).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -61,6 +66,7 @@ LEXICAL_MATCHES = 1000  # full-text matches ranked by BM25; past this, the best 
 SCOPE_COUNT_CAP = 10_000  # a scope's size is counted up to this (the IDF saturates; see EXACT_SCAN_ROWS)
 NEIGHBOURS, NEIGHBOUR_HITS, NEIGHBOUR_WEIGHT = 2, 20, 0.25
 EXACT_SCAN_ROWS = SCOPE_COUNT_CAP  # a vector recall over a scope this small reads every row
+INDEX_DEFER_MAX_S = 60.0  # the longest the first index build waits for vector writes to pause
 NO_DIMENSIONS_TTL_S = 5.0  # how long a server believes its tier holds no vectors (another replica may add some)
 HYBRID_POOL = 50  # nearest records a hybrid query weighs (and lexical hits given a cosine)
 VECTOR_WEIGHT = 0.5  # the rescaled cosine's share beside BM25 (1.0 for the best match)
@@ -258,6 +264,12 @@ class PostgresStore:
             raise ValueError(f"vector_search must be 'hnsw' or 'exact', not {mode!r}")
         self.vector_search: str = mode or "hnsw"
         self.hnsw = schema.HNSWBuild(int(options.get("hnsw_m", 16)), int(options.get("hnsw_ef_construction", 64)))
+        # 0: the index is made with the first vector and every insert maintains it (the old way).
+        self.index_quiet_s = float(options.get("index_quiet_s", 2.0))
+        self._index_ready = False
+        self._first_unindexed = 0.0  # monotonic time of this process's first vector write while no index
+        self._last_vector_write = 0.0
+        self._index_task: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -280,8 +292,7 @@ class PostgresStore:
             ) as conn:
                 await schema.migrate(conn)
                 self._dims = await schema.embedding_dimensions(conn)
-                if self._dims is not None and self.vector_search == "hnsw":
-                    await schema.ensure_vector_index(conn, self._dims, self.hnsw)
+                needs_index = self._wants_index(self._dims) and await schema.vector_index_state(conn) != "valid"
             pool = AsyncConnectionPool(
                 self.dsn,
                 min_size=self.pool_min,
@@ -294,6 +305,8 @@ class PostgresStore:
             )
             await pool.open(wait=True, timeout=self.pool_timeout)
             self._pool = pool
+            if needs_index:  # vectors from before a crash, or a build that was interrupted
+                self._schedule_index()
         except (psycopg.OperationalError, psycopg.InterfaceError) as error:
             await self._stop_embedded()
             raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
@@ -313,7 +326,68 @@ class PostgresStore:
             raise ValueError(f"iterative_scan must be off, relaxed_order or strict_order, not {self.iterative_scan!r}")
         await conn.execute(f"SET hnsw.iterative_scan = {self.iterative_scan}")
 
+    def _wants_index(self, dims: int | None) -> bool:
+        return dims is not None and self.vector_search == "hnsw" and schema.indexable(dims)
+
+    def _schedule_index(self) -> None:
+        if self._index_task is None or self._index_task.done():
+            self._index_task = asyncio.get_running_loop().create_task(self._build_index_when_due())
+
+    def _index_due_in(self) -> float:
+        now = time.monotonic()
+        quiet = self._last_vector_write + self.index_quiet_s - now
+        capped = (self._first_unindexed or now) + INDEX_DEFER_MAX_S - now
+        return max(0.0, min(quiet, capped))
+
+    async def _build_index_when_due(self) -> None:
+        """Build the HNSW index once the load pauses, on a connection of its own (the build holds
+        it for as long as it takes: ~20 s per 100,000 384-dim rows on 2 cores). A replica that
+        finds another building waits for it; a failed build is retried, the next time without
+        parallel workers (a small /dev/shm cannot hold their shared graph)."""
+        failures = 0
+        while not self._index_ready:
+            delay = self._index_due_in()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            started = time.monotonic()
+            try:
+                async with await AsyncConnection.connect(
+                    self.dsn or "", autocommit=True, connect_timeout=self.connect_timeout
+                ) as conn:
+                    if failures:
+                        await conn.execute("SET max_parallel_maintenance_workers = 0")
+                    try:
+                        built = await schema.build_vector_index(conn, self.hnsw)
+                    except asyncio.CancelledError:
+                        await conn.cancel_safe(timeout=5.0)  # leaves an invalid index: the next build drops it
+                        raise
+            except psycopg.Error as error:
+                failures += 1
+                _log.warning("building the vector index failed (attempt %d): %s", failures, error)
+                await asyncio.sleep(min(60.0, 5.0 * failures))
+                continue
+            if built:
+                self._index_ready = True
+                _log.info("vector index built in %.1f s", time.monotonic() - started)
+            else:
+                await asyncio.sleep(1.0)  # another replica holds the build lock
+
+    async def vector_index_ready(self) -> bool:
+        """Whether the HNSW index exists and is valid (benches and tests wait on it)."""
+        async def work(conn: AsyncConnection) -> bool:
+            return await schema.vector_index_state(conn) == "valid"
+
+        return await self._run(work)
+
     async def close(self) -> None:
+        task, self._index_task = self._index_task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # a build cut short is redone at the next start
+                pass
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -381,22 +455,22 @@ class PostgresStore:
             return
         widths = {len(r.embedding) for r in puts if r.embedding is not None}
 
-        async def work(conn: AsyncConnection) -> None:
+        async def work(conn: AsyncConnection) -> int | None:
             async with conn.transaction():
                 dims = await self._dimensions(conn, fresh=bool(widths))
                 if widths and dims is None:
                     first = next(r.embedding for r in puts if r.embedding is not None)
                     # Not cached until commit: if this transaction fails, the column was never made.
                     self._no_dims_until = 0.0  # the next read asks again
-                    dims = await schema.ensure_embedding(
-                        conn, len(first), index=self.hnsw if self.vector_search == "hnsw" else None)  # type: ignore[arg-type]
+                    built_now = self.vector_search == "hnsw" and self.index_quiet_s <= 0
+                    dims = await schema.ensure_embedding(conn, len(first), index=self.hnsw if built_now else None)
                 if widths and widths != {dims}:
                     raise StoreRejected(f"embedding width {sorted(widths - {dims})} differs from the tier's {dims}")
                 if deletes:
                     await conn.execute("DELETE FROM records WHERE id = ANY(%s::text[])", [list(deletes)])
                     self._sizes.clear()
                 if not puts:
-                    return
+                    return dims
                 vectors = dims is not None
                 columns = _INSERT_COLUMNS + (", embedding" if vectors else "")
                 marks = ", ".join(["%s"] * (18 if vectors else 17))
@@ -410,8 +484,14 @@ class PostgresStore:
                     await cur.executemany(sql, rows)
                     if cur.rowcount != len(rows):
                         raise StoreRejected("a record id is already used by another owner")
+            return dims
 
-        await self._run(work)
+        dims = await self._run(work)
+        if widths and not self._index_ready and self._wants_index(dims):
+            now = time.monotonic()
+            self._first_unindexed = self._first_unindexed or now
+            self._last_vector_write = now
+            self._schedule_index()
 
     @staticmethod
     def _row(r: Record, vectors: bool) -> tuple[Any, ...]:

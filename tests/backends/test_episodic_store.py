@@ -52,6 +52,7 @@ def test_the_embedded_server_runs_with_its_settings_from_the_first_start(server:
         shown = {name: conn.execute(f"SELECT setting, unit FROM pg_settings WHERE name = '{name}'").fetchone()
                  for name in wanted}
     assert int(shown["shared_buffers"][0]) * 8 == int(wanted["shared_buffers"].removesuffix("MB")) * 1024
+    assert shown["maintenance_work_mem"] == (str(int(wanted["maintenance_work_mem"].removesuffix("MB")) * 1024), "kB")
     assert shown["max_wal_size"] == ("2048", "MB") and shown["checkpoint_timeout"] == ("900", "s")
     assert server_settings(2**30)["shared_buffers"] == "128MB" and server_settings(2**40)["shared_buffers"] == "1024MB"
 
@@ -324,12 +325,76 @@ async def test_two_replicas_migrate_an_empty_database(server: str) -> None:
             await s.close()
 
 
+async def _index_built(store: PostgresStore, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await store.vector_index_ready():
+        assert time.monotonic() < deadline, "the vector index was not built"
+        await anyio.sleep(0.05)
+
+
+def _index_state(dsn: str) -> str:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                           "WHERE c.relname = 'records_embedding'").fetchone()
+    return "missing" if row is None else "valid" if row[0] else "invalid"
+
+
+async def test_the_first_load_is_indexed_once_writes_pause(server: str) -> None:
+    """No HNSW index while the first vectors stream in (each insert would walk the graph); built
+    once writes pause; recall answers the same before (an exact scan) and after."""
+    dsn = _fresh_database(server)
+    store = PostgresStore(_settings(dsn, index_quiet_s=0.5))
+    await store.open()
+    try:
+        rnd = random.Random(3)
+        for b in range(3):
+            await store.write([rec(b * 100 + i, "a", embedding=[rnd.gauss(0, 1) for _ in range(8)]) for i in range(100)])
+        assert _index_state(dsn) == "missing"
+        query = [rnd.gauss(0, 1) for _ in range(8)]
+        before = [r.id for r in await store.search(Scope(owner="a"), text=None, vector=query, limit=10)]
+        await _index_built(store, timeout=30)
+        after = [r.id for r in await store.search(Scope(owner="a"), text=None, vector=query, limit=10)]
+        assert len(before) == 10 and after == before
+        await store.write([rec(999, "a", embedding=query)])  # the index now takes writes as they come
+        assert (await store.search(Scope(owner="a"), text=None, vector=query, limit=1))[0].id == "a-999"
+    finally:
+        await store.close()
+
+
+async def test_a_missing_or_interrupted_index_is_built_at_the_next_start(server: str) -> None:
+    dsn = _fresh_database(server)
+    store = PostgresStore(_settings(dsn, index_quiet_s=0))
+    await store.open()
+    await store.write([rec(i, "a", embedding=[1.0, float(i)]) for i in range(50)])
+    await _index_built(store)
+    await store.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:  # what a build cut short leaves behind
+        conn.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'records_embedding'::regclass")
+    assert _index_state(dsn) == "invalid"
+    store = PostgresStore(_settings(dsn))
+    await store.open()
+    try:
+        await _index_built(store, timeout=30)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DROP INDEX records_embedding")
+    finally:
+        await store.close()
+    store = PostgresStore(_settings(dsn))
+    await store.open()
+    try:
+        await _index_built(store, timeout=30)
+        assert len(await store.search(Scope(owner="a"), text=None, vector=[1.0, 3.0], limit=5)) == 5
+    finally:
+        await store.close()
+
+
 async def test_hnsw_build_parameters_are_options(server: str) -> None:
     dsn = _fresh_database(server)
     store = PostgresStore(_settings(dsn, hnsw_m=8, hnsw_ef_construction=32))
     await store.open()
     try:
         await store.write([rec(1, "a", embedding=[0.5, 0.5])])
+        await _index_built(store)
         with psycopg.connect(dsn) as conn:
             (options,) = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'records_embedding'").fetchone()
         assert sorted(options) == ["ef_construction=32", "m=8"]
@@ -356,6 +421,7 @@ async def test_filtered_vector_search_returns_limit(server: str) -> None:
                 batch = []
         if batch:
             await s.write(batch)
+        await _index_built(s, timeout=600)  # the filter must be applied inside an HNSW scan, not an exact one
         query = [rnd.gauss(0, 1) for _ in range(dims)]
 
         def cosine(v: list[float]) -> float:
