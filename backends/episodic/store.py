@@ -292,7 +292,9 @@ class PostgresStore:
             ) as conn:
                 await schema.migrate(conn)
                 self._dims = await schema.embedding_dimensions(conn)
-                needs_index = self._wants_index(self._dims) and await schema.vector_index_state(conn) != "valid"
+                if self._wants_index(self._dims):
+                    self._index_ready = await schema.vector_index_state(conn) == "valid"
+                needs_index = self._wants_index(self._dims) and not self._index_ready
             pool = AsyncConnectionPool(
                 self.dsn,
                 min_size=self.pool_min,
