@@ -119,7 +119,14 @@ class Router(EventMethods):
                 lambda name=name: 1.0 if name in self.fed.tiers and self.fed.tiers[name].healthy else 0.0)
 
     async def health(self) -> dict[str, Any]:
-        """Per-tier status for /readyz: ready needs only the default tier, the rest is reported."""
+        """Per-tier status for /readyz: ready needs only the default tier, the rest is reported.
+
+        A down tier whose backoff has run out is probed first: otherwise a tier that came up
+        after the router (`a2m up` starts them together) stays "down" here until some request
+        happens to reach it."""
+        waiting = [t for t in self.fed if not t.healthy and t.available()]
+        if waiting:
+            await asyncio.gather(*(t.refresh() for t in waiting))
         return {"tiers": {t.name: ("up" if t.healthy else "down") for t in self.fed}}
 
     # ---- helpers ---------------------------------------------------------------------

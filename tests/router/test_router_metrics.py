@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -30,3 +31,17 @@ async def test_moves_and_tier_health_are_exported(tmp_path: Path) -> None:
     assert closed and float(closed[0].split()[-1]) >= 1  # the rest left working at close
     assert 'a2m_router_tier_up{tier="working"} 1.0' in metrics
     assert ready["status"] == "ready" and ready["tiers"]["episodic"] == "up"
+
+
+@pytest.mark.anyio
+async def test_readyz_sees_a_tier_come_back_without_other_traffic(tmp_path: Path) -> None:
+    with federation(tmp_path) as stack:
+        stack.tiers["procedural"].kill()
+        recall = {"jsonrpc": "2.0", "id": 1, "method": "memory/recall", "params": {"query": "anything"}}
+        assert httpx.post(stack.url, json=recall).json()["result"]["degraded"] == ["procedural"]
+        assert httpx.get(stack.url + "readyz").json()["tiers"]["procedural"] == "down"  # the probe fails
+        stack.tiers["procedural"].start().wait()
+        deadline = time.monotonic() + 30  # the backoff after one failure is short; no other request is sent
+        while httpx.get(stack.url + "readyz").json()["tiers"]["procedural"] != "up":
+            assert time.monotonic() < deadline, "readyz never saw the tier come back"
+            time.sleep(0.2)
