@@ -77,7 +77,7 @@ def vector_source(kind: str, dims: int, rng: np.random.Generator) -> Callable[[i
 
 
 async def run(n: int, dims: int, queries: int, url: str | None, vectors_kind: str = "clustered",
-              hnsw: dict[str, int] | None = None) -> dict:
+              options: dict[str, float] | None = None) -> dict:
     rnd = random.Random(1)
     rng = np.random.default_rng(1)
     draw = vector_source(vectors_kind, dims, rng)
@@ -91,7 +91,7 @@ async def run(n: int, dims: int, queries: int, url: str | None, vectors_kind: st
         rows.append(dict(owner=owner, session=f"{owner}-s{rnd.randrange(10)}", created=created,
                          text=" ".join(rnd.choices(WORDS, k=8))))
     with tempfile.TemporaryDirectory() as tmp:
-        store = PostgresStore(TierSettings(name="episodic", data_dir=Path(tmp), url=url, options=hnsw or {}))
+        store = PostgresStore(TierSettings(name="episodic", data_dir=Path(tmp), url=url, options=options or {}))
         await store.open()
         try:
             batches = [[
@@ -280,9 +280,9 @@ def main() -> None:
     parser.add_argument("--url", default=None, help="postgresql:// DSN; default: embedded server in a temp dir")
     args = parser.parse_args()
     n, queries = (5_000, 50) if args.quick else (args.n, args.queries)
-    hnsw = {k: v for k, v in (("hnsw_m", args.hnsw_m), ("hnsw_ef_construction", args.hnsw_ef_construction))
-            if v is not None} | ({"index_quiet_s": 0} if args.index_as_you_go else {})
-    print(json.dumps(anyio.run(run, n, args.dims, queries, args.url, args.vectors, hnsw), indent=2))
+    options = {k: v for k, v in (("hnsw_m", args.hnsw_m), ("hnsw_ef_construction", args.hnsw_ef_construction))
+               if v is not None} | ({"index_quiet_s": 0} if args.index_as_you_go else {})
+    print(json.dumps(anyio.run(run, n, args.dims, queries, args.url, args.vectors, options), indent=2))
 
 
 if __name__ == "__main__":

@@ -124,10 +124,11 @@ class HNSWBuild:
     """pgvector's build parameters, fixed when the index is made (after the first load).
 
     They set the rate of writes into an indexed tier: every insert walks the
-    graph, and on 2 cores with 384-dim vectors the defaults write ~600 records/s
-    against ~8,500/s with no index; m = 8, ef_construction = 32 writes ~1,500/s. Lower values cost
-    recall on scans the index serves (large scopes), not on owner-sized ones,
-    which the planner answers exactly from the b-tree.
+    graph, and on 2 cores with 384-dim vectors the defaults write ~600
+    records/s against ~8,500/s with no index; m = 8, ef_construction = 32
+    writes ~1,500/s. Lower values cost recall on scans the index serves (large
+    scopes), not on owner-sized ones, which the planner answers exactly from
+    the b-tree.
     """
 
     m: int = 16
