@@ -18,9 +18,11 @@ from functools import lru_cache
 import unicodedata
 import zlib
 from collections import Counter
-from typing import Iterable, Mapping, Sequence
+from typing import Generic, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 from .stopwords import STOPWORDS
+
+K = TypeVar("K", bound=Hashable)
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
@@ -278,7 +280,12 @@ def bm25_counts(docs: Mapping[str, tuple[int, Sequence[str]]], wanted: set[str],
             df[t] += 1
         hits.append((doc_id, length, tf))
     n = max(len(docs), documents or 0)
-    avg = total / len(docs) if total else 1.0
+    return _bm25(hits, df, n, total / len(docs) if total else 1.0, k1, b)
+
+
+def _bm25(hits: Iterable[tuple[str, int, Sequence[tuple[str, int]]]], df: Mapping[str, int], n: int,
+          avg: float, k1: float, b: float) -> dict[str, float]:
+    """Raw BM25 of each (doc id, length, [(term, tf)]) hit, given the corpus statistics."""
     idf = {t: math.log(1 + (n - d + 0.5) / (d + 0.5)) * (k1 + 1) for t, d in df.items()}
     fixed, per_term = k1 * (1 - b), k1 * b / avg  # the length norm, k1 * (1 - b + b * length / avg)
     out = {}
@@ -296,6 +303,72 @@ def rank(texts: dict[str, str], query: str, k1: float = 0.9, b: float = 0.4) -> 
 def rank_counts(docs: Mapping[str, tuple[int, Sequence[str]]], query: str, *, k1: float = 0.9,
                 b: float = 0.4) -> list[tuple[str, float]]:
     """`rank` over documents tokenized already ((length, terms) per id, as `bm25_counts` takes them)."""
-    scored = [(doc_id, squash(s)) for doc_id, s in bm25_counts(docs, query_terms(query), k1=k1, b=b).items()]
+    return _ranked(bm25_counts(docs, query_terms(query), k1=k1, b=b))
+
+
+def _ranked(raw: Mapping[str, float]) -> list[tuple[str, float]]:
+    scored = [(doc_id, squash(s)) for doc_id, s in raw.items()]
     scored.sort(key=lambda p: (-p[1], p[0]))  # ties by id: the same order on every run
     return scored
+
+
+class HeldTerms(Generic[K]):
+    """Term counts of documents kept in memory, for BM25 over whichever of them a scope holds now.
+
+    For a store that reads a scope's members from its engine on every recall
+    (so another writer is always seen) but keeps each member's tokenization,
+    since a member names one version of one text and never changes. Postings
+    make a recall one C-level set intersection per query term, plus a step per
+    hit; a pass over every member in scope was most of a working recall's CPU
+    at 1,000 records (decision 29). The statistics (document count, average
+    length, document frequencies) are the scope's, as `rank_counts` would
+    compute them over the same documents.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._ids: dict[K, str] = {}  # key -> doc id
+        self._lengths: dict[K, int] = {}
+        self._postings: dict[str, dict[K, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def missing(self, scope: set[K]) -> set[K]:
+        """The keys of `scope` not held, to `add` before `rank`. When holding them would pass the
+        capacity, everything held is let go first (old versions are never removed one by one)."""
+        missing = scope.difference(self._lengths)
+        if missing and len(self._lengths) + len(missing) > self.capacity:
+            self._ids, self._lengths, self._postings = {}, {}, {}
+            return set(scope)
+        return missing
+
+    def add(self, key: K, doc_id: str, text: str) -> None:
+        terms = tokenize_once(text)  # not through the cache: each text is tokenized once here
+        self._ids[key] = doc_id
+        self._lengths[key] = len(terms)
+        postings = self._postings
+        for term, tf in Counter(terms).items():
+            postings.setdefault(term, {})[key] = tf
+
+    def rank(self, scope: set[K], query: str, *, k1: float = 0.9, b: float = 0.4) -> list[tuple[str, float]]:
+        """`rank_counts` over the held documents in `scope` (every key of which must be held)."""
+        wanted = query_terms(query)
+        if not wanted or not scope:
+            return []
+        df: dict[str, int] = {}
+        tf: dict[K, list[tuple[str, int]]] = {}
+        for term in wanted:
+            posting = self._postings.get(term)
+            if not posting:
+                continue
+            keys = posting.keys() & scope
+            df[term] = len(keys)
+            for key in keys:
+                tf.setdefault(key, []).append((term, posting[key]))
+        if not tf:
+            return []
+        lengths, ids = self._lengths, self._ids
+        total = sum(map(lengths.__getitem__, scope))
+        hits = [(ids[key], lengths[key], counts) for key, counts in tf.items()]
+        return _ranked(_bm25(hits, df, len(scope), total / len(scope) if total else 1.0, k1, b))

@@ -24,7 +24,8 @@ member, so the order is created_at, then insertion, in the index itself, and a
 time range is a score range.
 
 Every operation is one Lua script, so one round trip, and writes are atomic: a
-script runs alone, and the write script checks everything that can fail (the
+script runs alone (a recall's read of one index's members is a plain ZRANGEBYSCORE,
+which Lua would only slow down), and the write script checks everything that can fail (the
 embedding width) before its first write. Input that cannot be encoded is
 refused in Python before anything is sent. The scripts build key names from the
 prefix, so this layout assumes one Redis, not a Redis Cluster.
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Literal, Mapping, Sequence
 from urllib.parse import quote, unquote
 
 import anyio
@@ -48,7 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from a2m.filters import Scope, matches
 from a2m.records import Record
-from a2m.text import rank, rank_counts, tokenize, tokenize_once
+from a2m.text import HeldTerms, rank, tokenize
 from a2m.timefmt import format_ts
 from backends.settings import TierSettings
 from backends.store import SessionInfo, StoreRejected, StoreUnavailable
@@ -193,12 +194,6 @@ out[#out + 1] = '[' .. table.concat(bodies, ',') .. ']'
 return out
 """
 
-# ARGV: P, owner, index suffix, min, max. The members of one index, newest first: a recall
-# ranks the texts it holds for them (a member names one version of one record, never reused).
-_MEMBERS = """
-return redis.call('ZREVRANGEBYSCORE', ARGV[1] .. ':o:' .. ARGV[2] .. ARGV[3], ARGV[5], ARGV[4])
-"""
-
 # ARGV: P, owner, at, ids...
 _TOUCH = """
 local P, o, at = ARGV[1], ARGV[2], ARGV[3]
@@ -332,8 +327,8 @@ class RedisStore:
         self._restart_lock: anyio.Lock | None = None
         self._failed_restart_at = 0.0
         self._polled_at = 0.0
-        # index member -> (record id, length, terms) for recall (see `_held_terms`)
-        self._held: dict[bytes, tuple[str, int, tuple[str, ...]]] = {}
+        # the tokenized texts of index members, for recall (see `_held_scope`)
+        self._held: HeldTerms[bytes] = HeldTerms(_TERMS_HELD)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -360,7 +355,6 @@ class RedisStore:
         client = self._redis
         self._write = client.register_script(_WRITE)
         self._fetch = client.register_script(_FETCH)
-        self._members = client.register_script(_MEMBERS)
         self._touch = client.register_script(_TOUCH)
         self._reinforce = client.register_script(_REINFORCE)
         self._sessions = client.register_script(_SESSIONS)
@@ -418,9 +412,13 @@ class RedisStore:
             await self._redis.connection_pool.disconnect()
 
     async def _eval(self, script: Any, args: list[Any]) -> Any:
+        return await self._call(lambda: script(args=[self.prefix, *args], client=self._redis))
+
+    async def _call(self, command: Callable[[], Awaitable[Any]]) -> Any:
+        """`command()`, with Redis errors mapped to the Store's, repeated once on a restarted child."""
         await self._ready()
         try:
-            return await self._run(script, args)
+            return await self._run(command)
         except _Unreachable:
             if self.server is None or self.server.alive():
                 raise
@@ -428,11 +426,11 @@ class RedisStore:
         # repeating on a new child is safe; a touch or reinforce that reached the
         # AOF before the crash may count twice, which beats losing the call.
         await self._ready(check=True)
-        return await self._run(script, args)
+        return await self._run(command)
 
-    async def _run(self, script: Any, args: list[Any]) -> Any:
+    async def _run(self, command: Callable[[], Awaitable[Any]]) -> Any:
         try:
-            return await script(args=[self.prefix, *args], client=self._redis)
+            return await command()
         except ResponseError as exc:
             text = str(exc)
             if _REJECT in text:
@@ -603,33 +601,26 @@ class RedisStore:
             by_id = {r.id: r for _, r in found}
             ranked = rank({r.id: r.content for r in by_id.values()}, text)
             return [by_id[i].scored(s) for i, s in ranked[:limit]]
-        ranked = rank_counts(await self._held_terms(_enc(scope.owner), index, lo, hi), text)[:limit]
+        scope_members = await self._held_scope(_enc(scope.owner), index, lo, hi)
+        ranked = self._held.rank(scope_members, text)[:limit]
         best = {r.id: r for r in await self.get(scope.owner, [i for i, _ in ranked], with_embeddings=with_embeddings)}
         return [best[i].scored(s) for i, s in ranked if i in best]
 
-    async def _held_terms(self, owner: str, index: str, lo: str, hi: str) -> dict[str, tuple[int, tuple[str, ...]]]:
-        """id -> (length, BM25 terms) of the records in one index's score range, newest first; read
-        from Redis and tokenized only for members not seen before (a member is one version of one
-        record: its text never changes)."""
-        members = await self._eval(self._members, [owner, index, lo, hi])
-        held = self._held
-        docs: dict[str, tuple[int, tuple[str, ...]]] = {}
-        missing = []
-        for member in members:
-            known = held.get(member)
-            if known is None:
-                missing.append(member)
-            else:
-                docs[known[0]] = known[1:]
+    async def _held_scope(self, owner: str, index: str, lo: str, hi: str) -> set[bytes]:
+        """The members of one index's score range, each held in `_held`: read from Redis on every
+        recall, tokenized only when not seen before (a member is one version of one record: its
+        text never changes)."""
+        key = f"{self.prefix}:o:{owner}{index}"  # a plain command: through Lua, 1,000 members cost 4x the CPU
+        members = set(await self._call(lambda: self._redis.zrangebyscore(key, lo, hi)))
+        missing = self._held.missing(members)
         if missing:
-            if len(held) + len(missing) > _TERMS_HELD:
-                held.clear()
-            ids = [member[16:].decode() for member in missing]
-            for member, record in self._records(await self._eval(self._fetch, [owner, "0", "ids", *ids])):
-                terms = tuple(tokenize_once(record.content))
-                held[member] = (record.id, len(terms), terms)
-                docs[record.id] = (len(terms), terms)
-        return docs
+            fetched = self._records(await self._eval(
+                self._fetch, [owner, "0", "ids", *(member[16:].decode() for member in missing)]))
+            for member, record in fetched:
+                self._held.add(member, record.id, record.content)
+            if len(fetched) < len(missing):  # deleted between the two reads
+                members -= missing.difference(member for member, _ in fetched)
+        return members
 
     async def sessions(self, owner: str | None) -> list[SessionInfo]:
         flat = await self._eval(self._sessions, [_enc(owner)])

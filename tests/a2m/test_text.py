@@ -1,4 +1,6 @@
-from a2m.text import BM25, detect_language, fold, rank, sparse_vector, tokenize
+import random
+
+from a2m.text import BM25, HeldTerms, detect_language, fold, rank, sparse_vector, tokenize
 
 
 def test_accents_fold_both_ways() -> None:
@@ -77,3 +79,32 @@ def test_sparse_vector_is_stable_and_sorted() -> None:
     assert indices == sorted(indices) and len(indices) == 2
     assert sparse_vector("cats and cats and dogs") == (indices, values)
     assert values[indices.index(sparse_vector("cat")[0][0])] > values[indices.index(sparse_vector("dog")[0][0])]
+
+
+def test_held_terms_rank_any_subset_as_a_pass_over_it_would() -> None:
+    """Postings over everything held, statistics of the scope asked: the same scores and order as
+    `rank` over exactly the scope's texts, whatever else is held."""
+    rnd = random.Random(7)
+    words = [f"word{i}" for i in range(60)]
+    texts = {f"m{i}": " ".join(rnd.choices(words[: 5 + i % 50], k=rnd.randint(1, 15))) for i in range(400)}
+    held: HeldTerms[str] = HeldTerms(capacity=10_000)
+    for key, text in texts.items():
+        held.add(key, f"id-{key}", text)
+    for trial in range(30):
+        scope = set(rnd.sample(sorted(texts), rnd.randint(1, 300)))
+        query = " ".join(rnd.sample(words, 3))
+        expected = rank({f"id-{k}": texts[k] for k in scope}, query)
+        assert held.rank(scope, query) == expected
+        assert expected or trial % 10  # most queries match something: the check compares scores, not []
+    assert held.rank(set(), "word1") == [] and held.rank({"m1"}, "the") == []
+
+
+def test_held_terms_lets_go_of_everything_past_its_capacity() -> None:
+    held: HeldTerms[str] = HeldTerms(capacity=3)
+    for key in ("a", "b"):
+        held.add(key, key, "alpha beta")
+    assert held.missing({"a", "b", "c"}) == {"c"}
+    assert held.missing({"c", "d"}) == {"c", "d"} and len(held) == 0  # 2 + 2 > 3: all let go
+    for key in ("c", "d"):
+        held.add(key, key, "alpha")
+    assert [doc for doc, _ in held.rank({"c", "d"}, "alpha")] == ["c", "d"]
