@@ -228,6 +228,29 @@ async def test_where_falls_back_to_metadata(store: RedisStore) -> None:
     assert ids(await store.select(Scope(where={"session": None}))) == []
 
 
+async def test_where_id_reads_only_the_named_records(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router counts its recalls as `where: {id: [...]}`: that reads those records, not every
+    record of the owner, and still applies the rest of the scope."""
+    await store.write([rec(f"r{i:03d}", T0 if i % 2 else T2, session="a" if i < 100 else "b") for i in range(200)])
+    decoded = 0
+    from_wire = Record.from_wire
+
+    def counting(body: dict[str, object]) -> Record:
+        nonlocal decoded
+        decoded += 1
+        return from_wire(body)
+
+    monkeypatch.setattr(Record, "from_wire", staticmethod(counting))
+    scope = Scope(where={"id": ["r001", "r002", "r150", "r151", "missing"]})
+    assert ids(await store.select(scope)) == ["r001", "r151", "r002", "r150"]
+    assert decoded == 4
+    assert ids(await store.select(Scope(where={"id": "r150", "session": "a"}))) == []
+    assert ids(await store.select(Scope(where={"id": ["r001", "r002"]}, after=T1))) == ["r002"]
+    assert ids(await store.search(Scope(where={"id": ["r001", "r150"]}), text="content r150", vector=None,
+                                  limit=5)) == ["r150", "r001"]
+    assert decoded == 4 + 1 + 2 + 2
+
+
 async def test_delete_by_every_selector(store: RedisStore) -> None:
     await store.write([
         rec("1", T0, session="s", key="app/a"),
