@@ -39,6 +39,19 @@ class Scope:
     def is_empty_selector(self) -> bool:
         return not self.where and self.key_prefix is None and self.ids is None and self.after is None and self.before is None
 
+    def named_ids(self) -> Sequence[str] | None:
+        """The ids the scope is limited to, by `ids` or by `where.id` (the router counts the recalls
+        it returned that way), so a store can read those records rather than filter all of an
+        owner's; the rest of the scope still applies to them. None when it names no ids."""
+        if self.ids is not None:
+            return self.ids
+        named = self.where.get("id")
+        if isinstance(named, str):
+            return [named]
+        if isinstance(named, list) and all(isinstance(i, str) for i in named):
+            return named
+        return None
+
 
 def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, (str, int, float, bool))

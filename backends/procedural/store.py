@@ -731,8 +731,9 @@ class GitStore:
             pool = self._visible.by_session.get((scope.owner, session), {})
         else:
             pool = self._visible.by_owner.get(scope.owner, {})
-        if scope.ids is not None:
-            candidates: Iterable[Record] = (pool[i] for i in dict.fromkeys(scope.ids) if i in pool)
+        ids = scope.named_ids()
+        if ids is not None:
+            candidates: Iterable[Record] = (pool[i] for i in dict.fromkeys(ids) if i in pool)
         else:
             candidates = pool.values()
         return [r for r in candidates if matches(r, scope)]

@@ -289,19 +289,6 @@ def _index(scope: Scope) -> tuple[str, str, str, dict[str, Any]]:
     return index, lo, hi, where
 
 
-def _named_ids(scope: Scope) -> Sequence[str] | None:
-    """The ids a scope is limited to, by `ids` or by `where.id` (the router counts the recalls it
-    returned that way): read by id, not by filtering every record of the owner's index."""
-    if scope.ids is not None:
-        return scope.ids
-    named = scope.where.get("id")
-    if isinstance(named, str):
-        return [named]
-    if isinstance(named, list) and all(isinstance(i, str) for i in named):
-        return named
-    return None
-
-
 def _single(where: Mapping[str, Any], name: str) -> tuple[bool, str | None]:
     """(usable, value) when `where[name]` selects exactly one index bucket."""
     if name not in where:
@@ -556,7 +543,7 @@ class RedisStore:
         """Records in scope with their index member, in order, from the narrowest index."""
         want = "1" if with_embeddings else "0"
         owner = _enc(scope.owner)
-        ids = _named_ids(scope)
+        ids = scope.named_ids()
         if ids is not None or scope.key_prefix is not None:
             if ids is not None:
                 if not ids:

@@ -451,6 +451,16 @@ async def test_session_scope_follows_writes_moves_and_deletes(tmp_path: Path) ->
         await store.close()
 
 
+async def test_where_id_is_read_by_id_and_still_filtered(store: GitStore) -> None:
+    """`where: {id: ...}` (how the router counts its recalls) reads the named records, and the rest
+    of the scope, owner included, still applies to them."""
+    await store.write([rec(1, session="s1"), rec(2, session="s2"), rec(3, owner="bob")])
+    for where, owner, expected in (({"id": ["1", "2", "3", "9"]}, "alice", ["1", "2"]),
+                                   ({"id": "2", "session": "s1"}, "alice", []),
+                                   ({"id": ["3"]}, "alice", []), ({"id": ["3"]}, "bob", ["3"])):
+        assert [r.id for r in await store.select(Scope(owner=owner, where=where))] == expected
+
+
 async def test_select_order_and_limits(store: GitStore) -> None:
     same = "2026-01-01T00:00:00.000Z"
     await store.write([rec("c", created_at="2026-01-01T00:00:02.000Z"), rec("a", created_at=same), rec("b", created_at=same)])
