@@ -232,6 +232,23 @@ async def test_text_rank_weighs_rare_words_and_lends_to_session_neighbours(store
     assert f"{owner}-2" not in {r.id for r in scoped} and scoped[0].id == f"{owner}-1"
 
 
+async def test_past_the_match_cap_the_best_matches_by_ts_rank_are_kept(store: PostgresStore,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to LEXICAL_MATCHES every full-text match is ranked; past it, the best by ts_rank are, not
+    the newest (the strong matches here are the oldest)."""
+    owner = _owner()
+    strong = [rec(i, owner, content="zebra zebra zebra zebra", created_at=f"2026-03-0{1 + i}T10:00:00.000Z")
+              for i in range(3)]
+    weak = [rec(i, owner, content=f"a zebra among words of record {i}", created_at=f"2026-03-{10 + i}T10:00:00.000Z")
+            for i in range(3, 8)]
+    await store.write(strong + weak)
+    monkeypatch.setattr("backends.episodic.store.LEXICAL_MATCHES", 3)
+    found = await store.search(Scope(owner=owner), text="zebra", vector=None, limit=10)
+    assert {r.id for r in found} == {r.id for r in strong}
+    monkeypatch.setattr("backends.episodic.store.LEXICAL_MATCHES", 8)
+    assert len(await store.search(Scope(owner=owner), text="zebra", vector=None, limit=10)) == 8
+
+
 async def test_rows_written_before_the_terms_column_rank_the_same(store: PostgresStore, server: str) -> None:
     """Schema 2 stores each record's terms; a row from schema 1 (terms NULL) is tokenized at recall."""
     owner = _owner()
