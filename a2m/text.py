@@ -334,12 +334,18 @@ class HeldTerms(Generic[K]):
     def __len__(self) -> int:
         return len(self._lengths)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._lengths
+
+    def clear(self) -> None:
+        self._ids, self._lengths, self._postings = {}, {}, {}
+
     def missing(self, scope: set[K]) -> set[K]:
         """The keys of `scope` not held, to `add` before `rank`. When holding them would pass the
         capacity, everything held is let go first (old versions are never removed one by one)."""
         missing = scope.difference(self._lengths)
         if missing and len(self._lengths) + len(missing) > self.capacity:
-            self._ids, self._lengths, self._postings = {}, {}, {}
+            self.clear()
             return set(scope)
         return missing
 

@@ -62,6 +62,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)
 _MUTABLE = ("salience", "access_count", "accessed_at", "embedding")
 _TERMS_HELD = 65_536  # records whose BM25 terms a server keeps for recall; past this it starts over
+_HOLD_ATTEMPTS = 3  # reads of a recall's unheld members before it ranks only those held
 
 _LIB = """
 local P = ARGV[1]
@@ -613,15 +614,18 @@ class RedisStore:
         text never changes)."""
         key = f"{self.prefix}:o:{owner}{index}"  # a plain command: through Lua, 1,000 members cost 4x the CPU
         members = set(await self._call(lambda: self._redis.zrangebyscore(key, lo, hi)))
-        missing = self._held.missing(members)
-        if missing:
+        for _ in range(_HOLD_ATTEMPTS):
+            missing = self._held.missing(members)
+            if not missing:
+                return members
             fetched = self._records(await self._eval(
                 self._fetch, [owner, "0", "ids", *(member[16:].decode() for member in missing)]))
             for member, record in fetched:
                 self._held.add(member, record.id, record.content)
             if len(fetched) < len(missing):  # deleted between the two reads
                 members -= missing.difference(member for member, _ in fetched)
-        return members
+            # and again: a concurrent recall past the capacity may have let go of all while this one read
+        return {member for member in members if member in self._held}  # three races lost: rank what is held
 
     async def sessions(self, owner: str | None) -> list[SessionInfo]:
         flat = await self._eval(self._sessions, [_enc(owner)])

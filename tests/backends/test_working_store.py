@@ -7,6 +7,7 @@ own servers in their own directories.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -348,6 +349,28 @@ async def test_search_is_lexical_within_scope(store: RedisStore) -> None:
     assert await store.search(Scope(owner="x"), text="paris", vector=None, limit=5) == []
     # search never changes the timeline
     assert ids(await store.select(Scope(where={"session": "s"}))) == ["paris", "rome", "citta"]
+
+async def test_search_while_another_lets_the_held_terms_go(store: RedisStore,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recall that reads its new members while a concurrent one empties the held terms (past
+    their capacity) still ranks all of its scope, by the same scores."""
+    await store.write([rec(f"a{i}", T0, session="a", content=f"apple {'pie ' * i}") for i in range(6)])
+    scope = Scope(where={"session": "a"})
+    await store.search(scope, text="apple", vector=None, limit=10)
+    await store.write([rec("a6", T1, session="a", content="apple crumble")])  # 6 held + 1 new
+    evaluate = store._eval
+
+    async def concurrent_clear(script: object, args: list[object]) -> object:
+        if script is store._fetch and "a6" in args:  # while this recall reads its new member
+            store._held.clear()  # what a concurrent recall past the capacity does
+        return await evaluate(script, args)
+
+    monkeypatch.setattr(store, "_eval", concurrent_clear)
+    raced = await store.search(scope, text="apple", vector=None, limit=10)
+    monkeypatch.undo()
+    calm = await store.search(scope, text="apple", vector=None, limit=10)
+    assert len(calm) == 7 and [(r.id, r.score) for r in raced] == [(r.id, r.score) for r in calm]
+
 
 async def test_search_sees_a_replaced_or_deleted_record_as_it_is_now(store: RedisStore) -> None:
     """Recall ranks texts it remembers by index member; a re-put is a new member, a delete none."""
