@@ -7,7 +7,6 @@ own servers in their own directories.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
