@@ -28,10 +28,15 @@ def federation(tmp_path: Path) -> Iterator[tuple[str, dict[str, subprocess.Popen
         "procedural": a2m_command("serve", "procedural", "--port", str(base + 4), "--data", str(tmp_path)),
         "router": a2m_command("serve", "router", "--port", str(base), "--config", str(config)),
     }
-    procs = {name: subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL) for name, cmd in commands.items()}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
+        for name in ("working", "procedural"):
+            procs[name] = subprocess.Popen(commands[name], cwd=ROOT, stdout=subprocess.DEVNULL)
         wait_ready(f"http://127.0.0.1:{base + 1}/", procs["working"])
         wait_ready(f"http://127.0.0.1:{base + 4}/", procs["procedural"])
+        # the router after its tiers: one it found down at start waits out a backoff, and the
+        # first check below would race it (CI saw procedural reported down)
+        procs["router"] = subprocess.Popen(commands["router"], cwd=ROOT, stdout=subprocess.DEVNULL)
         wait_ready(f"http://127.0.0.1:{base}/", procs["router"])
         yield f"http://127.0.0.1:{base}/", procs
     finally:
