@@ -90,12 +90,14 @@ def test_held_terms_rank_any_subset_as_a_pass_over_it_would() -> None:
     held: HeldTerms[str] = HeldTerms(capacity=10_000)
     for key, text in texts.items():
         held.add(key, f"id-{key}", text)
-    for trial in range(30):
+    matched = 0
+    for _ in range(30):
         scope = set(rnd.sample(sorted(texts), rnd.randint(1, 300)))
         query = " ".join(rnd.sample(words, 3))
         expected = rank({f"id-{k}": texts[k] for k in scope}, query)
         assert held.rank(scope, query) == expected
-        assert expected or trial % 10  # most queries match something: the check compares scores, not []
+        matched += bool(expected)
+    assert matched >= 20  # the comparisons are of scores, not of empty lists
     assert held.rank(set(), "word1") == [] and held.rank({"m1"}, "the") == []
 
 
