@@ -342,6 +342,26 @@ async def test_two_replicas_migrate_an_empty_database(server: str) -> None:
             await s.close()
 
 
+async def test_a_record_with_a_384_dim_vector_is_stored_whole_not_through_toast(server: str) -> None:
+    """An exact vector scan reads every embedding in scope: from the row itself, not one TOAST lookup
+    each (schema migration 3). Without it a row this wide (~2.3 KB) puts its vector out of line."""
+    dsn = _fresh_database(server)
+    store = PostgresStore(_settings(dsn))
+    await store.open()
+    try:
+        rng = random.Random(3)
+        words = " ".join(f"word{rng.randrange(5000)}" for _ in range(20))
+        records = [rec(i, "a", content=words, embedding=[rng.gauss(0, 1) for _ in range(384)]) for i in range(50)]
+        await store.write(records)
+        with psycopg.connect(dsn) as conn:
+            toast = conn.execute("SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE relname = 'records'")
+            assert toast.fetchone() == (0,)
+        got = await store.get("a", [records[7].id], with_embeddings=True)
+        assert got[0].embedding == pytest.approx(records[7].embedding, rel=1e-6)
+    finally:
+        await store.close()
+
+
 async def _index_built(store: PostgresStore, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not await store.vector_index_ready():
