@@ -342,9 +342,10 @@ async def test_two_replicas_migrate_an_empty_database(server: str) -> None:
             await s.close()
 
 
-async def test_a_record_with_a_384_dim_vector_is_stored_whole_not_through_toast(server: str) -> None:
-    """An exact vector scan reads every embedding in scope: from the row itself, not one TOAST lookup
-    each (schema migration 3). Without it a row this wide (~2.3 KB) puts its vector out of line."""
+async def test_a_record_with_a_384_dim_vector_is_stored_whole_and_touched_in_place(server: str) -> None:
+    """An exact vector scan reads every embedding in scope from the row itself, not one TOAST lookup
+    each; and a touch rewrites the row on its page (HOT), not into every index again (schema 3).
+    Without it a row this wide (~2.3 KB) puts its vector out of line, and its page has no room."""
     dsn = _fresh_database(server)
     store = PostgresStore(_settings(dsn))
     await store.open()
@@ -358,6 +359,13 @@ async def test_a_record_with_a_384_dim_vector_is_stored_whole_not_through_toast(
             assert toast.fetchone() == (0,)
         got = await store.get("a", [records[7].id], with_embeddings=True)
         assert got[0].embedding == pytest.approx(records[7].embedding, rel=1e-6)
+        touched = [r.id for r in records[::5]]
+        with psycopg.connect(dsn) as conn:  # the store's touch, counted inside one transaction
+            conn.execute("UPDATE records SET access_count = access_count + 1, accessed_at = now() "
+                         "WHERE owner = 'a' AND id = ANY(%s)", [touched])
+            hot = conn.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables "
+                               "WHERE relname = 'records'").fetchone()
+            assert hot == (len(touched), len(touched))
     finally:
         await store.close()
 
@@ -384,7 +392,7 @@ async def test_a_database_at_an_older_schema_is_upgraded_in_place(server: str,
             assert conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [
                 (v,) for v in range(1, schema.LATEST + 1)]
             options = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'records'").fetchone()
-            assert "toast_tuple_target=8160" in options[0]
+            assert {"toast_tuple_target=8160", "fillfactor=70"} <= set(options[0])
         assert await store.count("a") == 5
         found = await store.search(Scope(owner="a"), text="deploy window", vector=[1.0, 4.0], limit=3)
         assert found[0].id == "a-4" and len(found) == 3
