@@ -19,7 +19,8 @@ writers (two clients, one batch each in flight) for the second; `insert_per_s`
 is the whole load's rate until the HNSW index is ready, which the store builds
 once the writes pause (decision 28; `--index-as-you-go` inserts into it row by
 row instead, the rate a loaded tier takes new writes at). After the recalls,
-`insert_vs_raw` pairs the store's writes into the full table with a raw COPY
+`touch_10` is recall's access count update of ten records, with the share of
+rows PostgreSQL rewrote in place. `insert_vs_raw` pairs the store's writes into the full table with a raw COPY
 of the same kind of rows, taking turns, so the engine's own ceiling (the HNSW
 insert) is measured beside the store in the same run. The table is then
 vacuumed and analyzed before any recall is timed, the state autovacuum leaves
@@ -37,6 +38,7 @@ import random
 import sys
 import tempfile
 import time
+from contextlib import AsyncExitStack
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
@@ -175,6 +177,7 @@ async def run(n: int, dims: int, queries: int, url: str | None, vectors_kind: st
                     result |= {"raw_sql_p50_ms": _pct(raw, 50), "raw_sql_p99_ms": _pct(raw, 99),
                                "vs_raw_sql": round(_pct(lat, 50) / max(_pct(raw, 50), 1e-6), 2)}
                 out["cases"][case] = result
+            out["touch_10"] = await _touch(store, owners, n, queries, rnd)
             out["insert_vs_raw"] = await _insert_pair(store, draw, owners, start, INSERT_PAIR_BATCHES if n >= 50_000 else 4)
             out["targets"] = {"filtered_p50_ms": 15, "filtered_p99_ms": 40, "vs_raw_sql": 2.0,
                               "recall_at_10": 0.95, "insert_per_s": 2000}
@@ -241,6 +244,39 @@ async def _settle(store: PostgresStore) -> None:
     async with store._pool.connection() as conn:
         await conn.execute("VACUUM ANALYZE records")
     print(f"vacuum analyze {time.perf_counter() - t:.1f} s", file=sys.stderr)
+
+
+async def _touch(store: PostgresStore, owners: list[str], n: int, times: int, rnd: random.Random) -> dict:
+    """What recall's `touch` costs: ten of one owner's records counted as recalled, and the share of
+    those row updates PostgreSQL made in place (HOT: no new index entries, the HNSW graph's included;
+    decision 30)."""
+    assert store._pool is not None
+
+    async def updates() -> tuple[int, int]:
+        # A backend reports its counts to the statistics at most once a second, and an idle one
+        # after ten: hold every pooled connection at once and have each report now.
+        async with AsyncExitStack() as stack:
+            conns = [await stack.enter_async_context(store._pool.connection())  # type: ignore[union-attr]
+                     for _ in range(store.pool_max)]
+            for conn in conns:
+                await conn.execute("SELECT pg_stat_force_next_flush()")
+            await anyio.sleep(0.2)
+            row = await (await conns[0].execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                                                "WHERE relname = 'records'")).fetchone()
+        return int(row[0]), int(row[1])
+
+    before = await updates()
+    lat = []
+    for _ in range(times):
+        o = rnd.randrange(100)
+        ids = [f"r{o + 100 * rnd.randrange(n // 100)}" for _ in range(10)]  # record i belongs to owner i % 100
+        t = time.perf_counter()
+        await store.touch(owners[o], ids, format_ts(datetime.now(timezone.utc)))
+        lat.append(time.perf_counter() - t)
+    after = await updates()
+    updated = after[0] - before[0]
+    return {"p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), "rows_updated": updated,
+            "hot_share": round((after[1] - before[1]) / updated, 3) if updated else None}
 
 
 async def _raw(store: PostgresStore, scope: Scope, q: np.ndarray) -> float:
