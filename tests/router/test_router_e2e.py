@@ -86,6 +86,7 @@ async def test_a_move_keeps_id_history_key_and_embedding(shared: Stack) -> None:
             {"content": "the user lives in Milan", "key": "user/city", "session": "s1", "embedding": vector}]})
         for _ in range(2):
             assert (await router.call("memory/recall", {"owner": me, "query": "Milan"}))["records"]
+        await router.call("memory/consolidate", {"owner": me})  # the recall counts land in the background: drain them
         before = (await where_is(shared, me, ["working"]))["working"][0]
         closed = await router.call("memory/session/close", {"owner": me, "session": "s1"})
     assert closed["flushed"] == 1 and closed["closed"] == "s1"
