@@ -20,8 +20,9 @@ is the whole load's rate until the HNSW index is ready, which the store builds
 once the writes pause (decision 28; `--index-as-you-go` inserts into it row by
 row instead, the rate a loaded tier takes new writes at). After the recalls,
 `touch_10` is recall's access count update of ten records, with the share of
-rows PostgreSQL rewrote in place. `insert_vs_raw` pairs the store's writes into the full table with a raw COPY
-of the same kind of rows, taking turns, so the engine's own ceiling (the HNSW
+rows PostgreSQL rewrote in place (no raw twin: the store's touch is that one
+UPDATE). `insert_vs_raw` pairs the store's writes into the full table with a
+raw COPY of the same kind of rows, taking turns, so the engine's own ceiling (the HNSW
 insert) is measured beside the store in the same run. The table is then
 vacuumed and analyzed before any recall is timed, the state autovacuum leaves
 a table in soon after a bulk load.
