@@ -52,6 +52,8 @@ def _cjk_grams(run: str) -> list[str]:
 
 
 def _split(text: str) -> list[str]:
+    if text.isascii():  # the common case: no folding beyond case, and no CJK to cut into grams
+        return _WORD.findall(text.lower())
     folded = fold(text)
     if not _CJK.search(folded):
         return _WORD.findall(folded)
@@ -73,12 +75,17 @@ def _split(text: str) -> list[str]:
 
 def detect_language(words: Sequence[str]) -> str | None:
     """The language whose stopwords occur most among `words`; None when none occur (ties: list order)."""
+    # Runs once per text tokenized (a rerank pool is ~200 texts the tokenizer's cache has not
+    # seen): most words are no stopword, and most texts have stopwords of one language only.
     hits: dict[str, int] = {}
+    languages_of = _LANGUAGES_OF.get
     for word in words:
-        for lang in _LANGUAGES_OF.get(word, ()):
-            hits[lang] = hits.get(lang, 0) + 1
-    if not hits:
-        return None
+        languages = languages_of(word)
+        if languages:
+            for lang in languages:
+                hits[lang] = hits.get(lang, 0) + 1
+    if len(hits) < 2:
+        return next(iter(hits), None)
     return max(hits, key=lambda lang: (hits[lang], -_ORDER[lang]))
 
 
@@ -125,9 +132,7 @@ def _terms(text: str, language: str | None) -> tuple[str, ...]:
     lang = language or detect_language(words) or "en"
     stop = _FOLDED_STOPWORDS[lang]
     kept = [w for w in words if w not in stop]
-    if lang == "en":
-        kept = [_stem_en(w) for w in kept]
-    return tuple(kept)
+    return tuple(map(_stem_en, kept)) if lang == "en" else tuple(kept)
 
 
 def term_id(term: str) -> int:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -49,14 +49,29 @@ def _dedupe(lists: Mapping[str, Sequence[Record]], depth: Mapping[str, int]) -> 
     return out
 
 
-def recency(lists: Mapping[str, Sequence[Record]], depth: Mapping[str, int] | None = None) -> list[Record]:
+def _top(ranked: Iterable[tuple[float, Record]], limit: int, min_score: float | None) -> list[Record]:
+    """The first `limit` (0: all) of `ranked` (best first) scoring at least `min_score`, as scored
+    copies: only what the caller keeps is copied (a rerank pool is ~200 candidates, a reply ~10)."""
+    out: list[Record] = []
+    for score, record in ranked:
+        if min_score is not None and score < min_score:
+            break
+        out.append(record.scored(score))
+        if len(out) == limit:
+            break
+    return out
+
+
+def recency(lists: Mapping[str, Sequence[Record]], depth: Mapping[str, int] | None = None, *,
+            limit: int = 0, min_score: float | None = None) -> list[Record]:
     """Newest first; score 1/(1+rank) like a single tier without a query."""
     merged = [r for _, ranked in _dedupe(lists, depth or {}).items() for _, r in ranked]
     merged.sort(key=lambda r: r.created_at, reverse=True)
-    return [r.scored(1.0 / (1 + i)) for i, r in enumerate(merged)]
+    return _top(((1.0 / (1 + i), r) for i, r in enumerate(merged)), limit, min_score)
 
 
-def rrf(lists: Mapping[str, Sequence[Record]], *, k: int = 60, depth: Mapping[str, int] | None = None) -> list[Record]:
+def rrf(lists: Mapping[str, Sequence[Record]], *, k: int = 60, depth: Mapping[str, int] | None = None,
+        limit: int = 0, min_score: float | None = None) -> list[Record]:
     scores: dict[str, float] = {}
     records: dict[str, Record] = {}
     for tier, ranked in _dedupe(lists, depth or {}).items():
@@ -65,7 +80,7 @@ def rrf(lists: Mapping[str, Sequence[Record]], *, k: int = 60, depth: Mapping[st
             records.setdefault(record.id, record)
     scale = max(1.0, max(scores.values(), default=1.0))
     ordered = sorted(scores, key=lambda i: (-scores[i], _neg_time(records[i])))
-    return [records[i].scored(min(1.0, scores[i] / scale)) for i in ordered]
+    return _top(((min(1.0, scores[i] / scale), records[i]) for i in ordered), limit, min_score)
 
 
 def _epoch(record: Record) -> float | None:
@@ -96,14 +111,15 @@ def _cosines(pool: Sequence[Record], vector: Sequence[float]) -> dict[str, float
 
 def rerank(lists: Mapping[str, Sequence[Record]], *, query: str | None, vector: Sequence[float] | None,
            weights: Mapping[str, float], half_life_days: float = 30.0, now: float | None = None,
-           depth: Mapping[str, int] | None = None) -> list[Record]:
+           depth: Mapping[str, int] | None = None, limit: int = 0,
+           min_score: float | None = None) -> list[Record]:
     kept = _dedupe(lists, depth or {})
     pool = [r for _, ranked in kept.items() for _, r in ranked]
     tier_rank = {r.id: (RANK_K + 1) / (RANK_K + 1 + rank) for ranked in kept.values() for rank, r in ranked}
     if not pool:
         return []
     if not query and vector is None:
-        return recency(lists, depth)
+        return recency(lists, depth, limit=limit, min_score=min_score)
     now = time.time() if now is None else now
     text_scores: dict[str, float] = {}
     if query:  # one pass over the pool's (cached) tokens: no index is built for one query
@@ -133,4 +149,4 @@ def rerank(lists: Mapping[str, Sequence[Record]], *, query: str | None, vector: 
                  + w_recency * 0.5 ** (age / half_life) + w_salience * record.salience) / total
         scored.append((score, created or 0.0, record))
     scored.sort(key=lambda t: (-t[0], -t[1]))
-    return [r.scored(min(1.0, max(0.0, s))) for s, _, r in scored]
+    return _top(((min(1.0, max(0.0, s)), r) for s, _, r in scored), limit, min_score)

@@ -365,16 +365,13 @@ class Router(EventMethods):
         lists = {name: self._records(result, name) for name, result in fan.results.items()}
         depth = self._depth()
         if not query and vector is None:
-            fused = fusion.recency(lists, depth)
+            fused = fusion.recency(lists, depth, limit=limit, min_score=min_score)
         elif strategy == "rerank":
             fc = self.config.fusion
             fused = fusion.rerank(lists, query=query, vector=vector, weights=fc.weights,
-                                  half_life_days=fc.half_life_days, depth=depth)
+                                  half_life_days=fc.half_life_days, depth=depth, limit=limit, min_score=min_score)
         else:
-            fused = fusion.rrf(lists, k=self.config.fusion.rrf_k, depth=depth)
-        if min_score is not None:
-            fused = [r for r in fused if (r.score or 0.0) >= min_score]
-        fused = fused[:limit] if limit else fused
+            fused = fusion.rrf(lists, k=self.config.fusion.rrf_k, depth=depth, limit=limit, min_score=min_score)
         if fused and params.get("touch", True) is not False:
             by_tier: dict[str, list[str]] = {}
             for record in fused:

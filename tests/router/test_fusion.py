@@ -81,3 +81,20 @@ def test_rerank_keeps_a_tiers_own_pick_when_rank_is_weighed() -> None:
     assert "a" in fused and fused.index("q") < fused.index("a")
     assert "a" not in [r.id for r in fusion.rerank(lists, query="pottery", vector=None,
                                                   weights={**weights, "rank": 0}, now=0)]
+
+
+def test_limit_and_min_score_cut_the_fused_order_without_reordering_it() -> None:
+    lists = {"a": [rec(f"a{i}", f"deploy note {i}", created_at=f"2026-01-0{i + 1}T00:00:00.000Z") for i in range(5)],
+             "b": [rec(f"b{i}", "deploy deploy" if i == 0 else f"lunch {i}") for i in range(3)]}
+    strategies = {
+        "rrf": lambda **kw: fusion.rrf(lists, k=60, **kw),
+        "rerank": lambda **kw: fusion.rerank(lists, query="deploy", vector=None, now=0,
+                                             weights={"text": 1, "rank": 0.5, "recency": 0.1, "salience": 0}, **kw),
+        "recency": lambda **kw: fusion.recency(lists, **kw)}
+    for name, fuse in strategies.items():
+        full = [(r.id, r.score) for r in fuse()]
+        assert len(full) >= 5, name
+        assert [(r.id, r.score) for r in fuse(limit=3)] == full[:3], name
+        cut = full[2][1]
+        assert [(r.id, r.score) for r in fuse(min_score=cut)] == [p for p in full if p[1] >= cut], name
+        assert [(r.id, r.score) for r in fuse(min_score=cut, limit=1)] == full[:1], name
