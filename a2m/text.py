@@ -116,6 +116,12 @@ def tokenize(text: str, language: str | None = None) -> list[str]:
     return list(_terms(text, language))
 
 
+def cache_terms(texts: Iterable[str]) -> None:
+    """Tokenize `texts` into the cache ahead of a ranking that will ask for them."""
+    for text in texts:
+        _terms(text, None)
+
+
 def tokenize_once(text: str) -> list[str]:
     """`tokenize` for a text seen once (a record being stored): it bypasses the cache, which is for
     texts ranked again and again and would otherwise hold every record written."""

@@ -118,6 +118,13 @@ class Tier:
         await self.client.close()
 
 
+async def _then(name: str, call: Awaitable[dict[str, Any]],
+                arrived: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
+    result = await call
+    arrived(name, result)
+    return result
+
+
 @dataclass
 class FanOut:
     """Results of one call sent to several tiers: name -> result, and which tiers were left out."""
@@ -167,9 +174,12 @@ class Federation:
 
     async def fan_out(self, method: str, params: Mapping[str, dict[str, Any]] | dict[str, Any],
                       tiers: Iterable[Tier], *, per_tier: Callable[[Tier], dict[str, Any] | None] | None = None,
-                      skip_down: bool = True) -> FanOut:
+                      skip_down: bool = True, arrived: Callable[[str, dict[str, Any]], None] | None = None) -> FanOut:
         """Call `method` on every tier concurrently, each under its own timeout. A tier that is down
-        (or waiting out its backoff) or fails is listed in `degraded`, never fails the whole call."""
+        (or waiting out its backoff) or fails is listed in `degraded`, never fails the whole call.
+
+        `arrived(tier, result)` runs on each reply as it comes, so work on the fast tiers' replies
+        overlaps the wait for the slowest; an exception there counts as that tier failing."""
         out = FanOut()
         calls: list[tuple[Tier, Awaitable[dict[str, Any]]]] = []
         for tier in tiers:
@@ -180,7 +190,8 @@ class Federation:
             tier_params = per_tier(tier) if per_tier is not None else dict(params)  # type: ignore[arg-type]
             if tier_params is None:
                 continue
-            calls.append((tier, tier.call(method, tier_params)))
+            call = tier.call(method, tier_params)
+            calls.append((tier, call if arrived is None else _then(tier.name, call, arrived)))
         results = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
         for (tier, _), result in zip(calls, results):
             if isinstance(result, BaseException):

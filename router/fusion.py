@@ -28,7 +28,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from a2m.records import Record
-from a2m.text import bm25_scores
+from a2m.text import bm25_scores, cache_terms
 from a2m.timefmt import to_epoch
 
 RANK_K = 10  # rerank's tier-rank signal: 1.0 for a tier's first hit, 0.5 by its 11th
@@ -81,6 +81,12 @@ def rrf(lists: Mapping[str, Sequence[Record]], *, k: int = 60, depth: Mapping[st
     scale = max(1.0, max(scores.values(), default=1.0))
     ordered = sorted(scores, key=lambda i: (-scores[i], _neg_time(records[i])))
     return _top(((min(1.0, scores[i] / scale), records[i]) for i in ordered), limit, min_score)
+
+
+def prepare(records: Sequence[Record]) -> None:
+    """Tokenize a tier's candidates into the tokenizer's cache as its reply arrives: `rerank`, run
+    once the slowest tier has answered, then finds them there (tokenizing is most of its cost)."""
+    cache_terms(r.content for r in records)
 
 
 def _epoch(record: Record) -> float | None:

@@ -361,8 +361,15 @@ class Router(EventMethods):
                 out["embedding"] = vector
             return out
 
-        fan = await self.fed.fan_out("memory/recall", {}, tiers, per_tier=per_tier)
-        lists = {name: self._records(result, name) for name, result in fan.results.items()}
+        parsed: dict[str, list[Record]] = {}
+
+        def arrived(name: str, result: dict[str, Any]) -> None:
+            parsed[name] = self._records(result, name)
+            if strategy == "rerank" and query:
+                fusion.prepare(parsed[name])  # while the slower tiers still work
+
+        fan = await self.fed.fan_out("memory/recall", {}, tiers, per_tier=per_tier, arrived=arrived)
+        lists = {name: parsed[name] for name in fan.results}  # tier order, not arrival order: ties are stable
         depth = self._depth()
         if not query and vector is None:
             fused = fusion.recency(lists, depth, limit=limit, min_score=min_score)
