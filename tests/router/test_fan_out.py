@@ -1,0 +1,50 @@
+"""fan_out's `arrived` hook: run on each reply as it comes, results still in tier order.
+
+The tiers here are in-process callables, not engines: what is under test is the router's
+scheduling of concurrent calls (the engines' side is tests/router/test_router_e2e.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from router.config import RouterConfig, TierConfig
+from router.federation import Federation
+
+
+class Answering:
+    """A tier client that answers `recall` after `delay` seconds."""
+
+    def __init__(self, name: str, delay: float) -> None:
+        self.name, self.delay = name, delay
+
+    async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        if method == "memory/recall":
+            await asyncio.sleep(self.delay)
+        return {"records": [{"id": self.name}]} if method == "memory/recall" else {"name": self.name}
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.anyio
+async def test_arrived_runs_in_arrival_order_and_a_failing_hook_degrades_only_its_tier() -> None:
+    delays = {"slow": 0.05, "fast": 0.0, "broken": 0.01}
+    config = RouterConfig(tiers=tuple(TierConfig(name=n, url=f"http://{n}") for n in delays))
+    fed = Federation(config, client_factory=lambda t: Answering(t.name, delays[t.name]))
+    await fed.start()
+    seen: list[str] = []
+
+    def arrived(name: str, result: dict[str, Any]) -> None:
+        if name == "broken":
+            raise ValueError("cannot parse this reply")
+        seen.append(name)
+
+    fan = await fed.fan_out("memory/recall", {}, list(fed), arrived=arrived)
+    assert seen == ["fast", "slow"]
+    assert list(fan.results) == ["slow", "fast"]  # tier order, whatever the arrival order
+    assert fan.degraded == ["broken"]
+    await fed.close()
