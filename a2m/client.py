@@ -1,4 +1,4 @@
-"""An async A2M client over HTTP (pooled keep-alive aiohttp) or stdio (a child process).
+"""An async A2M client over HTTP (pooled keep-alive HTTP/1.1) or stdio (a child process).
 
 The router talks to every tier through this. Protocol errors come back as
 `A2MError` with the server's code; a server that cannot be reached raises
@@ -17,6 +17,7 @@ import orjson
 
 from . import errors, tracing
 from .errors import A2MError
+from .http1 import ConnectionFailed, ConnectionPool
 
 Notify = Callable[[dict[str, Any]], Awaitable[None] | None]
 
@@ -40,45 +41,29 @@ def _unwrap(response: Any) -> dict[str, Any]:
 
 
 class HTTPClient:
-    """JSON-RPC over one pooled keep-alive aiohttp session.
+    """JSON-RPC over a pool of keep-alive HTTP/1.1 connections (`a2m.http1`).
 
-    aiohttp directly, not through httpx: the router makes several tier calls
-    per request, and on these machines httpx's default transport costs ~2 ms a
-    loopback call and httpx's request/response models another ~0.5 ms over
-    aiohttp (bench/protocol.py, docs/decisions.md).
+    Not httpx or aiohttp: the router makes one tier call per tier for every
+    request, and a general client costs 2-10x the CPU of this pool a call
+    (bench/protocol.py, docs/decisions.md 5).
     """
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0,
                  max_connections: int = 64, headers: dict[str, str] | None = None) -> None:
         self.url = url.rstrip("/") + "/"
         self.timeout = timeout
-        self._headers = {"content-type": "application/json", **(headers or {})}
+        fixed = {"content-type": "application/json", **(headers or {})}
         if token:
-            self._headers["authorization"] = f"Bearer {token}"
-        self._limit = max_connections
-        self._session: Any = None
+            fixed["authorization"] = f"Bearer {token}"
+        self._pool = ConnectionPool(self.url, headers=fixed, max_connections=max_connections)
         self._ids = itertools.count(1)
 
-    def _open(self) -> Any:
-        import aiohttp
-
-        if self._session is None or self._session.closed:  # created on first use: it binds the running loop
-            connector = aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit, keepalive_timeout=30)
-            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers, trust_env=False,
-                                                  skip_auto_headers=("User-Agent",),
-                                                  cookie_jar=aiohttp.DummyCookieJar())
-        return self._session
-
     async def _post(self, body: bytes, timeout: float | None, method: str) -> tuple[int, bytes]:
-        import aiohttp
-
         with tracing.client_span(method, self.url) as headers:
             try:
-                async with self._open().post(self.url, data=body, headers=headers,
-                                             timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as response:
-                    return response.status, await response.read()
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-                raise Unavailable(f"{self.url} unreachable: {type(exc).__name__}", {"url": self.url}) from exc
+                return await self._pool.post(body, timeout=timeout or self.timeout, headers=headers)
+            except ConnectionFailed as exc:
+                raise Unavailable(f"{self.url} unreachable: {exc}", {"url": self.url}) from exc
 
     async def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> dict[str, Any]:
         body = orjson.dumps({"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params or {}})
@@ -95,9 +80,7 @@ class HTTPClient:
         await self._post(orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params or {}}), None, method)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._pool.close()
 
     async def __aenter__(self) -> "HTTPClient":
         return self

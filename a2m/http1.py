@@ -1,0 +1,178 @@
+"""A pooled HTTP/1.1 keep-alive connection set to one URL: POST a body, get (status, body) back.
+
+This is all the A2M HTTP binding needs from a client, and the router makes
+one such call per tier for every request it serves, so their cost is the
+router's overhead. A general client spends its CPU on request and response
+models, cookie jars, redirects and middleware: ~260 us a loopback call for
+aiohttp, ~1.2 ms for httpx's default transport, against ~120 us for this pool
+with the JSON-RPC around it (bench/protocol.py `client_cpu_us`,
+docs/decisions.md 5).
+
+What it does: one request in flight per connection (no pipelining), warmest
+idle connection first, at most `max_connections` open, TLS for `https://`,
+chunked or sized bodies. A connection idle longer than `idle_timeout` is not
+reused: the default (4 s) sits under uvicorn's 5 s keep-alive, so the pool
+never writes into a socket the server is closing. A request is never retried:
+a POST may have been applied before the connection broke.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from urllib.parse import urlsplit
+
+import httptools
+
+
+class ConnectionFailed(Exception):
+    """The server could not be reached, broke the connection, or sent something that is not HTTP."""
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; `httptools` calls back `on_body` / `on_message_complete`."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
+        self.body: list[bytes] = []
+        self.closed = False
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a request is one write; never wait for an ACK
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ConnectionFailed(f"malformed HTTP response: {exc}"))
+            self.close()
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        waiter, body, self.body = self.waiter, b"".join(self.body), []
+        if waiter is not None and not waiter.done():
+            waiter.set_result((self.parser.get_status_code(), body, self.parser.should_keep_alive()))
+        self.waiter = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(ConnectionFailed(f"connection lost: {exc!r}" if exc else "connection closed before the response"))
+
+    def _fail(self, exc: Exception) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+        self.waiter = None
+
+    def send(self, request: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
+        assert self.transport is not None and self.waiter is None
+        if self.closed:
+            raise ConnectionFailed("connection closed before the request")
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self.waiter
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _header_lines(headers: dict[str, str]) -> bytes:
+    """`name: value\\r\\n` lines; a CR or LF in either would let a value inject headers, so it is refused."""
+    lines = []
+    for name, value in headers.items():
+        if any(c in name or c in value for c in "\r\n") or ":" in name:
+            raise ValueError(f"invalid HTTP header {name!r}")
+        lines.append(f"{name}: {value}\r\n")
+    return "".join(lines).encode("latin-1")
+
+
+class ConnectionPool:
+    """Keep-alive connections to the origin of `url`, bound to the event loop that first uses them."""
+
+    def __init__(self, url: str, *, headers: dict[str, str] | None = None, max_connections: int = 64,
+                 idle_timeout: float = 4.0, ssl_context: ssl.SSLContext | None = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        authority = parts.netloc.rpartition("@")[2]
+        self._head = f"POST {target} HTTP/1.1\r\nhost: {authority}\r\n".encode("latin-1") + _header_lines(headers or {})
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self._idle: list[_Connection] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots = asyncio.Semaphore(max_connections)
+
+    async def post(self, body: bytes, *, timeout: float, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """One POST under `timeout` seconds, connect included; any failure is ConnectionFailed."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._rebind(loop)
+        request = b"%s%scontent-length: %d\r\n\r\n%s" % (self._head, _header_lines(headers) if headers else b"",
+                                                          len(body), body)
+        async with self._slots:
+            conn = self._take_idle(loop.time())
+            reusable = False
+            try:
+                async with asyncio.timeout(timeout):
+                    if conn is None:
+                        conn = await self._connect(loop)
+                    status, payload, reusable = await conn.send(request)
+                return status, payload
+            except TimeoutError:
+                raise ConnectionFailed(f"no response in {timeout:g} s") from None
+            except OSError as exc:
+                raise ConnectionFailed(f"{type(exc).__name__}: {exc}") from exc
+            finally:  # cancelled, timed out or failed mid-response: the connection's state is unknown, so close it
+                if conn is not None:
+                    if reusable and not conn.closed:
+                        conn.idle_since = loop.time()
+                        self._idle.append(conn)
+                    else:
+                        conn.close()
+
+    def _take_idle(self, now: float) -> _Connection | None:
+        while self._idle:
+            conn = self._idle.pop()  # the most recently used: the likeliest to be alive
+            if not conn.closed and now - conn.idle_since < self.idle_timeout:
+                return conn
+            conn.close()
+        return None
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Connection:
+        _, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=self._ssl,
+                                               server_hostname=self.host if self._ssl else None)
+        return conn
+
+    def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A new event loop (a test's, a restarted app's) cannot use the old loop's sockets."""
+        for conn in self._idle:
+            if self._loop is not None and not self._loop.is_closed():
+                conn.close()
+        self._idle = []
+        self._slots = asyncio.Semaphore(self.max_connections)
+        self._loop = loop
+
+    def close(self) -> None:
+        """Close the idle connections; one in use closes when its request ends. The pool stays usable."""
+        for conn in self._idle:
+            conn.close()
+        self._idle = []
+
+    @property
+    def idle(self) -> int:
+        """Connections open and waiting for the next request."""
+        return len(self._idle)

@@ -1,0 +1,192 @@
+"""The HTTP/1.1 connection pool against real loopback servers: what a server may legally send
+(chunked bodies, `connection: close`, closing an idle connection) and what it may do wrong
+(garbage, silence, dying mid-response). Each server here is a few lines of asyncio that writes
+exact bytes, because these are the cases uvicorn never produces on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from a2m.http1 import ConnectionFailed, ConnectionPool
+
+Reply = Callable[[bytes], bytes | None]  # request bytes -> the response to write (None: write nothing)
+
+
+def sized(body: bytes, *extra: str) -> bytes:
+    head = "".join(f"{line}\r\n" for line in extra)
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n%s\r\n%s" % (len(body), head.encode(), body)
+
+
+@asynccontextmanager
+async def server(reply: Reply, *, close_after: bool = False,
+                 tls: ssl.SSLContext | None = None) -> AsyncIterator[tuple[str, list[bytes], list[int]]]:
+    """A loopback server that answers each request with `reply(request)`; yields (url, requests, connections)."""
+    requests: list[bytes] = []
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                request = head + await reader.readexactly(length)
+                requests.append(request)
+                response = reply(request)
+                if response is None:
+                    await asyncio.sleep(30)
+                writer.write(response)
+                await writer.drain()
+                if close_after:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=tls)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}/rpc", requests, connections
+    finally:
+        srv.close()
+
+
+@pytest.mark.anyio
+async def test_keep_alive_reuses_one_connection_and_sends_the_headers() -> None:
+    async with server(lambda req: sized(b'{"ok":1}')) as (url, requests, connections):
+        pool = ConnectionPool(url, headers={"authorization": "Bearer t"})
+        for i in range(5):
+            assert await pool.post(b'{"n":%d}' % i, timeout=5, headers={"traceparent": "00-x"}) == (200, b'{"ok":1}')
+        assert len(connections) == 1 and pool.idle == 1
+        first = requests[0]
+        assert first.startswith(b"POST /rpc HTTP/1.1\r\n") and b"host: 127.0.0.1:" in first
+        assert b"authorization: Bearer t\r\n" in first and b"traceparent: 00-x\r\n" in first
+        assert first.endswith(b'\r\n\r\n{"n":0}')
+        pool.close()
+        assert pool.idle == 0
+
+
+@pytest.mark.anyio
+async def test_chunked_body_is_reassembled() -> None:
+    chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n"
+    async with server(lambda req: chunked) as (url, _, connections):
+        pool = ConnectionPool(url)
+        assert await pool.post(b"{}", timeout=5) == (200, b'{"a":1}')
+        assert await pool.post(b"{}", timeout=5) == (200, b'{"a":1}')
+        assert len(connections) == 1
+
+
+@pytest.mark.anyio
+async def test_connection_close_is_honoured_and_the_next_call_reconnects() -> None:
+    async with server(lambda req: sized(b"{}", "connection: close"), close_after=True) as (url, _, connections):
+        pool = ConnectionPool(url)
+        for _ in range(3):
+            assert await pool.post(b"{}", timeout=5) == (200, b"{}")
+        assert len(connections) == 3 and pool.idle == 0
+
+
+@pytest.mark.anyio
+async def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
+    async with server(lambda req: sized(b"{}"), close_after=True) as (url, _, connections):  # closes silently
+        pool = ConnectionPool(url)
+        assert await pool.post(b"{}", timeout=5) == (200, b"{}")
+        await asyncio.sleep(0.1)  # the close reaches the pool's idle connection
+        assert await pool.post(b"{}", timeout=5) == (200, b"{}")
+        assert len(connections) == 2
+
+
+@pytest.mark.anyio
+async def test_an_idle_connection_past_idle_timeout_is_replaced() -> None:
+    async with server(lambda req: sized(b"{}")) as (url, _, connections):
+        pool = ConnectionPool(url, idle_timeout=0.05)
+        await pool.post(b"{}", timeout=5)
+        await asyncio.sleep(0.1)
+        await pool.post(b"{}", timeout=5)
+        assert len(connections) == 2
+
+
+@pytest.mark.anyio
+async def test_silence_times_out_closes_that_connection_and_the_pool_recovers() -> None:
+    answers = iter([None, sized(b"{}")])
+    async with server(lambda req: next(answers)) as (url, _, connections):
+        pool = ConnectionPool(url)
+        with pytest.raises(ConnectionFailed, match="no response in 0.2 s"):
+            await pool.post(b"{}", timeout=0.2)
+        assert pool.idle == 0  # a late answer must never be read as the next request's
+        assert await pool.post(b"{}", timeout=5) == (200, b"{}")
+        assert len(connections) == 2
+
+
+@pytest.mark.anyio
+async def test_garbage_and_a_half_response_are_connection_failures() -> None:
+    async with server(lambda req: b"SPDY/9 nonsense\r\n\r\n") as (url, _, _):
+        with pytest.raises(ConnectionFailed, match="malformed"):
+            await ConnectionPool(url).post(b"{}", timeout=5)
+    half = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"cut"
+    async with server(lambda req: half, close_after=True) as (url, _, _):
+        pool = ConnectionPool(url)
+        with pytest.raises(ConnectionFailed, match="closed before the response"):
+            await pool.post(b"{}", timeout=5)
+        assert pool.idle == 0
+
+
+@pytest.mark.anyio
+async def test_nothing_listening_is_a_connection_failure() -> None:
+    async with server(lambda req: b"") as (url, _, _):
+        pass  # closed: the port is free again
+    with pytest.raises(ConnectionFailed, match="ConnectionRefusedError"):
+        await ConnectionPool(url).post(b"{}", timeout=5)
+
+
+@pytest.mark.anyio
+async def test_max_connections_bounds_concurrent_requests() -> None:
+    async with server(lambda req: sized(b"{}")) as (url, _, connections):
+        pool = ConnectionPool(url, max_connections=3)
+        assert all(r == (200, b"{}") for r in await asyncio.gather(*(pool.post(b"{}", timeout=5) for _ in range(30))))
+        assert len(connections) <= 3
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_request_closes_its_connection() -> None:
+    async with server(lambda req: None) as (url, _, _):
+        pool = ConnectionPool(url)
+        task = asyncio.create_task(pool.post(b"{}", timeout=5))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert pool.idle == 0
+
+
+def test_header_injection_and_non_http_urls_are_refused() -> None:
+    with pytest.raises(ValueError, match="invalid HTTP header"):
+        ConnectionPool("http://127.0.0.1:1/", headers={"authorization": "Bearer x\r\nx-evil: 1"})
+    with pytest.raises(ValueError, match="not an http"):
+        ConnectionPool("ftp://127.0.0.1/")
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+async def test_https_verifies_the_certificate(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    async with server(lambda req: sized(b"{}"), tls=served) as (url, _, connections):
+        with pytest.raises(ConnectionFailed, match="CERTIFICATE_VERIFY_FAILED"):
+            await ConnectionPool(url).post(b"{}", timeout=5)  # the system's roots do not know this certificate
+        pool = ConnectionPool(url, ssl_context=ssl.create_default_context(cafile=str(cert)))
+        assert await pool.post(b"{}", timeout=5) == (200, b"{}")
+        assert await pool.post(b"{}", timeout=5) == (200, b"{}")
+        assert len(connections) == 1  # one kept-alive connection (the refused handshake never got this far)
