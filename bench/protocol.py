@@ -3,8 +3,11 @@
 Prints one JSON object: p50/p99 latency (sequential) and requests/s (16
 concurrent) for (a) a bare ASGI app returning a constant JSON-RPC response,
 (b) the a2m dispatcher + HTTP binding answering describe, each through the
-a2m client (aiohttp, what the router uses) and, for the transport choice,
-through httpx's default transport. Target: the dispatcher adds at most 30% to the bare p50.
+a2m client (`a2m.http1`, what the router uses) and, for the client choice
+(docs/decisions.md 5), through httpx's default transport and aiohttp when it is
+installed. `client_cpu_us` is the calling process's CPU per sequential call:
+the part of a tier call the router itself pays. Target: the dispatcher adds at
+most 30% to the bare p50.
 
     python bench/protocol.py [--requests 2000] [--concurrency 16]
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import platform
@@ -21,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import uvloop  # what the router runs on (uvicorn loop="uvloop")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -62,7 +68,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def measure(url: str, requests: int, concurrency: int, transport: str) -> dict[str, float]:
-    """`a2m-client`: the a2m HTTPClient (aiohttp) the router uses; `httpx-default`: for the transport choice."""
+    """`a2m-client`: the a2m HTTPClient the router uses; `httpx-default` and `aiohttp`: for the client choice."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "memory/describe", "params": {}}).encode()
     if transport == "a2m-client":
         from a2m.client import HTTPClient
 
@@ -72,10 +79,20 @@ async def measure(url: str, requests: int, concurrency: int, transport: str) -> 
             await a2m_client.call("memory/describe", {})
 
         close = a2m_client.close
+    elif transport == "aiohttp":
+        import aiohttp
+
+        session = aiohttp.ClientSession(headers={"content-type": "application/json"})
+
+        async def post() -> None:
+            async with session.post(url, data=body) as reply:
+                assert reply.status == 200
+                await reply.read()
+
+        close = session.close
     else:
         import httpx
 
-        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "memory/describe", "params": {}}).encode()
         httpx_client = httpx.AsyncClient()
 
         async def post() -> None:
@@ -87,10 +104,12 @@ async def measure(url: str, requests: int, concurrency: int, transport: str) -> 
         for _ in range(30):  # warm-up: connections, caches
             await post()
         latencies = []
+        cpu_started = time.process_time()
         for _ in range(requests):
             started = time.perf_counter()
             await post()
             latencies.append((time.perf_counter() - started) * 1000)
+        cpu_us = (time.process_time() - cpu_started) / requests * 1e6
         per_worker = max(1, requests // concurrency)
 
         async def worker() -> None:
@@ -103,7 +122,7 @@ async def measure(url: str, requests: int, concurrency: int, transport: str) -> 
     finally:
         await close()
     return {"p50_ms": round(statistics.median(latencies), 3), "p99_ms": round(percentile(latencies, 0.99), 3),
-            "rps_concurrent": round(per_worker * concurrency / elapsed, 1)}
+            "client_cpu_us": round(cpu_us, 1), "rps_concurrent": round(per_worker * concurrency / elapsed, 1)}
 
 
 def start(kind: str, port: int) -> subprocess.Popen[bytes]:
@@ -143,10 +162,13 @@ def main() -> None:
     procs = [start(kind, port) for kind, port in ports.items()]
     try:
         samples: dict[str, list[dict[str, float]]] = {}
+        transports = ["a2m-client", "httpx-default"]
+        if importlib.util.find_spec("aiohttp") is not None:
+            transports.append("aiohttp")
         for _ in range(rounds):
-            for transport in ("a2m-client", "httpx-default"):
+            for transport in transports:
                 for kind, port in ports.items():
-                    samples.setdefault(f"{kind}/{transport}", []).append(asyncio.run(
+                    samples.setdefault(f"{kind}/{transport}", []).append(uvloop.run(
                         measure(f"http://127.0.0.1:{port}/", max(50, requests // rounds), args.concurrency, transport)))
         for name, runs in samples.items():
             results[name] = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
