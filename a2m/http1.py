@@ -159,10 +159,9 @@ class ConnectionPool:
 
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
         """A new event loop (a test's, a restarted app's) cannot use the old loop's sockets."""
-        for conn in self._idle:
-            if self._loop is not None and not self._loop.is_closed():
-                conn.close()
-        self._idle = []
+        if self._loop is not None and not self._loop.is_closed():
+            self.close()
+        self._idle = []  # a closed loop's transports cannot even be closed: just let them go
         self._slots = asyncio.Semaphore(self.max_connections)
         self._loop = loop
 
