@@ -277,21 +277,38 @@ def bm25_counts(docs: Mapping[str, tuple[int, Sequence[str]]], wanted: set[str],
     query's terms, so ranking never re-tokenizes text."""
     if not wanted or not docs:
         return {}
-    total = 0
     terms = tuple(wanted)
-    hits: list[tuple[str, int, list[tuple[str, int]]]] = []
-    df = dict.fromkeys(terms, 0)
     isdisjoint = wanted.isdisjoint
-    for doc_id, (length, held) in docs.items():
+    counted = ((doc_id, length, () if isdisjoint(held)  # most documents hold no query term: one C-level pass
+                else [(t, f) for t in terms if (f := held.count(t))])  # a C-level count per query term
+               for doc_id, (length, held) in docs.items())
+    return _bm25_corpus(counted, terms, documents, k1, b)
+
+
+def bm25_frequencies(docs: Iterable[tuple[str, int, Sequence[tuple[str, int]]]], terms: Iterable[str], *,
+                     documents: int | None = None, k1: float = 0.9, b: float = 0.4) -> dict[str, float]:
+    """BM25 from each (doc id, length in terms, [(query term, count)]) with zero counts left out: for
+    a store that counts the query's terms itself (PostgreSQL's `array_positions`), so neither the
+    text nor its terms cross the wire."""
+    return _bm25_corpus(docs, tuple(terms), documents, k1, b)
+
+
+def _bm25_corpus(docs: Iterable[tuple[str, int, Sequence[tuple[str, int]]]], terms: Sequence[str],
+                 documents: int | None, k1: float, b: float) -> dict[str, float]:
+    """Document frequencies, the average length and the size of `docs` (at least `documents`), then BM25."""
+    total = seen = 0
+    hits: list[tuple[str, int, Sequence[tuple[str, int]]]] = []
+    df = dict.fromkeys(terms, 0)
+    for doc_id, length, tf in docs:
+        seen += 1
         total += length
-        if isdisjoint(held):  # most documents hold no query term: one C-level pass says so
-            continue
-        tf = [(t, f) for t in terms if (f := held.count(t))]  # a C-level count per query term
-        for t, _ in tf:
-            df[t] += 1
-        hits.append((doc_id, length, tf))
-    n = max(len(docs), documents or 0)
-    return _bm25(hits, df, n, total / len(docs) if total else 1.0, k1, b)
+        if tf:
+            for t, _ in tf:
+                df[t] += 1
+            hits.append((doc_id, length, tf))
+    if not hits:
+        return {}
+    return _bm25(hits, df, max(seen, documents or 0), total / seen if total else 1.0, k1, b)
 
 
 def _bm25(hits: Iterable[tuple[str, int, Sequence[tuple[str, int]]]], df: Mapping[str, int], n: int,
