@@ -23,6 +23,8 @@ from typing import Generic, Hashable, Iterable, Mapping, Sequence, TypeVar
 from .stopwords import STOPWORDS
 
 K = TypeVar("K", bound=Hashable)
+# BM25's settings for short passages (`BM25` says why); the episodic tier ranks in SQL with the same.
+BM25_K1, BM25_B = 0.9, 0.4
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
@@ -150,7 +152,7 @@ def sparse_vector(text: str) -> tuple[list[int], list[float]]:
     """Term-frequency sparse vector (BM25-saturated tf); engines apply IDF themselves."""
     counts = Counter(term_id(t) for t in tokenize(text))
     length = sum(counts.values()) or 1
-    k1, b, avg = 0.9, 0.4, 16.0  # as BM25 below: short records
+    k1, b, avg = BM25_K1, BM25_B, 16.0  # as BM25 below: short records
     indices = sorted(counts)
     values = [counts[i] * (k1 + 1) / (counts[i] + k1 * (1 - b + b * length / avg)) for i in indices]
     return indices, values
@@ -169,7 +171,7 @@ class BM25:
     BM25 over turns: recall@10 0.607 -> 0.626 (bench/locomo.py).
     """
 
-    def __init__(self, k1: float = 0.9, b: float = 0.4) -> None:
+    def __init__(self, k1: float = BM25_K1, b: float = BM25_B) -> None:
         self.k1, self.b = k1, b
         self._terms: dict[str, tuple[str, ...]] = {}  # doc -> its distinct terms
         self._lengths: dict[str, int] = {}
@@ -249,7 +251,7 @@ def query_terms(query: str) -> set[str]:
 
 
 def bm25_scores(texts: Mapping[str, str], query: str, *, documents: int | None = None,
-                k1: float = 0.9, b: float = 0.4) -> dict[str, float]:
+                k1: float = BM25_K1, b: float = BM25_B) -> dict[str, float]:
     """One-shot raw BM25 over a small corpus (id -> text), for the documents matching a term.
 
     No index is built: one pass counts the query's terms in each (cached)
@@ -271,44 +273,27 @@ def _tokenized(texts: Mapping[str, str]) -> dict[str, tuple[int, Sequence[str]]]
 
 
 def bm25_counts(docs: Mapping[str, tuple[int, Sequence[str]]], wanted: set[str], *,
-                documents: int | None = None, k1: float = 0.9, b: float = 0.4) -> dict[str, float]:
+                documents: int | None = None, k1: float = BM25_K1, b: float = BM25_B) -> dict[str, float]:
     """BM25 from each document's length in terms and the terms it holds (at least the query's, with
     repeats): for a store that keeps each record's `tokenize` output and hands back only the
     query's terms, so ranking never re-tokenizes text."""
     if not wanted or not docs:
         return {}
+    total = 0
     terms = tuple(wanted)
-    isdisjoint = wanted.isdisjoint
-    counted = ((doc_id, length, () if isdisjoint(held)  # most documents hold no query term: one C-level pass
-                else [(t, f) for t in terms if (f := held.count(t))])  # a C-level count per query term
-               for doc_id, (length, held) in docs.items())
-    return _bm25_corpus(counted, terms, documents, k1, b)
-
-
-def bm25_frequencies(docs: Iterable[tuple[str, int, Sequence[tuple[str, int]]]], terms: Iterable[str], *,
-                     documents: int | None = None, k1: float = 0.9, b: float = 0.4) -> dict[str, float]:
-    """BM25 from each (doc id, length in terms, [(query term, count)]) with zero counts left out: for
-    a store that counts the query's terms itself (PostgreSQL's `array_positions`), so neither the
-    text nor its terms cross the wire."""
-    return _bm25_corpus(docs, tuple(terms), documents, k1, b)
-
-
-def _bm25_corpus(docs: Iterable[tuple[str, int, Sequence[tuple[str, int]]]], terms: Sequence[str],
-                 documents: int | None, k1: float, b: float) -> dict[str, float]:
-    """Document frequencies, the average length and the size of `docs` (at least `documents`), then BM25."""
-    total = seen = 0
-    hits: list[tuple[str, int, Sequence[tuple[str, int]]]] = []
+    hits: list[tuple[str, int, list[tuple[str, int]]]] = []
     df = dict.fromkeys(terms, 0)
-    for doc_id, length, tf in docs:
-        seen += 1
+    isdisjoint = wanted.isdisjoint
+    for doc_id, (length, held) in docs.items():
         total += length
-        if tf:
-            for t, _ in tf:
-                df[t] += 1
-            hits.append((doc_id, length, tf))
-    if not hits:
-        return {}
-    return _bm25(hits, df, max(seen, documents or 0), total / seen if total else 1.0, k1, b)
+        if isdisjoint(held):  # most documents hold no query term: one C-level pass says so
+            continue
+        tf = [(t, f) for t in terms if (f := held.count(t))]  # a C-level count per query term
+        for t, _ in tf:
+            df[t] += 1
+        hits.append((doc_id, length, tf))
+    n = max(len(docs), documents or 0)
+    return _bm25(hits, df, n, total / len(docs) if total else 1.0, k1, b)
 
 
 def _bm25(hits: Iterable[tuple[str, int, Sequence[tuple[str, int]]]], df: Mapping[str, int], n: int,
@@ -323,13 +308,13 @@ def _bm25(hits: Iterable[tuple[str, int, Sequence[tuple[str, int]]]], df: Mappin
     return out
 
 
-def rank(texts: dict[str, str], query: str, k1: float = 0.9, b: float = 0.4) -> list[tuple[str, float]]:
+def rank(texts: dict[str, str], query: str, k1: float = BM25_K1, b: float = BM25_B) -> list[tuple[str, float]]:
     """BM25 over a small corpus (a working session, a rerank pool): [(id, score in [0,1))], best first."""
     return rank_counts(_tokenized(texts), query, k1=k1, b=b)
 
 
-def rank_counts(docs: Mapping[str, tuple[int, Sequence[str]]], query: str, *, k1: float = 0.9,
-                b: float = 0.4) -> list[tuple[str, float]]:
+def rank_counts(docs: Mapping[str, tuple[int, Sequence[str]]], query: str, *, k1: float = BM25_K1,
+                b: float = BM25_B) -> list[tuple[str, float]]:
     """`rank` over documents tokenized already ((length, terms) per id, as `bm25_counts` takes them)."""
     return _ranked(bm25_counts(docs, query_terms(query), k1=k1, b=b))
 
@@ -385,7 +370,7 @@ class HeldTerms(Generic[K]):
         for term, tf in Counter(terms).items():
             postings.setdefault(term, {})[key] = tf
 
-    def rank(self, scope: set[K], query: str, *, k1: float = 0.9, b: float = 0.4) -> list[tuple[str, float]]:
+    def rank(self, scope: set[K], query: str, *, k1: float = BM25_K1, b: float = BM25_B) -> list[tuple[str, float]]:
         """`rank_counts` over the held documents in `scope` (every key of which must be held)."""
         wanted = query_terms(query)
         if not wanted or not scope:

@@ -20,9 +20,15 @@ is why the `simple` half may keep them in the document.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Awaitable, Callable, Union
 
 from psycopg import AsyncConnection
+
+from a2m.text import tokenize_once
+
+_log = logging.getLogger("a2m.episodic")
 
 # pg_advisory_xact_lock key: "a2m-epi" as a stable 63-bit integer.
 LOCK_KEY = 0x0061326D2D657069
@@ -33,7 +39,36 @@ VECTOR_INDEX = "records_embedding"
 # HNSW in pgvector indexes at most 2,000 dimensions of `vector`; wider vectors are searched exactly.
 HNSW_MAX_DIMENSIONS = 2000
 
-MIGRATIONS: list[tuple[int, str, list[str]]] = [
+BACKFILL_BATCH = 1000
+
+
+async def tokenize_old_rows(conn: AsyncConnection) -> int:
+    """Store the terms (`a2m.text.tokenize`) of every row that has none; returns how many.
+
+    A step of Python, not SQL: PostgreSQL has no copy of the shared tokenizer.
+    Keyset pages over the primary key, so a large table is read once.
+    """
+    done, last = 0, ""
+    while True:
+        cur = await conn.execute("SELECT id, content FROM records WHERE id > %s AND terms IS NULL ORDER BY id LIMIT %s",
+                                 [last, BACKFILL_BATCH])
+        rows = await cur.fetchall()
+        if not rows:
+            if done:
+                _log.info("stored the terms of %d rows written before schema 2", done)
+            return done
+        if done and done % (50 * BACKFILL_BATCH) == 0:
+            _log.info("storing the terms of rows written before schema 2: %d so far", done)
+        async with conn.cursor() as update:
+            await update.executemany("UPDATE records SET terms = %s WHERE id = %s",
+                                     [(tokenize_once(content), record_id) for record_id, content in rows])
+        done += len(rows)
+        last = rows[-1][0]
+
+
+# A step is SQL, or a coroutine over the migration's connection (inside its transaction).
+Step = Union[str, Callable[[AsyncConnection], Awaitable[object]]]
+MIGRATIONS: list[tuple[int, str, list[Step]]] = [
     (
         1,
         "records table, b-tree, full-text and metadata indexes",
@@ -91,6 +126,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         # VACUUM FULL records rewrites the older ones. No data changes (decision 30).
         ["ALTER TABLE records SET (toast_tuple_target = 8160, fillfactor = 70)"],
     ),
+    (
+        4,
+        "terms for the rows written before schema 2, so every text recall is ranked in SQL",
+        [tokenize_old_rows],
+    ),
 ]
 
 LATEST = MIGRATIONS[-1][0]
@@ -114,7 +154,10 @@ async def migrate(conn: AsyncConnection) -> int:
             if version <= found:
                 continue
             for statement in statements:
-                await conn.execute(statement)
+                if isinstance(statement, str):
+                    await conn.execute(statement)
+                else:
+                    await statement(conn)
             await conn.execute(
                 "INSERT INTO schema_version (version, description) VALUES (%s, %s)", [version, description]
             )

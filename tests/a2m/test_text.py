@@ -1,9 +1,6 @@
 import random
 
-from pytest import approx
-
-from a2m.text import (BM25, HeldTerms, bm25_counts, bm25_frequencies, bm25_scores, detect_language, fold,
-                      query_terms, rank, sparse_vector, tokenize)
+from a2m.text import BM25, HeldTerms, detect_language, fold, rank, sparse_vector, tokenize
 
 
 def test_accents_fold_both_ways() -> None:
@@ -82,23 +79,6 @@ def test_sparse_vector_is_stable_and_sorted() -> None:
     assert indices == sorted(indices) and len(indices) == 2
     assert sparse_vector("cats and cats and dogs") == (indices, values)
     assert values[indices.index(sparse_vector("cat")[0][0])] > values[indices.index(sparse_vector("dog")[0][0])]
-
-
-def test_bm25_from_counts_and_from_frequencies_agree_with_the_text() -> None:
-    """A store handing back each document's length and terms, or only its query-term counts (the
-    episodic tier's `array_positions`), ranks as BM25 over the texts themselves."""
-    rnd = random.Random(3)
-    words = [f"w{i}" for i in range(40)]
-    texts = {f"d{i}": " ".join(rnd.choices(words, k=rnd.randint(1, 20))) for i in range(200)}
-    for _ in range(20):
-        query = " ".join(rnd.sample(words, 3))
-        wanted = sorted(query_terms(query))
-        expected = bm25_scores(texts, query, documents=1000)
-        assert expected  # not a comparison of empty results
-        terms = {d: tokenize(t) for d, t in texts.items()}
-        assert bm25_counts({d: (len(t), t) for d, t in terms.items()}, set(wanted), documents=1000) == approx(expected)
-        frequencies = ((d, len(t), [(w, f) for w in wanted if (f := t.count(w))]) for d, t in terms.items())
-        assert bm25_frequencies(frequencies, wanted, documents=1000) == approx(expected)
 
 
 def test_held_terms_rank_any_subset_as_a_pass_over_it_would() -> None:

@@ -249,17 +249,53 @@ async def test_past_the_match_cap_the_best_matches_by_ts_rank_are_kept(store: Po
     assert len(await store.search(Scope(owner=owner), text="zebra", vector=None, limit=10)) == 8
 
 
-async def test_rows_written_before_the_terms_column_rank_the_same(store: PostgresStore, server: str) -> None:
-    """Schema 2 stores each record's terms; a row from schema 1 (terms NULL) is tokenized at recall."""
+async def test_text_matches_are_scored_in_sql_as_bm25_over_the_texts(store: PostgresStore) -> None:
+    """The SQL port of BM25 (counts by array_positions, average length over the matches, the scope's
+    size for the IDF) scores every match as a2m.text does over the same texts."""
+    from a2m.text import bm25_scores
+    from backends.episodic.store import query_words, scope_sql
+
+    owner = _owner()
+    rnd = random.Random(5)
+    words = [f"tok{i}" for i in range(30)]
+    texts = {f"{owner}-{i}": " ".join(rnd.choices(words, k=rnd.randint(1, 12))) for i in range(80)}
+    await store.write([rec(i, owner, content=texts[f"{owner}-{i}"]) for i in range(80)])
+    condition, params = scope_sql(Scope(owner=owner))
+    compared = 0
+    for _ in range(10):
+        query = " ".join(rnd.sample(words, 3))
+        terms = set(query.split())
+        matches = {i: t for i, t in texts.items() if terms & set(t.split())}  # what the GIN index finds
+        expected = bm25_scores(matches, query, documents=500)  # statistics over the matches, as the store's
+        got = await store._run(lambda conn: store._text_scores(conn, condition, params, query_words(query),
+                                                                 query, 500))
+        assert set(got) == set(expected)  # every match holds a query term here: no sliver
+        assert all(math.isclose(got[i], expected[i], rel_tol=1e-9) for i in expected)
+        compared += len(expected)
+    assert compared > 100
+
+
+async def test_rows_written_before_the_terms_column_get_them_and_rank_the_same(store: PostgresStore,
+                                                                              server: str) -> None:
+    """Schema 2 stores each record's terms; schema 4 gives a row from schema 1 (terms NULL) its terms,
+    so the SQL ranking sees it as it sees any other."""
     owner = _owner()
     texts = ["deploy friday release", "release notes for the deploy", "lunch on friday", "a deploy went wrong"]
     await store.write([rec(i, owner, content=t) for i, t in enumerate(texts)])
     query = "deploy release"
     before = [(r.id, r.score) for r in await store.search(Scope(owner=owner), text=query, vector=None, limit=10)]
+    old = [f"{owner}-0", f"{owner}-3"]
     with psycopg.connect(server, autocommit=True) as conn:
         stored = conn.execute("SELECT terms FROM records WHERE id = %s", [f"{owner}-1"]).fetchone()
         assert stored == (["releas", "not", "deploy"],)  # tokenize(): stopwords out, English folded
-        conn.execute("UPDATE records SET terms = NULL WHERE id IN (%s, %s)", [f"{owner}-0", f"{owner}-3"])
+        conn.execute("UPDATE records SET terms = NULL WHERE id = ANY(%s)", [old])
+        conn.execute("DELETE FROM schema_version WHERE version >= 4")  # as a database from before the step
+    async with await psycopg.AsyncConnection.connect(server, autocommit=True) as conn:
+        assert await schema.migrate(conn) == 3
+    with psycopg.connect(server, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM records WHERE terms IS NULL").fetchone() == (0,)
+        assert conn.execute("SELECT terms FROM records WHERE id = %s", [old[0]]).fetchone() == (
+            ["deploy", "friday", "releas"],)
     store._sizes.clear()
     after = [(r.id, r.score) for r in await store.search(Scope(owner=owner), text=query, vector=None, limit=10)]
     assert [i for i, _ in after] == [i for i, _ in before] and len(before) == 3  # lunch holds neither word
