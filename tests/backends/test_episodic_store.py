@@ -429,6 +429,8 @@ async def test_a_database_at_an_older_schema_is_upgraded_in_place(server: str,
                 (v,) for v in range(1, schema.LATEST + 1)]
             options = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'records'").fetchone()
             assert {"toast_tuple_target=8160", "fillfactor=70"} <= set(options[0])
+            options = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'records_fts'").fetchone()
+            assert options == (["gin_pending_list_limit=256"],)
         assert await store.count("a") == 5
         found = await store.search(Scope(owner="a"), text="deploy window", vector=[1.0, 4.0], limit=3)
         assert found[0].id == "a-4" and len(found) == 3
