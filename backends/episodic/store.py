@@ -32,7 +32,7 @@ import json
 import logging
 import re
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from math import exp
 from typing import Any, Awaitable, Callable, Literal, Sequence, TypeVar
 
@@ -48,7 +48,7 @@ from a2m.errors import A2MError
 from a2m.filters import RECORD_FIELDS, Scope
 from a2m.records import Record
 from a2m.text import BM25_B, BM25_K1, detect_language, fold, query_terms, tokenize, tokenize_once
-from a2m.timefmt import format_ts, normalize_ts
+from a2m.timefmt import format_ts, normalize_ts, to_epoch
 from backends.settings import TierSettings
 from backends.store import SessionInfo, StoreRejected, StoreUnavailable
 
@@ -72,9 +72,12 @@ NO_DIMENSIONS_TTL_S = 5.0  # how long a server believes its tier holds no vector
 HYBRID_POOL = 50  # nearest records a hybrid query weighs (and lexical hits given a cosine)
 VECTOR_WEIGHT = 0.5  # the rescaled cosine's share beside BM25 (1.0 for the best match)
 
+# Timestamps leave PostgreSQL in the wire's canonical form (`a2m.timefmt`): psycopg building an aware
+# datetime that Python then formats again was 1.1 of 2.4 ms to read a 200-record session.
+_CANONICAL_TS = "to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
 _COLUMNS = (
-    'id, content, created_at, role, metadata, "group", tier, salience, access_count, accessed_at, '
-    "owner, session, key, revision, uri, media_type"
+    f'id, content, {_CANONICAL_TS.format("created_at")}, role, metadata, "group", tier, salience, access_count, '
+    f'{_CANONICAL_TS.format("accessed_at")}, owner, session, key, revision, uri, media_type'
 )
 _INSERT_COLUMNS = (
     'id, owner, session, role, "group", tier, key, revision, metadata, created_at, salience, '
@@ -207,27 +210,27 @@ def _record(row: Sequence[Any], *, with_embedding: bool, score: float | None = N
     if with_embedding and row[16] is not None:
         embedding = [float(x) for x in orjson.loads(row[16])]  # pgvector's text form is a JSON array of shortest float32 reprs
     return Record(
-        id=row[0], content=row[1], created_at=format_ts(row[2]), role=row[3], metadata=row[4] or {},
-        group=row[5], tier=row[6], salience=float(row[7]), access_count=int(row[8]), accessed_at=_ts(row[9]),
+        id=row[0], content=row[1], created_at=row[2], role=row[3], metadata=row[4] or {},
+        group=row[5], tier=row[6], salience=float(row[7]), access_count=int(row[8]), accessed_at=row[9],
         owner=row[10], session=row[11], key=row[12], revision=int(row[13]), uri=row[14], media_type=row[15],
         embedding=embedding, score=score,
     )
 
 
-def _recency(created_at: datetime, now: datetime) -> float:
-    """1.0 for a record written now, 1/e after RECENCY_SECONDS; a future timestamp counts as now."""
-    return exp(-max(0.0, (now - created_at).total_seconds()) / RECENCY_SECONDS)
+def _recency(created_at: str, now: float) -> float:
+    """1.0 for a record written now (epoch seconds), 1/e after RECENCY_SECONDS; a future timestamp counts as now."""
+    return exp(-max(0.0, now - to_epoch(created_at)) / RECENCY_SECONDS)
 
 
 def _blend(rows: Sequence[Sequence[Any]], relevance: Sequence[float], embed: bool, limit: int) -> list[Record]:
     """The best `limit` of `rows` (relevance[i] in [0, 1] for rows[i]) by relevance blended with recency
     and salience, the newer first on a tie. Scored here rather than in SQL so a ranked read is the
     plain statement a hand-written query would be (decision 23)."""
-    now = datetime.now(timezone.utc)
+    now = time.time()
     scored = sorted(
         ((RELEVANCE_WEIGHT * rel + RECENCY_WEIGHT * _recency(row[2], now) + SALIENCE_WEIGHT * float(row[7]), row)
          for row, rel in zip(rows, relevance)),
-        key=lambda pair: (pair[0], pair[1][2]), reverse=True)
+        key=lambda pair: (pair[0], pair[1][2]), reverse=True)  # the canonical stamps sort as the times do
     return [_record(row, with_embedding=embed, score=min(1.0, max(0.0, score))) for score, row in scored[:limit]]
 
 
@@ -625,7 +628,7 @@ class PostgresStore:
                     return []  # a vector query and no vectors stored yet: nothing is similar
                 cur = await conn.execute(f"SELECT {columns} FROM records WHERE {condition} "
                                          "ORDER BY created_at DESC, seq DESC LIMIT %s", [*scope_params, limit])
-                now = datetime.now(timezone.utc)
+                now = time.time()
                 return [_record(row, with_embedding=embed, score=_recency(row[2], now))
                         for row in await cur.fetchall()]
             if not use_text:  # one ranked list, read whole in one statement: the reciprocal-rank shape
