@@ -779,10 +779,11 @@ class PostgresStore:
         cur = await conn.execute(
             "WITH q AS (SELECT (replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
             " || replace(plainto_tsquery('simple', %s)::text, ' & ', ' | ')::tsquery) AS query), "
-            f"m AS (SELECT id, ts_rank(fts, q.query, 1) AS tr, cardinality(terms) AS len{counts} "
+            f"m AS (SELECT id, created_at, ts_rank(fts, q.query, 1) AS tr, cardinality(terms) AS len{counts} "
             f"FROM records, q WHERE {condition} AND fts @@ q.query ORDER BY tr DESC, created_at DESC LIMIT %s), "
-            f"s AS (SELECT greatest(count(*), %s)::float8 AS n, coalesce(nullif(avg(len), 0), 1)::float8 AS avglen{held} FROM m) "
-            f"SELECT m.id, {score} AS score FROM m, s ORDER BY score DESC, m.tr DESC",
+            "s AS (SELECT greatest(count(*), %s)::float8 AS n, "
+            f"coalesce(nullif(avg(len), 0), 1)::float8 AS avglen{held} FROM m) "
+            f"SELECT m.id, {score} AS score FROM m, s ORDER BY score DESC, m.tr DESC, m.created_at DESC",
             [words, words, *wanted, *scope_params, LEXICAL_MATCHES, size],
         )
         rows = await cur.fetchall()
