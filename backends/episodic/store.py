@@ -781,7 +781,8 @@ class PostgresStore:
             " || replace(plainto_tsquery('simple', %s)::text, ' & ', ' | ')::tsquery) AS query), "
             f"m AS (SELECT id, created_at, ts_rank(fts, q.query, 1) AS tr, cardinality(terms) AS len{counts} "
             f"FROM records, q WHERE {condition} AND fts @@ q.query ORDER BY tr DESC, created_at DESC LIMIT %s), "
-            "s AS (SELECT greatest(count(*), %s)::float8 AS n, "
+            # MATERIALIZED: inlined, the planner re-ran the aggregate for every match (n^2 rows read)
+            "s AS MATERIALIZED (SELECT greatest(count(*), %s)::float8 AS n, "
             f"coalesce(nullif(avg(len), 0), 1)::float8 AS avglen{held} FROM m) "
             f"SELECT m.id, {score} AS score FROM m, s ORDER BY score DESC, m.tr DESC, m.created_at DESC",
             [words, words, *wanted, *scope_params, LEXICAL_MATCHES, size],
