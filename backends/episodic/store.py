@@ -234,6 +234,28 @@ def _blend(rows: Sequence[Sequence[Any]], relevance: Sequence[float], embed: boo
     return [_record(row, with_embedding=embed, score=min(1.0, max(0.0, score))) for score, row in scored[:limit]]
 
 
+def _bm25_sql(condition: str, terms: int) -> str:
+    """The one statement of `PostgresStore._text_scores`: (id, BM25) of every full-text match in
+    scope, best first. Parameters: the query words twice, each query term, the scope's, the
+    match cap, the scope's size."""
+    k1, b = BM25_K1, BM25_B
+    counts = "".join(f", cardinality(array_positions(terms, %s::text)) AS f{i}" for i in range(terms))
+    held = "".join(f", count(*) FILTER (WHERE f{i} > 0) AS d{i}" for i in range(terms))
+    norm = f"({k1 * (1 - b)!r}::float8 + {k1 * b!r}::float8 * m.len / s.avglen)"  # k1 (1 - b + b len / avg)
+    score = " + ".join(f"CASE WHEN f{i} > 0 THEN ln(1 + (s.n - d{i} + 0.5) / (d{i} + 0.5)) * {k1 + 1!r}::float8 "
+                       f"* f{i} / (f{i} + {norm}) ELSE 0 END" for i in range(terms)) or "0"
+    return (
+        "WITH q AS (SELECT (replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
+        " || replace(plainto_tsquery('simple', %s)::text, ' & ', ' | ')::tsquery) AS query), "
+        f"m AS (SELECT id, created_at, ts_rank(fts, q.query, 1) AS tr, cardinality(terms) AS len{counts} "
+        f"FROM records, q WHERE {condition} AND fts @@ q.query ORDER BY tr DESC, created_at DESC LIMIT %s), "
+        # MATERIALIZED: inlined, the planner re-ran the aggregate for every match (n^2 rows read)
+        "s AS MATERIALIZED (SELECT greatest(count(*), %s)::float8 AS n, "
+        f"coalesce(nullif(avg(len), 0), 1)::float8 AS avglen{held} FROM m) "
+        f"SELECT m.id, {score} AS score FROM m, s ORDER BY score DESC, m.tr DESC, m.created_at DESC"
+    )
+
+
 def _rejected(error: Exception) -> StoreRejected:
     diag = getattr(error, "diag", None)
     detail = getattr(diag, "message_primary", None) or str(error).splitlines()[0]
@@ -767,26 +789,11 @@ class PostgresStore:
         frequencies are exact; `size` is the scope's size. Scoring in SQL, each
         row counts its query terms with `array_positions` and only (id, score)
         crosses the wire: ranking up to 1,000 matches in Python cost the server
-        2.5 ms of CPU per recall against 0.6 (decision 32).
+        about 2 ms of CPU per recall, more for longer queries (decision 32).
         """
         wanted = sorted(query_terms(text))
-        k1, b = BM25_K1, BM25_B
-        counts = "".join(f", cardinality(array_positions(terms, %s::text)) AS f{i}" for i in range(len(wanted)))
-        held = "".join(f", count(*) FILTER (WHERE f{i} > 0) AS d{i}" for i in range(len(wanted)))
-        norm = f"({k1 * (1 - b)!r}::float8 + {k1 * b!r}::float8 * m.len / s.avglen)"  # k1 (1 - b + b len / avg)
-        score = " + ".join(f"CASE WHEN f{i} > 0 THEN ln(1 + (s.n - d{i} + 0.5) / (d{i} + 0.5)) * {k1 + 1!r}::float8 "
-                           f"* f{i} / (f{i} + {norm}) ELSE 0 END" for i in range(len(wanted))) or "0"
-        cur = await conn.execute(
-            "WITH q AS (SELECT (replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
-            " || replace(plainto_tsquery('simple', %s)::text, ' & ', ' | ')::tsquery) AS query), "
-            f"m AS (SELECT id, created_at, ts_rank(fts, q.query, 1) AS tr, cardinality(terms) AS len{counts} "
-            f"FROM records, q WHERE {condition} AND fts @@ q.query ORDER BY tr DESC, created_at DESC LIMIT %s), "
-            # MATERIALIZED: inlined, the planner re-ran the aggregate for every match (n^2 rows read)
-            "s AS MATERIALIZED (SELECT greatest(count(*), %s)::float8 AS n, "
-            f"coalesce(nullif(avg(len), 0), 1)::float8 AS avglen{held} FROM m) "
-            f"SELECT m.id, {score} AS score FROM m, s ORDER BY score DESC, m.tr DESC, m.created_at DESC",
-            [words, words, *wanted, *scope_params, LEXICAL_MATCHES, size],
-        )
+        cur = await conn.execute(_bm25_sql(condition, len(wanted)),
+                                 [words, words, *wanted, *scope_params, LEXICAL_MATCHES, size])
         rows = await cur.fetchall()
         # a match BM25 does not see keeps a sliver, in ts_rank order, below every BM25 hit
         sliver = 1e-6 * min((s for _, s in rows if s > 0), default=1.0)

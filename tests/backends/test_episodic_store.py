@@ -275,6 +275,36 @@ async def test_text_matches_are_scored_in_sql_as_bm25_over_the_texts(store: Post
     assert compared > 100
 
 
+async def test_bm25_statistics_are_computed_once_per_recall(server: str) -> None:
+    """The statistics CTE is read once, whatever the planner's estimates: inlined, it became a subplan
+    re-run for every match (n^2 rows read; LoCoMo's recalls took twice as long). A table written and
+    read before any ANALYZE is the case that planned it so."""
+    from backends.episodic.store import LEXICAL_MATCHES, _bm25_sql, scope_sql
+
+    dsn = _fresh_database(server)
+    store = PostgresStore(_settings(dsn))
+    await store.open()
+    try:
+        await store.write([rec(i, "a", content=f"release {i} of the deploy train") for i in range(300)])
+    finally:
+        await store.close()
+    condition, params = scope_sql(Scope(owner="a"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        ((plan,),) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _bm25_sql(condition, 2),
+                                  ["deploy release", "deploy release", "deploy", "releas", *params,
+                                   LEXICAL_MATCHES, 300]).fetchall()
+
+    def nodes(node: dict) -> Iterator[dict]:
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    found = list(nodes(plan[0]["Plan"]))
+    aggregates = [n for n in found if n["Node Type"] == "Aggregate"]
+    assert aggregates and all(n["Actual Loops"] == 1 for n in aggregates)
+    assert max(n["Actual Rows"] for n in found) == 300  # every match was scored
+
+
 async def test_rows_written_before_the_terms_column_get_them_and_rank_the_same(store: PostgresStore,
                                                                               server: str) -> None:
     """Schema 2 stores each record's terms; schema 4 gives a row from schema 1 (terms NULL) its terms,
