@@ -30,6 +30,7 @@ def corpus_url(tmp_path_factory):  # type: ignore[no-untyped-def]
             conn.execute("INSERT INTO kb (body, source, emb) VALUES (%s, %s, %s::vector)", (body, source, str(emb)))
     port = free_port()
     command = a2m_command("serve", "corpus", "--port", str(port), "--url", dsn, "--option", "table=kb",
+                          "--data", str(tmp_path_factory.mktemp("corpus-data")),  # not the user's data dir
                           "--option", "id_column=doc_id", "--option", "text_column=body",
                           "--option", "vector_column=emb", "--option", "created_column=written",
                           "--option", "metadata_columns=source")
