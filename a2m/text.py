@@ -77,7 +77,7 @@ def _split(text: str) -> list[str]:
 
 def detect_language(words: Sequence[str]) -> str | None:
     """The language whose stopwords occur most among `words`; None when none occur (ties: list order)."""
-    # Runs once per text tokenized (a rerank pool is ~200 texts the tokenizer's cache has not
+    # Runs once per text tokenized (a rerank pool is ~100 texts the tokenizer's cache has not
     # seen): most words are no stopword, and most texts have stopwords of one language only.
     hits: dict[str, int] = {}
     languages_of = _LANGUAGES_OF.get

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from a2m.client import HTTPClient  # noqa: E402
 from a2m.timefmt import format_ts  # noqa: E402
+from router.config import FusionConfig  # noqa: E402
 from tests.router.stack import federation  # noqa: E402  (the same launcher as the router's tests)
 
 def vocabulary(n: int = 5000) -> list[str]:
@@ -224,7 +225,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
             # Every probe runs once per query in turn, so the tiers' own recalls and the router's share
             # the machine's state (a background autovacuum after the load, a noisy neighbour) alike.
-            pool = 50  # rerank asks each tier for a broad pool: its fair baseline is the slowest tier at it
+            pool = FusionConfig.pool  # rerank asks each tier for a broad pool: its fair baseline is the slowest tier at it
             probes: dict[str, Callable[[int], Awaitable[Any]]] = {}
             for name, client in tiers.items():
                 probes[name] = lambda i, c=client: c.call(

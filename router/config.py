@@ -58,7 +58,7 @@ class TierConfig:
 class FusionConfig:
     strategy: str = "rrf"
     rrf_k: int = 60
-    pool: int = 50  # rerank: candidates asked of each tier (at least the caller's limit)
+    pool: int = 30  # rerank: candidates asked of each tier (at least the caller's limit; decision 35)
     half_life_days: float = 30.0  # rerank: recency decay
     weights: Mapping[str, float] = field(default_factory=lambda: {
         "text": 0.25, "vector": 0.2, "rank": 0.45, "recency": 0.06, "salience": 0.04})
@@ -244,7 +244,7 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
             raise ConfigError(f"fusion.weights.{name} is unknown; known: {sorted(weights)}")
         weights[name] = float(_type(value, (int, float), f"fusion.weights.{name}", "a number"))
     fusion = FusionConfig(strategy=strategy, rrf_k=int(fusion_raw.get("rrf_k", 60)),
-                          pool=int(fusion_raw.get("pool", 50)),
+                          pool=int(fusion_raw.get("pool", FusionConfig.pool)),
                           half_life_days=float(fusion_raw.get("half_life_days", 30.0)), weights=weights)
 
     embedder_raw = data.get("embedder", section.get("embedder"))
