@@ -63,7 +63,7 @@ RRF_K = 60
 RELEVANCE_WEIGHT, RECENCY_WEIGHT, SALIENCE_WEIGHT = 0.95, 0.03, 0.02
 RECENCY_SECONDS = 30 * 86400.0
 # Ranking (see `_nearest_rows`, `_relevance` and `_text_scores`).
-LEXICAL_MATCHES = 1000  # full-text matches returned, the best by BM25 (every match is scored)
+LEXICAL_MATCHES = 1000  # full-text matches ranked by BM25; past this, the best by ts_rank
 SCOPE_COUNT_CAP = 10_000  # a scope's size is counted up to this (the IDF saturates; see EXACT_SCAN_ROWS)
 NEIGHBOURS, NEIGHBOUR_HITS, NEIGHBOUR_WEIGHT = 2, 20, 0.25
 EXACT_SCAN_ROWS = SCOPE_COUNT_CAP  # a vector recall over a scope this small reads every row
@@ -235,9 +235,9 @@ def _blend(rows: Sequence[Sequence[Any]], relevance: Sequence[float], embed: boo
 
 
 def _bm25_sql(condition: str, terms: int) -> str:
-    """The one statement of `PostgresStore._text_scores`: (id, BM25) of the best `LEXICAL_MATCHES`
-    full-text matches in scope, best first. Parameters: the query words twice, each query term, the
-    scope's, the scope's size, the match cap."""
+    """The one statement of `PostgresStore._text_scores`: (id, BM25) of every full-text match in
+    scope, best first. Parameters: the query words twice, each query term, the scope's, the
+    match cap, the scope's size."""
     k1, b = BM25_K1, BM25_B
     counts = "".join(f", cardinality(array_positions(terms, %s::text)) AS f{i}" for i in range(terms))
     held = "".join(f", count(*) FILTER (WHERE f{i} > 0) AS d{i}" for i in range(terms))
@@ -247,13 +247,12 @@ def _bm25_sql(condition: str, terms: int) -> str:
     return (
         "WITH q AS (SELECT (replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
         " || replace(plainto_tsquery('simple', %s)::text, ' & ', ' | ')::tsquery) AS query), "
-        # no ts_rank: it cost more than everything else per match (decision 34)
-        f"m AS (SELECT id, created_at, cardinality(terms) AS len{counts} "
-        f"FROM records, q WHERE {condition} AND fts @@ q.query), "
+        f"m AS (SELECT id, created_at, ts_rank(fts, q.query, 1) AS tr, cardinality(terms) AS len{counts} "
+        f"FROM records, q WHERE {condition} AND fts @@ q.query ORDER BY tr DESC, created_at DESC LIMIT %s), "
         # MATERIALIZED: inlined, the planner re-ran the aggregate for every match (n^2 rows read)
         "s AS MATERIALIZED (SELECT greatest(count(*), %s)::float8 AS n, "
         f"coalesce(nullif(avg(len), 0), 1)::float8 AS avglen{held} FROM m) "
-        f"SELECT m.id, {score} AS score FROM m, s ORDER BY score DESC, m.created_at DESC, m.id LIMIT %s"
+        f"SELECT m.id, {score} AS score FROM m, s ORDER BY score DESC, m.tr DESC, m.created_at DESC"
     )
 
 
@@ -785,18 +784,18 @@ class PostgresStore:
         PostgreSQL finds the matches (the GIN index, inside the scope) and ranks
         them by BM25 over the terms each row was stored with (the shared
         tokenizer's), because `ts_rank` has no IDF and lets the commonest query
-        word decide. Every record holding a query term is scored, so document
-        frequencies are exact, and the best `LEXICAL_MATCHES` come back; `size`
-        is the scope's size. Scoring in SQL, each row counts its query terms
-        with `array_positions` and only (id, score) crosses the wire: ranking up
-        to 1,000 matches in Python cost the server about 2 ms of CPU per recall,
-        more for longer queries (decision 32).
+        word decide. The matches are every record holding a query term (up to
+        `LEXICAL_MATCHES`, the best by ts_rank past that), so document
+        frequencies are exact; `size` is the scope's size. Scoring in SQL, each
+        row counts its query terms with `array_positions` and only (id, score)
+        crosses the wire: ranking up to 1,000 matches in Python cost the server
+        about 2 ms of CPU per recall, more for longer queries (decision 32).
         """
         wanted = sorted(query_terms(text))
         cur = await conn.execute(_bm25_sql(condition, len(wanted)),
-                                 [words, words, *wanted, *scope_params, size, LEXICAL_MATCHES])
+                                 [words, words, *wanted, *scope_params, LEXICAL_MATCHES, size])
         rows = await cur.fetchall()
-        # a match BM25 does not see (only PostgreSQL's stemmer matched) keeps a sliver, newest first
+        # a match BM25 does not see keeps a sliver, in ts_rank order, below every BM25 hit
         sliver = 1e-6 * min((s for _, s in rows if s > 0), default=1.0)
         return {record_id: s if s > 0 else sliver / (1 + k) for k, (record_id, s) in enumerate(rows)}
 

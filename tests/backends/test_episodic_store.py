@@ -232,10 +232,10 @@ async def test_text_rank_weighs_rare_words_and_lends_to_session_neighbours(store
     assert f"{owner}-2" not in {r.id for r in scoped} and scoped[0].id == f"{owner}-1"
 
 
-async def test_past_the_match_cap_the_best_matches_by_bm25_are_kept(store: PostgresStore,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every full-text match is scored; past LEXICAL_MATCHES, the best by BM25 come back, not the
-    newest (the strong matches here are the oldest)."""
+async def test_past_the_match_cap_the_best_matches_by_ts_rank_are_kept(store: PostgresStore,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to LEXICAL_MATCHES every full-text match is ranked; past it, the best by ts_rank are, not
+    the newest (the strong matches here are the oldest)."""
     owner = _owner()
     strong = [rec(i, owner, content="zebra zebra zebra zebra", created_at=f"2026-03-0{1 + i}T10:00:00.000Z")
               for i in range(3)]
@@ -292,7 +292,7 @@ async def test_bm25_statistics_are_computed_once_per_recall(server: str) -> None
     with psycopg.connect(dsn, autocommit=True) as conn:
         ((plan,),) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _bm25_sql(condition, 2),
                                   ["deploy release", "deploy release", "deploy", "releas", *params,
-                                   300, LEXICAL_MATCHES]).fetchall()
+                                   LEXICAL_MATCHES, 300]).fetchall()
 
     def nodes(node: dict) -> Iterator[dict]:
         yield node
