@@ -10,7 +10,8 @@ docs/decisions.md 5).
 
 What it does: one request in flight per connection (no pipelining), warmest
 idle connection first, at most `max_connections` open, TLS for `https://`,
-chunked or sized bodies. A connection idle longer than `idle_timeout` is not
+chunked, sized or close-delimited bodies (a response with neither length nor
+chunking ends when the server closes: an HTTP/1.0-style server or proxy). A connection idle longer than `idle_timeout` is not
 reused: the default (4 s) sits under uvicorn's 5 s keep-alive, so the pool
 never writes into a socket the server is closing. A request is never retried:
 a POST may have been applied before the connection broke.
@@ -40,6 +41,8 @@ class _Connection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.closed = False
         self.idle_since = 0.0
+        self.framed = False  # the response in progress declared a length or chunking
+        self.until_close = False  # its headers are in, and its body runs to the end of the connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -54,17 +57,31 @@ class _Connection(asyncio.Protocol):
             self._fail(ConnectionFailed(f"malformed HTTP response: {exc}"))
             self.close()
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.until_close = not self.framed
+
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self._complete(self.parser.should_keep_alive())
+
+    def _complete(self, keep_alive: bool) -> None:
         waiter, body, self.body = self.waiter, b"".join(self.body), []
+        self.framed = self.until_close = False
         if waiter is not None and not waiter.done():
-            waiter.set_result((self.parser.get_status_code(), body, self.parser.should_keep_alive()))
+            waiter.set_result((self.parser.get_status_code(), body, keep_alive))
         self.waiter = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if exc is None and self.until_close and self.waiter is not None:
+            self._complete(False)  # a close-delimited body ends here (RFC 9112 §6.3); a reset is no end
+            return
         self._fail(ConnectionFailed(f"connection lost: {exc!r}" if exc else "connection closed before the response"))
 
     def _fail(self, exc: Exception) -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import ssl
+import struct
 import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -92,6 +94,34 @@ async def test_connection_close_is_honoured_and_the_next_call_reconnects() -> No
         for _ in range(3):
             assert await pool.post(b"{}", timeout=5) == (200, b"{}")
         assert len(connections) == 3 and pool.idle == 0
+
+
+@pytest.mark.anyio
+async def test_a_body_without_length_or_chunking_ends_when_the_server_closes() -> None:
+    """RFC 9112 §6.3: such a body is every byte before the close (an HTTP/1.0 server, a proxy);
+    the connection is not reused, and a reset before the close is still a failure."""
+    body = b'{"jsonrpc": "2.0", "id": 1, "result": {"records": []}}'
+    for head in (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n", b"HTTP/1.0 200 OK\r\n\r\n"):
+        async with server(lambda req: head + body, close_after=True) as (url, _, connections):
+            pool = ConnectionPool(url)
+            for _ in range(2):
+                assert await pool.post(b"{}", timeout=5) == (200, body)
+            assert len(connections) == 2 and pool.idle == 0
+
+    async def reset_mid_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(b'HTTP/1.1 200 OK\r\n\r\n{"cut')
+        await writer.drain()
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # an RST, not a FIN: the body did not end, it broke
+
+    srv = await asyncio.start_server(reset_mid_body, "127.0.0.1", 0)
+    try:
+        with pytest.raises(ConnectionFailed, match="reset"):
+            await ConnectionPool(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}/").post(b"{}", timeout=5)
+    finally:
+        srv.close()
 
 
 @pytest.mark.anyio
