@@ -11,10 +11,11 @@ docs/decisions.md 5).
 What it does: one request in flight per connection (no pipelining), warmest
 idle connection first, at most `max_connections` open, TLS for `https://`,
 chunked, sized or close-delimited bodies (a response with neither length nor
-chunking ends when the server closes: an HTTP/1.0-style server or proxy). A connection idle longer than `idle_timeout` is not
-reused: the default (4 s) sits under uvicorn's 5 s keep-alive, so the pool
-never writes into a socket the server is closing. A request is never retried:
-a POST may have been applied before the connection broke.
+chunking ends when the server closes: an HTTP/1.0-style server or proxy). A
+connection idle longer than `idle_timeout` is not reused: the default (4 s)
+sits under uvicorn's 5 s keep-alive, so the pool never writes into a socket
+the server is closing. A request is never retried: a POST may have been
+applied before the connection broke.
 """
 
 from __future__ import annotations
