@@ -258,6 +258,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 p50 = ms(lat[strategy], 50)
                 out[f"router_recall_{strategy}"] = {
                     "p50_ms": p50, "p99_ms": ms(lat[strategy], 99),
+                    # in ms as well as a ratio: a faster slowest tier raises the ratio of the same overhead
+                    "over_slowest_tier_ms": round(p50 - per_tier[slowest]["p50_ms"], 2),
                     "vs_slowest_tier": round(p50 / max(per_tier[slowest]["p50_ms"], 1e-6), 2),
                     "vs_slowest_tier_pool": round(p50 / max(out["slowest_tier"]["pool_p50_ms"], 1e-6), 2)}
             await router.call("memory/consolidate", {})  # drain the background recall counting
