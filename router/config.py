@@ -235,17 +235,19 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
         fusion_raw = {"strategy": fusion_raw}
     if not isinstance(fusion_raw, dict):
         raise ConfigError("fusion must be \"rrf\", \"rerank\" or a table")
-    strategy = fusion_raw.get("strategy", "rrf")
+    defaults = FusionConfig()
+    strategy = fusion_raw.get("strategy", defaults.strategy)
     if strategy not in FUSIONS:
         raise ConfigError(f"fusion strategy must be one of {list(FUSIONS)}, got {strategy!r}")
-    weights = dict(FusionConfig().weights)
+    weights = dict(defaults.weights)
     for name, value in dict(fusion_raw.get("weights", {})).items():
         if name not in weights:
             raise ConfigError(f"fusion.weights.{name} is unknown; known: {sorted(weights)}")
         weights[name] = float(_type(value, (int, float), f"fusion.weights.{name}", "a number"))
-    fusion = FusionConfig(strategy=strategy, rrf_k=int(fusion_raw.get("rrf_k", 60)),
-                          pool=int(fusion_raw.get("pool", FusionConfig.pool)),
-                          half_life_days=float(fusion_raw.get("half_life_days", 30.0)), weights=weights)
+    fusion = FusionConfig(strategy=strategy, rrf_k=int(fusion_raw.get("rrf_k", defaults.rrf_k)),
+                          pool=int(fusion_raw.get("pool", defaults.pool)),
+                          half_life_days=float(fusion_raw.get("half_life_days", defaults.half_life_days)),
+                          weights=weights)
 
     embedder_raw = data.get("embedder", section.get("embedder"))
     embedder_model = None

@@ -235,9 +235,9 @@ def _blend(rows: Sequence[Sequence[Any]], relevance: Sequence[float], embed: boo
 
 
 def _bm25_sql(condition: str, terms: int) -> str:
-    """The one statement of `PostgresStore._text_scores`: (id, BM25) of every full-text match in
-    scope, best first. Parameters: the query words twice, each query term, the scope's, the
-    match cap, the scope's size."""
+    """The one statement of `PostgresStore._text_scores`: (id, BM25) of the full-text matches in
+    scope (the best `LEXICAL_MATCHES` by ts_rank; decision 34 says why the cap stays), best first.
+    Parameters: the query words twice, each query term, the scope's, the match cap, the scope's size."""
     k1, b = BM25_K1, BM25_B
     counts = "".join(f", cardinality(array_positions(terms, %s::text)) AS f{i}" for i in range(terms))
     held = "".join(f", count(*) FILTER (WHERE f{i} > 0) AS d{i}" for i in range(terms))
