@@ -514,10 +514,16 @@ class Router(EventMethods):
             wanted -= hits
         return {"promoted": promoted}
 
-    async def _counts(self, owner: str | None) -> dict[str, int]:
+    async def _counts(self, owner: str | None) -> dict[str, Any]:
+        """`counts` per tier after a policy pass, and `degraded` naming the tiers that did not answer:
+        a move into one of them was skipped (its records stay where they were), so say so."""
         fan = await self.fed.fan_out("memory/describe", _with_owner({}, owner), list(self.fed))
-        return {name: sum(int(t.get("count", 0)) for t in result.get("tiers", []))
-                for name, result in fan.results.items()}
+        out: dict[str, Any] = {"counts": {name: sum(int(t.get("count", 0)) for t in result.get("tiers", []))
+                                          for name, result in fan.results.items()}}
+        if fan.degraded:
+            out["degraded"] = fan.degraded
+            self._count_degraded(fan.degraded)
+        return out
 
     async def consolidate(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
@@ -526,7 +532,7 @@ class Router(EventMethods):
         promoted = await self.policy.promote_pending(owner)  # earned by recall: before capacity pressure
         spilled = await self.policy.enforce_all(owner)
         result = {"moved": spilled["moved"] + promoted, "promoted": promoted, "dropped": spilled["dropped"],
-                  "summarized": 0, "repaired": repaired, "counts": await self._counts(owner)}
+                  "summarized": 0, "repaired": repaired, **await self._counts(owner)}
         await self.events.emit("consolidated", owner, moved=result["moved"], promoted=promoted,
                                dropped=spilled["dropped"], summarized=0, repaired=repaired)
         return result
@@ -570,7 +576,7 @@ class Router(EventMethods):
             await self.events.emit("consolidated", owner, moved=moved, promoted=promoted,
                                    dropped=spilled["dropped"], summarized=0, session=session)
         return {"moved": moved, "promoted": promoted, "dropped": spilled["dropped"], "summarized": 0,
-                "counts": await self._counts(owner), "closed": session, "flushed": flushed}
+                **await self._counts(owner), "closed": session, "flushed": flushed}
 
     # ---- summarize --------------------------------------------------------------------------
 

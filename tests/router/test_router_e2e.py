@@ -300,6 +300,12 @@ async def test_one_tier_down_recall_answers_with_degraded(tmp_path: Path) -> Non
             assert tl["degraded"] == ["semantic"] and len(tl["records"]) == 2
             described = await router.call("memory/describe", {})
             assert {t["name"]: t["status"] for t in described["tiers"]}["semantic"] == "down"
+            # a policy pass that cannot reach a tier says so, rather than reporting partial counts as whole
+            await router.call("memory/remember", {"records": [{"content": "closing while a tier is down", "session": "d2"}]})
+            closed = await router.call("memory/session/close", {"session": "d2"})
+            assert closed["degraded"] == ["semantic"] and "semantic" not in closed["counts"]
+            assert closed["flushed"] == 1 and closed["counts"]["episodic"] == 2  # episodic is up: it moved
+            assert (await router.call("memory/consolidate", {}))["degraded"] == ["semantic"]
             stack.tiers["episodic"].pause()  # a hung tier: its timeout, not the request's
             try:
                 started = time.monotonic()
