@@ -80,7 +80,7 @@ def _serve(args: argparse.Namespace) -> int:
         from backends.serve import build
         from backends.settings import TierSettings
 
-        data = Path(args.data) if args.data else default_data_dir()
+        data = (Path(args.data).expanduser() if args.data else default_data_dir()).resolve()
         name = args.name or args.what
         options = dict(_option(opt) for opt in args.option)
         url = args.url or os.environ.get(f"A2M_{args.what.upper()}_URL")

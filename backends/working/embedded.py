@@ -88,7 +88,8 @@ class RedisServer:
     ) -> None:
         if appendfsync not in ("always", "everysec", "no"):
             raise ValueError(f"appendfsync must be always, everysec or no, not {appendfsync!r}")
-        self.data_dir = Path(data_dir)
+        # Absolute: redis-server runs with its cwd in data_dir, where a relative --dir would nest again.
+        self.data_dir = Path(data_dir).expanduser().resolve()
         self.binary = binary
         self.appendfsync = appendfsync
         self.startup_timeout = startup_timeout
