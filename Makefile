@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 up: install
-	$(VENV)/bin/a2m up
+	$(VENV)/bin/a2m up $(ARGS)
 
 test: install
 	$(PY) -m pytest

@@ -156,8 +156,11 @@ def main(argv: list[str] | None = None) -> int:
 
     up = sub.add_parser("up", help="run the whole federation on embedded engines")
     up.add_argument("--data", help="data directory (default: $A2M_DATA or the user data dir)")
-    up.add_argument("--tiers", default="working,episodic,semantic,procedural")
+    up.add_argument("--tiers", default="working,episodic,semantic,procedural",
+                    help="which tier servers to start, comma-separated (default: all four)")
     up.add_argument("--port", type=int, default=8700, help="the router's port; tiers use the next ones")
+    up.add_argument("--config", help="the router's router.toml (default: one written into the data dir on "
+                                     "every start, for the tiers started on the ports above)")
     up.set_defaults(run=_up)
 
     doctor = sub.add_parser("doctor", help="health of a router (or any A2M URL) and its tiers")

@@ -95,7 +95,8 @@ def router_toml(tiers: Iterable[str], base_port: int, host: str = "127.0.0.1") -
     from router.config import default_tiers
 
     chosen = set(tiers)
-    lines = ["# Written by `a2m up`; edit the Procfile's A2M_ROUTER_CONFIG to use your own.", ""]
+    lines = ["# Written by `a2m up` on every start, so edits here are lost: copy it, edit the copy,",
+             "# and run `a2m up --config COPY` (or `make up ARGS=\"--config COPY\"`).", ""]
     for tier in default_tiers(base_port=base_port + 1, host=host):
         if tier.name not in chosen:
             continue
@@ -111,6 +112,19 @@ def router_toml(tiers: Iterable[str], base_port: int, host: str = "127.0.0.1") -
         lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items() if v is not None]
         lines.append("")
     return "\n".join(lines)
+
+
+def own_config(path: str) -> Path:
+    """The user's router.toml, checked before anything starts: a typo then stops `a2m up` with the
+    router's own message, not after four tiers came up and the router process died."""
+    from router.config import ConfigError, load
+
+    config = Path(path).expanduser().resolve()
+    try:
+        load(config)
+    except (ConfigError, OSError) as exc:
+        raise SystemExit(f"a2m up: {exc}") from None
+    return config
 
 
 # ---- the run ------------------------------------------------------------------------------
@@ -233,8 +247,11 @@ def up(args: argparse.Namespace) -> int:
 
     config = None
     if with_router:
-        config = data / "router.toml"
-        config.write_text(router_toml(tiers, port, host))
+        config = own_config(args.config) if args.config else data / "router.toml"
+        if not args.config:
+            config.write_text(router_toml(tiers, port, host))
+    elif args.config:
+        raise SystemExit("a2m up --config: router/ is not installed here, so there is no router to configure")
     commands = procfile_processes()
     chosen = [*tiers, "router"] if with_router else list(tiers)
     (data / "Procfile").write_text(procfile_for(chosen))

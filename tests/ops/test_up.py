@@ -137,8 +137,15 @@ async def test_up_serves_the_federation_stops_cleanly_and_finds_its_data(tmp_pat
         assert "a2m stopped" in up.output
         _no_engines_left(data)
 
-        # A second run on the same data dir (a subset this time) finds the records again.
-        again = Up(data, port, "--tiers", "working,episodic")
+        # A second run on the same data dir (a subset this time, and the user's own router.toml,
+        # which names the working tier "live") finds the records again.
+        extra = []
+        if router_available():
+            generated = (data / "router.toml").read_text()
+            own = tmp_path / "own.toml"
+            own.write_text(router_toml(["working", "episodic"], port).replace('name = "working"', 'name = "live"'))
+            extra = ["--config", str(own)]
+        again = Up(data, port, "--tiers", "working,episodic", *extra)
         try:
             again.wait_up()
             assert "semantic" not in again.output.split("a2m is up")[-1]
@@ -146,6 +153,9 @@ async def test_up_serves_the_federation_stops_cleanly_and_finds_its_data(tmp_pat
                 async with HTTPClient(url) as client:
                     found = await client.call("memory/recall", {"query": "cat Miso"})
                     assert {r["id"] for r in found["records"]} >= set(ids)
+                    described = await client.call("memory/describe", {})
+                    assert [t["name"] for t in described["tiers"]] == ["live", "episodic"]
+                assert (data / "router.toml").read_text() == generated  # the user's file is used, not written
             else:
                 async with HTTPClient(f"http://127.0.0.1:{port + 1}/") as client:
                     await client.call("memory/describe", {})
@@ -163,3 +173,14 @@ async def test_up_serves_the_federation_stops_cleanly_and_finds_its_data(tmp_pat
         _no_engines_left(data)
     finally:
         up.kill()
+
+
+@pytest.mark.skipif(not router_available(), reason="router/ not present")
+def test_up_with_a_bad_config_stops_before_starting_anything(tmp_path: Path) -> None:
+    bad = tmp_path / "router.toml"
+    bad.write_text('[[tiers]]\nname = "working"\nkind = "working"\nurl = "http://127.0.0.1:1/"\nspill_to = "nowhere"\n')
+    done = subprocess.run(a2m_command("up", "--data", str(tmp_path / "data"), "--config", str(bad)), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "nowhere" in done.stderr and str(bad) in done.stderr, done.stderr
+    assert not (tmp_path / "data" / "Procfile").exists()
