@@ -178,7 +178,7 @@ def _tier_summary(url: str) -> str:
         return ""
     engine = next((t.get("engine") for t in tiers if t.get("engine")), "?")
     count = sum(int(t.get("count") or 0) for t in tiers)
-    return f"{engine}, {count} records"
+    return f"{engine}, {count} record{'' if count == 1 else 's'}"
 
 
 def engine_processes(data: Path) -> list[int]:

@@ -38,6 +38,7 @@ class Tier:
     retry_at: float = 0.0
     last_error: str | None = None
     _reviving: bool = False
+    reached: bool = False  # has answered at least once (a tier still starting is not news)
 
     @property
     def name(self) -> str:
@@ -83,8 +84,8 @@ class Tier:
         self.healthy = False
         self.last_error = str(error)
         self.retry_at = time.monotonic() + min(BACKOFF_MAX, BACKOFF_MIN * 2 ** (self.failures - 1))
-        if self.failures == 1:
-            log.warning("tier %s is down: %s", self.name, error)
+        if self.failures == 1:  # started together (`a2m up`), the router asks before its tiers listen
+            log.log(logging.WARNING if self.reached else logging.INFO, "tier %s is down: %s", self.name, error)
 
     async def call(self, method: str, params: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
         """One call under the tier's timeout. Unreachable -> Unavailable (and the tier is marked down);
@@ -101,9 +102,11 @@ class Tier:
                               {"tier": self.name, "url": self.config.url}) from exc
         if was_down:
             self.healthy, self.failures, self.last_error = True, 0, None
-            log.warning("tier %s is back", self.name)
+            log.log(logging.WARNING if self.reached else logging.INFO, "tier %s is %s", self.name,
+                    "back" if self.reached else "up")
             if method != "memory/describe":
                 asyncio.get_running_loop().create_task(self.refresh())
+        self.reached = True
         return result
 
     async def refresh(self) -> dict[str, Any] | None:
@@ -147,7 +150,8 @@ class Federation:
         await asyncio.gather(*(t.refresh() for t in self.tiers.values()))
         down = [t.name for t in self.tiers.values() if not t.healthy]
         if down:
-            log.warning("router started with tiers down: %s", ", ".join(down))
+            log.warning("router started before these tiers answered: %s (each is retried with backoff; "
+                        "/readyz lists them)", ", ".join(down))
 
     async def close(self) -> None:
         await asyncio.gather(*(t.close() for t in self.tiers.values()), return_exceptions=True)

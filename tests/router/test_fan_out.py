@@ -48,3 +48,28 @@ async def test_arrived_runs_in_arrival_order_and_a_failing_hook_degrades_only_it
     assert list(fan.results) == ["slow", "fast"]  # tier order, whatever the arrival order
     assert fan.degraded == ["broken"]
     await fed.close()
+
+
+@pytest.mark.anyio
+async def test_a_tier_still_starting_is_info_and_one_that_was_up_going_down_is_a_warning(caplog) -> None:
+    # Under `a2m up` the router starts with its tiers and asks before they listen: not news. A tier
+    # that answered once and then stops answering is.
+    from a2m.client import HTTPClient, Unavailable
+    from router.federation import Tier
+    from tests.support.procs import fixture_server_command, free_port, http_server
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    tier = Tier(TierConfig(name="late", url=url, timeout=2.0), HTTPClient(url, timeout=2.0))
+    caplog.set_level("INFO", logger="a2m.router")
+    try:
+        with pytest.raises(Unavailable):
+            await tier.call("memory/describe", {})
+        with http_server(fixture_server_command("--port", str(port)), port):
+            await tier.call("memory/describe", {})
+        with pytest.raises(Unavailable):
+            await tier.call("memory/describe", {})
+    finally:
+        await tier.close()
+    logged = [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records if r.name == "a2m.router"]
+    assert logged == [("INFO", "tier late is down"), ("INFO", "tier late is up"), ("WARNING", "tier late is down")]
