@@ -9,6 +9,7 @@ tier will promote. Exit status: 0 all up, 1 something is down, 2 unreachable.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -109,7 +110,9 @@ async def doctor(url: str, token: str | None = None) -> int:
 
     from a2m.client import Unavailable
 
-    console = Console(highlight=False)
+    # Piped (a log, CI, `| grep`), rich would fold the table to 80 columns and cut URLs short;
+    # a line per tier is more use there than a table that fits a terminal nobody has.
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     try:
         summary, reports = await check(url, token)
     except Unavailable as exc:

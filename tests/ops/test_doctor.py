@@ -48,7 +48,7 @@ def federation(tmp_path: Path) -> Iterator[tuple[str, dict[str, subprocess.Popen
 async def test_doctor_reports_a_killed_tier_down(federation: tuple[str, dict[str, subprocess.Popen[bytes]]],
                                                  capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("COLUMNS", "80")  # piped output used to be cut to this, URLs and all
     url, procs = federation
     summary, reports = await check(url)
     assert summary["readyz"] == 200
@@ -56,7 +56,9 @@ async def test_doctor_reports_a_killed_tier_down(federation: tuple[str, dict[str
         "working": ("working", "redis", "up"), "procedural": ("procedural", "git", "up")}
     assert all(r.p50_ms is not None and r.records == 0 for r in reports)
     assert await doctor(url) == 0
-    assert "all tiers up" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "all tiers up" in out
+    assert all(r.url in out for r in reports), out
 
     # One tier server alone is an A2M URL too.
     working_url = url.replace(url.rsplit(":", 1)[1], f"{int(url.rsplit(':', 1)[1].strip('/')) + 1}/")
