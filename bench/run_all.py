@@ -150,7 +150,49 @@ def _label(name: str, result: dict[str, Any]) -> str:
     return " ".join(parts) or name
 
 
-def _figures(result: dict[str, Any], limit: int = 8) -> str:
+# The figures each issue's targets are about, by dotted path into a benchmark's JSON: the table's
+# row shows these (and which of the benchmark's own `meets` failed) rather than whichever scalars
+# happen to sit at the top level. A path a result lacks is left out.
+HEADLINE: dict[str, tuple[str, ...]] = {
+    "working": ("store.timeline_32.p50_ms", "raw.timeline_32.p50_ms", "store.remember_4.p50_ms",
+                "store.bulk_records_per_s"),
+    "episodic": ("insert_per_s", "cases.vector_owner_session.p50_ms", "cases.vector_owner_session.vs_raw_sql",
+                 "cases.vector_owner_session.recall_at_10", "cases.vector_7_days.p50_ms",
+                 "cases.vector_7_days.vs_raw_sql", "cases.vector_7_days.recall_at_10", "cases.vector.recall_at_10",
+                 "cases.hybrid.p50_ms"),
+    "semantic": ("upsert_records_per_s", "upsert_raw_engine_records_per_s", "search.dense/all.store.p50_ms",
+                 "search.dense/all.raw_engine.p50_ms", "dense_recall_at_10"),
+    "procedural": ("write_commit.p50_ms", "bare_gitpython_commit.p50_ms", "search_store.p50_ms"),
+    "tiers_http": ("working.timeline_32.p50_ms", "episodic.insert_per_s_batch500",
+                   "episodic.vector_owner_session.p50_ms", "episodic.vector_owner_session.vs_raw_sql",
+                   "episodic.vector_7_days.p50_ms", "episodic.vector_7_days.vs_raw_sql",
+                   "semantic.dense.p50_ms", "semantic.upsert_per_s_batch500", "procedural.write_commit.p50_ms",
+                   "procedural.recall.p50_ms"),
+    "router": ("router_recall_rrf.p50_ms", "router_recall_rrf.vs_slowest_tier", "router_recall_rerank.p50_ms",
+               "router_recall_rerank.vs_slowest_tier", "slowest_tier.p50_ms", "timeline_session.p50_ms",
+               "concurrent_recall.recalls_per_s", "spill.records_per_s"),
+}
+
+
+def _dig(result: dict[str, Any], path: str) -> Any:
+    value: Any = result
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _figures(result: dict[str, Any], limit: int = 8, name: str | None = None) -> str:
+    if name in HEADLINE:
+        shown = [f"{path} {value}" for path in HEADLINE[name]
+                 if isinstance(value := _dig(result, path), (int, float)) and not isinstance(value, bool)]
+        if shown:
+            meets = result.get("meets")
+            if isinstance(meets, dict) and meets:
+                missed = [k for k, ok in meets.items() if not ok]
+                shown.append("targets: all met" if not missed else f"targets missed: {', '.join(missed)}")
+            return ", ".join(shown)
     numeric = {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     keys = [k for k in PREFERRED if k in numeric] + [k for k in numeric if k not in PREFERRED]
     skip = {"questions", "turns", "questions_without_evidence", "writes", "dimensions", "startup_s"}
@@ -182,7 +224,7 @@ def markdown(report: dict[str, Any]) -> str:
             if "skipped" in result:
                 lines.append(f"| {name} | {_label(name, result)} | skipped: {result['skipped']} |")
                 continue
-            lines.append(f"| {name} | {_label(name, result)} | {_figures(result)} |")
+            lines.append(f"| {name} | {_label(name, result)} | {_figures(result, name=name)} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -1,0 +1,25 @@
+"""bench/run_all.py's Markdown table: the figures the targets are about, and which targets a run missed."""
+
+from __future__ import annotations
+
+from bench.run_all import markdown
+
+
+def _report(benchmarks: dict) -> dict:
+    machine = {"cpu": "cpu", "cores": 2, "memory_gib": 1.0, "python": "3.11", "load_average": [0.0, 0.0, 0.0]}
+    return {"date": "today", "quick": True, "machine": machine, "benchmarks": benchmarks}
+
+
+def test_a_row_shows_its_headline_figures_and_the_targets_it_missed() -> None:
+    router = {"queries": 300, "load_s": 7.8, "router_recall_rrf": {"p50_ms": 9.9, "vs_slowest_tier": 1.28},
+              "timeline_session": {"p50_ms": 2.6}, "meets": {"timeline_p50_ms": True, "concurrent_recalls_per_s": False}}
+    table = markdown(_report({"router": {"wall_s": 1.0, "results": [router]}}))
+    row = next(line for line in table.splitlines() if line.startswith("| router"))
+    assert "router_recall_rrf.p50_ms 9.9" in row and "router_recall_rrf.vs_slowest_tier 1.28" in row
+    assert "timeline_session.p50_ms 2.6" in row
+    assert "targets missed: concurrent_recalls_per_s" in row and "load_s" not in row
+
+
+def test_a_benchmark_without_a_headline_still_shows_its_scalars() -> None:
+    table = markdown(_report({"other": {"wall_s": 1.0, "results": [{"system": "x", "p50_ms": 1.5}]}}))
+    assert "| other | x | p50_ms 1.5 |" in table
