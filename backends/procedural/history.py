@@ -103,6 +103,15 @@ def _at(repo: git.Repo, store: GitStore, rev: str, path: str) -> tuple[Record | 
     return old, highest
 
 
+
+def approver_names(value: Any) -> frozenset[str] | None:
+    """The `approvers` option as a set of owners, from a list or a comma-separated string
+    (`--option approvers=lead,ops`): a set either way, so "le" is not an approver because "lead" is."""
+    if value is None:
+        return None
+    names = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    return frozenset(n.strip() for n in names if n.strip())
+
 def extensions(store: GitStore) -> dict[str, Handler]:
     async def history(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
         owner = ctx.owner(params)
@@ -150,7 +159,7 @@ def extensions(store: GitStore) -> dict[str, Handler]:
         return {"record": restored.to_wire()}
 
     async def approve(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        approvers = store.settings.options.get("approvers")
+        approvers = approver_names(store.settings.options.get("approvers"))
         if approvers is not None and ctx.owner(params) not in approvers:
             raise A2MError(SCOPE_DENIED, "only a configured approver may approve proposed procedures")
         try:

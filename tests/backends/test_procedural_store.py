@@ -324,6 +324,16 @@ async def test_review_gate_hides_proposals_until_approved(tmp_path: Path) -> Non
         assert (await extensions(gated)["memory/approve"]({"owner": "lead"}, Ctx()))["approved"] == 0
     finally:
         await gated.close()
+    # From the command line the option is one string: a comma-separated list, not a substring test.
+    listed = await opened(tmp_path / "listed", review=True, approvers="lead, ops")
+    try:
+        for denied in ("le", "ad,op", None):
+            with pytest.raises(A2MError) as err:
+                await extensions(listed)["memory/approve"]({"owner": denied} if denied else {}, Ctx())
+            assert err.value.code == -32005
+        assert (await extensions(listed)["memory/approve"]({"owner": "ops"}, Ctx()))["approved"] == 0
+    finally:
+        await listed.close()
 
 
 async def test_push_to_a_bare_remote(tmp_path: Path) -> None:
