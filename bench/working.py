@@ -35,11 +35,14 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from a2m.filters import Scope
-from a2m.records import Record
-from a2m.timefmt import now
-from backends.settings import TierSettings
-from backends.working import RedisStore
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: tests.support (the server helpers) sits beside bench/
+
+from a2m.filters import Scope  # noqa: E402
+from a2m.records import Record  # noqa: E402
+from a2m.timefmt import now  # noqa: E402
+from backends.settings import TierSettings  # noqa: E402
+from backends.working import RedisStore  # noqa: E402
 
 SESSION_SIZE = 32
 TURN = 4
