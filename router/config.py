@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from a2m.capabilities import TIER_KINDS
 
@@ -201,17 +201,47 @@ def validate(tiers: tuple[TierConfig, ...]) -> None:
                     frontier.append((target, trail + [target]))
 
 
+SECTIONS = ("router", "tiers", "auth", "limits", "fusion", "embedder")
+ROUTER_KEYS = ("name", "timeout", "default_tier", "fusion", "embedder", "service_token", "allowed_origins",
+               "events_capacity", "background_promotion")
+AUTH_KEYS = ("tokens", "service_token", "allowed_origins")
+FUSION_KEYS = ("strategy", "rrf_k", "pool", "half_life_days", "weights")
+EMBEDDER_KEYS = ("spec", "url", "model")
+
+
+def _known(table: Mapping[str, Any], known: Iterable[str], where: str, hint: str = "") -> None:
+    """A misspelt key is refused, not ignored: a silently dropped setting is a wrong deployment."""
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ConfigError(f"{where} has unknown keys {unknown}; known: {sorted(known)}{hint}")
+
+
+def _positive(value: Any, where: str, kind: type | tuple[type, ...] = int) -> Any:
+    what = "a positive integer" if kind is int else "a positive number"
+    _type(value, kind, where, what)
+    if value <= 0:
+        raise ConfigError(f"{where} must be {what}, got {value!r}")
+    return value
+
+
 def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> RouterConfig:
     """Build a RouterConfig from decoded TOML (a mapping); env supplies A2M_SERVICE_TOKEN."""
     env = os.environ if env is None else env
-    section = dict(data.get("router", {}))  # keys may sit at top level or under [router]
+    router_table = data.get("router", {})
+    if not isinstance(router_table, dict):
+        raise ConfigError("router must be a table ([router])")
+    section = dict(router_table)  # keys may sit at top level or under [router]
+    _known(section, ROUTER_KEYS, "[router]")
     for key, value in data.items():
-        if key not in ("router", "tiers", "auth", "limits", "fusion", "embedder"):
+        if key not in SECTIONS:
             section.setdefault(key, value)
-    default_timeout = float(section.get("timeout", 5.0))
+    _known(section, ROUTER_KEYS + SECTIONS, "router.toml")
+    default_timeout = float(_positive(section.get("timeout", 5.0), "timeout", (int, float)))
     raw_tiers = data.get("tiers")
     if raw_tiers is None:
         tiers = default_tiers()
+        if "timeout" in section:  # the built-in layout's own timeouts (working 2 s) yield to an explicit one
+            tiers = tuple(replace(t, timeout=default_timeout) for t in tiers)
     else:
         if not isinstance(raw_tiers, list):
             raise ConfigError("tiers must be an array of tables ([[tiers]])")
@@ -235,6 +265,7 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
         fusion_raw = {"strategy": fusion_raw}
     if not isinstance(fusion_raw, dict):
         raise ConfigError("fusion must be \"rrf\", \"rerank\" or a table")
+    _known(fusion_raw, FUSION_KEYS, "[fusion]")
     defaults = FusionConfig()
     strategy = fusion_raw.get("strategy", defaults.strategy)
     if strategy not in FUSIONS:
@@ -244,43 +275,57 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
         if name not in weights:
             raise ConfigError(f"fusion.weights.{name} is unknown; known: {sorted(weights)}")
         weights[name] = float(_type(value, (int, float), f"fusion.weights.{name}", "a number"))
-    fusion = FusionConfig(strategy=strategy, rrf_k=int(fusion_raw.get("rrf_k", defaults.rrf_k)),
-                          pool=int(fusion_raw.get("pool", defaults.pool)),
-                          half_life_days=float(fusion_raw.get("half_life_days", defaults.half_life_days)),
+    fusion = FusionConfig(strategy=strategy, rrf_k=_positive(fusion_raw.get("rrf_k", defaults.rrf_k), "fusion.rrf_k"),
+                          pool=_positive(fusion_raw.get("pool", defaults.pool), "fusion.pool"),
+                          half_life_days=float(_positive(fusion_raw.get("half_life_days", defaults.half_life_days),
+                                                         "fusion.half_life_days", (int, float))),
                           weights=weights)
 
     embedder_raw = data.get("embedder", section.get("embedder"))
     embedder_model = None
     if isinstance(embedder_raw, dict):
+        _known(embedder_raw, EMBEDDER_KEYS, "[embedder]", " (an API key comes from A2M_EMBEDDER_KEY, never the file)")
         embedder_model = embedder_raw.get("model")
+        if embedder_model is not None and not isinstance(embedder_model, str):
+            raise ConfigError("embedder.model must be a string")
         embedder_raw = embedder_raw.get("spec", embedder_raw.get("url"))
-    if embedder_raw is not None and not isinstance(embedder_raw, str):
-        raise ConfigError("embedder must be none, local or an OpenAI-compatible URL")
     if embedder_raw in ("", "none"):
         embedder_raw = None
+    embedder_model = embedder_model or env.get("A2M_EMBEDDER_MODEL") or None
+    if embedder_raw is not None and (not isinstance(embedder_raw, str) or (
+            embedder_raw != "local" and not embedder_raw.startswith(("http://", "https://")))):
+        raise ConfigError(f"embedder must be none, local or an OpenAI-compatible http(s) URL, got {embedder_raw!r}")
 
-    auth = dict(data.get("auth", {}))
+    auth = data.get("auth", {})
+    if not isinstance(auth, dict):
+        raise ConfigError("auth must be a table ([auth])")
+    _known(auth, AUTH_KEYS, "[auth]")
     tokens = auth.get("tokens", {})
     if not isinstance(tokens, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v
                                                for k, v in tokens.items()):
         raise ConfigError("auth.tokens must map bearer tokens to principals (strings)")
     service_token = auth.get("service_token", section.get("service_token")) or env.get("A2M_SERVICE_TOKEN") or None
+    if service_token is not None and not isinstance(service_token, str):
+        raise ConfigError("service_token must be a string")
     origins = auth.get("allowed_origins", section.get("allowed_origins", []))
     if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
         raise ConfigError("allowed_origins must be an array of origins")
 
     limits = dict(DEFAULT_LIMITS)
-    for name, value in dict(data.get("limits", {})).items():
+    if not isinstance(data.get("limits", {}), dict):
+        raise ConfigError("limits must be a table ([limits])")
+    for name, value in data.get("limits", {}).items():
         if name not in DEFAULT_LIMITS:
             raise ConfigError(f"limits.{name} is unknown; known: {sorted(DEFAULT_LIMITS)}")
-        limits[name] = _type(value, int, f"limits.{name}", "a positive integer")
+        limits[name] = _positive(value, f"limits.{name}")
 
     return RouterConfig(
-        name=str(section.get("name", "a2m-router")), tiers=tiers, default_tier=default_tier, fusion=fusion,
-        embedder=embedder_raw, embedder_model=embedder_model, tokens=dict(tokens), service_token=service_token,
-        allowed_origins=frozenset(origins), limits=limits,
-        events_capacity=int(section.get("events_capacity", 1024)),
-        background_promotion=bool(section.get("background_promotion", True)),
+        name=_type(section.get("name", "a2m-router"), str, "name", "a string"), tiers=tiers,
+        default_tier=default_tier, fusion=fusion, embedder=embedder_raw, embedder_model=embedder_model,
+        tokens=dict(tokens), service_token=service_token, allowed_origins=frozenset(origins), limits=limits,
+        events_capacity=_positive(section.get("events_capacity", 1024), "events_capacity"),
+        background_promotion=_type(section.get("background_promotion", True), bool, "background_promotion",
+                                   "true or false"),
     )
 
 

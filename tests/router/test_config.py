@@ -103,3 +103,29 @@ def test_load_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load(tmp_path / "missing.toml")
     assert load(None).names[0] == "working"
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"fusoin": "rerank"}, "unknown keys ['fusoin']"),
+    ({"router": {"time_out": 3}}, "unknown keys ['time_out']"),
+    ({"auth": {"token": {"t": "alice"}}}, "[auth] has unknown keys ['token']"),
+    ({"fusion": {"strategy": "rerank", "pol": 20}}, "[fusion] has unknown keys ['pol']"),
+    ({"fusion": {"pool": 0}}, "fusion.pool must be a positive integer"),
+    ({"embedder": {"url": "http://e/", "api_key": "k"}}, "A2M_EMBEDDER_KEY"),
+    ({"embedder": "bogus"}, "embedder must be none, local or an OpenAI-compatible"),
+    ({"timeout": "abc"}, "timeout must be a positive number"),
+    ({"background_promotion": "false"}, "background_promotion must be true or false"),
+    ({"events_capacity": 0}, "events_capacity must be a positive integer"),
+    ({"limits": {"max_recall_limit": 0}}, "limits.max_recall_limit must be a positive integer"),
+    ({"limits": {"max_records_per_call": -5}}, "limits.max_records_per_call must be a positive integer"),
+])
+def test_a_misspelt_or_mistyped_setting_is_refused_not_ignored(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse(data, env={})
+
+
+def test_a_top_level_timeout_applies_to_the_built_in_layout_too() -> None:
+    assert {t.timeout for t in parse({"timeout": 9}, env={}).tiers} == {9.0}
+    assert parse({}, env={}).tier("working").timeout == 2.0
+    declared = parse({"timeout": 7, **tiers({"name": "semantic", "timeout": 1.5})}, env={})
+    assert declared.tier("episodic").timeout == 7.0 and declared.tier("semantic").timeout == 1.5
