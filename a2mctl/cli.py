@@ -86,7 +86,9 @@ def _serve(args: argparse.Namespace) -> int:
         url = args.url or os.environ.get(f"A2M_{args.what.upper()}_URL")
         settings = TierSettings(name=name, data_dir=data / name, url=url, options=options)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        server = build(args.what, settings, embedder=make_embedder(args.embedder or os.environ.get("A2M_EMBEDDER")))
+        embedder = make_embedder(args.embedder or os.environ.get("A2M_EMBEDDER"),
+                                 model=os.environ.get("A2M_EMBEDDER_MODEL"))
+        server = build(args.what, settings, embedder=embedder)
     from a2m import tracing
     from a2m.dispatch import Dispatcher
 

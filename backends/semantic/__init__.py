@@ -22,12 +22,15 @@ __all__ = ["CAPABILITIES", "KIND", "SemanticStore", "make_store"]
 
 def make_store(settings: TierSettings) -> SemanticStore:
     options = settings.options
+    engine = options.get("engine", "edge")
+    if engine not in ("edge", "local"):
+        raise ValueError(f"semantic: engine must be 'edge' or 'local', not {engine!r}")
     collection = str(options.get("collection", "a2m_semantic"))
     if settings.url:
         from .client import ClientEngine
 
         return SemanticStore(ClientEngine(url=settings.url, collection=collection, api_key=options.get("api_key")))
-    if options.get("engine") == "local":
+    if engine == "local":
         from .client import ClientEngine
 
         return SemanticStore(ClientEngine(path=settings.data_dir / "qdrant-local", collection=collection))
