@@ -246,10 +246,11 @@ def up(args: argparse.Namespace) -> int:
         console.print("[yellow]router/ is not installed here: starting the tier servers only[/]")
 
     config = None
-    if with_router:
-        config = own_config(args.config) if args.config else data / "router.toml"
-        if not args.config:
-            config.write_text(router_toml(tiers, port, host))
+    if with_router and args.config:
+        config = own_config(args.config)
+    elif with_router:
+        config = data / "router.toml"
+        config.write_text(router_toml(tiers, port, host))
     elif args.config:
         raise SystemExit("a2m up --config: router/ is not installed here, so there is no router to configure")
     commands = procfile_processes()
