@@ -154,8 +154,8 @@ def _label(name: str, result: dict[str, Any]) -> str:
 # row shows these (and which of the benchmark's own `meets` failed) rather than whichever scalars
 # happen to sit at the top level. A path a result lacks is left out.
 HEADLINE: dict[str, tuple[str, ...]] = {
-    "working": ("store.timeline_32.p50_ms", "raw.timeline_32.p50_ms", "store.remember_4.p50_ms",
-                "store.bulk_records_per_s"),
+    "working": ("http.timeline_32.p50_ms", "http.raw_timeline_32.p50_ms", "ratios.http_timeline_vs_raw_p50",
+                "http.remember_4.p50_ms", "http.bulk_records_per_s", "store.timeline_32.p50_ms"),
     "episodic": ("insert_per_s", "cases.vector_owner_session.p50_ms", "cases.vector_owner_session.vs_raw_sql",
                  "cases.vector_owner_session.recall_at_10", "cases.vector_7_days.p50_ms",
                  "cases.vector_7_days.vs_raw_sql", "cases.vector_7_days.recall_at_10", "cases.vector.recall_at_10",
