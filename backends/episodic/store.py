@@ -68,6 +68,7 @@ SCOPE_COUNT_CAP = 10_000  # a scope's size is counted up to this (the IDF satura
 NEIGHBOURS, NEIGHBOUR_HITS, NEIGHBOUR_WEIGHT = 2, 20, 0.25
 EXACT_SCAN_ROWS = SCOPE_COUNT_CAP  # a vector recall over a scope this small reads every row
 INDEX_DEFER_MAX_S = 60.0  # the longest the first index build waits for vector writes to pause
+DOWN_WAIT_S = 0.5  # how long a call waits for a connection while PostgreSQL is known to be down
 NO_DIMENSIONS_TTL_S = 5.0  # how long a server believes its tier holds no vectors (another replica may add some)
 HYBRID_POOL = 50  # nearest records a hybrid query weighs (and lexical hits given a cosine)
 VECTOR_WEIGHT = 0.5  # the rescaled cosine's share beside BM25 (1.0 for the best match)
@@ -275,10 +276,13 @@ class PostgresStore:
         self.iterative_scan = str(options.get("iterative_scan", "relaxed_order"))
         self.pool_min = int(options.get("pool_min", 1))
         self.pool_max = int(options.get("pool_max", 10))
-        self.pool_timeout = float(options.get("pool_timeout", 5.0))
+        # Below the router's default tier timeout (5 s), so that a tier whose engine is gone answers
+        # "unavailable" rather than the router giving up on it first.
+        self.pool_timeout = float(options.get("pool_timeout", 3.0))
         self.connect_timeout = int(options.get("connect_timeout", 5))
         self._embedded: EmbeddedPostgres | None = None
         self._pool: AsyncConnectionPool | None = None
+        self._engine_down = False  # the last call found PostgreSQL gone: wait for a connection briefly
         self._dims: int | None = None
         self._no_dims_until = 0.0  # "no vectors yet" is believed until then (another replica may add them)
         self._sizes = ScopeSizes()
@@ -442,18 +446,25 @@ class PostgresStore:
         attempts = self.pool_max + 1
         for attempt in range(attempts):
             conn: AsyncConnection | None = None
+            # While the engine is known to be down, the pool's reconnect loop is what would hand
+            # out a connection: waiting the full pool_timeout for it only delays the error.
+            wait = min(self.pool_timeout, DOWN_WAIT_S) if self._engine_down else None
             try:
-                async with self._pool.connection() as conn:
-                    return await work(conn)
+                async with self._pool.connection(timeout=wait) as conn:
+                    result = await work(conn)
+                self._engine_down = False
+                return result
             except (StoreRejected, StoreUnavailable):
                 raise
             except (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded) as error:
                 raise _rejected(error) from error
-            except (PoolTimeout, PoolClosed) as error:
+            except (PoolTimeout, PoolClosed) as error:  # a busy pool is not a down engine: the state stays
                 raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
             except (psycopg.OperationalError, psycopg.InterfaceError) as error:
-                if conn is not None and conn.broken and attempt + 1 < attempts:
-                    continue
+                if conn is not None and conn.broken:
+                    self._engine_down = True
+                    if attempt + 1 < attempts:
+                        continue
                 raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
             except (ValueError, TypeError, OverflowError) as error:  # client-side dumping of odd values
                 raise StoreRejected(f"cannot store this value: {error}") from error

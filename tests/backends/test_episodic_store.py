@@ -585,17 +585,18 @@ async def test_filtered_vector_search_returns_limit(server: str) -> None:
 async def test_database_goes_away_and_comes_back(tmp_path: Path) -> None:
     embedded = EmbeddedPostgres(tmp_path)
     dsn = embedded.start()
-    s = PostgresStore(_settings(dsn, pool_timeout=1.0))
+    s = PostgresStore(_settings(dsn, pool_timeout=5.0))
     try:
         await s.open()
         await s.write([rec(1, "a", content="before")])
         embedded.stop()
-        with pytest.raises(StoreUnavailable):
-            await s.write([rec(2, "a", content="during")])
-        with pytest.raises(StoreUnavailable):
-            await s.ping()
-        with pytest.raises(StoreUnavailable):
-            await s.select(Scope(owner="a"))
+        # Each call fails fast, not after pool_timeout: the first finds its connection broken, and
+        # later ones know the engine is down (a router's 5 s tier timeout must not fire first).
+        for call in (lambda: s.write([rec(2, "a", content="during")]), s.ping, lambda: s.select(Scope(owner="a"))):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                await call()
+            assert time.monotonic() - started < 2.0
         embedded = EmbeddedPostgres(tmp_path)
         assert embedded.start() == dsn
         deadline = time.monotonic() + 30  # the pool reconnects with backoff: bounded, not instant
