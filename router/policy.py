@@ -8,7 +8,16 @@ consolidate, converges on one copy in the destination. A failure at any step
 leaves the record in its source: a move can duplicate, never lose.
 
 Groups move whole: the unit of every move is a group (a record without a group
-is a unit of one).
+is a unit of one), gathered from every session of the source tier, and a batch
+is cut only between units. A unit the destination refuses (a record it cannot
+store, an id another owner holds there) stays behind alone; the rest move.
+
+A keyed record can be replaced while it moves, so a move that carries one
+holds the owner's key lock (the one keyed writes hold) from reading it to
+deleting it: the copy written is the copy deleted. Only what the destination
+kept under the record's own id counts as verified; a destination that kept a
+different record for the key (a newer revision from elsewhere) leaves the
+source record where it is.
 """
 
 from __future__ import annotations
@@ -54,6 +63,20 @@ def units(records: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return out
 
 
+def batches(unit_list: list[list[dict[str, Any]]], size: int) -> list[list[list[dict[str, Any]]]]:
+    """Units packed in order into batches of at most `size` records, cut only between units (a unit
+    larger than `size` is a batch of its own, written in several calls)."""
+    out: list[list[list[dict[str, Any]]]] = []
+    filled = size
+    for unit in unit_list:
+        if filled + len(unit) > size:
+            out.append([])
+            filled = 0
+        out[-1].append(unit)
+        filled += len(unit)
+    return out
+
+
 def weakest_first(unit_list: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
     """Oldest first (a unit is as young as its newest record); salience, then recall count break ties."""
     return sorted(unit_list, key=lambda u: (max(r["created_at"] for r in u), max(r.get("salience", 0.5) for r in u),
@@ -79,6 +102,7 @@ class Policy:
         self.embedder = embedder
         self.emit = emit  # async (kind, owner, **fields) -> None: the router's event log
         self._locks: dict[tuple[Any, ...], asyncio.Lock] = {}
+        self._key_locks: dict[str | None, asyncio.Lock] = {}
         self.pending: dict[tuple[str | None, str], set[str]] = {}  # (owner, tier) -> ids earned promotion
         self._recalls: dict[tuple[str | None, str], Counter[str]] = {}  # recalls not yet counted in the tiers
         self._flushing = False
@@ -88,6 +112,14 @@ class Policy:
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    def key_lock(self, owner: str | None) -> asyncio.Lock:
+        """Serialises, per owner, keyed writes (locate the key, then replace it where it lives) and
+        moves of keyed records (read, write, verify, delete): neither may land inside the other."""
+        lock = self._key_locks.get(owner)
+        if lock is None:
+            lock = self._key_locks[owner] = asyncio.Lock()
         return lock
 
     # ---- reading from a tier -------------------------------------------------
@@ -142,12 +174,36 @@ class Policy:
 
     async def move(self, source: Tier, dest: Tier, owner: str | None, records: Sequence[dict[str, Any]],
                    *, salience: float | None = None, reason: str = "spill") -> list[str]:
-        """Write -> verify -> delete. Returns the source ids that now live (only) in `dest`."""
+        """Write -> verify -> delete, whole groups. Returns the source ids that now live (only) in `dest`."""
         if not records:
             return []
         if not dest.available():  # waiting out its backoff: the records stay where they are
             log.info("move %s -> %s skipped: %s is down", source.name, dest.name, dest.name)
             return []
+        records = await self._whole_groups(source, owner, records)
+        if not any(r.get("key") for r in records):
+            return await self._move(source, dest, owner, records, salience, reason)
+        async with self.key_lock(owner):
+            # Read again under the lock: a keyed write may have replaced a record since it was read.
+            keyed = [r["id"] for r in records if r.get("key")]
+            fresh = {r["id"]: r for r in await self.by_ids(source, owner, keyed, embeddings=True)}
+            current = [fresh.get(r["id"], r) for r in records if not r.get("key") or r["id"] in fresh]
+            return await self._move(source, dest, owner, current, salience, reason)
+
+    async def _whole_groups(self, source: Tier, owner: str | None,
+                            records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`records` and every other member of their groups in `source`, from any session, oldest first."""
+        groups = sorted({r["group"] for r in records if r.get("group")})
+        out = list(records)
+        if groups:
+            known = {r["id"] for r in records}
+            out += [r for r in await self.scan(source, owner, where={"group": groups}, embeddings=True)
+                    if r["id"] not in known]
+            out.sort(key=lambda r: r["created_at"])
+        return out
+
+    async def _move(self, source: Tier, dest: Tier, owner: str | None, records: Sequence[dict[str, Any]],
+                    salience: float | None, reason: str) -> list[str]:
         writes = [move_form(r) for r in records]
         if salience is not None:
             for write in writes:
@@ -157,32 +213,66 @@ class Policy:
             vectors = await try_embed(self.embedder, [w["content"] for w in missing])
             for write, vector in zip(missing, vectors or []):
                 write["embedding"] = vector
-        batch = _limit(dest, "max_records_per_call", 500)
+        size = _limit(dest, "max_records_per_call", 500)
         moved: list[str] = []
-        for start in range(0, len(writes), batch):
-            chunk = writes[start:start + batch]
-            try:
-                written = (await dest.call("memory/remember", _owner({"records": chunk}, owner)))["ids"]
-                present = {r["id"] for r in await self.by_ids(dest, owner, written)}
-            except A2MError as exc:
-                log.warning("move %s -> %s: write/verify failed (%s); %d records stay in %s",
-                            source.name, dest.name, exc, len(chunk), source.name)
+        for batch in batches(units(writes), size):
+            placed, stop = await self._place(source, dest, owner, batch, size)
+            verified = [w["id"] for unit in placed for w in unit]
+            if verified:
+                try:
+                    await source.call("memory/forget", _owner({"ids": verified}, owner))
+                except A2MError as exc:  # a duplicate now, repaired by the next consolidate
+                    log.warning("move %s -> %s: delete from source failed (%s); %d duplicates until consolidate",
+                                source.name, dest.name, exc, len(verified))
+                    break
+                moved.extend(verified)
+            if stop:
                 break
-            verified = [w["id"] for w, got in zip(chunk, written) if got in present]
-            if not verified:
-                continue
-            try:
-                await source.call("memory/forget", _owner({"ids": verified}, owner))
-            except A2MError as exc:  # a duplicate now, repaired by the next consolidate
-                log.warning("move %s -> %s: delete from source failed (%s); %d duplicates until consolidate",
-                            source.name, dest.name, exc, len(verified))
-                break
-            moved.extend(verified)
         if moved:
-            self._note_arrivals(dest, owner, [r for r in records if r["id"] in set(moved)])
+            done = set(moved)
+            self._note_arrivals(dest, owner, [r for r in records if r["id"] in done])
             if self.observe_move is not None:
                 self.observe_move(reason, source.name, dest.name, len(moved))
         return moved
+
+    async def _place(self, source: Tier, dest: Tier, owner: str | None, batch: list[list[dict[str, Any]]],
+                     size: int) -> tuple[list[list[dict[str, Any]]], bool]:
+        """Write a batch of units to `dest` and read it back: (the units verified there, whether to stop).
+
+        A refusal (the destination answered with an error) is one unit's fault as often as not: the
+        units are then placed one by one and only the refused ones stay behind. A destination that
+        cannot be reached stops the move."""
+        flat = [w for unit in batch for w in unit]
+        try:
+            written: list[str] = []
+            for start in range(0, len(flat), size):  # one call unless a single unit outgrows a batch
+                chunk = flat[start:start + size]
+                written += (await dest.call("memory/remember", _owner({"records": chunk}, owner)))["ids"]
+            present = {r["id"] for r in await self.by_ids(dest, owner, written)}
+        except Unavailable as exc:
+            log.warning("move %s -> %s: %s; %d records stay in %s", source.name, dest.name, exc, len(flat), source.name)
+            return [], True
+        except A2MError as exc:
+            if len(batch) == 1:
+                log.warning("move %s -> %s: %s refused a unit of %d (%s); it stays in %s", source.name, dest.name,
+                            dest.name, len(flat), exc, source.name)
+                return [], False
+            placed: list[list[dict[str, Any]]] = []
+            for unit in batch:
+                done, stop = await self._place(source, dest, owner, [unit], size)
+                placed += done
+                if stop:
+                    return placed, True
+            return placed, False
+        kept = dict(zip((w["id"] for w in flat), written))
+        verified = []
+        for unit in batch:
+            if all(kept[w["id"]] == w["id"] and w["id"] in present for w in unit):
+                verified.append(unit)
+            else:  # the destination kept another record for a key: never delete this one for it
+                log.warning("move %s -> %s: %s kept other records for %s; they stay in %s", source.name, dest.name,
+                            dest.name, [w["id"] for w in unit if kept[w["id"]] != w["id"]], source.name)
+        return verified, False
 
     def _note_arrivals(self, dest: Tier, owner: str | None, records: Iterable[dict[str, Any]]) -> None:
         """Records that arrive already recalled often enough earn promotion in their new tier."""
@@ -329,8 +419,14 @@ class Policy:
             if target is None:
                 continue
             batch = sorted(ids)
-            moved = await self.promote(tier, self.fed[target], owner, batch)
-            ids.difference_update(batch)
+            try:
+                found = await self.by_ids(tier, owner, batch, embeddings=True)
+                moved = await self._promote(tier, self.fed[target], owner, found)
+            except A2MError as exc:  # still queued: the next consolidate or close tries again
+                log.warning("promotion %s -> %s skipped: %s", name, target, exc)
+                continue
+            # Still queued: what is still here and did not move (its destination refused or was down).
+            ids.difference_update(set(batch) - ({r["id"] for r in found} - set(moved)))
             promoted += len(moved)
         return promoted
 
@@ -338,15 +434,10 @@ class Policy:
                       salience: float | None = None) -> list[str]:
         """Move these ids (with the rest of their groups) from `source` to `dest`; returns moved ids."""
         found = await self.by_ids(source, owner, ids, embeddings=True)
-        if not found:
-            return []
-        groups = sorted({r["group"] for r in found if r.get("group")})
-        if groups:
-            known = {r["id"] for r in found}
-            extra = [r for r in await self.scan(source, owner, where={"group": groups}, embeddings=True)
-                     if r["id"] not in known]
-            found.extend(extra)
-        found.sort(key=lambda r: r["created_at"])
+        return await self._promote(source, dest, owner, found, salience)
+
+    async def _promote(self, source: Tier, dest: Tier, owner: str | None, found: list[dict[str, Any]],
+                       salience: float | None = None) -> list[str]:
         moved = await self.move(source, dest, owner, found, salience=salience, reason="promote")
         if moved and self.emit is not None:
             await self.emit("promoted", owner, ids=moved, tier=dest.name)
@@ -363,7 +454,9 @@ class Policy:
 
     async def repair(self, owner: str | None) -> int:
         """Same id in a source and its destination (a move interrupted after its write): keep the
-        destination copy. Scans the smaller side of each link and looks the ids up in the other."""
+        destination copy, unless the source holds a newer revision of a keyed record (replaced after
+        the copy was written): that one is moved again, over it. Scans the smaller side of each link
+        and looks the ids up in the other."""
         removed = 0
         for source, dest in self.links():
             if not source.writable:
@@ -376,11 +469,21 @@ class Policy:
                 if not n_source or not n_dest:
                     continue
                 small, other = (source, dest) if n_source <= n_dest else (dest, source)
-                ids = [r["id"] for r in await self.scan(small, owner)]
-                both = [r["id"] for r in await self.by_ids(other, owner, ids)] if ids else []
-                if both:
-                    result = await source.call("memory/forget", _owner({"ids": both}, owner))
+                scanned = {r["id"]: r for r in await self.scan(small, owner)}
+                twins = {r["id"]: r for r in await self.by_ids(other, owner, list(scanned))} if scanned else {}
+                if not twins:
+                    continue
+                here = scanned if small is source else twins
+                there = twins if small is source else scanned
+                newer = [i for i in twins if here[i].get("key") and
+                         int(here[i].get("revision") or 1) > int(there[i].get("revision") or 1)]
+                stale = [i for i in twins if i not in set(newer)]
+                if stale:
+                    result = await source.call("memory/forget", _owner({"ids": stale}, owner))
                     removed += int(result.get("forgotten", 0))
+                if newer:
+                    full = await self.by_ids(source, owner, newer, embeddings=True)
+                    removed += len(await self.move(source, dest, owner, full, reason="repair"))
             except (Unavailable, A2MError) as exc:
                 log.warning("duplicate repair %s -> %s skipped: %s", source.name, dest.name, exc)
         return removed

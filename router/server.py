@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from a2m import errors, prompt as prompts
@@ -45,6 +46,20 @@ def _with_owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
     return params
 
 
+async def _ready(value: Any) -> Any:
+    return value
+
+
+def _in_caller_batch(exc: A2MError, indexes: list[int]) -> A2MError:
+    """A tier's error about records[k] of the part of the batch it was sent, about the caller's record."""
+    data = exc.data if isinstance(exc.data, dict) else None
+    k = data.get("index") if data else None
+    if not isinstance(k, int) or not 0 <= k < len(indexes):
+        return exc
+    message = re.sub(rf"\brecords\[{k}\]", f"records[{indexes[k]}]", exc.message)
+    return A2MError(exc.code, message, {**data, "index": indexes[k]})
+
+
 class Router(EventMethods):
     """An A2M service whose storage is other A2M servers."""
 
@@ -58,7 +73,6 @@ class Router(EventMethods):
         self.embedder = make_embedder(config.embedder, model=config.embedder_model)
         self.policy = Policy(self.fed, embedder=self.embedder, emit=self._emit)
         self._dims: int | None = getattr(self.embedder, "dimensions", None)
-        self._key_locks: dict[str | None, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._depths: dict[str, int] | None = None
 
@@ -192,12 +206,6 @@ class Router(EventMethods):
         """A tier's wire records as Records placed in `tier`."""
         return [Record.from_wire(wire, tier=tier) for wire in result.get("records", [])]
 
-    def _key_lock(self, owner: str | None) -> asyncio.Lock:
-        lock = self._key_locks.get(owner)
-        if lock is None:
-            lock = self._key_locks[owner] = asyncio.Lock()
-        return lock
-
     # ---- remember --------------------------------------------------------------------
 
     async def remember(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -211,7 +219,10 @@ class Router(EventMethods):
         return {"ids": await self.write(raw_records, owner)}
 
     async def write(self, raw_records: list[Any], owner: str | None, *, tier: str | None = None) -> list[str]:
-        """Validate a batch, route each record, write, then enforce capacity where it landed."""
+        """Validate a batch, route each record, write, then enforce capacity where it landed.
+
+        `tier` is where records without a `tier` of their own go unless their key or group
+        already lives somewhere (a record's own `tier` must then agree with that place)."""
         stamp = now()
         records = [parse_write(raw, i, owner=owner, stamp=stamp) for i, raw in enumerate(raw_records)]
         max_len = self.limits.get("max_content_length")
@@ -225,36 +236,32 @@ class Router(EventMethods):
             targets.append(target)
         await self._check_width([r.embedding for r in records if r.embedding is not None])
         if any(r.key for r in records):
-            async with self._key_lock(owner):
-                return await self._write(records, raw_records, targets, owner)
-        return await self._write(records, raw_records, targets, owner)
+            async with self.policy.key_lock(owner):
+                ids, by_tier = await self._write(records, raw_records, targets, owner)
+        else:
+            ids, by_tier = await self._write(records, raw_records, targets, owner)
+        await self._enforce_capacity(records, by_tier, owner)  # outside the key lock: a move takes it itself
+        return ids
 
     async def _write(self, records: list[Record], raw: list[Any], targets: list[Tier],
-                     owner: str | None) -> list[str]:
+                     owner: str | None) -> tuple[list[str], dict[str, list[int]]]:
         ids: list[str | None] = [None] * len(records)
-        revisions: dict[int, int] = {}
-        # A client-supplied id that exists anywhere in the federation is idempotent: returned, not rewritten.
         supplied = [r.id for r, w in zip(records, raw) if w.get("id") is not None]
-        if supplied:
-            existing = await self._locate("id", supplied, owner, list(self.fed))
-            for i, (record, w) in enumerate(zip(records, raw)):
-                if w.get("id") is not None and record.id in existing:
-                    ids[i] = record.id
-        # A key is unique per owner across the federation: a write to it replaces it where it lives.
-        keys = sorted({r.key for r in records if r.key})
-        if keys:
-            holders = await self._locate("key", keys, owner, [t for t in self.fed if t.writable and t.has("keys")])
-            for i, record in enumerate(records):
-                if record.key and record.key in holders and raw[i].get("tier") is None:
-                    tier_name, current = holders[record.key]
-                    targets[i] = self.fed[tier_name]
-                    revisions[i] = int(current.get("revision") or 1) + 1
+        revisions, existing = await self._route(records, targets, supplied, owner)
+        # A client-supplied id that exists anywhere in the federation is idempotent: returned, not rewritten.
+        for i, (record, w) in enumerate(zip(records, raw)):
+            if w.get("id") is not None and record.id in existing:
+                ids[i] = record.id
         by_tier: dict[str, list[int]] = {}
         for i, target in enumerate(targets):
             if ids[i] is None:
                 by_tier.setdefault(target.name, []).append(i)
+        # Tiers where keys are replaced go last: new records elsewhere can be undone if a later tier
+        # refuses its part, a replacement cannot.
+        order = sorted(by_tier, key=lambda name: any(i in revisions for i in by_tier[name]))
         written: list[tuple[Tier, list[str]]] = []
-        for name, indexes in by_tier.items():
+        for name in order:
+            indexes = by_tier[name]
             tier = self.fed[name]
             batch = []
             for i in indexes:
@@ -268,9 +275,9 @@ class Router(EventMethods):
                     b["embedding"] = vector
             try:
                 result = await tier.call("memory/remember", _with_owner({"records": batch}, owner))
-            except A2MError:
+            except A2MError as exc:
                 await self._compensate(written, owner)  # all or nothing across tiers, as far as we can
-                raise
+                raise _in_caller_batch(exc, indexes) from None
             new_ids = result["ids"]
             for i, new_id in zip(indexes, new_ids):
                 ids[i] = new_id
@@ -279,12 +286,64 @@ class Router(EventMethods):
             widths = [len(r.embedding) for r in records if r.embedding]
             if widths:
                 self._dims = widths[0]
-        for name, indexes in by_tier.items():
-            for i in indexes:
+        for name in order:
+            for i in by_tier[name]:
                 record = records[i]
                 await self.events.emit("written", owner, id=ids[i], tier=name, session=record.session,
                                        key=record.key, revision=revisions.get(i, record.revision) if record.key else None)
-        # Capacity is enforced as writes arrive, per (owner, session) where the tier says per_session.
+        return [i for i in ids if i is not None], by_tier
+
+    async def _route(self, records: list[Record], targets: list[Tier], supplied: list[str],
+                     owner: str | None) -> tuple[dict[int, int], set[str]]:
+        """Send each record whose key or group already lives in a tier to that tier (a key is unique
+        per owner across the federation and is replaced where it lives; a group never splits), in
+        place in `targets`. Returns index -> the revision a key replacement will get, and which of
+        the `supplied` ids exist somewhere already (looked up in the same round trip).
+
+        A record that names another tier than its key's or group's is refused, as is a batch that
+        would put one key, group or id in two tiers: either would leave two homes. A keyed write
+        fails while a tier that may hold its key does not answer."""
+        keys = sorted({r.key for r in records if r.key})
+        groups = sorted({r.group for r in records if r.group})
+        writable = [t for t in self.fed if t.writable]
+        none: tuple[dict[str, tuple[str, dict[str, Any]]], list[str]] = ({}, [])
+        (holders, unreached), (homes, _), (existing, _) = await asyncio.gather(
+            self._locate("key", keys, owner, [t for t in writable if t.has("keys")]) if keys else _ready(none),
+            self._locate("group", groups, owner, writable) if groups else _ready(none),
+            self._locate("id", supplied, owner, list(self.fed)) if supplied else _ready(none))
+        if unreached:
+            raise A2MError(errors.INTERNAL_ERROR, f"cannot tell where keys live: tier {', '.join(unreached)} did "
+                           "not answer; nothing was written, retry when it is back", {"degraded": unreached})
+        revisions: dict[int, int] = {}
+        for i, record in enumerate(records):
+            held = holders.get(record.key) if record.key else None
+            home = homes.get(record.group) if record.group else None
+            if held and home and held[0] != home[0]:
+                raise invalid(f"records[{i}]: its key lives in tier {held[0]} and its group in tier {home[0]}",
+                              index=i, field="group")
+            place = (held or home or (None, None))[0]
+            if place is None:
+                continue
+            if record.tier is not None and record.tier != place:
+                what = f"key {record.key!r}" if held else f"group {record.group!r}"
+                raise invalid(f"records[{i}]: {what} lives in tier {place}; write it without a tier to "
+                              f"{'replace it' if held else 'join it'} there, or memory/promote it to {record.tier} first",
+                              index=i, field="tier", tier=place)
+            targets[i] = self.fed[place]
+            if held:
+                revisions[i] = int(held[1].get("revision") or 1) + 1
+        for field, value_of in (("key", lambda r: r.key), ("group", lambda r: r.group), ("id", lambda r: r.id)):
+            placed: dict[str, str] = {}
+            for i, record in enumerate(records):
+                value = value_of(record)
+                if value is not None and placed.setdefault(value, targets[i].name) != targets[i].name:
+                    raise invalid(f"records[{i}]: {field} {value!r} would be written to tiers {placed[value]} and "
+                                  f"{targets[i].name} in one batch", index=i, field=field)
+        return revisions, set(existing)
+
+    async def _enforce_capacity(self, records: list[Record], by_tier: dict[str, list[int]],
+                                owner: str | None) -> None:
+        """Capacity is enforced as writes arrive, per (owner, session) where the tier says per_session."""
         for name, indexes in by_tier.items():
             tier = self.fed[name]
             if tier.config.capacity is None:
@@ -299,7 +358,6 @@ class Router(EventMethods):
                 if done["moved"] or done["dropped"]:
                     await self.events.emit("consolidated", owner, tier=name, moved=done["moved"], promoted=0,
                                            dropped=done["dropped"], summarized=0, session=bucket)
-        return [i for i in ids if i is not None]
 
     async def _compensate(self, written: list[tuple[Tier, list[str]]], owner: str | None) -> None:
         for tier, new_ids in written:
@@ -310,8 +368,9 @@ class Router(EventMethods):
                     log.error("could not undo a partial write on %s (%s): ids %s", tier.name, exc, new_ids)
 
     async def _locate(self, field: str, values: list[str], owner: str | None,
-                      tiers: Iterable[Tier]) -> dict[str, tuple[str, dict[str, Any]]]:
-        """value -> (tier, record) for records whose `field` is one of `values` (deepest tier wins)."""
+                      tiers: Iterable[Tier]) -> tuple[dict[str, tuple[str, dict[str, Any]]], list[str]]:
+        """value -> (tier, record) for records whose `field` is one of `values` (the highest revision,
+        then the deepest tier, wins), and the tiers that did not answer."""
         fan = await self.fed.fan_out("memory/timeline", _with_owner(
             {"where": {field: values}, "limit": len(values) if field == "id" else 0}, owner), tiers)
         depth = self._depth()
@@ -324,7 +383,7 @@ class Router(EventMethods):
                 held = found.get(value)
                 if held is None or int(record.get("revision") or 1) >= int(held[1].get("revision") or 1):
                     found[value] = (name, record)
-        return found
+        return found, fan.degraded
 
     # ---- recall & timeline ---------------------------------------------------------------
 
@@ -604,7 +663,7 @@ class Router(EventMethods):
             sources = (await self.recall({k: v for k, v in params.items() if k not in ("prompt", "into", "key")}
                                          | {"limit": limit, "touch": False}, ctx))["records"]
         elif scope.ids is not None:
-            located = await self._locate("id", list(scope.ids), owner, tiers)
+            located, _ = await self._locate("id", list(scope.ids), owner, tiers)
             sources = [record for _, record in located.values()]
         else:
             sources = (await self.timeline({k: v for k, v in params.items() if k not in ("prompt", "into", "key")}
@@ -619,7 +678,7 @@ class Router(EventMethods):
         ids = await self.write([summary], owner, tier=into.name)
         stored = await self.policy.by_ids(self.fed[into.name], owner, ids)
         if not stored:  # a key write may have landed where the key already lived
-            located = await self._locate("id", ids, owner, list(self.fed))
+            located, _ = await self._locate("id", ids, owner, list(self.fed))
             stored = [record for _, record in located.values()]
         return {"records": stored, "read": len(records), "written": 1}
 

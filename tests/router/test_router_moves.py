@@ -1,0 +1,226 @@
+"""Moves, keys and groups across real tier servers (Redis, PostgreSQL, Qdrant Edge, git, embedded).
+
+Each test sets up the state it needs, some of it written straight into a tier
+server (as an interrupted move, an import or a second router would leave it),
+and reads the outcome from the tier servers themselves, never through the
+router. What is checked is the promise of the policy: a move never loses a
+record, a key has one home, a group never splits, a refused batch changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from a2m.client import HTTPClient
+from a2m.errors import A2MError
+from router.policy import batches
+
+from .stack import Stack, federation
+
+TIERS = [
+    {"name": "working", "kind": "working", "capacity": 4, "spill_to": "episodic", "timeout": 2.0},
+    {"name": "episodic", "kind": "episodic", "spill_to": "semantic", "promote_to": "semantic", "timeout": 2.0},
+    {"name": "semantic", "kind": "semantic", "timeout": 2.0},
+    {"name": "procedural", "kind": "procedural", "timeout": 2.0},
+]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with federation(tmp_path_factory.mktemp("moves"), TIERS, mode="real") as running:
+        yield running
+
+
+def owner() -> str:
+    return "owner-" + uuid.uuid4().hex[:8]
+
+
+async def direct(stack: Stack, tier: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async with HTTPClient(stack.tiers[tier].url) as client:
+        return await client.call(method, params)
+
+
+async def placement(stack: Stack, me: str, **where: Any) -> dict[str, list[dict[str, Any]]]:
+    """tier -> this owner's records (matching `where`), read from each tier server."""
+    out = {}
+    for name in ("working", "episodic", "semantic"):
+        params: dict[str, Any] = {"owner": me, "limit": 0}
+        if where:
+            params["where"] = where
+        out[name] = (await direct(stack, name, "memory/timeline", params))["records"]
+    return out
+
+
+def homes(held: dict[str, list[dict[str, Any]]], ids: set[str]) -> dict[str, str]:
+    return {r["id"]: tier for tier, records in held.items() for r in records if r["id"] in ids}
+
+
+async def refused(call: Any) -> A2MError:
+    with pytest.raises(A2MError) as caught:
+        await call
+    return caught.value
+
+
+def test_batches_are_cut_only_between_units() -> None:
+    units = [[{"id": "a"}], [{"id": "b1"}, {"id": "b2"}, {"id": "b3"}], [{"id": "c"}], [{"id": f"d{i}"} for i in range(5)]]
+    packed = batches(units, 4)
+    assert [[[r["id"] for r in u] for u in batch] for batch in packed] == [
+        [["a"], ["b1", "b2", "b3"]], [["c"]], [["d0", "d1", "d2", "d3", "d4"]]]
+
+
+@pytest.mark.anyio
+async def test_a_move_never_deletes_a_record_the_destination_did_not_keep(stack: Stack) -> None:
+    """The destination holds the key at a newer revision under another id (left by another router):
+    it keeps its own and answers with that id. The working copy must stay, not be counted as moved."""
+    me = owner()
+    await direct(stack, "episodic", "memory/remember", {"owner": me, "records": [
+        {"id": "theirs", "key": "user/city", "content": "the user lives in Rome", "revision": 3}]})
+    await direct(stack, "working", "memory/remember", {"owner": me, "records": [
+        {"id": "mine", "key": "user/city", "content": "the user lives in Milan", "session": "s"}]})
+    async with HTTPClient(stack.url) as router:
+        closed = await router.call("memory/session/close", {"owner": me, "session": "s"})
+    assert closed["flushed"] == 0
+    held = await placement(stack, me)
+    assert [(r["id"], r["content"]) for r in held["working"]] == [("mine", "the user lives in Milan")]
+    assert [(r["id"], r["revision"]) for r in held["episodic"]] == [("theirs", 3)]
+
+
+@pytest.mark.anyio
+async def test_a_keyed_write_racing_a_session_close_is_never_lost(stack: Stack) -> None:
+    """A replacement that lands while the flush is between reading the key and deleting it must
+    survive: the flush either moves the new version or leaves it where it was written."""
+    me = owner()
+    rnd = random.Random(7)
+    async with HTTPClient(stack.url) as writer, HTTPClient(stack.url) as closer:
+        for n in range(20):
+            key, session = f"race/{n}", f"q{n}"
+            for version in ("v1", "v2"):
+                await writer.call("memory/remember", {"owner": me, "records": [
+                    {"key": key, "content": f"{version} of {n}", "session": session}]})
+            closing = asyncio.create_task(closer.call("memory/session/close", {"owner": me, "session": session}))
+            await asyncio.sleep(rnd.uniform(0, 0.012))
+            await writer.call("memory/remember", {"owner": me, "records": [
+                {"key": key, "content": f"v3 of {n}", "session": session}]})
+            await closing
+            held = await placement(stack, me, key=key)
+            copies = [(tier, r["content"], r["revision"]) for tier, records in held.items() for r in records]
+            assert len(copies) == 1 and copies[0][1:] == (f"v3 of {n}", 3), f"round {n}: {copies}"
+
+
+@pytest.mark.anyio
+async def test_a_key_has_one_home(stack: Stack) -> None:
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        first = (await router.call("memory/remember", {"owner": me, "records": [
+            {"key": "plan", "content": "plan A", "session": "k"}]}))["ids"]
+        # naming another tier than the key's: refused, nothing changes
+        error = await refused(router.call("memory/remember", {"owner": me, "records": [
+            {"key": "plan", "content": "plan B", "tier": "episodic"}]}))
+        assert error.code == -32602 and error.data["tier"] == "working"
+        # one batch putting a key, or a client id, in two tiers: refused, nothing written
+        for records in ([{"key": "twice", "content": "a"}, {"key": "twice", "content": "b", "tier": "episodic"}],
+                        [{"id": f"{me}-x", "content": "a"}, {"id": f"{me}-x", "content": "b", "tier": "episodic"}]):
+            error = await refused(router.call("memory/remember", {"owner": me, "records": records}))
+            assert error.code == -32602 and error.data["index"] == 1
+        fetched = (await router.call("memory/fetch", {"owner": me, "key": "plan"}))["record"]
+    assert fetched["id"] == first[0] and fetched["content"] == "plan A"
+    held = await placement(stack, me)
+    assert [(t, r["content"]) for t, records in held.items() for r in records] == [("working", "plan A")]
+
+
+@pytest.mark.anyio
+async def test_a_refused_part_of_a_batch_leaves_nothing_written(stack: Stack) -> None:
+    """The key's replacement is written last, so a tier refusing its part (here an id another owner
+    holds) leaves it unreplaced; the error names the record in the caller's batch."""
+    me, other = owner(), owner()
+    await direct(stack, "episodic", "memory/remember", {"owner": other, "records": [{"id": f"{other}-9", "content": "x"}]})
+    async with HTTPClient(stack.url) as router:
+        await router.call("memory/remember", {"owner": me, "records": [{"key": "plan", "content": "plan A"}]})
+        error = await refused(router.call("memory/remember", {"owner": me, "records": [
+            {"key": "plan", "content": "plan B"}, {"content": "a note", "tier": "episodic"},
+            {"id": f"{other}-9", "content": "y", "tier": "episodic"}]}))
+        assert error.code == -32005 and error.data["index"] == 2 and "records[2]" in error.message
+        assert (await router.call("memory/fetch", {"owner": me, "key": "plan"}))["record"]["content"] == "plan A"
+    held = await placement(stack, me)
+    assert held["episodic"] == [] and [r["content"] for r in held["working"]] == ["plan A"]
+
+
+@pytest.mark.anyio
+async def test_a_unit_the_destination_refuses_stays_and_the_rest_move(stack: Stack) -> None:
+    me, other = owner(), owner()
+    await direct(stack, "episodic", "memory/remember", {"owner": other, "records": [{"id": f"{other}-t", "content": "x"}]})
+    async with HTTPClient(stack.url) as router:
+        ids = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": f"turn {i}", "session": "r"} for i in range(3)] + [
+            {"id": f"{other}-t", "content": "an id episodic gives to someone else", "session": "r"}]}))["ids"]
+        # over capacity: the oldest spill, the refused one stays behind alone
+        ids += (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": f"turn {i}", "session": "r"} for i in range(3, 6)]}))["ids"]
+        assert len((await placement(stack, me))["working"]) == 4
+        closed = await router.call("memory/session/close", {"owner": me, "session": "r"})
+    held = await placement(stack, me)
+    assert [r["id"] for r in held["working"]] == [f"{other}-t"]
+    assert sorted(r["id"] for r in held["episodic"]) == sorted(set(ids) - {f"{other}-t"})
+    assert closed["flushed"] == 3
+
+
+@pytest.mark.anyio
+async def test_groups_move_whole_from_every_session_and_new_members_join_them(stack: Stack) -> None:
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        group = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "call: search flights", "group": "g1", "session": "a"},
+            {"content": "result: three flights", "group": "g1", "session": "a"},
+            {"content": "result, echoed in another session", "group": "g1", "session": "b"}]}))["ids"]
+        await router.call("memory/session/close", {"owner": me, "session": "a"})
+        assert set(homes(await placement(stack, me), set(group)).values()) == {"episodic"}
+        group += (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "result: a late fourth flight", "group": "g1", "session": "b"}]}))["ids"]
+        error = await refused(router.call("memory/remember", {"owner": me, "records": [
+            {"content": "result, forced up", "group": "g1", "tier": "working"}]}))
+        assert error.code == -32602 and error.data["tier"] == "episodic"
+    held = await placement(stack, me)
+    assert homes(held, set(group)) == {i: "episodic" for i in group}
+    assert held["working"] == []
+
+
+@pytest.mark.anyio
+async def test_repair_keeps_the_newer_revision_of_a_key(stack: Stack) -> None:
+    """Same id in working and episodic, working's replaced after the copy was made: consolidate moves
+    the newer one over the older, rather than keeping the destination's stale copy."""
+    me = owner()
+    await direct(stack, "episodic", "memory/remember", {"owner": me, "records": [
+        {"id": "fact", "key": "user/pet", "content": "a cat", "revision": 1}]})
+    await direct(stack, "working", "memory/remember", {"owner": me, "records": [
+        {"id": "fact", "key": "user/pet", "content": "a dog", "revision": 2, "session": "p"}]})
+    async with HTTPClient(stack.url) as router:
+        result = await router.call("memory/consolidate", {"owner": me})
+    assert result["repaired"] == 1
+    held = await placement(stack, me)
+    assert held["working"] == []
+    assert [(r["id"], r["content"], r["revision"]) for r in held["episodic"]] == [("fact", "a dog", 2)]
+
+
+@pytest.mark.anyio
+async def test_a_keyed_write_fails_while_a_tier_that_may_hold_the_key_is_down(tmp_path: Path) -> None:
+    tiers = [{**TIERS[0], "timeout": 1.0}, {"name": "episodic", "kind": "episodic", "timeout": 1.0}]
+    with federation(tmp_path, tiers) as small:
+        async with HTTPClient(small.url) as router:
+            await router.call("memory/remember", {"records": [{"key": "city", "content": "Rome", "tier": "episodic"}]})
+            small.tiers["episodic"].pause()
+            try:
+                error = await refused(router.call("memory/remember", {"records": [{"key": "city", "content": "Milan"}]}))
+                assert error.code == -32603 and error.data["degraded"] == ["episodic"]
+                # a write without a key does not depend on the down tier
+                await router.call("memory/remember", {"records": [{"content": "no key here"}]})
+            finally:
+                small.tiers["episodic"].resume()
+        async with HTTPClient(small.tiers["working"].url) as working:
+            assert [r["content"] for r in (await working.call("memory/timeline", {}))["records"]] == ["no key here"]
