@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--token", action="append", default=[], help="bearer TOKEN=PRINCIPAL (repeatable)")
     serve.add_argument("--service-token", help="bearer token trusted to name any owner (the router's)")
     serve.add_argument("--origin", action="append", help="allowed browser Origin (repeatable)")
-    serve.add_argument("--log-level", default="warning")
+    serve.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug", "trace"])
     serve.set_defaults(run=_serve)
 
     up = sub.add_parser("up", help="run the whole federation on embedded engines")

@@ -91,6 +91,7 @@ async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], lis
                 url=entry.get("url") or (base if single else None), records=entry.get("count"),
             )
             if entry.get("status") == "down" or (single and ready not in (200, None)):
+                report.records = None  # the router counts a tier it cannot reach as 0: unknown, not empty
                 report.status, report.detail = "down", entry.get("error") or (
                     f"/readyz {ready}" if single else "did not answer describe")
             else:

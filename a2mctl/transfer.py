@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 from datetime import timedelta
@@ -81,7 +82,7 @@ async def pages_backwards(client: Any, *, tier: str | None, owner: str | None, e
     boundary: set[str] = set()  # ids already yielded at the millisecond just below `before`
     while True:
         params = dict(base) if before is None else {**base, "before": before}
-        records = (await client.call("memory/timeline", params))["records"]
+        records = _complete(await client.call("memory/timeline", params), tier)
         if not records:
             return
         fresh = [r for r in records if r["id"] not in boundary]
@@ -94,7 +95,7 @@ async def pages_backwards(client: Any, *, tier: str | None, owner: str | None, e
             # The whole page sits in the boundary millisecond: it holds at least `page` records, and
             # the next page would be this one again. Read that millisecond alone, then go below it.
             exact = {**base, "after": _shift(earliest, -1), "before": before, "limit": 0}
-            same = (await client.call("memory/timeline", exact))["records"]
+            same = _complete(await client.call("memory/timeline", exact), tier)
             if cap is not None and len(same) >= cap:
                 raise TransferError(f"at least {len(same)} records share created_at {earliest} in "
                                     f"{tier or 'this endpoint'}, more than one timeline page holds: "
@@ -109,6 +110,15 @@ async def pages_backwards(client: Any, *, tier: str | None, owner: str | None, e
         # Re-read the earliest millisecond next time (it may hold more than this page showed).
         boundary = {r["id"] for r in records if r["created_at"] == earliest}
         before = _shift(earliest, 1)
+
+
+def _complete(result: dict[str, Any], tier: str | None) -> list[dict[str, Any]]:
+    """A timeline page's records, or an error when a tier behind a router did not answer: a backup
+    that silently lacks a tier is worse than none."""
+    if result.get("degraded"):
+        raise TransferError(f"{tier or 'the endpoint'}: tiers {', '.join(result['degraded'])} did not answer; "
+                            "nothing was written, export again when they are back")
+    return result["records"]
 
 
 def _clean(record: dict[str, Any], embeddings: bool) -> dict[str, Any]:
@@ -192,7 +202,8 @@ async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner
     return count
 
 
-def _read_lines(file: str) -> Iterator[dict[str, Any]]:
+def _read_lines(file: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) for each non-blank line."""
     handle: IO[bytes] = sys.stdin.buffer if file == "-" else open(file, "rb")
     try:
         for number, line in enumerate(handle, 1):
@@ -204,10 +215,27 @@ def _read_lines(file: str) -> Iterator[dict[str, Any]]:
                 raise TransferError(f"{file}:{number}: not JSON ({exc})") from None
             if not isinstance(record, dict) or not isinstance(record.get("content"), str):
                 raise TransferError(f"{file}:{number}: not an A2M record (an object with content)")
-            yield record
+            yield number, record
     finally:
         if handle is not sys.stdin.buffer:
             handle.close()
+
+
+def _written(sent: int) -> str:
+    return (f" ({sent} records before it were written; importing the file again skips them)" if sent
+            else " (nothing was written)")
+
+
+def _refused(file: str, lines: list[int], exc: Any) -> str:
+    """The server's refusal of a batch, pointed at the file line of the record it names."""
+    index = exc.data.get("index") if isinstance(exc.data, dict) else None
+    named = re.match(r"records\[(\d+)\]\.?", exc.message)  # what any server's message says, failing data
+    if not isinstance(index, int) and named:
+        index = int(named.group(1))
+    if isinstance(index, int) and 0 <= index < len(lines):
+        message = re.sub(rf"^records\[{index}\]\.?", "", exc.message)  # the line says which record
+        return f"{file}:{lines[index]}: {message}; its batch (lines {lines[0]}-{lines[-1]}) was not written"
+    return f"{file}:{lines[0]}-{lines[-1]}: {exc.message}; this batch was not written"
 
 
 def _count_lines(file: str) -> int | None:
@@ -243,6 +271,7 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                 task = None if quiet else progress.add_task(f"import into {described.get('name') or url}",
                                                             total=total)
                 pending: list[dict[str, Any]] = []
+                lines: list[int] = []  # the file line of each pending record
                 owner: str | None = None
 
                 async def flush() -> None:
@@ -252,24 +281,29 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                     params: dict[str, Any] = {"records": pending}
                     if owner is not None:
                         params["owner"] = owner
-                    ids = (await client.call("memory/remember", params))["ids"]
+                    try:
+                        ids = (await client.call("memory/remember", params))["ids"]
+                    except A2MError as exc:
+                        raise TransferError(_refused(file, lines, exc)) from None
                     sent += len(pending)
                     kept += sum(1 for r, i in zip(pending, ids) if "id" in r and r["id"] != i)
                     if not quiet:
                         progress.advance(task, len(pending))
                     pending.clear()
+                    lines.clear()
 
-                for record in _read_lines(file):
+                for number, record in _read_lines(file):
                     if record.get("owner") != owner or len(pending) >= size:
                         await flush()
                         owner = record.get("owner")
                     pending.append(_prepare(record, tiers, keep_tier))
+                    lines.append(number)
                 await flush()
     except TransferError as exc:
-        print(f"a2m import: {exc}", file=sys.stderr)
+        print(f"a2m import: {exc}{_written(sent)}", file=sys.stderr)
         return 1
     except A2MError as exc:
-        print(f"a2m import: {url}: {exc.message} (after {sent} records)", file=sys.stderr)
+        print(f"a2m import: {url}: {exc.message}{_written(sent)}", file=sys.stderr)
         return 1
     if not quiet:
         note = f"; {kept} kept a newer record already at their key" if kept else ""

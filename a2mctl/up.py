@@ -170,8 +170,10 @@ def _tier_summary(url: str) -> str:
     """`engine, N records` from describe; best effort (the tier is ready, but say so if it will not tell)."""
     import httpx
 
+    token = os.environ.get("A2M_SERVICE_TOKEN")  # the tiers then answer only the router's token
     try:
         response = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "memory/describe", "params": {}},
+                              headers={"authorization": f"Bearer {token}"} if token else None,
                               timeout=5.0, trust_env=False)
         tiers = response.json()["result"].get("tiers") or []
     except Exception:  # noqa: BLE001 — a status line, not a health check (that is `a2m doctor`)
@@ -181,30 +183,36 @@ def _tier_summary(url: str) -> str:
     return f"{engine}, {count} record{'' if count == 1 else 's'}"
 
 
-def engine_processes(data: Path) -> list[int]:
-    """Pids of redis-server / postgres processes serving `data` (found by their command lines)."""
-    needle = str(data.resolve())
+def engine_processes(data: Path, since: float | None = None) -> list[int]:
+    """Pids of the redis-server / postgres serving exactly `data` (found by the paths on their command
+    lines: `-D DATA/episodic/postgres`, Redis's `DATA/working` socket or dir), started at or after
+    `since` (a psutil create_time) when given: another data dir's engines, or engines that were
+    running before this run began, are never this run's to stop."""
+    import psutil
+
+    data = data.resolve()
+    mine = {str(data / "episodic" / "postgres"), str(data / "working"), str(data / "working" / "redis.sock"),
+            f"unixsocket:{data / 'working' / 'redis.sock'}"}
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "create_time"]):
+        info = proc.info
+        argv = info["cmdline"] or []
+        if info["pid"] == os.getpid() or not argv or not any(e in argv[0] for e in ("redis-server", "postgres")):
             continue
-        try:
-            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in argv and ("redis-server" in argv or "postgres" in argv) and "a2mctl" not in argv:
-            found.append(int(entry.name))
+        tokens = {token for arg in argv for token in arg.split(" ")}  # Redis rewrites its title into one string
+        if tokens & mine and (since is None or (info["create_time"] or 0) >= since):
+            found.append(info["pid"])
     return found
 
 
-def reap_engines(data: Path, timeout: float = 15.0) -> list[int]:
+def reap_engines(data: Path, since: float | None = None, timeout: float = 15.0) -> list[int]:
     """The safety net: stop engines a killed tier server left behind. Returns the pids it signalled.
 
     redis-server dies with its parent (PDEATHSIG), but the embedded PostgreSQL is
     daemonized by pg_ctl and survives a SIGKILLed tier server. SIGINT is its
     "fast shutdown": it disconnects clients and checkpoints.
     """
-    pids = engine_processes(data)
+    pids = engine_processes(data, since)
     postmaster = data / "episodic" / "postgres" / "postmaster.pid"
     try:
         head = int(postmaster.read_text().split()[0])
@@ -218,14 +226,38 @@ def reap_engines(data: Path, timeout: float = 15.0) -> list[int]:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and engine_processes(data):
+    while time.monotonic() < deadline and engine_processes(data, since):
         time.sleep(0.1)
-    for pid in engine_processes(data):
+    for pid in engine_processes(data, since):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     return pids
+
+
+def hold_data_dir(data: Path) -> int:
+    """Create `data` and take its run lock, or stop with a message: two federations on one data dir
+    would start two PostgreSQL and Redis servers over the same files. Returns the lock's fd (held
+    until this process exits)."""
+    import fcntl
+
+    lock = data / ".a2m-up.lock"
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise SystemExit(f"a2m up: cannot use {data} as the data directory: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise SystemExit(f"a2m up: another `a2m up` (pid {holder}) is running on {data}; stop it first, "
+                         "or give this one another --data") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
 
 
 def up(args: argparse.Namespace) -> int:
@@ -237,7 +269,10 @@ def up(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     data = Path(args.data).expanduser() if args.data else default_data_dir()
     data = data.resolve()
-    data.mkdir(parents=True, exist_ok=True)
+    lock = hold_data_dir(data)
+    import psutil
+
+    started = psutil.Process().create_time()  # the engines this run starts are younger than this process
     port = int(args.port)
     tiers = parse_tiers(args.tiers)
     host = "127.0.0.1"
@@ -246,16 +281,19 @@ def up(args: argparse.Namespace) -> int:
         console.print("[yellow]router/ is not installed here: starting the tier servers only[/]")
 
     config = None
-    if with_router and args.config:
-        config = own_config(args.config)
-    elif with_router:
-        config = data / "router.toml"
-        config.write_text(router_toml(tiers, port, host))
-    elif args.config:
+    if args.config and not with_router:
         raise SystemExit("a2m up --config: router/ is not installed here, so there is no router to configure")
     commands = procfile_processes()
     chosen = [*tiers, "router"] if with_router else list(tiers)
-    (data / "Procfile").write_text(procfile_for(chosen))
+    try:
+        if with_router and args.config:
+            config = own_config(args.config)
+        elif with_router:
+            config = data / "router.toml"
+            config.write_text(router_toml(tiers, port, host))
+        (data / "Procfile").write_text(procfile_for(chosen))
+    except OSError as exc:
+        raise SystemExit(f"a2m up: cannot write to {data}: {exc.strerror}") from None
 
     members = {name: Member(name, f"http://{host}:{port + PORT_OFFSET.get(name, 0)}/") for name in chosen}
     env = _child_env(data, port, config)
@@ -316,9 +354,10 @@ def up(args: argparse.Namespace) -> int:
         manager.loop()
     finally:
         stopping.set()
-        left = reap_engines(data)
+        left = reap_engines(data, since=started)
         if left:
             console.print(f"[yellow]stopped {len(left)} engine process(es) a tier left behind: {left}[/]")
+        os.close(lock)
     console.print("a2m stopped")
     if outcome.get("timeout"):
         return 1

@@ -136,3 +136,34 @@ def test_bad_lines_are_refused(tmp_path: Path) -> None:
     bad.write_text('{"content": "ok"}\nnot json\n')
     with pytest.raises(transfer.TransferError, match="bad.jsonl:2"):
         list(transfer._read_lines(str(bad)))
+
+
+@pytest.mark.anyio
+async def test_a_refused_batch_is_reported_at_its_file_line(two_fixture_servers: tuple[str, str], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    dump = tmp_path / "dump.jsonl"
+    lines = [{"content": f"line {n}"} for n in range(1, 6)]
+    lines[3]["created_at"] = "yesterday"  # line 4, the second record of the second batch
+    dump.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lines))
+    assert await transfer.import_(two_fixture_servers[0], str(dump), batch=2, quiet=True) == 1
+    message = capsys.readouterr().err
+    assert f"{dump}:4: created_at must be" in message and "lines 3-4" in message
+    assert "2 records before it were written" in message
+    async with HTTPClient(two_fixture_servers[0]) as client:
+        assert [r["content"] for r in (await client.call("memory/timeline", {}))["records"]] == ["line 1", "line 2"]
+
+
+@pytest.mark.anyio
+async def test_export_through_a_router_with_a_tier_down_fails(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.router.stack import federation
+
+    tiers = [{"name": "working", "kind": "working"}, {"name": "semantic", "kind": "semantic", "timeout": 1.0}]
+    with federation(tmp_path, tiers) as stack:
+        await _fill(stack.url, [{"content": "kept in working"}, {"content": "a fact", "tier": "semantic"}])
+        assert await transfer.export(stack.url, str(tmp_path / "all.jsonl"), quiet=True) == 0
+        assert len(_lines(tmp_path / "all.jsonl")) == 2
+        stack.tiers["semantic"].kill()
+        assert await transfer.export(stack.url, str(tmp_path / "partial.jsonl"), quiet=True) == 1
+    assert "semantic did not answer" in capsys.readouterr().err
+    assert not (tmp_path / "partial.jsonl").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -116,6 +117,11 @@ async def test_up_serves_the_federation_stops_cleanly_and_finds_its_data(tmp_pat
         for offset, name in enumerate(TIERS, 1):
             assert any(line.strip().startswith(name) and f":{port + offset}/" in line for line in up.lines), up.output
         assert (data / "Procfile").exists()
+        # A second `a2m up` on the same data is refused before it starts or stops anything: the
+        # checks below then run against the first one, whole.
+        second = subprocess.run(a2m_command("up", "--data", str(data), "--port", str(free_port_block(5))), cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0 and f"is running on {data}" in second.stderr, second.stderr + second.stdout
         url = f"http://127.0.0.1:{port}/"
         if router_available():
             assert f"router {url}" in up.output
@@ -184,3 +190,27 @@ def test_up_with_a_bad_config_stops_before_starting_anything(tmp_path: Path) -> 
     assert done.returncode != 0
     assert "nowhere" in done.stderr and str(bad) in done.stderr, done.stderr
     assert not (tmp_path / "data" / "Procfile").exists()
+
+
+def test_engines_are_matched_by_their_exact_data_dir_and_age(tmp_path: Path) -> None:
+    """The reaper's view: an engine of a sibling data dir whose name starts the same, or one that
+    was running before the run began, is not this run's."""
+    import psutil
+
+    def fake_engine(data: Path) -> subprocess.Popen[bytes]:
+        code = "import time; time.sleep(60)"
+        return subprocess.Popen(["bash", "-c", f'exec -a postgres {sys.executable} -c "{code}" -D {data}/episodic/postgres'])
+
+    near, far = tmp_path / "t", tmp_path / "t1"
+    engine = fake_engine(far)
+    try:
+        deadline = time.monotonic() + 10
+        while engine.pid not in engine_processes(far) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine_processes(far) == [engine.pid]
+        assert engine_processes(near) == []
+        assert engine_processes(far, since=psutil.Process(engine.pid).create_time() + 1) == []
+    finally:
+        engine.kill()
+        engine.wait()
+
