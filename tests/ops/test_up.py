@@ -28,9 +28,10 @@ class Up:
     def __init__(self, data: Path, port: int, *extra: str) -> None:
         self.data = data
         self.lines: list[str] = []
+        # A session of its own, so that kill() takes honcho's forks with it even when the test fails.
         self.proc = subprocess.Popen(a2m_command("up", "--data", str(data), "--port", str(port), *extra), cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "COLUMNS": "200"})
+                                     env={**os.environ, "COLUMNS": "200"}, start_new_session=True)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -61,9 +62,21 @@ class Up:
             raise
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        """Everything this run started, whatever state a failed test left it in: honcho's forks, the
+        tier servers (process groups of their own) and their engines, all named by the data dir."""
+        import psutil
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(str(self.data) in arg for arg in proc.info["cmdline"] or ()):
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
 
 
 def _no_engines_left(data: Path) -> None:
