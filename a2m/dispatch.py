@@ -141,29 +141,55 @@ class Dispatcher:
 
     async def handle(self, message: Any, ctx: Context) -> dict[str, Any] | None:
         """One decoded JSON-RPC message -> the response object, or None for a notification."""
+        response, _ = await self._handle(message, ctx, encode=False)
+        return response
+
+    async def handle_bytes(self, body: bytes, ctx: Context) -> bytes | None:
+        """One message's bytes -> the response's bytes, or None for a notification (what bindings call)."""
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return orjson.dumps(_error(None, A2MError(errors.PARSE_ERROR, "body is not valid JSON")))
+        _, encoded = await self._handle(message, ctx, encode=True)
+        return encoded
+
+    async def _handle(self, message: Any, ctx: Context, *,
+                      encode: bool) -> tuple[dict[str, Any] | None, bytes | None]:
+        """(response, its bytes when `encode`); both None for a notification.
+
+        The result is serialised inside the error handling: one orjson cannot
+        write (nesting past its limit, a value it does not know) is a server bug
+        like any other, logged and answered -32603, never an HTTP 500 or a
+        silent stdio line.
+        """
         if isinstance(message, list):
-            return _error(None, A2MError(errors.INVALID_REQUEST, "batches are not supported: send one message at a time"))
+            return self._reply(None, A2MError(errors.INVALID_REQUEST,
+                                              "batches are not supported: send one message at a time"), encode)
         if not isinstance(message, dict):
-            return _error(None, A2MError(errors.INVALID_REQUEST, "a request must be a JSON object"))
+            return self._reply(None, A2MError(errors.INVALID_REQUEST, "a request must be a JSON object"), encode)
         notification = "id" not in message
         id_ = message.get("id")
         if not _valid_id(id_):
-            return _error(None, A2MError(errors.INVALID_REQUEST, "id must be a string, a number or null"))
+            return self._reply(None, A2MError(errors.INVALID_REQUEST, "id must be a string, a number or null"), encode)
         method = message.get("method")
         if message.get("jsonrpc") != "2.0" or not isinstance(method, str):
-            return _error(id_, A2MError(errors.INVALID_REQUEST, "expected jsonrpc \"2.0\" and a string method"))
+            return self._reply(id_, A2MError(errors.INVALID_REQUEST, "expected jsonrpc \"2.0\" and a string method"),
+                               encode)
         params = message.get("params", {})
         if params is None:
             params = {}
         started = time.perf_counter()
         ok = False
+        encoded: bytes | None = None
         with tracing.server_span(method, ctx.traceparent) as span:
             try:
                 if not isinstance(params, dict):
                     raise invalid("params must be an object (by name)")
                 result = await self.call(method, params, ctx)
-                ok = True
                 response: dict[str, Any] = {"jsonrpc": "2.0", "id": id_, "result": result}
+                if encode and not notification:
+                    encoded = dumps(response)
+                ok = True
             except A2MError as exc:
                 response = _error(id_, exc)
                 tracing.failed(span, exc.code, exc.message)
@@ -175,15 +201,27 @@ class Dispatcher:
         if self.observer is not None:
             self.observer(method if method in METHOD_CAPABILITY or method in self._handlers else "unknown",
                           time.perf_counter() - started, ok)
-        return None if notification else response
+        if notification:
+            return None, None
+        if encode and encoded is None:
+            encoded = _encode_error(response, method)
+        return response, encoded
 
-    async def handle_bytes(self, body: bytes, ctx: Context) -> bytes | None:
-        try:
-            message = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return orjson.dumps(_error(None, A2MError(errors.PARSE_ERROR, "body is not valid JSON")))
-        response = await self.handle(message, ctx)
-        return None if response is None else dumps(response)
+    @staticmethod
+    def _reply(id_: Any, error: A2MError, encode: bool) -> tuple[dict[str, Any], bytes | None]:
+        response = _error(id_, error)
+        return response, dumps(response) if encode else None
+
+
+def _encode_error(response: dict[str, Any], method: str) -> bytes:
+    """An error response's bytes; one whose `data` cannot be serialised loses its `data` (logged)."""
+    try:
+        return dumps(response)
+    except orjson.JSONEncodeError:
+        log.exception("cannot serialise the error of %s", method)
+        error = response["error"]
+        return dumps({"jsonrpc": "2.0", "id": response["id"],
+                      "error": {"code": error["code"], "message": str(error["message"])}})
 
 
 def dumps(obj: Any) -> bytes:

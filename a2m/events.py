@@ -112,8 +112,12 @@ class EventLog:
         return result
 
     def _parse(self, cursor: str) -> int | None:
+        """The sequence number of one of this server's cursors, None for anything else (a reset).
+
+        ASCII digits only and at most 20 of them: `str.isdigit` also accepts
+        digits `int` refuses ("²"), and `int` refuses strings past 4,300 digits."""
         salt, _, seq = cursor.partition(".")
-        if salt != self.salt or not seq.isdigit():
+        if salt != self.salt or not (seq.isascii() and seq.isdigit()) or len(seq) > 20:
             return None
         return int(seq)
 

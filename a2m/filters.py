@@ -9,18 +9,22 @@ Engines with a native filter language translate a `Scope`; engines that scan
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from .errors import invalid
 from .records import Record
 from .timefmt import normalize_ts
 
-# Record fields a `where` key may name; any other key is a metadata key.
+# Record fields a `where` key may name; any other key is a metadata key (protocol §6: fields first).
+# `owner` is tested inside the call's owner partition, never instead of it; `tier` is answered by the
+# server that knows its tiers (`settle_field`), since a record shows the tier it is read from.
 RECORD_FIELDS = frozenset(
-    {"id", "role", "group", "tier", "session", "key", "revision", "uri", "media_type",
+    {"id", "content", "role", "group", "tier", "owner", "session", "key", "revision", "uri", "media_type",
      "salience", "access_count", "created_at", "accessed_at"}
 )
+# A `where` that matches no record: "any of" nothing. Every engine answers it without reading records.
+MATCH_NOTHING: Mapping[str, Any] = {"id": []}
 
 Scalar = str | int | float | bool | None
 
@@ -89,6 +93,19 @@ def parse_scope(params: Mapping[str, Any], owner: str | None, *, ids_field: bool
         after=None if after is None else normalize_ts(after, "after"),
         before=None if before is None else normalize_ts(before, "before"),
     )
+
+
+def settle_field(scope: Scope, name: str, value: Any) -> Scope:
+    """Answer `where[name]` for a field every record in scope shows with the same `value` (a tier
+    server's `tier`): the test is dropped when `value` passes it, and when it fails the scope becomes
+    one that matches nothing, so every engine gets the same answer without storing the field."""
+    if name not in scope.where:
+        return scope
+    if test_matches(True, value, scope.where[name]):
+        where = {k: v for k, v in scope.where.items() if k != name}
+    else:
+        where = dict(MATCH_NOTHING)
+    return replace(scope, where=where)
 
 
 def field_value(record: Record, name: str) -> tuple[bool, Any]:

@@ -7,6 +7,12 @@ inverse used by the client and by stores that keep records as JSON.
 Validation accepts the move/import extension (docs/extensions.md): a caller may
 supply `created_at`, `accessed_at`, `access_count` and `revision`, so a record
 moved between tiers or imported from an export keeps its history.
+
+`parse_write` is also where every tier agrees on what is storable: the router
+moves records between tiers, so a record one tier accepts must fit every other
+engine. Hence the common limits below (no NUL in any text, metadata at most 32
+levels deep, counters within JSON's safe integers, vectors within float32),
+each the narrowest of the four engines, refused with -32602 before any write.
 """
 
 from __future__ import annotations
@@ -16,10 +22,19 @@ import uuid
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .errors import invalid
+from .errors import A2MError, invalid
 from .timefmt import normalize_ts, now
 
 DEFAULT_SALIENCE = 0.5
+# Deeper metadata cannot be served back: orjson refuses to serialise past 254 levels (every read of
+# the record would fail) and Qdrant Edge past ~128 (the record could not even be forgotten).
+MAX_METADATA_DEPTH = 32
+# access_count and revision: JSON's safe integers, so a JavaScript client reads them exactly and Redis's
+# HINCRBY, PostgreSQL's bigint and Qdrant's i64 all have room to count on.
+MAX_COUNTER = 2**53 - 1
+# Embedding values: below this magnitude a double rounds to a finite float32 (pgvector's element type);
+# FLT_MAX itself (3.4028234663852886e38, printed back by pgvector as 3.4028235e38) is accepted.
+FLOAT32_BOUND = 2.0**128 - 2.0**103
 
 
 @dataclass(slots=True)
@@ -118,11 +133,26 @@ def _opt_str(raw: dict[str, Any], name: str, index: int) -> str | None:
         return None
     if not isinstance(value, str):
         raise invalid(f"records[{index}].{name} must be a string", field=name, index=index)
+    if "\x00" in value:
+        raise _nul(name, index)
     return value
+
+
+def _nul(name: str, index: int) -> A2MError:
+    """No text of a record may hold NUL: PostgreSQL cannot store it, so no tier accepts it (a working
+    record with NUL could never spill). Checked with one C-level search per field."""
+    return invalid(f"records[{index}].{name} must not contain NUL (\\u0000)", field=name, index=index)
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _vector_element(value: Any) -> bool:
+    """A number every engine stores as a vector element: finite and within float32's range.
+
+    Compared, not converted: a huge int stays exact (no OverflowError) and NaN fails the comparison."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and -FLOAT32_BOUND < value < FLOAT32_BOUND
 
 
 _FLOATS = frozenset((float,))
@@ -130,31 +160,98 @@ _PLAIN_NUMBERS = frozenset((float, int))
 
 
 def _plain_kinds(value: list[Any]) -> frozenset[type] | None:
-    """The element types when every element is an exact `float`/`int` and all are finite, else None.
+    """The element types when every element is an exact `float`/`int` within float32's range, else None.
 
-    Why: a 384-dim vector checked element by element through `_number` costs
-    ~50 µs, a large share of a semantic write. Two C-level passes (the set of
-    types, and `sum`: a NaN or infinity anywhere makes the sum non-finite) decide
-    the common case. None is not "invalid": a subclass (bool), an overflowing
-    sum or a huge int falls through to the element-wise check, which keeps the
-    exact behaviour and messages.
+    Why: a 384-dim vector checked element by element costs ~50 µs, a large
+    share of a semantic write. Two C-level passes (the set of types, and
+    `math.hypot`: its result bounds every element's magnitude, and a NaN or an
+    infinity anywhere makes it NaN or infinite) decide the common case. None is
+    not "invalid": a subclass (bool), a norm past the bound or a huge int falls
+    through to the element-wise check, which keeps the exact behaviour and messages.
     """
     kinds = frozenset(map(type, value))
     if not kinds <= _PLAIN_NUMBERS:
         return None
     try:
-        return kinds if math.isfinite(sum(value)) else None
+        return kinds if math.hypot(*value) < FLOAT32_BOUND else None
     except OverflowError:
         return None
 
 
 def validate_embedding(value: Any, where: str = "embedding", index: int | None = None) -> list[float]:
+    """A vector as floats; -32602 unless it is a non-empty array of numbers each within float32's
+    finite range (pgvector stores float32 and refuses more; the other tiers must not accept more)."""
     if isinstance(value, list) and value and (kinds := _plain_kinds(value)) is not None:
         return list(value) if kinds == _FLOATS else [float(x) for x in value]
-    if not isinstance(value, list) or not value or not all(_number(x) for x in value):
+    if not isinstance(value, list) or not value or not all(_vector_element(x) for x in value):
         detail: dict[str, Any] = {"field": "embedding"} if index is None else {"field": "embedding", "index": index}
-        raise invalid(f"{where} must be a non-empty array of finite numbers", **detail)
+        raise invalid(f"{where} must be a non-empty array of finite numbers within float32's range", **detail)
     return [float(x) for x in value]
+
+
+def _check_metadata(metadata: dict[str, Any], index: int) -> None:
+    """Refuse metadata nested deeper than MAX_METADATA_DEPTH, or with a NUL in any key or string.
+
+    Why: PostgreSQL's jsonb cannot hold NUL, and past a few hundred levels no
+    serialiser can answer a read, so such metadata would be stored by some tiers
+    and refused (or made unreadable) by others. A flat object of plain values
+    (the usual case, on the write path) is one loop; anything else is walked.
+    """
+    nested: list[tuple[Any, int]] = []
+    try:
+        for key, value in metadata.items():
+            if "\x00" in key:
+                raise _metadata_nul(index)
+            kind = type(value)
+            if kind is str:
+                if "\x00" in value:
+                    raise _metadata_nul(index)
+            elif kind is not int and kind is not float and kind is not bool and value is not None:
+                nested.append((value, 2))
+    except TypeError:  # a key that is not a string (only possible in-process)
+        raise invalid(f"records[{index}].metadata keys must be strings", field="metadata", index=index) from None
+    if nested:
+        _check_nested(nested, index)
+
+
+def _check_nested(pending: list[tuple[Any, int]], index: int) -> None:
+    """The walk behind `_check_metadata`: (value, depth) pairs, iteratively (no recursion limit to hit)."""
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise _metadata_nul(index)
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth > MAX_METADATA_DEPTH:
+            raise invalid(f"records[{index}].metadata is nested deeper than {MAX_METADATA_DEPTH} levels",
+                          field="metadata", index=index, max=MAX_METADATA_DEPTH)
+        if isinstance(value, dict):
+            for key in value:
+                if not isinstance(key, str):
+                    raise invalid(f"records[{index}].metadata keys must be strings", field="metadata", index=index)
+                if "\x00" in key:
+                    raise _metadata_nul(index)
+            value = value.values()
+        pending.extend((child, depth + 1) for child in value)
+
+
+def _metadata_nul(index: int) -> A2MError:
+    return invalid(f"records[{index}].metadata must not contain NUL (\\u0000) in a key or a string",
+                   field="metadata", index=index)
+
+
+def _counter(raw: dict[str, Any], name: str, default: int, least: int, index: int) -> int:
+    """An integer field of the move/import extension, in [least, MAX_COUNTER]."""
+    value = raw.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_COUNTER:
+        kind = "non-negative" if least == 0 else "positive"
+        raise invalid(f"records[{index}].{name} must be a {kind} integer of at most 2**53 - 1",
+                      field=name, index=index, max=MAX_COUNTER)
+    return value
 
 
 def parse_write(raw: Any, index: int, *, owner: str | None, stamp: str | None = None) -> Record:
@@ -172,17 +269,25 @@ def parse_write(raw: Any, index: int, *, owner: str | None, stamp: str | None = 
         content = ""
     if not isinstance(content, str):
         raise invalid(f"records[{index}].content is required and must be a string", field="content", index=index)
+    if "\x00" in content:
+        raise _nul("content", index)
     record_id = raw.get("id")
     if record_id is not None and (not isinstance(record_id, str) or not record_id or len(record_id) > 512):
         raise invalid(f"records[{index}].id must be a non-empty string of at most 512 characters", field="id", index=index)
+    if record_id is not None and "\x00" in record_id:
+        raise _nul("id", index)
     metadata = raw.get("metadata")
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict):
         raise invalid(f"records[{index}].metadata must be an object", field="metadata", index=index)
+    if metadata:
+        _check_metadata(metadata, index)
     record_owner = _opt_str(raw, "owner", index)
     if record_owner is not None and owner is not None and record_owner != owner:
         raise invalid(f"records[{index}].owner disagrees with the request's owner", field="owner", index=index)
+    if record_owner is None and owner is not None and "\x00" in owner:
+        raise _nul("owner", index)  # the request's owner becomes the record's
     key = _opt_str(raw, "key", index)
     if key is not None and not key:
         raise invalid(f"records[{index}].key must not be empty", field="key", index=index)
@@ -191,16 +296,8 @@ def parse_write(raw: Any, index: int, *, owner: str | None, stamp: str | None = 
         salience = DEFAULT_SALIENCE
     elif not _number(salience) or not 0 <= salience <= 1:
         raise invalid(f"records[{index}].salience must be a number in [0, 1]", field="salience", index=index)
-    access_count = raw.get("access_count", 0)
-    if access_count is None:
-        access_count = 0
-    if not isinstance(access_count, int) or isinstance(access_count, bool) or access_count < 0:
-        raise invalid(f"records[{index}].access_count must be a non-negative integer", field="access_count", index=index)
-    revision = raw.get("revision", 1)
-    if revision is None:
-        revision = 1
-    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 1:
-        raise invalid(f"records[{index}].revision must be a positive integer", field="revision", index=index)
+    access_count = _counter(raw, "access_count", 0, 0, index)
+    revision = _counter(raw, "revision", 1, 1, index)
     created_at = raw.get("created_at")
     created_at = now() if created_at is None and stamp is None else (
         stamp if created_at is None else normalize_ts(created_at, f"records[{index}].created_at"))

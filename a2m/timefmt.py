@@ -27,16 +27,22 @@ def now() -> str:
 
 
 def parse_ts(value: object, field: str = "timestamp") -> datetime:
-    """Parse an RFC 3339 timestamp with an explicit offset; anything else is `-32602`."""
+    """Parse an RFC 3339 timestamp with an explicit offset into UTC; anything else is `-32602`.
+
+    Converted here, not by the caller: a stamp whose offset moves it past year
+    9999 or before year 1 (`9999-12-31T23:30:00-01:00`) parses but has no UTC
+    form, and Python says so with an OverflowError that would be a -32603."""
     if not isinstance(value, str) or not _RFC3339.match(value):
         raise invalid(f"{field} must be an RFC 3339 timestamp such as 2026-07-28T10:15:30.123Z", field=field)
     text = value.replace("z", "Z").replace("t", "T")
     if text.endswith("Z"):
         text = text[:-1] + "+00:00"
     try:
-        return datetime.fromisoformat(text)
+        return datetime.fromisoformat(text).astimezone(timezone.utc)
     except ValueError:
         raise invalid(f"{field} is not a valid date and time", field=field) from None
+    except OverflowError:
+        raise invalid(f"{field} is outside the years 0001 to 9999 in UTC", field=field) from None
 
 
 def normalize_ts(value: object, field: str = "timestamp") -> str:

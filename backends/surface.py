@@ -18,7 +18,7 @@ from a2m.dispatch import Context, Handler, bound_handlers
 from a2m.embedder import Embedder, try_embed
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
-from a2m.filters import Scope, parse_scope
+from a2m.filters import Scope, parse_scope, settle_field
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
 from a2m.summarize import summarize as extract_summary
 from a2m.timefmt import now
@@ -137,7 +137,9 @@ class TierServer(EventMethods):
                            {"tier": tier, "tiers": [self.name]})
 
     def _scope(self, params: Mapping[str, Any], ctx: Context, *, ids_field: bool = False) -> Scope:
-        return parse_scope(params, ctx.owner(params), ids_field=ids_field)
+        """The call's scope, `where.tier` answered here: every record this server returns shows
+        `tier: <this tier>` whatever was stored, so the engines never compare a stored `tier`."""
+        return settle_field(parse_scope(params, ctx.owner(params), ids_field=ids_field), "tier", self.name)
 
     def _recall_limit(self, params: Mapping[str, Any], default: int) -> int:
         limit = int_param(params, "limit", default)
@@ -317,7 +319,7 @@ class TierServer(EventMethods):
         self._check_tier(params)
         scope = self._scope(params, ctx, ids_field=True)
         query = str_param(params, "query")
-        if scope.is_empty_selector() and not query:
+        if scope.is_empty_selector() and not query and not params.get("where"):  # where: {tier: <this>} selects all
             raise invalid("forget needs a selector (ids, query, where, key_prefix, after or before)")
         with self.engine():
             if query:
@@ -403,7 +405,9 @@ class TierServer(EventMethods):
         scope = self._scope(params, ctx, ids_field=True)
         query = str_param(params, "query")
         key = str_param(params, "key")
-        if scope.is_empty_selector() and not query and params.get("tier") is None:
+        if key == "":  # as remember and fetch answer it: an empty key is no address, not "no key"
+            raise invalid("key must not be empty", field="key")
+        if scope.is_empty_selector() and not query and params.get("tier") is None and not params.get("where"):
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
         limit = self._recall_limit(params, 50)
         with self.engine():

@@ -93,9 +93,9 @@ _UPDATE_SET = ", ".join(
 # How a `where` on a record field compares: the column's type decides which option values can match
 # (a string never equals a number, as in `a2m.filters.matches`).
 _FIELD_KINDS = {
-    "id": "text", "role": "text", "group": "text", "tier": "text", "session": "text", "key": "text",
-    "uri": "text", "media_type": "text", "revision": "number", "access_count": "number",
-    "salience": "number", "created_at": "ts", "accessed_at": "ts",
+    "id": "text", "content": "text", "role": "text", "group": "text", "tier": "text", "owner": "text",
+    "session": "text", "key": "text", "uri": "text", "media_type": "text", "revision": "number",
+    "access_count": "number", "salience": "number", "created_at": "ts", "accessed_at": "ts",
 }
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -125,8 +125,28 @@ def _canonical_ts(value: str) -> bool:
         return False
 
 
+def _nul(value: Any) -> bool:
+    """A string with NUL: PostgreSQL refuses it as a parameter, and no record holds one (`parse_write`
+    refuses NUL in every text), so a selector naming one matches nothing rather than failing."""
+    return isinstance(value, str) and "\x00" in value
+
+
+def _storable_ids(ids: Sequence[str]) -> list[str]:
+    """The ids without NUL (one C-level search over them all in the usual case, where none has it)."""
+    ids = list(ids)
+    return ids if "\x00" not in "".join(ids) else [i for i in ids if "\x00" not in i]
+
+
 def scope_sql(scope: Scope) -> tuple[str, list[Any]]:
-    """The Scope as a WHERE condition (with its parameters): the semantics of `a2m.filters.matches`."""
+    """The Scope as a WHERE condition (with its parameters): the semantics of `a2m.filters.matches`.
+
+    Selectors holding NUL never reach PostgreSQL (see `_nul`): an owner or key
+    prefix with NUL is FALSE, such an id or option is left out of its list, and
+    a metadata key with NUL is a key no record has. So every read answers as the
+    other tiers do (null, nothing, 0) instead of -32602.
+    """
+    if _nul(scope.owner) or _nul(scope.key_prefix):
+        return "FALSE", []
     clauses: list[str] = []
     params: list[Any] = []
     if scope.owner is None:
@@ -136,7 +156,7 @@ def scope_sql(scope: Scope) -> tuple[str, list[Any]]:
         params.append(scope.owner)
     if scope.ids is not None:
         clauses.append("id = ANY(%s::text[])")
-        params.append(list(scope.ids))
+        params.append(_storable_ids(scope.ids))
     if scope.key_prefix is not None:
         clauses.append("key IS NOT NULL")
         if scope.key_prefix:
@@ -163,7 +183,7 @@ def scope_sql(scope: Scope) -> tuple[str, list[Any]]:
             if any(o is None for o in options):
                 ors.append(f"{column} IS NULL")
             if kind == "text":
-                values = [o for o in options if isinstance(o, str)]
+                values = [o for o in options if isinstance(o, str) and "\x00" not in o]
                 if values:
                     ors.append(f"{column} = ANY(%s::text[])")
                     params.append(values)
@@ -177,8 +197,13 @@ def scope_sql(scope: Scope) -> tuple[str, list[Any]]:
                 if values:
                     ors.append(f"{column} = ANY(%s::timestamptz[])")
                     params.append(values)
+        elif "\x00" in name:  # no record has this metadata key: it is absent, which only null matches
+            if any(o is None for o in options):
+                ors.append("TRUE")
         else:
             for option in options:
+                if _nul(option):
+                    continue
                 if option is None:
                     ors.append("(NOT metadata ? %s OR metadata -> %s = 'null'::jsonb)")
                     params.extend([name, name])
@@ -603,7 +628,7 @@ class PostgresStore:
             return {}
 
         async def work(conn: AsyncConnection) -> dict[str, str | None]:
-            cur = await conn.execute("SELECT id, owner FROM records WHERE id = ANY(%s)", [list(ids)])
+            cur = await conn.execute("SELECT id, owner FROM records WHERE id = ANY(%s)", [_storable_ids(ids)])
             return {row[0]: row[1] for row in await cur.fetchall()}
 
         return await self._run(work)

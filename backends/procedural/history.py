@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable
 import git
 
 from a2m.errors import SCOPE_DENIED, A2MError, invalid
-from a2m.records import Record
+from a2m.records import Record, new_id
 from a2m.timefmt import format_ts
 from backends.store import StoreRejected
 
@@ -39,7 +39,9 @@ EXTENSION_DOCS: dict[str, Any] = {
                                   "pending": "bool (review gate: not yet approved)"}]},
     },
     "memory/restore": {
-        "summary": "Write a procedure's content as it was at a commit, as a new revision (history is never rewritten).",
+        "summary": "Write a procedure's content as it was at a commit, as a new revision (history is never rewritten). "
+                   "A forgotten key gets its old id back unless another record holds it now: another owner's "
+                   "answers -32005, one of this owner's leaves the restore a fresh id.",
         "params": {"key": "string", "commit": "hex commit id from memory/history", "owner": "string|null"},
         "result": {"record": "the record written"},
     },
@@ -103,6 +105,26 @@ def _at(repo: git.Repo, store: GitStore, rev: str, path: str) -> tuple[Record | 
     return old, highest
 
 
+def _free_id(store: GitStore, old: Record, owner: str | None, key: str) -> str:
+    """The id a restore of a key that is empty now writes under: the old record's, unless that id
+    has since gone to another record. Writing it anyway would move that record onto this key,
+    deleting it from where it is (ids are global), so:
+
+    - held by another owner: refused with -32005, as `memory/remember` refuses such an id, and
+      nothing is written (the caller learns no more than remember would tell it);
+    - held by another record of this owner (a client reused the id for another key): the restore
+      gets a fresh id. The key's content comes back; the record now at the old id is not touched.
+      Refusing would leave the procedure unrestorable through this method, and the old id names
+      nothing a client could still hold for this key, which was empty.
+    """
+    holder = store.holder(old.id)
+    if holder is None or (holder.owner == owner and holder.key == key):
+        return old.id
+    if holder.owner != owner:
+        raise A2MError(SCOPE_DENIED, f"the id {key} had at that commit is now held by another owner",
+                       {"id": old.id, "key": key})
+    return new_id()
+
 
 def approver_names(value: Any) -> frozenset[str] | None:
     """The `approvers` option as a set of owners, from a list or a comma-separated string
@@ -144,7 +166,7 @@ def extensions(store: GitStore) -> dict[str, Handler]:
         current = store.current(owner, key)
         base = current.revision if current is not None else highest
         restored = old.with_(
-            id=current.id if current is not None else old.id,
+            id=current.id if current is not None else _free_id(store, old, owner, key),
             revision=base + 1,
             created_at=current.created_at if current is not None else old.created_at,
             access_count=current.access_count if current is not None else 0,
@@ -154,7 +176,7 @@ def extensions(store: GitStore) -> dict[str, Handler]:
         )
         try:
             await store.write([restored], message=f"restore {key} to {rev[:12]} (rev {restored.revision})")
-        except StoreRejected as exc:
+        except StoreRejected as exc:  # incl. an id another owner took while this restore waited to write
             raise invalid(str(exc)) from None
         return {"record": restored.to_wire()}
 

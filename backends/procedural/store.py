@@ -526,6 +526,10 @@ class GitStore:
                 verbs.append(f"forget {_label(old_record) if old_record else record_id}")
         for record in puts:
             path = files.record_path(record)  # validates the key
+            if record.id in paths:  # ids are global: a put never takes over another owner's record
+                held = final[record.id][0] if record.id in final else tree.records.get(record.id)
+                if held is not None and held.owner != record.owner:
+                    raise StoreRejected(f"record id {record.id!r} is held by another owner")
             data = files.dumps(record, seq)
             replacing = path in by_path
             occupant = by_path.get(path)
@@ -710,6 +714,14 @@ class GitStore:
         except StoreRejected:
             return None
         return tree.records.get(record_id) if record_id else None
+
+    def holder(self, record_id: str) -> Record | None:
+        """The record holding `record_id` on the branch writes land on, else on main (ids are global)."""
+        for tree in (self._target(), self._visible.tree):
+            record = tree.records.get(record_id)
+            if record is not None:
+                return record
+        return None
 
     def path_of(self, owner: str | None, *, key: str | None = None, record_id: str | None = None) -> str | None:
         """The file a key or id lives at (None for an invalid key or an unknown keyed id)."""

@@ -52,3 +52,29 @@ async def test_parse_error_bytes() -> None:
 def test_unknown_capability_is_a_programming_error() -> None:
     with pytest.raises(ValueError):
         dispatcher(frozenset({"core", "telepathy"}))
+
+
+def deep(levels: int) -> object:
+    value: object = 0
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("result", [{"v": deep(300)}, {"v": object()}, {"v": {1: "non-string key"}}])
+async def test_a_result_that_cannot_be_serialised_is_a_logged_internal_error(
+        result: dict, caplog: pytest.LogCaptureFixture) -> None:
+    import orjson
+
+    async def odd(params: dict, ctx: Context) -> dict:
+        return result
+
+    d = Dispatcher(TierServer(MemoryStore(), name="m", kind="episodic", capabilities=frozenset({"core"}),
+                              extensions={"x/odd": odd}))
+    body = await d.handle_bytes(b'{"jsonrpc": "2.0", "id": "q-1", "method": "x/odd"}', Context())
+    assert body is not None
+    reply = orjson.loads(body)
+    assert reply["id"] == "q-1" and reply["error"]["code"] == -32603 and "result" not in reply
+    assert any(r.levelname == "ERROR" and "x/odd" in r.getMessage() for r in caplog.records)
+    assert await d.handle_bytes(b'{"jsonrpc": "2.0", "method": "x/odd"}', Context()) is None  # a notification

@@ -80,3 +80,12 @@ async def test_subscribers_get_their_owners_events() -> None:
     await log.emit("written", "bob", id="y")
     assert [e["id"] for e in got] == ["x"]
     assert log.unsubscribe("conn") and not log.unsubscribe("conn")
+
+
+@pytest.mark.anyio
+async def test_a_cursor_with_digits_int_refuses_or_too_many_resets() -> None:
+    log = EventLog()
+    await log.emit("written", None, id="a")
+    for seq in ("\u00b2", "1\u00b2", "\u0663", "9" * 5000, "-1", "+1", " 1", "1_0"):
+        page = log.poll(f"{log.salt}.{seq}", owner=None)
+        assert page["reset"] is True and [e["id"] for e in page["events"]] == ["a"], seq

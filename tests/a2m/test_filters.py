@@ -8,3 +8,29 @@ def test_named_ids_come_from_ids_or_where_id() -> None:
     assert Scope(where={"id": []}).named_ids() == []
     for where in ({}, {"session": "s"}, {"id": None}, {"id": 3}, {"id": ["b", 3]}):
         assert Scope(where=where).named_ids() is None  # not ids: the store filters as before
+
+
+def test_owner_and_content_are_record_fields_not_metadata_keys() -> None:
+    from a2m.filters import matches
+    from a2m.records import Record
+
+    record = Record(id="r", content="hello", created_at="2026-01-01T00:00:00.000Z", owner="alice",
+                    metadata={"owner": "meta", "content": "meta text"})
+    scope = Scope(owner="alice")
+    assert matches(record, Scope(owner="alice", where={"content": "hello", "owner": "alice"}))
+    assert matches(record, Scope(owner="alice", where={"content": ["x", "hello"], "owner": ["bob", "alice"]}))
+    for where in ({"content": "meta text"}, {"owner": "meta"}, {"owner": None}, {"owner": "bob"}):
+        assert not matches(record, Scope(owner=scope.owner, where=where)), where
+    assert not matches(record, Scope(owner="bob", where={"owner": "alice"}))  # never wider than the partition
+
+
+def test_settle_field_answers_a_field_every_record_shares() -> None:
+    from a2m.filters import MATCH_NOTHING, settle_field
+
+    scope = Scope(owner="o", where={"tier": "working", "m": 1}, key_prefix="k/")
+    assert settle_field(scope, "tier", "working") == Scope(owner="o", where={"m": 1}, key_prefix="k/")
+    assert settle_field(scope, "tier", "episodic").where == MATCH_NOTHING
+    assert settle_field(Scope(where={"tier": ["x", "working"]}), "tier", "working").where == {}
+    assert settle_field(Scope(where={"tier": None}), "tier", "working").where == MATCH_NOTHING
+    assert settle_field(Scope(where={"m": 1}), "tier", "working").where == {"m": 1}
+    assert Scope(where=dict(MATCH_NOTHING)).named_ids() == []  # every engine reads no record for it

@@ -1,7 +1,7 @@
 import pytest
 
 from a2m.errors import A2MError
-from a2m.records import Record, parse_write
+from a2m.records import Record, parse_write, validate_embedding
 from a2m.timefmt import normalize_ts, now, parse_ts
 
 
@@ -67,3 +67,98 @@ def test_parse_write_refuses_malformed_fields(raw: dict, field: str | None) -> N
 
 def test_uri_only_record_may_have_no_content() -> None:
     assert parse_write({"uri": "https://example.org/a.pdf"}, 0, owner=None).content == ""
+
+
+# ---- what every tier can store: one set of limits, checked once (parse_write) ----------------------
+
+def nested(levels: int, leaf: object = 0) -> object:
+    """A JSON value `levels` containers deep (objects and arrays in turn) around `leaf`."""
+    value = leaf
+    for i in range(levels):
+        value = [value] if i % 2 else {"x": value}
+    return value
+
+
+def refused(raw: dict, owner: str | None = None) -> A2MError:
+    with pytest.raises(A2MError) as err:
+        parse_write(raw, 2, owner=owner)
+    assert err.value.code == -32602
+    assert err.value.data["index"] == 2
+    return err.value
+
+
+@pytest.mark.parametrize("field", ["content", "id", "role", "group", "session", "key", "uri", "media_type",
+                                   "owner", "tier"])
+def test_nul_in_any_text_field_is_refused(field: str) -> None:
+    assert refused({"content": "x", field: "a\x00b"}).data["field"] == field
+    parse_write({"content": "x", field: "a\\u0000b"}, 0, owner=None)  # the six characters are fine
+
+
+@pytest.mark.parametrize("metadata", [
+    {"k\x00": 1}, {"k": "v\x00"}, {"k": ["a", "b\x00"]}, {"k": {"inner\x00": None}},
+    {"k": [{"deep": [[{"x": "\x00"}]]}]}, {"ok": 1, "k": {"a": [1, 2, {"b": "c\x00d"}]}},
+])
+def test_nul_anywhere_in_metadata_is_refused(metadata: dict) -> None:
+    assert refused({"content": "x", "metadata": metadata}).data["field"] == "metadata"
+
+
+def test_the_requests_owner_with_nul_is_refused_as_the_records() -> None:
+    assert refused({"content": "x"}, owner="al\x00ice").data["field"] == "owner"
+
+
+def test_metadata_up_to_32_levels_is_kept_and_deeper_is_refused() -> None:
+    for levels in (31, 32):  # the metadata object is the first level
+        deepest = {"d": nested(levels - 1, "leaf"), "flat": 1}
+        assert parse_write({"content": "x", "metadata": deepest}, 0, owner=None).metadata == deepest
+    for too_deep in ({"d": nested(32)}, {"d": nested(32, {})}, {"a": [1, {"b": nested(31)}]}, {"d": nested(5000)}):
+        error = refused({"content": "x", "metadata": too_deep})
+        assert error.data["field"] == "metadata" and error.data["max"] == 32
+
+
+def test_metadata_keys_must_be_strings_in_process() -> None:
+    assert refused({"content": "x", "metadata": {1: "a"}}).data["field"] == "metadata"
+    assert refused({"content": "x", "metadata": {"a": {2: "b"}}}).data["field"] == "metadata"
+
+
+@pytest.mark.parametrize("field, least", [("access_count", 0), ("revision", 1)])
+def test_counters_stop_at_the_largest_safe_json_integer(field: str, least: int) -> None:
+    top = 2**53 - 1
+    assert getattr(parse_write({"content": "x", field: top}, 0, owner=None), field) == top
+    assert getattr(parse_write({"content": "x", field: least}, 0, owner=None), field) == least
+    for value in (2**53, 2**63, 2**64 - 1, 2**64):
+        assert refused({"content": "x", field: value}).data == {"field": field, "index": 2, "max": top}
+
+
+@pytest.mark.parametrize("vector", [[1e300], [0.5, -3.5e38], [3.5e38], [2.0**128 - 2.0**103], [10**400],
+                                    [0.1] * 383 + [1e39], [1, 2, -(10**39)]])
+def test_embedding_values_beyond_float32_are_refused(vector: list) -> None:
+    assert refused({"content": "x", "embedding": vector}).data["field"] == "embedding"
+    with pytest.raises(A2MError) as err:
+        validate_embedding(vector)
+    assert err.value.code == -32602
+
+
+def test_embedding_values_that_round_to_float32s_largest_are_kept() -> None:
+    flt_max = 3.4028234663852886e38
+    # 3.4028235e38 is how pgvector prints FLT_MAX back: a record read from episodic must move anywhere
+    for vector in ([flt_max, -flt_max, 1.0], [3.4028235e38], [2.0**128 - 2.0**103 * 1.5], [1e38] * 64,
+                   [3, -(10**38)]):
+        assert validate_embedding(vector) == [float(x) for x in vector]
+
+
+@pytest.mark.parametrize("stamp", ["9999-12-31T23:30:00-01:00", "0001-01-01T00:30:00+01:00",
+                                   "9999-12-31T23:59:59.9999-00:01"])
+def test_timestamps_outside_utc_years_1_to_9999_are_invalid_params(stamp: str) -> None:
+    with pytest.raises(A2MError) as err:
+        normalize_ts(stamp, "after")
+    assert err.value.code == -32602 and err.value.data == {"field": "after"}
+    for field in ("created_at", "accessed_at"):
+        with pytest.raises(A2MError) as err:
+            parse_write({"content": "x", field: stamp}, 0, owner=None)
+        assert err.value.code == -32602 and err.value.data == {"field": f"records[0].{field}"}
+
+
+def test_the_first_and_last_utc_milliseconds_are_timestamps() -> None:
+    assert normalize_ts("0001-01-01T00:00:00Z") == "0001-01-01T00:00:00.000Z"
+    assert normalize_ts("9999-12-31T23:59:59.999Z") == "9999-12-31T23:59:59.999Z"
+    assert normalize_ts("0001-01-01T00:30:00+00:30") == "0001-01-01T00:00:00.000Z"

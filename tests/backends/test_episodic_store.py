@@ -358,6 +358,58 @@ async def test_owner_isolation_on_every_path(store: PostgresStore) -> None:
     assert (await store.get(theirs, [f"{theirs}-1"]))[0].content == "secret deployment plan"
 
 
+async def test_selectors_holding_nul_match_nothing_without_an_error(store: PostgresStore) -> None:
+    # PostgreSQL refuses NUL in a text parameter; no record can hold one (a2m.records refuses it),
+    # so these answer as every other tier does: nothing, null, 0, and the rows stay as they were.
+    owner = _owner()
+    await store.write([rec(1, owner, key="k", session="s"), rec(2, owner)])
+    nul = "x\x00"
+    vector = [1.0] * (await store.dimensions() or 3)  # the module's store is shared: its width, if any
+    assert await store.get(owner, [nul]) == [] and await store.get_keys(owner, [f"k{nul}"]) == {}
+    assert [r.id for r in await store.get(owner, [nul, f"{owner}-1"])] == [f"{owner}-1"]
+    assert await store.owners([nul, f"{owner}-2"]) == {f"{owner}-2": owner}
+    for scope in (Scope(owner=nul), Scope(owner=owner, key_prefix=nul), Scope(owner=owner, ids=[nul]),
+                  Scope(owner=owner, where={"session": nul}), Scope(owner=owner, where={"content": [nul]}),
+                  Scope(owner=owner, where={"m": nul}), Scope(owner=owner, where={nul: "v"}),
+                  Scope(owner=owner, where={"owner": nul})):
+        assert await store.select(scope) == [], scope
+        assert await store.search(scope, text="note", vector=None, limit=5) == [], scope
+        assert await store.search(scope, text="note", vector=vector, limit=5) == [], scope
+        assert await store.delete(scope) == 0, scope
+    assert [r.id for r in await store.select(Scope(owner=owner, where={nul: None}))] == [f"{owner}-1", f"{owner}-2"]
+    assert [r.id for r in await store.select(Scope(owner=owner, where={"session": [nul, "s"]}))] == [f"{owner}-1"]
+    assert await store.reinforce(owner, [nul], 0.5) == 0 and await store.reinforce(nul, [f"{owner}-1"], 0.5) == 0
+    await store.touch(owner, [nul], "2026-05-01T00:00:00.000Z")
+    assert await store.count(nul) == 0 and await store.sessions(nul) == []
+    assert await store.count(owner) == 2
+
+
+async def test_owner_and_content_in_where_are_the_record_fields(store: PostgresStore) -> None:
+    owner = _owner()
+    await store.write([rec(1, owner, content="alpha", metadata={"content": "beta", "owner": "meta"}),
+                       rec(2, owner, content="beta")])
+    assert [r.id for r in await store.select(Scope(owner=owner, where={"content": "beta"}))] == [f"{owner}-2"]
+    assert [r.id for r in await store.select(Scope(owner=owner, where={"content": ["alpha", "x"]}))] == [f"{owner}-1"]
+    assert len(await store.select(Scope(owner=owner, where={"owner": owner}))) == 2
+    for where in ({"owner": "meta"}, {"owner": None}, {"content": None}):
+        assert await store.select(Scope(owner=owner, where=where)) == [], where
+    assert await store.select(Scope(owner=_owner(), where={"owner": owner})) == []  # never wider than the owner
+
+
+async def test_vector_elements_that_round_to_float32s_largest_are_stored(server: str) -> None:
+    store = PostgresStore(_settings(_fresh_database(server)))
+    await store.open()
+    try:
+        # the bound a2m.records enforces: below it a double rounds to FLT_MAX, and pgvector accepts it
+        await store.write([rec(1, "o", embedding=[2.0**128 - 2.0**103 * 1.5, -3.4028235e38, 1.0])])
+        got = (await store.get("o", ["o-1"], with_embeddings=True))[0].embedding
+        assert got == [3.4028235e38, -3.4028235e38, 1.0]  # pgvector's float32, printed shortest
+        with pytest.raises(StoreRejected):  # and at the bound it would be infinite
+            await store.write([rec(2, "o", embedding=[2.0**128 - 2.0**103, 0.0, 1.0])])
+    finally:
+        await store.close()
+
+
 async def test_touch_reinforce_delete_sessions(store: PostgresStore) -> None:
     owner = _owner()
     await store.write([rec(i, owner, session=f"s{i % 2}") for i in range(4)])

@@ -137,6 +137,51 @@ async def test_restore_writes_an_earlier_content_as_a_new_revision(store: GitSto
         assert err.value.code == -32602, bad
 
 
+async def test_restore_never_takes_an_id_that_went_to_another_record(store: GitStore) -> None:
+    """Restoring a forgotten key reuses its old id only while nobody holds it: ids are global, so
+    writing it would move the holder onto this key (deleting it where it is)."""
+    handlers = extensions(store)
+    restore, history = handlers["memory/restore"], handlers["memory/history"]
+    await store.write([rec("p", "alice's steps v1", key="k/p")])
+    commit = (await history({"key": "k/p", "owner": "alice"}, Ctx()))["revisions"][0]["commit"]
+    await store.write([], ["p"])
+    await store.write([rec("p", "bob's own record", owner="bob", key="b/q")])  # the id goes to bob
+    with pytest.raises(A2MError) as err:
+        await restore({"key": "k/p", "commit": commit, "owner": "alice"}, Ctx())
+    assert err.value.code == -32005 and err.value.data == {"id": "p", "key": "k/p"}
+    assert (await store.get("bob", ["p"]))[0].content == "bob's own record"
+    assert await store.get_keys("alice", ["k/p"]) == {}
+    # the same owner reusing the id for another key: the restore gets a fresh id, that record stays
+    await store.write([], ["p"])
+    await store.write([rec("p", "alice's other procedure", key="k/other")])
+    out = await restore({"key": "k/p", "commit": commit, "owner": "alice"}, Ctx())
+    assert out["record"]["id"] != "p" and out["record"]["content"] == "alice's steps v1"
+    assert (await store.get_keys("alice", ["k/p"]))["k/p"].id == out["record"]["id"]
+    assert (await store.get_keys("alice", ["k/other"]))["k/other"].id == "p"
+    # nobody holds it any more: the old id comes back with the content
+    await store.write([], ["p", out["record"]["id"]])
+    again = await restore({"key": "k/p", "commit": commit, "owner": "alice"}, Ctx())
+    assert again["record"]["id"] == "p" and await store.count("bob") == 0
+
+
+async def test_a_put_never_takes_over_another_owners_id(store: GitStore) -> None:
+    await store.write([rec("x", "alice's", key="a/x")])
+    with pytest.raises(StoreRejected):
+        await store.write([rec("y", "fine", owner="bob"), rec("x", "bob's", owner="bob", key="b/x")])
+    assert (await store.get("alice", ["x"]))[0].content == "alice's" and await store.count("bob") == 0
+
+
+async def test_owner_and_content_in_where_are_the_record_fields(store: GitStore) -> None:
+    await store.write([rec(1, "alpha steps", metadata={"content": "beta steps", "owner": "meta"}),
+                       rec(2, "beta steps"), rec(3, "beta steps", owner="bob")])
+    for where, want in (({"content": "beta steps"}, ["2"]), ({"content": ["alpha steps", "x"]}, ["1"]),
+                        ({"owner": "alice"}, ["1", "2"]), ({"owner": "meta"}, []), ({"owner": None}, []),
+                        ({"owner": "bob"}, [])):
+        scope = Scope(owner="alice", where=where)
+        assert [r.id for r in await store.select(scope)] == want, where
+        assert sorted(r.id for r in await store.search(scope, text="steps", vector=None, limit=10)) == want, where
+
+
 BAD_KEYS = [
     "../escape", "a/../../b", "/etc/passwd", "a//b", "a/", "a\\b", "a\x00b", "a/\nb", ".git/config",
     "x/.git/hooks/pre-commit", ".gitattributes", "_ids/forged", "a/./b", "..", ".", "con", "x/NUL.txt",

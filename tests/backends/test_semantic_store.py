@@ -326,3 +326,17 @@ async def test_crash_mid_batch_loses_no_acknowledged_write(engine: str, tmp_path
         assert await store.dimensions() == 3
     finally:
         await store.close()
+
+
+async def test_owner_and_content_in_where_are_the_record_fields(store: SemanticStore) -> None:
+    await store.write([rec("a", "alpha fact", metadata={"content": "beta fact", "owner": "meta"}),
+                       rec("b", "beta fact", second=1), rec("c", "beta fact", owner="bob")])
+    for where, want in (({"content": "beta fact"}, ["b"]), ({"content": ["alpha fact", "x"]}, ["a"]),
+                        ({"owner": "alice"}, ["a", "b"]), ({"owner": ["bob", "alice"]}, ["a", "b"]),
+                        ({"owner": "meta"}, []), ({"owner": None}, []), ({"owner": "bob"}, []),
+                        ({"content": None}, [])):
+        scope = Scope(owner="alice", where=where)
+        assert ids(await store.select(scope)) == want, where
+        assert sorted(ids(await store.search(scope, text="fact", vector=None, limit=10))) == want, where
+    assert await store.delete(Scope(owner="alice", where={"content": "beta fact"})) == 1
+    assert ids(await store.select(Scope(owner="bob"))) == ["c"]

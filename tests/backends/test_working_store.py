@@ -542,3 +542,16 @@ async def test_child_dies_with_its_parent(tmp_path: Path) -> None:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+async def test_owner_and_content_in_where_are_the_record_fields(store: RedisStore) -> None:
+    await store.write([rec("a", T0, owner="alice", content="alpha note", session="s",
+                           metadata={"content": "beta note", "owner": "meta"}),
+                       rec("b", T1, owner="alice", content="beta note", session="s"),
+                       rec("c", T1, owner="bob", content="beta note", session="s")])
+    for where, want in (({"content": "beta note"}, ["b"]), ({"content": ["alpha note"], "session": "s"}, ["a"]),
+                        ({"owner": "alice", "session": "s"}, ["a", "b"]), ({"owner": "meta"}, []),
+                        ({"owner": None}, []), ({"owner": "bob"}, [])):
+        scope = Scope(owner="alice", where=where)
+        assert ids(await store.select(scope)) == want, where
+        assert sorted(ids(await store.search(scope, text="note", vector=None, limit=10))) == want, where

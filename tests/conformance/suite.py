@@ -385,6 +385,85 @@ async def _param_types(s: Session) -> None:
         await expect_error(s, "memory/forget", {"ids": "x"}, (-32602,), "string ids")
 
 
+def nested(levels: int, leaf: Any = 0) -> Any:
+    """A JSON value `levels` containers deep (objects and arrays in turn) around `leaf`."""
+    value = leaf
+    for i in range(levels):
+        value = [value] if i % 2 else {"x": value}
+    return value
+
+
+async def expect_nothing_written(s: Session, m: str, what: str) -> None:
+    expect(not await s.timeline(where={"m": m}), f"{what}: a refused write stored a record")
+    expect(not await s.recall(query=m), f"{what}: a refused write is recallable")
+
+
+@check("core", "text holding NUL (\\u0000) is refused with -32602 and nothing is written", writes=True)
+async def _nul_text(s: Session) -> None:
+    m = s.marker()
+    bad = {"content": f"{m} nul\u0000here", "role": "us\u0000er", "group": "g\u0000",
+           "id": f"id-{m}\u0000"}
+    for name, value in bad.items():
+        record = {"content": f"{m} fine", "metadata": {"m": m}, name: value}
+        await expect_error(s, "memory/remember", {"records": [record]}, (-32602,), f"NUL in {name}")
+    for metadata in ({"m": m, "k\u0000": 1}, {"m": m, "v": "a\u0000b"}, {"m": m, "v": [{"deep": ["x\u0000"]}]},
+                     {"m": m, "v": {"in\u0000side": True}}):
+        await expect_error(s, "memory/remember", {"records": [{"content": f"{m} fine", "metadata": metadata}]},
+                           (-32602,), f"NUL in metadata {metadata}")
+    await expect_nothing_written(s, m, "NUL")
+
+
+@check("core", "metadata nested deeper than 32 levels is refused; 32 levels round-trip", writes=True)
+async def _metadata_depth(s: Session) -> None:
+    m = s.marker()
+    too_deep = {"m": m, "d": nested(32)}  # the metadata object is the first level
+    await expect_error(s, "memory/remember", {"records": [{"content": f"{m} deep", "metadata": too_deep}]},
+                       (-32602,), "metadata 33 levels deep")
+    await expect_nothing_written(s, m, "deep metadata")
+    deepest = {"m": m, "d": nested(31, "leaf")}
+    await s.remember({"content": f"{m} deepest allowed", "metadata": deepest})
+    records = await s.timeline(where={"m": m})
+    expect([r["metadata"] for r in records] == [deepest], "32-level metadata did not round-trip")
+
+
+@check("core", "a timestamp outside years 0001-9999 in UTC is -32602 (created_at, after, before)", writes=True)
+async def _timestamp_range(s: Session) -> None:
+    m = s.marker()
+    for stamp in ("9999-12-31T23:30:00-01:00", "0001-01-01T00:30:00+01:00"):
+        await expect_error(s, "memory/remember", {"records": [{"content": m, "metadata": {"m": m},
+                                                               "created_at": stamp}]}, (-32602,), f"created_at {stamp}")
+        await expect_error(s, "memory/timeline", {"after": stamp}, (-32602,), f"after {stamp}")
+        await expect_error(s, "memory/recall", {"query": m, "before": stamp}, (-32602,), f"before {stamp}")
+    await expect_nothing_written(s, m, "out-of-range created_at")
+
+
+@check("core", "where tests the record fields content and owner before metadata keys", writes=True)
+async def _where_fields(s: Session) -> None:
+    m = s.marker()
+    await s.remember({"content": f"{m} a", "metadata": {"m": m, "owner": "meta", "content": f"{m} b"}},
+                     {"content": f"{m} b", "metadata": {"m": m}})
+    hits = await s.timeline(where={"m": m, "content": f"{m} b"})
+    expect([r["content"] for r in hits] == [f"{m} b"], f"where content gave {[r['content'] for r in hits]}")
+    found = await s.recall(query=m, where={"m": m, "content": [f"{m} a", "other"]})
+    expect([r["content"] for r in found] == [f"{m} a"], f"where content on recall gave {[r['content'] for r in found]}")
+    expect(not await s.timeline(where={"m": m, "owner": "meta"}), "where owner compared a metadata key")
+    own = hits[0].get("owner")  # null, or the authenticated principal
+    same = await s.timeline(where={"m": m, "owner": own})
+    expect(len(same) == 2, f"where owner: {own!r} (the records' own) matched {len(same)} of 2")
+
+
+@check("core", "a read selector holding NUL matches nothing (never an error)", writes=True)
+async def _nul_selectors(s: Session) -> None:
+    m = s.marker()
+    await s.remember({"content": f"{m} present", "metadata": {"m": m}})
+    forgot = await s.t.call("memory/forget", {"ids": [f"{m}\u0000"]})
+    expect(forgot.get("forgotten") == 0, f"forget of a NUL id: {forgot}")
+    expect(not await s.timeline(where={"m": f"{m}\u0000"}), "a NUL where value matched")
+    expect(not await s.recall(query=m, where={"m\u0000": m}), "a NUL where key matched")
+    expect(len(await s.timeline(where={"m": m, "k\u0000": None})) == 1, "an absent (NUL) key is not null")
+    expect(len(await s.timeline(where={"m": m})) == 1, "a NUL selector deleted something")
+
+
 # ---------------------------------------------------------------- read-only
 
 @check("read-only", "a read-only server refuses both write methods with -32004 and still serves reads")
@@ -421,6 +500,23 @@ async def _scopes_ids(s: Session) -> None:
         pass  # refusing is fine; silently replacing alice's record is not
     mine = await s.recall(query=m, owner=f"alice-{s.run}")
     expect([r["content"] for r in mine] == [f"{m} alice original"], f"alice's record became {mine}")
+
+
+@check("scopes", "where owner is tested inside the call's partition, never widening it; a NUL owner sees nothing",
+       writes=True)
+async def _scopes_where_owner(s: Session) -> None:
+    m = s.marker()
+    alice, bob = f"alice-{s.run}", f"bob-{s.run}"
+    await s.remember({"content": f"{m} alice's", "metadata": {"m": m}}, owner=alice)
+    expect(len(await s.timeline(where={"m": m, "owner": alice}, owner=alice)) == 1, "where owner: self found nothing")
+    expect(len(await s.timeline(where={"m": m, "owner": [bob, alice]}, owner=alice)) == 1, "where owner any-of failed")
+    expect(not await s.timeline(where={"m": m, "owner": bob}, owner=alice), "where owner: another owner matched")
+    expect(not await s.timeline(where={"m": m, "owner": None}, owner=alice), "where owner: null matched an owner")
+    expect(not await s.timeline(where={"m": m, "owner": alice}, owner=bob), "where owner widened the partition")
+    expect(not await s.recall(query=m, owner=f"{alice}\u0000"), "an owner with NUL recalled a record")
+    expect(not await s.timeline(where={"m": m}, owner=f"{alice}\u0000"), "an owner with NUL saw a record")
+    await expect_error(s, "memory/remember", {"records": [{"content": f"{m} nul owner"}], "owner": f"{bob}\u0000"},
+                       (-32602,), "remember with an owner holding NUL")
 
 
 # ---------------------------------------------------------------- sessions
@@ -482,6 +578,27 @@ async def _key_prefix(s: Session) -> None:
     expect([r["key"] for r in await s.timeline(key_prefix=f"{m}/")] == [f"{m}/b/1"], "forget key_prefix over-deleted")
 
 
+@check("keys", "a key holding NUL: remember is -32602, fetch is null, key_prefix matches nothing", writes=True)
+async def _keys_nul(s: Session) -> None:
+    m = s.marker()
+    await expect_error(s, "memory/remember", {"records": [{"content": f"{m} k", "key": f"{m}/\u0000"}]},
+                       (-32602,), "a key with NUL")
+    expect(not await s.recall(query=m), "the refused keyed record was written")
+    missing = await s.t.call("memory/fetch", {"key": f"{m}/\u0000"})
+    expect(missing.get("record") is None, f"fetch of a NUL key: {missing}")
+    expect(not await s.timeline(key_prefix=f"{m}\u0000"), "a NUL key_prefix matched")
+
+
+@check("keys", "revision beyond 2**53 - 1 is refused with -32602 (move/import extension)", writes=True)
+async def _revision_range(s: Session) -> None:
+    m = s.marker()
+    for revision in (2**53, 2**63, 2**64 - 1):
+        await expect_error(s, "memory/remember", {"records": [{"content": f"{m} r", "metadata": {"m": m},
+                                                               "key": f"{m}/k", "revision": revision}]},
+                           (-32602,), f"revision {revision}")
+    await expect_nothing_written(s, m, "revision past 2**53 - 1")
+
+
 # ---------------------------------------------------------------- tiers & salience
 
 @check("tiers", "promote to an unknown tier is -32002; consolidate reports its counts", writes=True)
@@ -496,6 +613,22 @@ async def _tiers(s: Session) -> None:
     expect(await s.recall(query=m), "consolidate lost a record")
 
 
+@check("tiers", "where tier: the tier a record is read from matches it; any other tier name matches nothing",
+       writes=True)
+async def _where_tier(s: Session) -> None:
+    m = s.marker()
+    await s.remember({"content": f"{m} somewhere", "metadata": {"m": m}})
+    records = await s.timeline(where={"m": m})
+    expect(len(records) == 1 and isinstance(records[0].get("tier"), str), f"a record without its tier: {records}")
+    tier = records[0]["tier"]
+    same = await s.timeline(where={"m": m, "tier": tier})
+    expect([r["id"] for r in same] == [records[0]["id"]], f"where tier {tier!r} did not match its own record")
+    hits = await s.recall(query=m, where={"m": m, "tier": [f"no-such-tier-{m}", tier]})
+    expect([r["id"] for r in hits] == [records[0]["id"]], "where tier any-of did not match")
+    expect(not await s.timeline(where={"m": m, "tier": f"no-such-tier-{m}"}), "another tier name matched")
+    expect(not await s.timeline(where={"m": m, "tier": None}), "where tier: null matched a record with a tier")
+
+
 @check("salience", "reinforce counts the records it reinforced; records carry salience fields", writes=True)
 async def _salience(s: Session) -> None:
     m = s.marker()
@@ -505,6 +638,19 @@ async def _salience(s: Session) -> None:
     record = (await s.recall(query=m))[0]
     expect(isinstance(record.get("salience"), (int, float)) and isinstance(record.get("access_count"), int),
            f"salience fields missing: {record}")
+
+
+@check("salience", "access_count beyond 2**53 - 1 is refused with -32602 (move/import extension)", writes=True)
+async def _access_count_range(s: Session) -> None:
+    m = s.marker()
+    for count in (2**53, 2**63, 2**64 - 1):
+        await expect_error(s, "memory/remember", {"records": [{"content": f"{m} counted", "metadata": {"m": m},
+                                                               "access_count": count}]},
+                           (-32602,), f"access_count {count}")
+    await expect_nothing_written(s, m, "access_count past 2**53 - 1")
+    ids = await s.remember({"content": f"{m} counted", "metadata": {"m": m}, "access_count": 2**53 - 1})
+    expect([r["access_count"] for r in await s.timeline(where={"m": m})] == [2**53 - 1],
+           f"access_count 2**53 - 1 did not round-trip ({ids})")
 
 
 # ---------------------------------------------------------------- embeddings
@@ -531,6 +677,18 @@ async def _embedding_width(s: Session) -> None:
     await expect_error(s, "memory/remember", {"records": [{"content": f"{m} wrong", "embedding": [0.5] * (dims + 3)}]},
                        (-32008,), "wrong width")
     expect(not any("wrong" in r["content"] for r in await s.recall(query=m)), "the mismatched record was written")
+
+
+@check("embeddings", "a vector value beyond float32's range is refused with -32602 and writes nothing", writes=True)
+async def _embedding_range(s: Session) -> None:
+    m = s.marker()
+    dims = s.dims()
+    for value in (1e300, -3.5e38, 3.5e38):
+        vector = [0.5] * (dims - 1) + [value]
+        await expect_error(s, "memory/remember", {"records": [{"content": f"{m} huge", "metadata": {"m": m},
+                                                               "embedding": vector}]}, (-32602,), f"element {value}")
+        await expect_error(s, "memory/recall", {"embedding": vector}, (-32602,), f"query element {value}")
+    await expect_nothing_written(s, m, "vector past float32")
 
 
 # ---------------------------------------------------------------- external
@@ -565,6 +723,14 @@ async def _events(s: Session) -> None:
 async def _events_reset(s: Session) -> None:
     result = await s.t.call("memory/events", {"cursor": "not-a-cursor-of-this-server"})
     expect(result.get("reset") is True and isinstance(result.get("cursor"), str), f"foreign cursor: {result}")
+
+
+@check("events", "a cursor with non-ASCII digits gives reset: true", writes=False)
+async def _events_odd_digits(s: Session) -> None:
+    head = (await s.t.call("memory/events", {}))["cursor"]
+    for cursor in (f"{head}\u00b2", f"{head}\u0663", f"{head}{'9' * 5000}"):
+        result = await s.t.call("memory/events", {"cursor": cursor})
+        expect(result.get("reset") is True and isinstance(result.get("cursor"), str), f"cursor {cursor[:40]!r}: {result}")
 
 
 @check("events", "forget is one coalesced event carrying the count", writes=True)

@@ -1,0 +1,116 @@
+"""The shared surface over each real engine: the same request gets the same answer on every tier.
+
+The four tier servers run in process, each on its embedded engine (Redis, PostgreSQL + pgvector,
+Qdrant Edge, git), behind the dispatcher exactly as `a2m serve` builds them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import pytest
+
+from a2m.dispatch import Context, Dispatcher
+from backends.serve import build
+from backends.settings import TierSettings
+
+pytestmark = pytest.mark.anyio
+
+TIERS = ("working", "episodic", "semantic", "procedural")
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def tiers(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, Dispatcher]]:
+    data = tmp_path_factory.mktemp("tiers")
+    servers = {name: build(name, TierSettings(name=name, data_dir=Path(data) / name)) for name in TIERS}
+    started = []
+    try:
+        for server in servers.values():
+            await server.startup()
+            started.append(server)
+        yield {name: Dispatcher(server) for name, server in servers.items()}
+    finally:
+        for server in started:
+            await server.shutdown()
+
+
+async def call(d: Dispatcher, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The reply's result, or {"error": code}."""
+    reply = await d.handle({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, Context())
+    assert reply is not None
+    return {"error": reply["error"]["code"]} if "error" in reply else reply["result"]
+
+
+def owner() -> str:
+    return "o-" + uuid.uuid4().hex[:10]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_where_tier_is_the_tier_every_record_is_read_from(tiers: dict[str, Dispatcher], tier: str) -> None:
+    d, me = tiers[tier], owner()
+    # a record written without a tier and one naming this tier: both show `tier: <name>` on the wire
+    written = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "plain note", "metadata": {"n": 1}}, {"content": "tiered note", "tier": tier}]}))["ids"]
+    everything = (await call(d, "memory/timeline", {"owner": me}))["records"]
+    assert {r["tier"] for r in everything} == {tier}
+    for where, want in (({"tier": tier}, written), ({"tier": [tier, "elsewhere"]}, written),
+                        ({"tier": tier, "n": 1}, written[:1]), ({"tier": "elsewhere"}, []), ({"tier": None}, [])):
+        assert [r["id"] for r in (await call(d, "memory/timeline", {"owner": me, "where": where}))["records"]] == want
+        hits = (await call(d, "memory/recall", {"owner": me, "query": "note", "where": where}))["records"]
+        assert sorted(r["id"] for r in hits) == sorted(want), where
+    # forget by tier is a deliberate selector: another tier's name forgets nothing, this one everything
+    assert await call(d, "memory/forget", {"owner": me, "where": {"tier": "elsewhere"}}) == {"forgotten": 0}
+    assert await call(d, "memory/forget", {"owner": me, "where": {"tier": tier}}) == {"forgotten": 2}
+    assert await call(d, "memory/forget", {"owner": me, "where": {}}) == {"error": -32602}
+
+
+# Read selectors naming a string with NUL: no stored record can hold one, so each matches nothing.
+NUL_READS: list[tuple[str, dict[str, Any], Any]] = [
+    ("memory/fetch", {"key": "k\x00"}, {"record": None}),
+    ("memory/forget", {"ids": ["a\x00"]}, {"forgotten": 0}),
+    ("memory/forget", {"key_prefix": "k\x00"}, {"forgotten": 0}),
+    ("memory/forget", {"where": {"m\x00": "v"}}, {"forgotten": 0}),
+    ("memory/reinforce", {"ids": ["a\x00"]}, {"reinforced": 0}),
+    ("memory/recall", {"owner": "o\x00"}, {"records": []}),
+    ("memory/recall", {"query": "note", "where": {"m": "v\x00"}}, {"records": []}),
+    ("memory/timeline", {"owner": "o\x00"}, {"records": []}),
+    ("memory/timeline", {"key_prefix": "\x00"}, {"records": []}),
+    ("memory/timeline", {"where": {"session": ["s\x00"]}}, {"records": []}),
+    ("memory/timeline", {"where": {"id": "a\x00", "content": "note\x00"}}, {"records": []}),
+    ("memory/session/list", {"owner": "o\x00"}, {"sessions": []}),
+]
+
+
+@pytest.mark.parametrize("method, params, expected", NUL_READS)
+async def test_a_selector_holding_nul_gets_the_same_empty_answer_on_every_tier(
+        tiers: dict[str, Dispatcher], method: str, params: dict[str, Any], expected: Any) -> None:
+    me = owner()
+    for tier, d in tiers.items():
+        await call(d, "memory/remember", {"owner": me, "records": [
+            {"content": "a note", "key": "k", "session": "s", "metadata": {"m": "v"}}]})
+        answer = await call(d, method, {"owner": me, **params})
+        if answer.get("error") == -32003:
+            continue  # the tier does not declare this method's capability (sessions on procedural)
+        assert answer == expected, tier
+        assert len((await call(d, "memory/timeline", {"owner": me}))["records"]) == 1, tier
+    for tier, d in tiers.items():  # and describe for such an owner counts nothing, without an error
+        described = await call(d, "memory/describe", {"owner": "o\x00"})
+        assert described["tiers"][0]["count"] == 0, tier
+
+
+@pytest.mark.parametrize("tier", ["episodic", "semantic"])
+async def test_summarize_refuses_an_empty_key_and_writes_nothing(tiers: dict[str, Dispatcher], tier: str) -> None:
+    d, me = tiers[tier], owner()
+    await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "Anna met Marco in Rome on 3 May 2023."}, {"content": "Marco booked a flight to Rome."}]})
+    assert await call(d, "memory/summarize", {"owner": me, "query": "Rome", "key": ""}) == {"error": -32602}
+    assert len((await call(d, "memory/timeline", {"owner": me}))["records"]) == 2
+    keyed = await call(d, "memory/summarize", {"owner": me, "query": "Rome", "key": "summary/rome"})
+    assert keyed["written"] == 1 and keyed["records"][0]["key"] == "summary/rome"
