@@ -656,6 +656,8 @@ class Router(EventMethods):
         scope = parse_scope(params, owner, ids_field=True)
         query = str_param(params, "query")
         key = str_param(params, "key")
+        if key == "":  # as remember and fetch answer it: an empty key is no address, not "no key"
+            raise invalid("key must not be empty", field="key")
         if scope.is_empty_selector() and not query and params.get("tier") is None:
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
         limit = self._limit(params, 50)

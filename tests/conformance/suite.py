@@ -810,6 +810,7 @@ async def _summarize(s: Session) -> None:
     m = s.marker()
     ids = await s.remember({"content": f"{m} met Anna in Rome on 3 May 2023."},
                            {"content": f"{m} booked a flight for 14 June."})
+    await expect_error(s, "memory/summarize", {"ids": ids, "key": ""}, (-32602,), "summarize into an empty key")
     result = await s.t.call("memory/summarize", {"ids": ids})
     expect(isinstance(result.get("records"), list) and isinstance(result.get("read"), int)
            and isinstance(result.get("written"), int), f"summarize result {result}")
