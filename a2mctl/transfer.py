@@ -7,13 +7,10 @@ owner; import writes `memory/remember` batches using the move/import extension
 survive, and a record lands in the tier it was exported from when the target
 has one of that name.
 
-Paging: a timeline with `limit` returns the *most recent* `limit` records, so
-export walks backwards with `before`. Timestamps have millisecond precision and
-many records can share one, so each page asks for `before` = (earliest stamp of
-the last page) + 1 ms, which re-reads that millisecond, and drops the ids it has
-already written. Pages are spooled to a temporary file and written out oldest
-first, so the file is in creation order (and, within one millisecond, in the
-order the source returns them): importing it reproduces the timeline exactly.
+Paging walks backwards through `timeline` (`a2m.paging` says how). Pages are
+spooled to a temporary file and written out oldest first, so the file is in
+creation order (and, within one millisecond, in the order the source returns
+them): importing it reproduces the timeline exactly.
 """
 
 from __future__ import annotations
@@ -23,13 +20,12 @@ import os
 import re
 import sys
 import tempfile
-from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, AsyncIterator, Iterator, Sequence
 
 import orjson
 
-from a2m.timefmt import format_ts, parse_ts
+from a2m import paging
 
 PAGE = 1000  # the protocol's usual max_recall_limit
 WIRE_FIELDS = ("id", "content", "created_at", "role", "metadata", "group", "tier", "salience", "access_count",
@@ -38,10 +34,6 @@ WIRE_FIELDS = ("id", "content", "created_at", "role", "metadata", "group", "tier
 
 class TransferError(Exception):
     """Export or import cannot continue; the message says why and what to do."""
-
-
-def _shift(stamp: str, ms: int) -> str:
-    return format_ts(parse_ts(stamp) + timedelta(milliseconds=ms))
 
 
 def _progress() -> Any:
@@ -69,56 +61,32 @@ def _recall_cap(described: dict[str, Any]) -> int | None:
 
 async def pages_backwards(client: Any, *, tier: str | None, owner: str | None, embeddings: bool,
                           page: int = PAGE, cap: int | None = PAGE) -> AsyncIterator[list[dict[str, Any]]]:
-    """Every record of one (tier, owner) stream, newest page first, each page ascending, no duplicates.
-
-    `cap` is the endpoint's max_recall_limit (None: `limit: 0` returns everything).
-    """
-    base: dict[str, Any] = {"limit": page, "embeddings": embeddings}
+    """Every record of one (tier, owner) stream, newest page first, each page ascending, no duplicates
+    (`a2m.paging`); a tier behind a router that does not answer stops the export."""
+    params: dict[str, Any] = {"embeddings": embeddings}
     if tier is not None:
-        base["tier"] = tier
+        params["tier"] = tier
     if owner is not None:
-        base["owner"] = owner
-    before: str | None = None  # exclusive upper bound of the next page
-    boundary: set[str] = set()  # ids already yielded at the millisecond just below `before`
-    while True:
-        params = dict(base) if before is None else {**base, "before": before}
-        records = _complete(await client.call("memory/timeline", params), tier)
-        if not records:
-            return
-        fresh = [r for r in records if r["id"] not in boundary]
-        if len(records) < page:
-            if fresh:
-                yield fresh
-            return  # the page holds everything before `before`
-        earliest = records[0]["created_at"]
-        if before is not None and earliest == _shift(before, -1):
-            # The whole page sits in the boundary millisecond: it holds at least `page` records, and
-            # the next page would be this one again. Read that millisecond alone, then go below it.
-            exact = {**base, "after": _shift(earliest, -1), "before": before, "limit": 0}
-            same = _complete(await client.call("memory/timeline", exact), tier)
-            if cap is not None and len(same) >= cap:
-                raise TransferError(f"at least {len(same)} records share created_at {earliest} in "
-                                    f"{tier or 'this endpoint'}, more than one timeline page holds: "
-                                    f"export cannot page past them")
-            fresh = [r for r in same if r["id"] not in boundary]
-            if fresh:
-                yield fresh
-            before, boundary = earliest, set()
-            continue
-        if fresh:
-            yield fresh
-        # Re-read the earliest millisecond next time (it may hold more than this page showed).
-        boundary = {r["id"] for r in records if r["created_at"] == earliest}
-        before = _shift(earliest, 1)
+        params["owner"] = owner
+
+    async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
+        result = await client.call(method, params)
+        _complete(result, tier)
+        return result
+
+    try:
+        async for records in paging.pages_backwards(call, params, page=page, cap=cap):
+            yield records
+    except paging.CrowdedMillisecond as exc:
+        raise TransferError(f"{tier or 'this endpoint'}: {exc}: export cannot page past them") from None
 
 
-def _complete(result: dict[str, Any], tier: str | None) -> list[dict[str, Any]]:
-    """A timeline page's records, or an error when a tier behind a router did not answer: a backup
-    that silently lacks a tier is worse than none."""
+def _complete(result: dict[str, Any], tier: str | None) -> None:
+    """Stop at a timeline page a router answered without one of its tiers: a backup that silently
+    lacks a tier is worse than none."""
     if result.get("degraded"):
         raise TransferError(f"{tier or 'the endpoint'}: tiers {', '.join(result['degraded'])} did not answer; "
                             "nothing was written, export again when they are back")
-    return result["records"]
 
 
 def _clean(record: dict[str, Any], embeddings: bool) -> dict[str, Any]:

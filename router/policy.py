@@ -25,13 +25,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from datetime import timedelta
 from typing import Any, Iterable, Sequence
 
 from a2m.client import Unavailable
 from a2m.embedder import Embedder, try_embed
 from a2m.errors import A2MError
-from a2m.timefmt import format_ts, parse_ts
+from a2m.paging import CrowdedMillisecond, pages_backwards
 
 from .federation import Federation, Tier
 
@@ -139,36 +138,21 @@ class Policy:
 
     async def scan(self, tier: Tier, owner: str | None, *, where: dict[str, Any] | None = None,
                    embeddings: bool = False) -> list[dict[str, Any]]:
-        """Every record of `owner` in `tier` (matching `where`), newest pages first, through `timeline`
-        and its `before` extension: no tier offers a cursor, so pages are cut at created_at, and a
-        page boundary inside a run of equal timestamps is re-read (ids de-duplicate it)."""
+        """Every record of `owner` in `tier` (matching `where`), newest pages first (`a2m.paging`: no
+        tier offers a cursor). Past a millisecond holding more records than a timeline returns, the
+        rest of that millisecond is left out, logged: they stay where they are."""
         page = _limit(tier, "max_recall_limit", 1000)
-        seen: set[str] = set()
+        capped = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
+        params: dict[str, Any] = _owner({"embeddings": embeddings}, owner)
+        if where:
+            params["where"] = where
         out: list[dict[str, Any]] = []
-        before: str | None = None
-        strict = False
-        while True:
-            params: dict[str, Any] = {"limit": page, "embeddings": embeddings}
-            if where:
-                params["where"] = where
-            if before is not None:
-                params["before"] = before
-            records = (await tier.call("memory/timeline", _owner(params, owner)))["records"]
-            fresh = [r for r in records if r["id"] not in seen]
-            for record in fresh:
-                seen.add(record["id"])
-            out.extend(fresh)
-            if len(records) < page:
-                return out
-            oldest = records[0]["created_at"]
-            if fresh and not strict:
-                before = format_ts(parse_ts(oldest) + timedelta(milliseconds=1))  # re-read ties at `oldest`
-            elif not strict:
-                strict, before = True, oldest  # more than a page share one timestamp: step past it
-            else:
-                if not fresh:
-                    return out
-                strict, before = False, format_ts(parse_ts(oldest) + timedelta(milliseconds=1))
+        try:
+            async for records in pages_backwards(tier.call, params, page=page, cap=capped):
+                out.extend(records)
+        except CrowdedMillisecond as exc:
+            log.warning("reading %s for %s: %s; the rest of them stay where they are", tier.name, owner, exc)
+        return out
 
     # ---- the move -----------------------------------------------------------------
 
