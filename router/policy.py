@@ -12,12 +12,14 @@ is a unit of one), gathered from every session of the source tier, and a batch
 is cut only between units. A unit the destination refuses (a record it cannot
 store, an id another owner holds there) stays behind alone; the rest move.
 
-A keyed record can be replaced while it moves, so a move that carries one
-holds the owner's key lock (the one keyed writes hold) from reading it to
-deleting it: the copy written is the copy deleted. Only what the destination
-kept under the record's own id counts as verified; a destination that kept a
-different record for the key (a newer revision from elsewhere) leaves the
-source record where it is.
+A move reads its records by id under the owner's lock and holds it until it
+has deleted them: every move, duplicate repair, forget and write that carries
+a key or a group takes that lock, so none lands inside another (two moves of
+one record in opposite directions, or a move and a repair, each deleting the
+other's copy, lost it; a key replaced or a group joined mid-move was deleted or
+split). Only what the destination kept under the record's own id counts as
+verified; a destination that kept a different record for the key (a newer
+revision from elsewhere) leaves the source record where it is.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class Policy:
         self.embedder = embedder
         self.emit = emit  # async (kind, owner, **fields) -> None: the router's event log
         self._locks: dict[tuple[Any, ...], asyncio.Lock] = {}
-        self._key_locks: dict[str | None, asyncio.Lock] = {}
+        self._owner_locks: dict[str | None, asyncio.Lock] = {}
         self.pending: dict[tuple[str | None, str], set[str]] = {}  # (owner, tier) -> ids earned promotion
         self._recalls: dict[tuple[str | None, str], Counter[str]] = {}  # recalls not yet counted in the tiers
         self._flushing = False
@@ -113,12 +115,13 @@ class Policy:
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
-    def key_lock(self, owner: str | None) -> asyncio.Lock:
-        """Serialises, per owner, keyed writes (locate the key, then replace it where it lives) and
-        moves of keyed records (read, write, verify, delete): neither may land inside the other."""
-        lock = self._key_locks.get(owner)
+    def owner_lock(self, owner: str | None) -> asyncio.Lock:
+        """Where an owner's records live changes under this lock only: moves (read, write, verify,
+        delete), forgets, and writes that carry a key or a group (locate, then write there). Taken
+        after a session's lock, never before; not reentrant, so a holder never calls `move`."""
+        lock = self._owner_locks.get(owner)
         if lock is None:
-            lock = self._key_locks[owner] = asyncio.Lock()
+            lock = self._owner_locks[owner] = asyncio.Lock()
         return lock
 
     # ---- reading from a tier -------------------------------------------------
@@ -156,23 +159,30 @@ class Policy:
 
     # ---- the move -----------------------------------------------------------------
 
-    async def move(self, source: Tier, dest: Tier, owner: str | None, records: Sequence[dict[str, Any]],
+    async def move(self, source: Tier, dest: Tier, owner: str | None, ids: Sequence[str],
                    *, salience: float | None = None, reason: str = "spill") -> list[str]:
-        """Write -> verify -> delete, whole groups. Returns the source ids that now live (only) in `dest`."""
-        if not records:
-            return []
+        """Write -> verify -> delete these records of `source` (whole groups) into `dest`. Returns the
+        ids that now live (only) in `dest`."""
+        return (await self._move_ids(source, dest, owner, ids, salience=salience, reason=reason))[0]
+
+    async def _move_ids(self, source: Tier, dest: Tier, owner: str | None, ids: Sequence[str], *,
+                        salience: float | None = None, reason: str = "spill",
+                        duplicates_only: bool = False) -> tuple[list[str], set[str]]:
+        """`move`, also returning which of `ids` were found in `source`. `duplicates_only`: move
+        only those `dest` holds too (repair: what is in one tier alone stays)."""
+        if not ids:
+            return [], set()
         if not dest.available():  # waiting out its backoff: the records stay where they are
             log.info("move %s -> %s skipped: %s is down", source.name, dest.name, dest.name)
-            return []
-        records = await self._whole_groups(source, owner, records)
-        if not any(r.get("key") for r in records):
-            return await self._move(source, dest, owner, records, salience, reason)
-        async with self.key_lock(owner):
-            # Read again under the lock: a keyed write may have replaced a record since it was read.
-            keyed = [r["id"] for r in records if r.get("key")]
-            fresh = {r["id"]: r for r in await self.by_ids(source, owner, keyed, embeddings=True)}
-            current = [fresh.get(r["id"], r) for r in records if not r.get("key") or r["id"] in fresh]
-            return await self._move(source, dest, owner, current, salience, reason)
+            return [], set(ids)
+        async with self.owner_lock(owner):
+            records = await self.by_ids(source, owner, ids, embeddings=True)
+            found = {r["id"] for r in records}
+            if duplicates_only and records:
+                there = {r["id"] for r in await self.by_ids(dest, owner, list(found))}
+                records = [r for r in records if r["id"] in there]
+            records = await self._whole_groups(source, owner, records)
+            return await self._move(source, dest, owner, records, salience, reason), found
 
     async def _whole_groups(self, source: Tier, owner: str | None,
                             records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -225,18 +235,22 @@ class Policy:
 
         A refusal (the destination answered with an error) is one unit's fault as often as not: the
         units are then placed one by one and only the refused ones stay behind. A destination that
-        cannot be reached stops the move."""
+        cannot be reached stops the move. A unit written in several calls and cut short is taken
+        back from `dest` (the source holds all of it), so no group is left half copied."""
         flat = [w for unit in batch for w in unit]
+        written: list[str] = []
         try:
-            written: list[str] = []
             for start in range(0, len(flat), size):  # one call unless a single unit outgrows a batch
                 chunk = flat[start:start + size]
                 written += (await dest.call("memory/remember", _owner({"records": chunk}, owner)))["ids"]
             present = {r["id"] for r in await self.by_ids(dest, owner, written)}
-        except Unavailable as exc:
-            log.warning("move %s -> %s: %s; %d records stay in %s", source.name, dest.name, exc, len(flat), source.name)
-            return [], True
         except A2MError as exc:
+            if written:
+                await self._take_back(source, dest, owner, [w["id"] for w, got in zip(flat, written) if got == w["id"]])
+            if isinstance(exc, Unavailable):
+                log.warning("move %s -> %s: %s; %d records stay in %s", source.name, dest.name, exc, len(flat),
+                            source.name)
+                return [], True
             if len(batch) == 1:
                 log.warning("move %s -> %s: %s refused a unit of %d (%s); it stays in %s", source.name, dest.name,
                             dest.name, len(flat), exc, source.name)
@@ -257,6 +271,13 @@ class Policy:
                 log.warning("move %s -> %s: %s kept other records for %s; they stay in %s", source.name, dest.name,
                             dest.name, [w["id"] for w in unit if kept[w["id"]] != w["id"]], source.name)
         return verified, False
+
+    async def _take_back(self, source: Tier, dest: Tier, owner: str | None, copies: list[str]) -> None:
+        try:
+            await dest.call("memory/forget", _owner({"ids": copies}, owner))
+        except A2MError as exc:  # duplicates until a consolidate completes the move
+            log.warning("move %s -> %s: %d copies of a group cut short stay in %s until consolidate (%s)",
+                        source.name, dest.name, len(copies), dest.name, exc)
 
     def _note_arrivals(self, dest: Tier, owner: str | None, records: Iterable[dict[str, Any]]) -> None:
         """Records that arrive already recalled often enough earn promotion in their new tier."""
@@ -296,11 +317,11 @@ class Policy:
                 excess -= len(unit)
             ids = [r["id"] for r in victims]
             if config.spill_to:
-                full = await self.by_ids(tier, owner, ids, embeddings=True)
-                moved = await self.move(tier, self.fed[config.spill_to], owner, full)
+                moved = await self.move(tier, self.fed[config.spill_to], owner, ids)
                 return {"moved": len(moved), "dropped": 0}
             if config.retention == "drop":
-                result = await tier.call("memory/forget", _owner({"ids": ids}, owner))
+                async with self.owner_lock(owner):
+                    result = await tier.call("memory/forget", _owner({"ids": ids}, owner))
                 return {"moved": 0, "dropped": int(result.get("forgotten", 0))}
             return {"moved": 0, "dropped": 0}
 
@@ -336,9 +357,8 @@ class Policy:
             if not (config.per_session and config.spill_to and tier.writable):
                 continue
             async with self.lock(tier.name, owner, session):
-                records = await self.scan(tier, owner, where={"session": session}, embeddings=True)
-                records.sort(key=lambda r: r["created_at"])
-                moved = await self.move(tier, self.fed[config.spill_to], owner, records, reason="session_close")
+                ids = [r["id"] for r in await self.scan(tier, owner, where={"session": session})]
+                moved = await self.move(tier, self.fed[config.spill_to], owner, ids, reason="session_close")
                 flushed += len(moved)
         return flushed
 
@@ -404,28 +424,26 @@ class Policy:
                 continue
             batch = sorted(ids)
             try:
-                found = await self.by_ids(tier, owner, batch, embeddings=True)
-                moved = await self._promote(tier, self.fed[target], owner, found)
+                moved, found = await self._move_ids(tier, self.fed[target], owner, batch, reason="promote")
             except A2MError as exc:  # still queued: the next consolidate or close tries again
                 log.warning("promotion %s -> %s skipped: %s", name, target, exc)
                 continue
+            await self._promoted(owner, moved, target)
             # Still queued: what is still here and did not move (its destination refused or was down).
-            ids.difference_update(set(batch) - ({r["id"] for r in found} - set(moved)))
+            ids.difference_update(set(batch) - (found - set(moved)))
             promoted += len(moved)
         return promoted
 
     async def promote(self, source: Tier, dest: Tier, owner: str | None, ids: Sequence[str], *,
                       salience: float | None = None) -> list[str]:
         """Move these ids (with the rest of their groups) from `source` to `dest`; returns moved ids."""
-        found = await self.by_ids(source, owner, ids, embeddings=True)
-        return await self._promote(source, dest, owner, found, salience)
-
-    async def _promote(self, source: Tier, dest: Tier, owner: str | None, found: list[dict[str, Any]],
-                       salience: float | None = None) -> list[str]:
-        moved = await self.move(source, dest, owner, found, salience=salience, reason="promote")
-        if moved and self.emit is not None:
-            await self.emit("promoted", owner, ids=moved, tier=dest.name)
+        moved = await self.move(source, dest, owner, ids, salience=salience, reason="promote")
+        await self._promoted(owner, moved, dest.name)
         return moved
+
+    async def _promoted(self, owner: str | None, moved: list[str], tier: str) -> None:
+        if moved and self.emit is not None:
+            await self.emit("promoted", owner, ids=moved, tier=tier)
 
     # ---- duplicate repair --------------------------------------------------------------
 
@@ -437,11 +455,11 @@ class Policy:
         return pairs
 
     async def repair(self, owner: str | None) -> int:
-        """Same id in a source and its destination (a move interrupted after its write): keep the
-        destination copy, unless the source holds a newer revision of a keyed record (replaced after
-        the copy was written): that one is moved again, over it. Scans the smaller side of each link
-        and looks the ids up in the other."""
-        removed = 0
+        """Same id in a source and its destination (a move interrupted after its write): the move is
+        run again, which keeps the destination copy (its write is idempotent) unless the source holds
+        a newer revision of the key, which then replaces it, and takes a group split by the
+        interruption whole. Scans the smaller side of each link and looks the ids up in the other."""
+        repaired = 0
         for source, dest in self.links():
             if not source.writable:
                 continue
@@ -453,21 +471,10 @@ class Policy:
                 if not n_source or not n_dest:
                     continue
                 small, other = (source, dest) if n_source <= n_dest else (dest, source)
-                scanned = {r["id"]: r for r in await self.scan(small, owner)}
-                twins = {r["id"]: r for r in await self.by_ids(other, owner, list(scanned))} if scanned else {}
-                if not twins:
-                    continue
-                here = scanned if small is source else twins
-                there = twins if small is source else scanned
-                newer = [i for i in twins if here[i].get("key") and
-                         int(here[i].get("revision") or 1) > int(there[i].get("revision") or 1)]
-                stale = [i for i in twins if i not in set(newer)]
-                if stale:
-                    result = await source.call("memory/forget", _owner({"ids": stale}, owner))
-                    removed += int(result.get("forgotten", 0))
-                if newer:
-                    full = await self.by_ids(source, owner, newer, embeddings=True)
-                    removed += len(await self.move(source, dest, owner, full, reason="repair"))
+                ids = [r["id"] for r in await self.scan(small, owner)]
+                both = [r["id"] for r in await self.by_ids(other, owner, ids)] if ids else []
+                moved, _ = await self._move_ids(source, dest, owner, both, reason="repair", duplicates_only=True)
+                repaired += len(set(moved) & set(both))
             except (Unavailable, A2MError) as exc:
                 log.warning("duplicate repair %s -> %s skipped: %s", source.name, dest.name, exc)
-        return removed
+        return repaired

@@ -235,12 +235,12 @@ class Router(EventMethods):
                 raise A2MError(errors.READ_ONLY, f"tier {target.name} is read-only", {"tier": target.name, "index": i})
             targets.append(target)
         await self._check_width([r.embedding for r in records if r.embedding is not None])
-        if any(r.key for r in records):
-            async with self.policy.key_lock(owner):
+        if any(r.key or r.group for r in records):  # it is located, then written there: nothing may move between
+            async with self.policy.owner_lock(owner):
                 ids, by_tier = await self._write(records, raw_records, targets, owner)
         else:
             ids, by_tier = await self._write(records, raw_records, targets, owner)
-        await self._enforce_capacity(records, by_tier, owner)  # outside the key lock: a move takes it itself
+        await self._enforce_capacity(records, by_tier, owner)  # outside the owner lock: a move takes it itself
         return ids
 
     async def _write(self, records: list[Record], raw: list[Any], targets: list[Tier],
@@ -503,8 +503,9 @@ class Router(EventMethods):
         if params.get("tier") is not None and not tiers[0].writable:
             raise A2MError(errors.READ_ONLY, f"tier {tiers[0].name} is read-only", {"tier": tiers[0].name})
         down = {name: params[name] for name in (*SCOPE_PARAMS, "ids", "query") if params.get(name) is not None}
-        fan = await self.fed.fan_out("memory/forget", _with_owner(down, owner),
-                                     [t for t in tiers if t.writable], skip_down=False)
+        async with self.policy.owner_lock(owner):  # a record mid-move is forgotten in both tiers, not revived
+            fan = await self.fed.fan_out("memory/forget", _with_owner(down, owner),
+                                         [t for t in tiers if t.writable], skip_down=False)
         count = sum(int(r.get("forgotten", 0)) for r in fan.results.values())
         await self.events.emit("forgotten", owner, count=count)
         if fan.degraded:

@@ -224,3 +224,69 @@ async def test_a_keyed_write_fails_while_a_tier_that_may_hold_the_key_is_down(tm
                 small.tiers["episodic"].resume()
         async with HTTPClient(small.tiers["working"].url) as working:
             assert [r["content"] for r in (await working.call("memory/timeline", {}))["records"]] == ["no key here"]
+
+
+async def rounds_lost(stack: Stack, rounds: int, other_call: str) -> list[str]:
+    """Moves of one record in opposite directions, or a move and a repair, at once: each would see
+    the other's copy and delete its own source. Returns what ended in no tier."""
+    rnd = random.Random(11)
+    lost: list[str] = []
+    async with HTTPClient(stack.url) as a, HTTPClient(stack.url) as b:
+        for _ in range(rounds):
+            me = owner()
+            ids = [f"{me}-{i}" for i in range(5)]
+            await direct(stack, "semantic", "memory/remember", {"owner": me, "records": [
+                {"id": i, "content": f"fact {i}"} for i in ids] + [{"content": f"other {k}"} for k in range(6)]})
+            await direct(stack, "episodic", "memory/remember", {"owner": me, "records": [{"content": "an episode"}]})
+
+            async def later() -> Any:
+                await asyncio.sleep(rnd.uniform(0, 0.012))
+                if other_call == "repair":
+                    return await b.call("memory/consolidate", {"owner": me})
+                return await b.call("memory/promote", {"owner": me, "ids": ids, "tier": "semantic"})
+
+            await asyncio.gather(a.call("memory/promote", {"owner": me, "ids": ids, "tier": "episodic"}), later())
+            held = homes(await placement(stack, me), set(ids))
+            lost += [i for i in ids if i not in held]
+    return lost
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("other_call", ["repair", "promote"])
+async def test_concurrent_moves_of_one_record_never_lose_it(stack: Stack, other_call: str) -> None:
+    assert await rounds_lost(stack, 15, other_call) == []
+
+
+@pytest.mark.anyio
+async def test_a_write_joining_a_group_while_it_moves_does_not_split_it(stack: Stack) -> None:
+    rnd = random.Random(12)
+    async with HTTPClient(stack.url) as a, HTTPClient(stack.url) as b:
+        for n in range(15):
+            me = owner()
+            ids = (await a.call("memory/remember", {"owner": me, "records": [
+                {"content": f"step {i}", "group": "g", "tier": "episodic"} for i in range(5)]}))["ids"]
+
+            async def join() -> Any:
+                await asyncio.sleep(rnd.uniform(0, 0.01))
+                return await b.call("memory/remember", {"owner": me, "records": [{"content": "late", "group": "g"}]})
+
+            await asyncio.gather(a.call("memory/promote", {"owner": me, "ids": ids[:1], "tier": "semantic"}), join())
+            held = await placement(stack, me, group="g")
+            assert [t for t, records in held.items() if records] == ["semantic"], f"round {n}: {held}"
+
+
+@pytest.mark.anyio
+async def test_a_group_larger_than_a_batch_is_never_left_half_copied(stack: Stack) -> None:
+    """600 records of one group go to episodic in two calls; the second is refused (an id episodic gives
+    another owner). The first call's copies are taken back, so nothing is in two tiers for a repair to
+    split."""
+    me, other = owner(), owner()
+    await direct(stack, "episodic", "memory/remember", {"owner": other, "records": [{"id": f"{other}-t", "content": "x"}]})
+    records: list[dict[str, Any]] = [{"content": f"row {i}", "group": "G", "session": "big"} for i in range(600)]
+    records[550]["id"] = f"{other}-t"
+    async with HTTPClient(stack.url, timeout=60) as router:
+        await router.call("memory/remember", {"owner": me, "records": records})
+        assert (await router.call("memory/session/close", {"owner": me, "session": "big"}))["flushed"] == 0
+        assert (await router.call("memory/consolidate", {"owner": me}))["repaired"] == 0
+    held = await placement(stack, me)
+    assert (len(held["working"]), len(held["episodic"])) == (600, 0)
