@@ -159,41 +159,44 @@ class Policy:
 
     # ---- the move -----------------------------------------------------------------
 
-    async def move(self, source: Tier, dest: Tier, owner: str | None, ids: Sequence[str],
-                   *, salience: float | None = None, reason: str = "spill") -> list[str]:
-        """Write -> verify -> delete these records of `source` (whole groups) into `dest`. Returns the
-        ids that now live (only) in `dest`."""
-        return (await self._move_ids(source, dest, owner, ids, salience=salience, reason=reason))[0]
+    async def move(self, source: Tier, dest: Tier, owner: str | None, ids: Sequence[str] = (), *,
+                   where: dict[str, Any] | None = None, salience: float | None = None,
+                   reason: str = "spill") -> list[str]:
+        """Write -> verify -> delete these records of `source` (by `ids`, or all that match `where`;
+        whole groups) into `dest`. Returns the ids that now live (only) in `dest`."""
+        moved, _ = await self._move_ids(source, dest, owner, ids, where=where, salience=salience, reason=reason)
+        return moved
 
     async def _move_ids(self, source: Tier, dest: Tier, owner: str | None, ids: Sequence[str], *,
-                        salience: float | None = None, reason: str = "spill",
-                        duplicates_only: bool = False) -> tuple[list[str], set[str]]:
-        """`move`, also returning which of `ids` were found in `source`. `duplicates_only`: move
+                        where: dict[str, Any] | None = None, salience: float | None = None,
+                        reason: str = "spill", duplicates_only: bool = False) -> tuple[list[str], set[str]]:
+        """`move`, also returning which records were found in `source`. `duplicates_only`: move
         only those `dest` holds too (repair: what is in one tier alone stays)."""
-        if not ids:
+        if not ids and where is None:
             return [], set()
         if not dest.available():  # waiting out its backoff: the records stay where they are
             log.info("move %s -> %s skipped: %s is down", source.name, dest.name, dest.name)
             return [], set(ids)
         async with self.owner_lock(owner):
-            records = await self.by_ids(source, owner, ids, embeddings=True)
+            records = (await self.scan(source, owner, where=where, embeddings=True) if where is not None
+                       else await self.by_ids(source, owner, ids, embeddings=True))
             found = {r["id"] for r in records}
             if duplicates_only and records:
                 there = {r["id"] for r in await self.by_ids(dest, owner, list(found))}
                 records = [r for r in records if r["id"] in there]
             records = await self._whole_groups(source, owner, records)
+            records.sort(key=lambda r: r["created_at"])  # oldest first: a move cut short keeps the newest
             return await self._move(source, dest, owner, records, salience, reason), found
 
     async def _whole_groups(self, source: Tier, owner: str | None,
                             records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """`records` and every other member of their groups in `source`, from any session, oldest first."""
+        """`records` and every other member of their groups in `source`, from any session."""
         groups = sorted({r["group"] for r in records if r.get("group")})
         out = list(records)
         if groups:
             known = {r["id"] for r in records}
             out += [r for r in await self.scan(source, owner, where={"group": groups}, embeddings=True)
                     if r["id"] not in known]
-            out.sort(key=lambda r: r["created_at"])
         return out
 
     async def _move(self, source: Tier, dest: Tier, owner: str | None, records: Sequence[dict[str, Any]],
@@ -357,8 +360,8 @@ class Policy:
             if not (config.per_session and config.spill_to and tier.writable):
                 continue
             async with self.lock(tier.name, owner, session):
-                ids = [r["id"] for r in await self.scan(tier, owner, where={"session": session})]
-                moved = await self.move(tier, self.fed[config.spill_to], owner, ids, reason="session_close")
+                moved = await self.move(tier, self.fed[config.spill_to], owner, where={"session": session},
+                                        reason="session_close")
                 flushed += len(moved)
         return flushed
 
