@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from psycopg import sql
 from psycopg.rows import dict_row
@@ -64,6 +64,12 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     return value
+
+
+def _text(values: Iterable[str]) -> list[str]:
+    """Values to compare with text columns, less those holding NUL: PostgreSQL refuses NUL in a
+    parameter, and no text column holds one, so such a value matches nothing (as on every tier)."""
+    return [v for v in values if "\x00" not in v]
 
 
 class TableStore:
@@ -150,7 +156,7 @@ class TableStore:
         args: list[Any] = []
         if scope.ids is not None:
             clauses.append(sql.SQL("{}::text = ANY(%s)").format(sql.Identifier(self.spec.id_column)))
-            args.append(list(scope.ids))
+            args.append(_text(scope.ids))
         for name, expected in scope.where.items():
             if name not in self.spec.metadata_columns:
                 continue
@@ -159,7 +165,7 @@ class TableStore:
             parts = []
             if values:
                 parts.append(sql.SQL("{}::text = ANY(%s)").format(sql.Identifier(name)))
-                args.append([str(v).lower() if isinstance(v, bool) else str(v) for v in values])
+                args.append(_text(str(v).lower() if isinstance(v, bool) else str(v) for v in values))
             if len(values) < len(options):
                 parts.append(sql.SQL("{} IS NULL").format(sql.Identifier(name)))
             clauses.append(sql.SQL("(") + sql.SQL(" OR ").join(parts) + sql.SQL(")"))
@@ -198,7 +204,7 @@ class TableStore:
         if not ids:
             return []
         rows = await self._query(sql.SQL("SELECT {} FROM {} WHERE {}::text = ANY(%s)").format(
-            self._columns(with_embeddings), self._table(), sql.Identifier(self.spec.id_column)), [list(ids)])
+            self._columns(with_embeddings), self._table(), sql.Identifier(self.spec.id_column)), [_text(ids)])
         return [self._record(r) for r in rows]
 
     async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:

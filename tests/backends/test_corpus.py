@@ -62,6 +62,9 @@ async def test_corpus_recalls_by_text_vector_and_filter_and_never_writes(corpus_
         assert [r["metadata"]["source"] for r in near] == ["shipping", "shipping"]
         policy = (await t.call("memory/timeline", {"where": {"source": "policy"}}))["records"]
         assert len(policy) == 2 and all(r["metadata"]["source"] == "policy" for r in policy)
+        # a selector holding NUL matches nothing here either (PostgreSQL would refuse the parameter)
+        for params in ({"where": {"source": "policy\u0000"}}, {"where": {"id": ["1\u0000"]}}):
+            assert (await t.call("memory/timeline", params))["records"] == []
         with pytest.raises(RPCError) as err:
             await t.call("memory/remember", {"records": [{"content": "x"}]})
         assert err.value.code == -32004
