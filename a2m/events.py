@@ -149,5 +149,6 @@ class EventMethods:
         return {"subscribed": True}
 
     async def unsubscribe(self, params: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        ctx.owner(params)  # an owner the caller may not name is refused here too (-32005)
         self.events.unsubscribe(ctx)
         return {"subscribed": False}

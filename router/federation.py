@@ -46,7 +46,8 @@ class Tier:
 
     @property
     def writable(self) -> bool:
-        return not self.config.read_only
+        """Neither marked `read_only` in router.toml nor saying so itself (a mounted corpus does)."""
+        return not self.config.read_only and not any(t.get("read_only") for t in (self.info or {}).get("tiers") or ())
 
     @property
     def capabilities(self) -> frozenset[str]:

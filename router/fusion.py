@@ -35,16 +35,18 @@ RANK_K = 10  # rerank's tier-rank signal: 1.0 for a tier's first hit, 0.5 by its
 
 
 def _dedupe(lists: Mapping[str, Sequence[Record]], depth: Mapping[str, int]) -> dict[str, list[tuple[int, Record]]]:
-    """Drop duplicate ids across tiers (an interrupted move), keeping the deeper (destination) copy."""
-    best: dict[str, str] = {}
+    """Drop duplicate ids across tiers (an interrupted move), keeping the newer revision, then the
+    deeper (destination) copy: the copy fetch returns and duplicate repair keeps."""
+    best: dict[str, tuple[int, int, str]] = {}
     for tier, records in lists.items():
         for record in records:
+            rank = (record.revision, depth.get(tier, 0), tier)
             holder = best.get(record.id)
-            if holder is None or depth.get(tier, 0) > depth.get(holder, 0):
-                best[record.id] = tier
+            if holder is None or rank[:2] > holder[:2]:
+                best[record.id] = rank
     out: dict[str, list[tuple[int, Record]]] = {}
     for tier, records in lists.items():
-        kept = [r for r in records if best.get(r.id) == tier]
+        kept = [r for r in records if best[r.id][2] == tier]
         out[tier] = list(enumerate(kept))
     return out
 

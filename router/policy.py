@@ -431,22 +431,13 @@ class Policy:
             except A2MError as exc:  # still queued: the next consolidate or close tries again
                 log.warning("promotion %s -> %s skipped: %s", name, target, exc)
                 continue
-            await self._promoted(owner, moved, target)
+            if moved and self.emit is not None:
+                await self.emit("promoted", owner, ids=moved, tier=target)
             # Still queued: what is still here and did not move (its destination refused or was down).
             ids.difference_update(set(batch) - (found - set(moved)))
             promoted += len(moved)
         return promoted
 
-    async def promote(self, source: Tier, dest: Tier, owner: str | None, ids: Sequence[str], *,
-                      salience: float | None = None) -> list[str]:
-        """Move these ids (with the rest of their groups) from `source` to `dest`; returns moved ids."""
-        moved = await self.move(source, dest, owner, ids, salience=salience, reason="promote")
-        await self._promoted(owner, moved, dest.name)
-        return moved
-
-    async def _promoted(self, owner: str | None, moved: list[str], tier: str) -> None:
-        if moved and self.emit is not None:
-            await self.emit("promoted", owner, ids=moved, tier=tier)
 
     # ---- duplicate repair --------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
 from a2m.filters import parse_scope
 from a2m.http import HTTPSettings
-from a2m.records import Record, parse_write, validate_embedding
+from a2m.records import Record, parse_write, supplied_history, validate_embedding
 from a2m.summarize import summarize as extract_summary
 from a2m.timefmt import now
 from a2m.params import ids_param, int_param, str_param
@@ -247,7 +247,8 @@ class Router(EventMethods):
                      owner: str | None) -> tuple[list[str], dict[str, list[int]]]:
         ids: list[str | None] = [None] * len(records)
         supplied = [r.id for r, w in zip(records, raw) if w.get("id") is not None]
-        revisions, existing = await self._route(records, targets, supplied, owner)
+        history = [supplied_history(w) for w in raw]
+        revisions, existing = await self._route(records, targets, supplied, history, owner)
         # A client-supplied id that exists anywhere in the federation is idempotent: returned, not rewritten.
         for i, (record, w) in enumerate(zip(records, raw)):
             if w.get("id") is not None and record.id in existing:
@@ -289,16 +290,19 @@ class Router(EventMethods):
         for name in order:
             for i in by_tier[name]:
                 record = records[i]
+                if i in revisions and revisions[i] is None:
+                    continue  # an older revision of an imported key: the tier kept its own, nothing was written
                 await self.events.emit("written", owner, id=ids[i], tier=name, session=record.session,
                                        key=record.key, revision=revisions.get(i, record.revision) if record.key else None)
         return [i for i in ids if i is not None], by_tier
 
-    async def _route(self, records: list[Record], targets: list[Tier], supplied: list[str],
-                     owner: str | None) -> tuple[dict[int, int], set[str]]:
+    async def _route(self, records: list[Record], targets: list[Tier], supplied: list[str], history: list[bool],
+                     owner: str | None) -> tuple[dict[int, int | None], set[str]]:
         """Send each record whose key or group already lives in a tier to that tier (a key is unique
         per owner across the federation and is replaced where it lives; a group never splits), in
-        place in `targets`. Returns index -> the revision a key replacement will get, and which of
-        the `supplied` ids exist somewhere already (looked up in the same round trip).
+        place in `targets`. Returns index -> the revision a key replacement will have (None: the
+        record carries an older revision than the key's, which the tier keeps: decision 3), and
+        which of the `supplied` ids exist somewhere already (looked up in the same round trip).
 
         A record that names another tier than its key's or group's is refused, as is a batch that
         would put one key, group or id in two tiers: either would leave two homes. A keyed write
@@ -314,7 +318,7 @@ class Router(EventMethods):
         if unreached:
             raise A2MError(errors.INTERNAL_ERROR, f"cannot tell where keys live: tier {', '.join(unreached)} did "
                            "not answer; nothing was written, retry when it is back", {"degraded": unreached})
-        revisions: dict[int, int] = {}
+        revisions: dict[int, int | None] = {}
         for i, record in enumerate(records):
             held = holders.get(record.key) if record.key else None
             home = homes.get(record.group) if record.group else None
@@ -331,7 +335,11 @@ class Router(EventMethods):
                               index=i, field="tier", tier=place)
             targets[i] = self.fed[place]
             if held:
-                revisions[i] = int(held[1].get("revision") or 1) + 1
+                current = int(held[1].get("revision") or 1)
+                if not history[i]:
+                    revisions[i] = current + 1
+                else:  # a move or an import carries its revision: the newer one wins
+                    revisions[i] = record.revision if record.revision >= current else None
         for field, value_of in (("key", lambda r: r.key), ("group", lambda r: r.group), ("id", lambda r: r.id)):
             placed: dict[str, str] = {}
             for i, record in enumerate(records):
@@ -407,6 +415,8 @@ class Router(EventMethods):
         elif query and self.embedder is not None and any(t.searched for t in tiers):
             embedded = await try_embed(self.embedder, [query])  # once per recall, for every searched tier
             vector = embedded[0] if embedded else None
+        if not query and vector is not None and params.get("tier") is None:
+            tiers = [t for t in tiers if t.searched]  # the others would answer with their newest records
         pool = limit if strategy == "rrf" else max(limit, self.config.fusion.pool)
         asked_vectors = params.get("embeddings") is True
         base = {**scope, "touch": False, "embeddings": asked_vectors or (strategy == "rerank" and vector is not None)}
@@ -428,6 +438,9 @@ class Router(EventMethods):
                 fusion.prepare(parsed[name])  # while the slower tiers still work
 
         fan = await self.fed.fan_out("memory/recall", {}, tiers, per_tier=per_tier, arrived=arrived)
+        for error in fan.errors.values():
+            if error.code == errors.EMBEDDING_MISMATCH:  # the caller's vector, not the tier, is at fault
+                raise error
         lists = {name: parsed[name] for name in fan.results}  # tier order, not arrival order: ties are stable
         depth = self._depth()
         if not query and vector is None:
@@ -476,20 +489,21 @@ class Router(EventMethods):
 
     def _merge_by_time(self, results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Ascending by created_at; equal stamps keep each tier's order, deeper tiers (older by
-        construction: records only move down) first. Duplicate ids keep the deeper copy. Works on
-        the tiers' wire records as they came (a session replay can be thousands of them)."""
+        construction: records only move down) first. Duplicate ids keep the newer revision, then the
+        deeper copy (as fetch and repair do). Works on the tiers' wire records as they came (a session
+        replay can be thousands of them)."""
         depth = self._depth()
-        keyed: dict[str, tuple[tuple[str, int, int, int], dict[str, Any]]] = {}
+        keyed: dict[str, tuple[tuple[str, int, int, int], tuple[int, int], dict[str, Any]]] = {}
         for name, result in results.items():
             here = depth.get(name, 0)
             order = self.fed.order.index(name)
             for position, record in enumerate(result.get("records", [])):
                 record["tier"] = name
-                sort_key = (record["created_at"], -here, order, position)
+                rank = (int(record.get("revision") or 1), here)
                 held = keyed.get(record["id"])
-                if held is None or here > -held[0][1]:
-                    keyed[record["id"]] = (sort_key, record)
-        return [r for _, r in sorted(keyed.values(), key=lambda p: p[0])]
+                if held is None or rank > held[1]:
+                    keyed[record["id"]] = ((record["created_at"], -here, order, position), rank, record)
+        return [r for _, _, r in sorted(keyed.values(), key=lambda p: p[0])]
 
     # ---- forget, fetch, reinforce --------------------------------------------------------
 
@@ -563,16 +577,17 @@ class Router(EventMethods):
         if not dest.writable:
             raise A2MError(errors.READ_ONLY, f"tier {dest.name} is read-only", {"tier": dest.name})
         wanted = set(ids)
-        promoted = 0
+        moved: list[str] = []
         for source in self.fed:
             if source is dest or not source.writable or not wanted:
                 continue
-            moved = await self.policy.promote(source, dest, owner, sorted(wanted),
-                                              salience=None if salience is None else float(salience))
-            hits = wanted & set(moved)
-            promoted += len(hits)
-            wanted -= hits
-        return {"promoted": promoted}
+            here = await self.policy.move(source, dest, owner, sorted(wanted), reason="promote",
+                                          salience=None if salience is None else float(salience))
+            moved += here
+            wanted -= set(here)
+        if moved:
+            await self.events.emit("promoted", owner, ids=moved, tier=dest.name)  # one event per call
+        return {"promoted": len(set(ids) & set(moved))}
 
     async def _counts(self, owner: str | None) -> dict[str, Any]:
         """`counts` per tier after a policy pass, and `degraded` naming the tiers that did not answer:
@@ -678,6 +693,8 @@ class Router(EventMethods):
         summary: dict[str, Any] = {"content": text, "role": "memory", "metadata": {"summary_of": [r.id for r in records]}}
         if key:
             summary["key"] = key
+        if params.get("into") is not None:
+            summary["tier"] = into.name  # asked for: a key living elsewhere is then refused, as on remember
         ids = await self.write([summary], owner, tier=into.name)
         stored = await self.policy.by_ids(self.fed[into.name], owner, ids)
         if not stored:  # a key write may have landed where the key already lived
@@ -697,6 +714,7 @@ class Router(EventMethods):
             result = fan.results.get(tier.name)
             if result is not None:
                 tier.info = result
+                entry["read_only"] = not tier.writable
                 entry["count"] = sum(int(t.get("count", 0)) for t in result.get("tiers", []))
                 entry["kind"] = entry["kind"] or next((t.get("kind") for t in result.get("tiers", [])), None)
                 engines = [t.get("engine") for t in result.get("tiers", []) if t.get("engine")]

@@ -89,3 +89,18 @@ async def test_a_cursor_with_digits_int_refuses_or_too_many_resets() -> None:
     for seq in ("\u00b2", "1\u00b2", "\u0663", "9" * 5000, "-1", "+1", " 1", "1_0"):
         page = log.poll(f"{log.salt}.{seq}", owner=None)
         assert page["reset"] is True and [e["id"] for e in page["events"]] == ["a"], seq
+
+
+@pytest.mark.anyio
+async def test_unsubscribe_refuses_an_owner_the_caller_may_not_name() -> None:
+    from a2m.dispatch import Context
+    from a2m.events import EventMethods
+
+    class Service(EventMethods):
+        events = EventLog()
+
+    alice = Context(transport="stdio", principal="alice")
+    with pytest.raises(A2MError) as refused:
+        await Service().unsubscribe({"owner": "bob"}, alice)
+    assert refused.value.code == -32005
+    assert await Service().unsubscribe({"owner": "alice"}, alice) == {"subscribed": False}

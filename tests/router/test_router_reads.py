@@ -1,0 +1,145 @@
+"""The router's read paths and what they report, on real tier servers (and one read-only fixture
+tier that says so only in its own describe): which copy of a duplicated record a read shows, what a
+vector-only recall ranks, which errors are the caller's, and the events a call leaves."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from a2m.client import HTTPClient
+from a2m.errors import A2MError
+
+from .stack import Stack, federation
+
+# `quiet` is read-only on its own server only: router.toml does not say so.
+QUIET = {"name": "quiet", "kind": "semantic", "serve": "fixture", "seed_read_only": True}
+TIERS = [
+    {"name": "working", "kind": "working", "capacity": 32, "spill_to": "episodic", "timeout": 2.0},
+    {"name": "episodic", "kind": "episodic", "spill_to": "semantic", "promote_to": "semantic", "timeout": 2.0},
+    {"name": "semantic", "kind": "semantic", "timeout": 2.0},
+    QUIET,
+]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with federation(tmp_path_factory.mktemp("reads"), TIERS, mode="real") as running:
+        yield running
+
+
+def owner() -> str:
+    return "owner-" + uuid.uuid4().hex[:8]
+
+
+async def direct(stack: Stack, tier: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async with HTTPClient(stack.tiers[tier].url) as client:
+        return await client.call(method, params)
+
+
+@pytest.mark.anyio
+async def test_a_duplicated_record_reads_as_its_newer_revision(stack: Stack) -> None:
+    """Same id in working (revision 3) and episodic (revision 1), as an interrupted move can leave
+    it: recall, timeline and fetch all show revision 3, the copy repair keeps."""
+    me = owner()
+    await direct(stack, "episodic", "memory/remember", {"owner": me, "records": [
+        {"id": "x", "key": "user/city", "content": "the user lives in Bologna", "revision": 1}]})
+    await direct(stack, "working", "memory/remember", {"owner": me, "records": [
+        {"id": "x", "key": "user/city", "content": "the user lives in Milan", "revision": 3}]})
+    async with HTTPClient(stack.url) as router:
+        for fusion in ("rrf", "rerank"):
+            hits = (await router.call("memory/recall", {"owner": me, "query": "where does the user live",
+                                                        "fusion": fusion}))["records"]
+            assert [(h["id"], h["revision"]) for h in hits] == [("x", 3)], fusion
+        timeline = (await router.call("memory/timeline", {"owner": me}))["records"]
+        assert [(r["id"], r["revision"], r["tier"]) for r in timeline] == [("x", 3, "working")]
+        assert (await router.call("memory/fetch", {"owner": me, "key": "user/city"}))["record"]["revision"] == 3
+
+
+@pytest.mark.anyio
+async def test_a_vector_only_recall_asks_only_the_tiers_that_rank_by_vector(stack: Stack) -> None:
+    """working keeps caller vectors but does not search by them: asked, it would answer with its
+    newest records, and rank fusion would put them first."""
+    me = owner()
+    near, far = [1.0] + [0.0] * 7, [0.0] * 7 + [1.0]
+    async with HTTPClient(stack.url) as router:
+        await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "the near one", "embedding": near, "tier": "episodic"}]})
+        await router.call("memory/remember", {"owner": me, "records": [
+            {"content": f"far {i}", "embedding": far} for i in range(3)]})
+        for fusion in ("rrf", "rerank"):
+            hits = (await router.call("memory/recall", {"owner": me, "embedding": near, "limit": 1,
+                                                        "fusion": fusion}))["records"]
+            assert [h["content"] for h in hits] == ["the near one"], fusion
+        asked = (await router.call("memory/recall", {"owner": me, "embedding": near, "tier": "working"}))["records"]
+        assert len(asked) == 3  # a tier named outright is still asked
+
+
+@pytest.mark.anyio
+async def test_a_vector_of_the_wrong_width_is_the_callers_error_even_before_the_router_knows_the_width(
+        tmp_path: Path) -> None:
+    tiers = [{"name": "working", "kind": "working"}, {"name": "episodic", "kind": "episodic", "timeout": 2.0}]
+    with federation(tmp_path, tiers, mode="real") as fresh:
+        # the first vectors reach episodic behind this router's back (another router, an import)
+        await direct(fresh, "episodic", "memory/remember", {"records": [{"content": "v", "embedding": [0.1] * 8}]})
+        async with HTTPClient(fresh.url) as router:
+            with pytest.raises(A2MError) as refused:
+                await router.call("memory/recall", {"embedding": [0.1] * 5})
+    assert refused.value.code == -32008
+
+
+@pytest.mark.anyio
+async def test_written_events_carry_the_revision_an_import_stored(stack: Stack) -> None:
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        await router.call("memory/remember", {"owner": me, "records": [{"key": "k1", "content": "one"}]})
+        cursor = (await router.call("memory/events", {"owner": me}))["cursor"]
+        await router.call("memory/remember", {"owner": me, "records": [{"key": "k1", "content": "seven", "revision": 7}]})
+        await router.call("memory/remember", {"owner": me, "records": [{"key": "k1", "content": "two", "revision": 2}]})
+        await router.call("memory/remember", {"owner": me, "records": [{"key": "k1", "content": "eight"}]})
+        events = (await router.call("memory/events", {"owner": me, "cursor": cursor, "kinds": ["written"]}))["events"]
+        assert [e["revision"] for e in events] == [7, 8]  # the older import changed nothing: no event
+        assert (await router.call("memory/fetch", {"owner": me, "key": "k1"}))["record"]["content"] == "eight"
+
+
+@pytest.mark.anyio
+async def test_one_promote_call_is_one_promoted_event(stack: Stack) -> None:
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        a = (await router.call("memory/remember", {"owner": me, "records": [{"content": "in working"}]}))["ids"]
+        b = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "in episodic", "tier": "episodic"}]}))["ids"]
+        cursor = (await router.call("memory/events", {"owner": me}))["cursor"]
+        done = await router.call("memory/promote", {"owner": me, "ids": a + b, "tier": "semantic"})
+        events = (await router.call("memory/events", {"owner": me, "cursor": cursor, "kinds": ["promoted"]}))["events"]
+    assert done == {"promoted": 2}
+    assert [sorted(e["ids"]) for e in events] == [sorted(a + b)]
+
+
+@pytest.mark.anyio
+async def test_a_tier_that_says_it_is_read_only_is_treated_so(stack: Stack) -> None:
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        layout = {t["name"]: t for t in (await router.call("memory/describe", {"owner": me}))["tiers"]}
+        assert layout["quiet"]["read_only"] is True
+        await router.call("memory/remember", {"owner": me, "records": [{"content": "zqro a note"}]})
+        assert (await router.call("memory/forget", {"owner": me, "query": "zqro"}))["forgotten"] == 1
+        with pytest.raises(A2MError) as refused:
+            await router.call("memory/remember", {"owner": me, "records": [{"content": "x", "tier": "quiet"}]})
+        assert refused.value.code == -32004
+
+
+@pytest.mark.anyio
+async def test_summarize_into_a_tier_does_not_land_where_its_key_lives(stack: Stack) -> None:
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        ids = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "met Anna in Rome on 3 May 2023", "key": "sum/1"}]}))["ids"]
+        with pytest.raises(A2MError) as refused:
+            await router.call("memory/summarize", {"owner": me, "ids": ids, "into": "episodic", "key": "sum/1"})
+        assert refused.value.code == -32602 and refused.value.data["tier"] == "working"
+        written = await router.call("memory/summarize", {"owner": me, "ids": ids, "key": "sum/1"})
+        assert written["written"] == 1 and written["records"][0]["tier"] == "working"
