@@ -16,6 +16,10 @@ Contract every Store honours (the store tests in tests/backends check it):
   `with_embeddings`), `score` unset except from `search`.
 - An engine that is down raises `StoreUnavailable`; the surface answers
   `-32603` naming the tier, and nothing is half-written.
+- `write` refuses, inside its atomic step, a put whose id another owner holds
+  (`StoreIdTaken`) and a put whose key another live record holds, unless that
+  record is deleted in the same write (`StoreConflict`): the surface's reads
+  before the write cannot see what another replica writes meanwhile.
 """
 
 from __future__ import annotations
@@ -33,6 +37,21 @@ class StoreUnavailable(Exception):
 
 class StoreRejected(Exception):
     """The engine cannot store this input (e.g. a NUL byte PostgreSQL refuses): answered `-32602`."""
+
+
+class StoreIdTaken(StoreRejected):
+    """A put's id is held by another owner: ids are global, so it is refused, never overwritten.
+    The engine checks it in the same atomic step as the write (the surface's check before it can be
+    raced by another writer); answered `-32005` like the surface's own."""
+
+    def __init__(self, record_id: str) -> None:
+        super().__init__(f"record id {record_id!r} is held by another owner")
+        self.record_id = record_id
+
+
+class StoreConflict(Exception):
+    """What the surface resolved a batch against changed before it was written: another writer (a
+    replica on the same engine) took one of its keys. The surface resolves the batch again."""
 
 
 @dataclass(slots=True)

@@ -24,11 +24,12 @@ from a2m.summarize import summarize as extract_summary
 from a2m.timefmt import now
 from a2m.params import ids_param, int_param, str_param
 
-from .store import Store, StoreRejected, StoreUnavailable
+from .store import Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
 
 log = logging.getLogger("a2m.tier")
 
 DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000, "max_recall_limit": 1000}
+WRITE_ATTEMPTS = 4  # a batch is resolved again this often when another replica changes its keys meanwhile
 DEFAULT_RECALL_LIMIT = 10
 FORGET_BY_QUERY_LIMIT = 1000
 
@@ -203,15 +204,31 @@ class TierServer(EventMethods):
             await self._embed_missing(records)
             if any(r.key for r in records):
                 async with self._key_lock:
-                    ids, puts, deletes = await self._resolve(records, raw_records)
-                    await self.store.write(puts, deletes)
+                    ids, puts = await self._write(records, raw_records)
             else:
-                ids, puts, deletes = await self._resolve(records, raw_records)
-                await self.store.write(puts, deletes)
+                ids, puts = await self._write(records, raw_records)
         for record in puts:
             await self.events.emit("written", record.owner, id=record.id, tier=self.name, session=record.session,
                                    key=record.key, revision=record.revision if record.key else None)
         return {"ids": ids}
+
+    async def _write(self, records: list[Record], raw: list[Any]) -> tuple[list[str], list[Record]]:
+        """Resolve the batch (`_resolve`) and write it; resolved again when the engine finds that what
+        it was resolved against changed meanwhile (another replica wrote one of its keys)."""
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            ids, puts, deletes = await self._resolve(records, raw)
+            try:
+                await self.store.write(puts, deletes)
+                return ids, puts
+            except StoreIdTaken as exc:
+                index = next((i for i, r in enumerate(records) if r.id == exc.record_id), None)
+                raise A2MError(errors.SCOPE_DENIED, f"records[{index}].id is held by another owner",
+                               {"id": exc.record_id, "index": index}) from None
+            except StoreConflict:
+                if attempt == WRITE_ATTEMPTS:
+                    raise StoreUnavailable(f"keys of this batch kept changing under {attempt} attempts "
+                                           "(concurrent writers on another replica); retry") from None
+        raise AssertionError("unreachable")
 
     async def _embed_missing(self, records: list[Record]) -> None:
         missing = [r for r in records if r.embedding is None and r.content]

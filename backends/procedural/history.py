@@ -19,7 +19,7 @@ import git
 from a2m.errors import SCOPE_DENIED, A2MError, invalid
 from a2m.records import Record, new_id
 from a2m.timefmt import format_ts
-from backends.store import StoreRejected
+from backends.store import StoreIdTaken, StoreRejected
 
 from . import files
 from .store import PROPOSED, GitStore
@@ -176,7 +176,10 @@ def extensions(store: GitStore) -> dict[str, Handler]:
         )
         try:
             await store.write([restored], message=f"restore {key} to {rev[:12]} (rev {restored.revision})")
-        except StoreRejected as exc:  # incl. an id another owner took while this restore waited to write
+        except StoreIdTaken:  # another owner took the id while this restore waited to write
+            raise A2MError(SCOPE_DENIED, f"the id {key} had at that commit is now held by another owner",
+                           {"id": restored.id, "key": key}) from None
+        except StoreRejected as exc:
             raise invalid(str(exc)) from None
         return {"record": restored.to_wire()}
 

@@ -58,7 +58,7 @@ from a2m.records import Record
 from a2m.text import BM25, squash
 from backends.children import die_with_parent
 from backends.settings import TierSettings
-from backends.store import SessionInfo, StoreRejected, StoreUnavailable
+from backends.store import SessionInfo, StoreIdTaken, StoreRejected, StoreUnavailable
 
 from . import files
 
@@ -319,9 +319,13 @@ class GitStore:
     # ---------------------------------------------------------------- lifecycle
 
     async def open(self) -> None:
+        """Open once: the check is repeated under the lock, as a second open queued behind the
+        first would re-read the repository and drop the access counts recorded in between."""
         if self.repo is not None:
             return
         async with self._lock:
+            if self.repo is not None:
+                return
             try:
                 await anyio.to_thread.run_sync(self._open_sync)
             except (git.GitError, OSError) as exc:
@@ -396,9 +400,13 @@ class GitStore:
         repo.git.clean("-fdq", "--", files.SHARED_ROOT, files.OWNERS_ROOT)
 
     async def close(self) -> None:
+        """Close once: the check is repeated under the lock, where a second close queued behind
+        the first finds the repository gone."""
         if self.repo is None:
             return
         async with self._lock:
+            if self.repo is None:
+                return
             self._flush_state()
             try:
                 await anyio.to_thread.run_sync(self.repo.git.reset, "-q")  # leave `git status` clean
@@ -475,27 +483,40 @@ class GitStore:
         if not puts and not deletes:
             return
         async with self._lock:
-            self._require_open()
-            plan = self._plan(self._target(), puts, deletes, message)
-            if not plan.files and not plan.removed:
-                return
-            await self._commit(plan)
-            for record, _, _ in plan.puts:
-                if record.access_count or record.accessed_at is not None:
-                    self._access[record.id] = (record.access_count, record.accessed_at)
-                    self._dirty_since = self._dirty_since or time.monotonic()
-                if record.embedding is not None and self._dimensions is None:
-                    self._dimensions = len(record.embedding)
-                    self._dirty_since = self._dirty_since or time.monotonic()
-            if self._proposed is not None:
-                for record_id in plan.dropped:
-                    self._proposed.drop(record_id)
-                for record, path, seq in plan.puts:
-                    self._proposed.set(record, path, seq)
-            else:
-                self._visible.apply(plan)
-            if self._dirty_since is not None:
-                self._flush_state()  # statistics a write carried were acknowledged with it
+            await self._write_locked(puts, deletes, message)
+
+    async def _write_locked(
+        self, puts: Sequence[Record], deletes: Sequence[str], message: str | None, *, keep_access: bool = False,
+    ) -> None:
+        """`write` for a caller that holds `self._lock`, so what it read to build `puts` is still current.
+
+        `keep_access`: the puts do not change access statistics (a reinforce). `touch` does not
+        take the lock, so recalls counted while the commit runs in its thread would be undone by
+        the counts the puts were built with; the record's counts at the end of the commit are kept.
+        """
+        self._require_open()
+        plan = self._plan(self._target(), puts, deletes, message)
+        if not plan.files and not plan.removed:
+            return
+        await self._commit(plan)
+        if keep_access:
+            plan.puts = [(self._with_live_access(record), path, seq) for record, path, seq in plan.puts]
+        for record, _, _ in plan.puts:
+            if record.access_count or record.accessed_at is not None:
+                self._access[record.id] = (record.access_count, record.accessed_at)
+                self._dirty_since = self._dirty_since or time.monotonic()
+            if record.embedding is not None and self._dimensions is None:
+                self._dimensions = len(record.embedding)
+                self._dirty_since = self._dirty_since or time.monotonic()
+        if self._proposed is not None:
+            for record_id in plan.dropped:
+                self._proposed.drop(record_id)
+            for record, path, seq in plan.puts:
+                self._proposed.set(record, path, seq)
+        else:
+            self._visible.apply(plan)
+        if self._dirty_since is not None:
+            self._flush_state()  # statistics a write carried were acknowledged with it
 
     def _require_open(self) -> None:
         if self.repo is None:
@@ -529,7 +550,7 @@ class GitStore:
             if record.id in paths:  # ids are global: a put never takes over another owner's record
                 held = final[record.id][0] if record.id in final else tree.records.get(record.id)
                 if held is not None and held.owner != record.owner:
-                    raise StoreRejected(f"record id {record.id!r} is held by another owner")
+                    raise StoreIdTaken(record.id)
             data = files.dumps(record, seq)
             replacing = path in by_path
             occupant = by_path.get(path)
@@ -836,10 +857,30 @@ class GitStore:
         return {i: float((s + 1.0) / 2.0) for i, s in zip(ids, sims.tolist())}
 
     async def delete(self, scope: Scope) -> int:
-        ids = [r.id for r in self._scoped(scope)]
-        if ids:
-            await self.write([], ids)
+        """Forget what is in `scope` when the forget commits: the ids are chosen under the writer lock.
+
+        Chosen before it, a record that a write waiting ahead of this one moves out of the
+        scope (a keyed replace into another session) would be deleted by its bare id anyway.
+        """
+        async with self._lock:
+            ids = self._in_scope_on_target(scope)
+            if ids:
+                await self._write_locked([], ids, None)
         return len(ids)
+
+    def _in_scope_on_target(self, scope: Scope) -> list[str]:
+        """The ids of `scope` (as recall sees it) whose record on the branch writes land on is in it too.
+
+        Behind the review gate a forget is a proposal: a record whose proposed revision has left
+        the scope is not in it, whatever main still shows. Call with `self._lock` held.
+        """
+        target = self._target()
+        ids: list[str] = []
+        for record in self._scoped(scope):
+            held = target.records.get(record.id)
+            if held is not None and matches(held, scope):
+                ids.append(record.id)
+        return ids
 
     async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
         pool = self._visible.by_owner.get(owner, {})
@@ -860,17 +901,48 @@ class GitStore:
             self._mark_dirty()
 
     async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
-        pool = self._visible.by_owner.get(owner, {})
-        found = [pool[i] for i in dict.fromkeys(ids) if i in pool]
-        changed = [
-            r.with_(salience=min(1.0, max(0.0, r.salience + amount)))
-            for r in found
-            if min(1.0, max(0.0, r.salience + amount)) != r.salience
-        ]
-        if changed:
-            label = _label(changed[0]) if len(changed) == 1 else f"{len(changed)} records"
-            await self.write(changed, message=f"reinforce {label} ({amount:+g})")
+        """Change the salience of the records as they are when the reinforce commits, and nothing else.
+
+        The records are read under the writer lock: read before it, a keyed replace committing
+        meanwhile would be undone by the old copy (content and revision) written back after it.
+        """
+        async with self._lock:
+            pool = self._visible.by_owner.get(owner, {})
+            found = [i for i in dict.fromkeys(ids) if i in pool]
+            changed = self._reinforced(owner, found, amount)
+            if changed:
+                label = _label(changed[0]) if len(changed) == 1 else f"{len(changed)} records"
+                await self._write_locked(changed, (), f"reinforce {label} ({amount:+g})", keep_access=True)
         return len(found)
+
+    def _reinforced(self, owner: str | None, ids: Sequence[str], amount: float) -> list[Record]:
+        """The records at `ids` on the branch writes land on, with `amount` added to their salience.
+
+        That branch, not main: behind the review gate main's copy may be older than the proposed
+        one. Records whose salience does not change (already at a bound) are left out, and so is
+        an id the branch no longer holds. Call with `self._lock` held.
+        """
+        target = self._target()
+        changed: list[Record] = []
+        for record_id in ids:
+            record = target.records.get(record_id)
+            if record is None or record.owner != owner:
+                continue
+            salience = min(1.0, max(0.0, record.salience + amount))
+            if salience != record.salience:
+                changed.append(record.with_(salience=salience))
+        return changed
+
+    def _with_live_access(self, record: Record) -> Record:
+        """`record` with the access statistics its id has now on the branch writes land on.
+
+        For a write that does not change them (`keep_access`), applied after its commit: a
+        `touch` during the commit counted on the record as it was, and must not be lost.
+        """
+        live = self._target().records.get(record.id)
+        if live is None:
+            return record
+        return replace(record, access_count=live.access_count, accessed_at=live.accessed_at)
 
     async def sessions(self, owner: str | None) -> list[SessionInfo]:
         info: dict[str, SessionInfo] = {}

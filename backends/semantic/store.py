@@ -44,7 +44,7 @@ from a2m.filters import RECORD_FIELDS, Scope, matches
 from a2m.records import Record
 from a2m.text import sparse_vector, squash, term_id, tokenize
 from a2m.timefmt import to_epoch
-from backends.store import SessionInfo, StoreRejected, StoreUnavailable
+from backends.store import SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
 
 NAMESPACE = uuid.UUID("6f1d2a4e-9b7c-5e3a-8d21-a2a2a2a2a2a2")
 DENSE = "dense"
@@ -409,9 +409,30 @@ class SemanticStore:
             if width is not None and self._dims is None:
                 await self._guard(self._engine.create_dense(width))
                 self._dims = width
+            await self._check_homes(puts, deletes)
             put_ids = {p.pid for p in points}
             gone = [pid for pid in dict.fromkeys(point_id(i) for i in deletes) if pid not in put_ids]
             await self._guard(self._engine.write(points, gone))
+
+    async def _check_homes(self, puts: Sequence[Record], deletes: Sequence[str]) -> None:
+        """Under the write lock, before anything changes: no put may take an id another owner holds
+        or a key another live record holds (the surface resolved the batch before this lock, and a
+        concurrent write, or a replica on the same Qdrant server, may have changed both since)."""
+        held = await self.owners([r.id for r in puts])
+        for record in puts:
+            if record.id in held and held[record.id] != record.owner:
+                raise StoreIdTaken(record.id)
+        keyed: dict[str | None, list[Record]] = {}
+        for record in puts:
+            if record.key is not None:
+                keyed.setdefault(record.owner, []).append(record)
+        gone = set(deletes)
+        for owner, records in keyed.items():
+            holders = await self.get_keys(owner, [r.key for r in records if r.key is not None])
+            for record in records:
+                holder = holders.get(record.key or "")
+                if holder is not None and holder.id != record.id and holder.id not in gone:
+                    raise StoreConflict(record.key)
 
     async def delete(self, scope: Scope) -> int:
         async with self._write_lock:

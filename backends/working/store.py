@@ -52,11 +52,13 @@ from a2m.records import Record
 from a2m.text import HeldTerms, rank, tokenize
 from a2m.timefmt import format_ts
 from backends.settings import TierSettings
-from backends.store import SessionInfo, StoreRejected, StoreUnavailable
+from backends.store import SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
 
 from .embedded import RedisServer
 
 _REJECT = "A2M-REJECT"
+_TAKEN = "A2M-TAKEN"  # an id another owner holds
+_CONFLICT = "A2M-CONFLICT"  # a key another writer took since the batch was resolved
 _POLL_S = 0.5  # how stale the embedded child's liveness may be on the happy path
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)
@@ -102,8 +104,30 @@ if width ~= '' then
     return redis.error_reply('A2M-REJECT embedding has ' .. width .. ' dimensions, the store holds ' .. stored)
   end
 end
-local removed = 0
+-- Checked before anything changes: a put's id held by another owner, or its key held by another
+-- live record not deleted here, means the caller resolved the batch against a store that has
+-- since changed (another writer, another replica): nothing is written.
+local deleted = {}
 local i = 5 + 12 * n
+for _ = 1, d do
+  deleted[ARGV[i]] = true
+  i = i + 2
+end
+i = 5
+for _ = 1, n do
+  local id, o, k = ARGV[i], ARGV[i + 1], ARGV[i + 5]
+  local held = redis.call('HGET', P .. ':r:' .. id, 'o')
+  if held and held ~= o then return redis.error_reply('A2M-TAKEN ' .. id) end
+  if k ~= '!' then
+    local holder = redis.call('HGET', P .. ':o:' .. o .. ':k', string.sub(k, 2))
+    if holder and holder ~= id and not deleted[holder] then
+      return redis.error_reply('A2M-CONFLICT ' .. string.sub(k, 2))
+    end
+  end
+  i = i + 12
+end
+local removed = 0
+i = 5 + 12 * n
 for _ = 1, d do
   removed = removed + unindex(ARGV[i], ARGV[i + 1])
   i = i + 2
@@ -130,10 +154,6 @@ for _ = 1, n do
   if k ~= '!' then
     k = string.sub(k, 2)
     redis.call('HSET', rk, 'k', k)
-    local holder = redis.call('HGET', base .. ':k', k)
-    if holder and holder ~= id then
-      redis.call('HDEL', P .. ':r:' .. holder, 'k')  -- the key moves to the newer record
-    end
     redis.call('HSET', base .. ':k', k, id)
     redis.call('ZADD', base .. ':kz', 0, k)
   end
@@ -436,6 +456,10 @@ class RedisStore:
             text = str(exc)
             if _REJECT in text:
                 raise StoreRejected(text.split(_REJECT, 1)[1].strip()) from None
+            if _TAKEN in text:
+                raise StoreIdTaken(text.split(_TAKEN, 1)[1].strip()) from None
+            if _CONFLICT in text:
+                raise StoreConflict(text.split(_CONFLICT, 1)[1].strip()) from None
             raise StoreUnavailable(f"redis: {text}") from exc
         except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
             raise _Unreachable(f"redis unreachable: {exc}") from exc

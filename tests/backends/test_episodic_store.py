@@ -689,3 +689,46 @@ async def test_closed_store_and_unreachable_dsn() -> None:
         await s.open()
     with pytest.raises(StoreUnavailable):
         await s.ping()
+
+
+def test_a_killed_postmaster_not_yet_reaped_is_replaced_by_a_fresh_server(tmp_path: Path) -> None:
+    """A SIGKILLed postmaster is a zombie until its parent reaps it (init can take seconds): the
+    next start must start a fresh server, not join the zombie and have every connection refused.
+
+    Run in a child that makes itself the subreaper of the servers it starts and never reaps
+    them, so the zombie is there whatever this machine's init does.
+    """
+    import subprocess
+    import sys
+    import textwrap
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("needs prctl(PR_SET_CHILD_SUBREAPER)")
+    data = tmp_path / "killed"
+    first = ("import os; from pathlib import Path; from backends.episodic.embedded import EmbeddedPostgres; "
+             f"EmbeddedPostgres(Path({str(data)!r})).start(); os._exit(0)")  # leaves the server running
+    script = textwrap.dedent(f"""
+        import ctypes, os, signal, subprocess, sys, time
+        from pathlib import Path
+        import psutil, psycopg
+        from backends.episodic.embedded import EmbeddedPostgres
+        assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+        data = Path({str(data)!r})
+        subprocess.run([sys.executable, "-c", {first!r}], check=True, timeout=60)
+        postmaster = int((data / "postgres" / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while psutil.Process(postmaster).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the killed postmaster did not become our zombie"
+            time.sleep(0.01)
+        embedded = EmbeddedPostgres(data)
+        try:
+            with psycopg.connect(embedded.start(), connect_timeout=10) as conn:
+                print(conn.execute("SELECT 1").fetchone()[0], psutil.Process(postmaster).status(), flush=True)
+        finally:
+            embedded.stop()
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["1", "zombie"]  # connected to a fresh server while the old one was a zombie

@@ -589,3 +589,118 @@ async def test_search_over_thousands_of_procedures_is_fast(store: GitStore) -> N
     await store.write([rec("new", "a brand new escalation procedure", key="skills/escalation")])
     assert time.perf_counter() - start < 1.0
     assert [r.id for r in await store.search(scope, text="escalation", vector=None, limit=3)] == ["new"]
+
+
+# ---- writes that race: what a call reads to decide its change is read under the writer lock
+
+
+async def test_reinforce_racing_a_keyed_replace_keeps_the_replace(store: GitStore) -> None:
+    """A reinforce that read the record before a replace committed must not write that old copy back."""
+    import anyio
+
+    await store.write([rec("1", "version 0", key="deploy")])
+    for n in range(1, 11):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.write, [rec("1", f"version {n}", key="deploy", revision=n + 1)])
+            tg.start_soon(store.reinforce, "alice", ["1"], 0.01 if n % 2 else -0.01)
+        [current] = (await store.get_keys("alice", ["deploy"])).values()
+        assert (current.content, current.revision) == (f"version {n}", n + 1), f"round {n}"
+    assert files.loads((store.path / "owners/alice/deploy.md").read_bytes())[0].content == "version 10"
+
+
+async def test_forget_by_scope_spares_a_record_a_concurrent_write_moved_out_of_it(store: GitStore) -> None:
+    """forget {session: s1} deletes what is in s1 when it commits, not what was there when it was asked."""
+    import anyio
+
+    for n in range(10):
+        await store.write([rec(f"k{n}", f"old {n}", key=f"k{n}", session="s1")])
+        counts: list[int] = []
+
+        async def forget() -> None:
+            counts.append(await store.delete(Scope(owner="alice", where={"session": "s1"})))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.write, [rec(f"k{n}", f"new {n}", key=f"k{n}", session="s2", revision=2)])
+            tg.start_soon(forget)
+        kept = (await store.get_keys("alice", [f"k{n}"])).get(f"k{n}")
+        assert kept is not None and kept.content == f"new {n}", f"round {n}: forgotten {counts}"
+        assert counts == [0]
+
+
+async def test_touches_during_a_reinforce_are_kept(store: GitStore) -> None:
+    """A reinforce changes salience only: recalls counted while its commit runs are not undone by it."""
+    import anyio
+
+    await store.write([rec("1", key="k")])
+    touches = 0
+    for n in range(10):
+        done = anyio.Event()
+
+        async def reinforce() -> None:
+            await store.reinforce("alice", ["1"], 0.01 if n % 2 else -0.01)
+            done.set()
+
+        async def recall_meanwhile() -> None:
+            nonlocal touches
+            while not done.is_set():  # touch does not wait for the writer lock: it lands mid-commit
+                touches += 1
+                await store.touch("alice", ["1"], f"2026-03-03T00:00:{n:02d}.000Z")
+                await anyio.sleep(0.001)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reinforce)
+            tg.start_soon(recall_meanwhile)
+    [r] = await store.get("alice", ["1"])
+    assert (r.access_count, r.accessed_at) == (touches, "2026-03-03T00:00:09.000Z")
+    await store.close()
+    reopened = await opened(store.path.parent)
+    try:
+        [r] = await reopened.get("alice", ["1"])
+        assert r.access_count == touches
+    finally:
+        await reopened.close()
+
+
+async def test_behind_the_review_gate_reinforce_and_forget_act_on_the_proposed_record(tmp_path: Path) -> None:
+    """The gate's writes land on `proposed`: a reinforce must not write main's older copy over the
+    proposed one, and a forget by scope must not delete a proposed record that left the scope."""
+    store = await opened(tmp_path, review=True)
+    try:
+        await store.write([rec("1", "v1", key="deploy", session="s1")])
+        await store.approve()
+        await store.write([rec("1", "v2", key="deploy", session="s2", revision=2)])
+        assert await store.reinforce("alice", ["1"], 0.2) == 1
+        assert await store.delete(Scope(owner="alice", where={"session": "s1"})) == 0
+        await store.approve()
+        [r] = await store.get("alice", ["1"])
+        assert (r.content, r.revision, r.session, r.salience) == ("v2", 2, "s2", pytest.approx(0.7))
+    finally:
+        await store.close()
+
+
+async def test_concurrent_closes_and_opens_act_once(tmp_path: Path) -> None:
+    """open and close decide under the writer lock whether there is anything to do: a second
+    close queued behind the first found no repository, a second open re-read the repository
+    and dropped the access counts recorded since the first."""
+    import anyio
+
+    store = await opened(tmp_path)
+    await store.write([rec("1", key="k")])
+    await store.touch("alice", ["1"], "2026-03-02T00:00:00.000Z")  # flushed to the sidecar at close
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.close)
+        tg.start_soon(store.close)
+    assert store.repo is None
+
+    async def open_and_recall() -> None:
+        await store.open()
+        await store.touch("alice", ["1"], "2026-03-03T00:00:00.000Z")  # before the other open resumes
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(open_and_recall)
+        tg.start_soon(open_and_recall)
+    try:
+        [r] = await store.get("alice", ["1"])
+        assert r.access_count == 3
+    finally:
+        await store.close()
