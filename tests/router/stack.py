@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import tempfile
+import uuid
 import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -166,3 +167,18 @@ def federation(tmp: Path, tiers: Sequence[dict[str, Any]] = FOUR, *, mode: str =
 
 def stdio_router_command(config: Path) -> list[str]:
     return [PYTHON, "-m", "a2mctl.cli", "serve", "router", "--stdio", "--config", str(config)]
+
+
+def new_owner() -> str:
+    """A fresh owner partition: tests sharing one federation never see each other's records."""
+    return "owner-" + uuid.uuid4().hex[:8]
+
+
+async def tier_call(stack: Stack, tier: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A call to one tier server directly, behind the router's back (ground truth, or set-up an
+    interrupted move or another router would leave)."""
+    from a2m.client import HTTPClient
+
+    async with HTTPClient(stack.tiers[tier].url) as client:
+        return await client.call(method, params)
+

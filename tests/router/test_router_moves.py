@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,7 +21,7 @@ from a2m.client import HTTPClient
 from a2m.errors import A2MError
 from router.policy import batches
 
-from .stack import Stack, federation
+from .stack import Stack, federation, new_owner as owner, tier_call as direct
 
 TIERS = [
     {"name": "working", "kind": "working", "capacity": 4, "spill_to": "episodic", "timeout": 2.0},
@@ -36,15 +35,6 @@ TIERS = [
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with federation(tmp_path_factory.mktemp("moves"), TIERS, mode="real") as running:
         yield running
-
-
-def owner() -> str:
-    return "owner-" + uuid.uuid4().hex[:8]
-
-
-async def direct(stack: Stack, tier: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
-    async with HTTPClient(stack.tiers[tier].url) as client:
-        return await client.call(method, params)
 
 
 async def placement(stack: Stack, me: str, **where: Any) -> dict[str, list[dict[str, Any]]]:

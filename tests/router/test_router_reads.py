@@ -4,16 +4,15 @@ vector-only recall ranks, which errors are the caller's, and the events a call l
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
 from a2m.client import HTTPClient
 from a2m.errors import A2MError
 
-from .stack import Stack, federation
+from .stack import Stack, federation, new_owner as owner, tier_call as direct
 
 # `quiet` is read-only on its own server only: router.toml does not say so.
 QUIET = {"name": "quiet", "kind": "semantic", "serve": "fixture", "seed_read_only": True}
@@ -29,15 +28,6 @@ TIERS = [
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with federation(tmp_path_factory.mktemp("reads"), TIERS, mode="real") as running:
         yield running
-
-
-def owner() -> str:
-    return "owner-" + uuid.uuid4().hex[:8]
-
-
-async def direct(stack: Stack, tier: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
-    async with HTTPClient(stack.tiers[tier].url) as client:
-        return await client.call(method, params)
 
 
 @pytest.mark.anyio
