@@ -46,10 +46,6 @@ def _with_owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
     return params
 
 
-async def _ready(value: Any) -> Any:
-    return value
-
-
 def _in_caller_batch(exc: A2MError, indexes: list[int]) -> A2MError:
     """A tier's error about records[k] of the part of the batch it was sent, about the caller's record."""
     data = exc.data if isinstance(exc.data, dict) else None
@@ -310,11 +306,10 @@ class Router(EventMethods):
         keys = sorted({r.key for r in records if r.key})
         groups = sorted({r.group for r in records if r.group})
         writable = [t for t in self.fed if t.writable]
-        none: tuple[dict[str, tuple[str, dict[str, Any]]], list[str]] = ({}, [])
         (holders, unreached), (homes, _), (existing, _) = await asyncio.gather(
-            self._locate("key", keys, owner, [t for t in writable if t.has("keys")]) if keys else _ready(none),
-            self._locate("group", groups, owner, writable) if groups else _ready(none),
-            self._locate("id", supplied, owner, list(self.fed)) if supplied else _ready(none))
+            self._locate("key", keys, owner, [t for t in writable if t.has("keys")]),
+            self._locate("group", groups, owner, writable),
+            self._locate("id", supplied, owner, list(self.fed)))
         if unreached:
             raise A2MError(errors.INTERNAL_ERROR, f"cannot tell where keys live: tier {', '.join(unreached)} did "
                            "not answer; nothing was written, retry when it is back", {"degraded": unreached})
@@ -378,7 +373,9 @@ class Router(EventMethods):
     async def _locate(self, field: str, values: list[str], owner: str | None,
                       tiers: Iterable[Tier]) -> tuple[dict[str, tuple[str, dict[str, Any]]], list[str]]:
         """value -> (tier, record) for records whose `field` is one of `values` (the highest revision,
-        then the deepest tier, wins), and the tiers that did not answer."""
+        then the deepest tier, wins), and the tiers that did not answer. No values: no call."""
+        if not values:
+            return {}, []
         fan = await self.fed.fan_out("memory/timeline", _with_owner(
             {"where": {field: values}, "limit": len(values) if field == "id" else 0}, owner), tiers)
         depth = self._depth()
