@@ -65,6 +65,7 @@ class SessionInfo:
 class Store(Protocol):
     engine: str  # shown in describe and `a2m doctor`: "redis", "postgresql", "qdrant-edge", ...
     searches_vectors: bool  # True when `search` uses the query vector (episodic, semantic)
+    # Optional `metric: str` (the protocol's name of the distance `search` ranks by): "cosine" if absent.
 
     async def open(self) -> None:
         """Connect (or start the embedded engine), create schema/indexes. Idempotent."""

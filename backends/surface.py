@@ -115,7 +115,8 @@ class TierServer(EventMethods):
             tier["per_session"] = True
         out: dict[str, Any] = {"tiers": [tier], "events": {"push": ctx.push is not None}}
         if "embeddings" in self.capabilities:
-            out["embeddings"] = {"dimensions": dims, "metric": "cosine", "metrics": ["cosine"],
+            metric = getattr(self.store, "metric", "cosine")  # a mounted collection ranks by its own
+            out["embeddings"] = {"dimensions": dims, "metric": metric, "metrics": [metric],
                                  "model": self.embedder.model if self.embedder else None,
                                  "searched": self.store.searches_vectors}
         if "summarize" in self.capabilities:

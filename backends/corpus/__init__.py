@@ -1,15 +1,19 @@
-"""A read-only A2M tier over an existing PostgreSQL/pgvector table: mount a RAG without copying it.
+"""A read-only A2M tier over an existing PostgreSQL/pgvector table or Qdrant collection: mount a
+RAG without copying it.
 
     a2m serve corpus --url postgresql://... --option table=docs --option text_column=body \
         --option vector_column=embedding --option metadata_columns=source,lang
+    a2m serve corpus --url http://qdrant:6333 --option collection=docs --option text_field=page_content
 
-Writes answer -32004 (read only). Options: `table` (required), `id_column`
-(id), `text_column` (content), `vector_column`, `created_column`,
-`metadata_columns` (comma separated; also the keys `where` can filter on),
-`kind` (the tier kind the router sees; default semantic).
+Writes answer -32004 (read only). The `--url` picks the adapter: `postgresql://`
+a table (pgtable.py), `http(s)://` a Qdrant server, and a directory a
+collection in qdrant-client's local mode (qdrant.py). Options: see
+docs/configuration.md; `kind` is the tier kind the router sees (default semantic).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from backends.settings import TierSettings
 from backends.store import Store
@@ -20,8 +24,15 @@ CAPABILITIES = frozenset({"core", "tiers", "embeddings", "external", "prompt"})
 
 
 def make_store(settings: TierSettings) -> Store:
-    from .pgtable import TableStore, TableSpec
+    url = settings.url or ""
+    if url.startswith(("postgresql://", "postgres://")):
+        from .pgtable import TableSpec, TableStore
 
-    if not settings.url:
-        raise SystemExit("a2m serve corpus needs --url postgresql://... of the database that holds the table")
-    return TableStore(settings.url, TableSpec.from_options(settings.options))
+        return TableStore(url, TableSpec.from_options(settings.options))
+    if url.startswith(("http://", "https://")) or (url and Path(url).is_dir()):
+        from .qdrant import CollectionSpec, CollectionStore
+
+        spec = CollectionSpec.from_options(settings.options)
+        return CollectionStore(spec, url=url) if url.startswith("http") else CollectionStore(spec, path=url)
+    raise SystemExit("a2m serve corpus needs --url: postgresql://... (a table), http://host:6333 (a Qdrant "
+                     f"collection) or the directory of a qdrant-client local collection; got {url or 'none'!r}")

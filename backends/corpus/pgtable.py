@@ -16,14 +16,14 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from a2m.filters import Scope, matches
+from a2m.filters import Scope
 from a2m.records import Record
 from a2m.timefmt import format_ts
 
 from backends.store import SessionInfo, StoreRejected, StoreUnavailable
 
-EPOCH = "1970-01-01T00:00:00.000Z"
-RRF_K = 60
+from .common import EPOCH, fuse, visible
+
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -193,11 +193,6 @@ class TableStore:
         except psycopg.DataError as exc:
             raise StoreRejected(str(exc).splitlines()[0]) from exc
 
-    def _visible(self, records: list[Record], scope: Scope) -> list[Record]:
-        shared = Scope(owner=None, where=scope.where, key_prefix=scope.key_prefix, ids=scope.ids,
-                       after=scope.after, before=scope.before)
-        return [r for r in records if matches(r, shared)]
-
     # ---- reads -----------------------------------------------------------------
 
     async def get(self, owner: str | None, ids: Sequence[str], *, with_embeddings: bool = False) -> list[Record]:
@@ -224,7 +219,7 @@ class TableStore:
         if limit:
             query += sql.SQL(" LIMIT %s")
             args.append(limit)
-        return self._visible([self._record(r) for r in await self._query(query, args)], scope)
+        return visible([self._record(r) for r in await self._query(query, args)], scope)
 
     async def search(self, scope: Scope, *, text: str | None, vector: Sequence[float] | None, limit: int,
                      with_embeddings: bool = False) -> list[Record]:
@@ -232,7 +227,7 @@ class TableStore:
             return []
         where, args = self._where(scope)
         pool = max(limit * 4, 40)
-        ranked: dict[str, float] = {}
+        rankings: list[list[str]] = []
         rows: dict[str, dict[str, Any]] = {}
         words = [w for w in _WORD.findall(text or "") if len(w) > 1][:32]
         if words:
@@ -241,19 +236,17 @@ class TableStore:
             query = sql.SQL("SELECT {} FROM {} WHERE {} AND {} @@ to_tsquery('english', %s) "
                             "ORDER BY ts_rank_cd({}, to_tsquery('english', %s)) DESC LIMIT %s").format(
                 self._columns(with_embeddings), self._table(), where, document, document)
-            for rank, row in enumerate(await self._query(query, [*args, tsquery, tsquery, pool])):
-                ranked[row["a2m_id"]] = ranked.get(row["a2m_id"], 0.0) + 1.0 / (RRF_K + rank + 1)
-                rows[row["a2m_id"]] = row
+            found = await self._query(query, [*args, tsquery, tsquery, pool])
+            rankings.append([row["a2m_id"] for row in found])
+            rows |= {row["a2m_id"]: row for row in found}
         if vector is not None and self.spec.vector_column:
             query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} <=> %s::vector LIMIT %s").format(
                 self._columns(with_embeddings), self._table(), where, sql.Identifier(self.spec.vector_column))
-            for rank, row in enumerate(await self._query(query, [*args, str(list(vector)), pool])):
-                ranked[row["a2m_id"]] = ranked.get(row["a2m_id"], 0.0) + 1.0 / (RRF_K + rank + 1)
-                rows[row["a2m_id"]] = row
-        best = sorted(ranked.items(), key=lambda p: -p[1])
-        top = 2.0 / (RRF_K + 1)  # the best possible fused score: first in both lists
-        records = [self._record(rows[i]).with_(score=min(1.0, s / top)) for i, s in best]
-        return self._visible(records, scope)[:limit]
+            found = await self._query(query, [*args, str(list(vector)), pool])
+            rankings.append([row["a2m_id"] for row in found])
+            rows |= {row["a2m_id"]: row for row in found}
+        records = [self._record(rows[i]).with_(score=s) for i, s in fuse(rankings)]
+        return visible(records, scope)[:limit]
 
     async def sessions(self, owner: str | None) -> list[SessionInfo]:
         return []

@@ -1,55 +1,48 @@
-"""The real `backends/corpus` server, over a pgvector table this test creates, mounted behind the
-router as a read-only tier: recalled and fused with the writable tiers, never written, spilled,
-promoted, summarized or consolidated into; a write aimed at it answers -32004.
+"""The real `backends/corpus` server, over a pgvector table or a Qdrant collection this test creates,
+mounted behind the router as a read-only tier: recalled and fused with the writable tiers, never
+written, spilled, promoted, summarized or consolidated into; a write aimed at it answers -32004.
 
 The writable tiers are the in-memory fixture servers (the policy under test is the router's);
-the corpus tier is `a2m serve corpus` on an embedded PostgreSQL, and the table is checked
-row for row in PostgreSQL itself, behind both servers' backs.
+the corpus tier is `a2m serve corpus` on an embedded PostgreSQL or on qdrant-client's local mode,
+and the table (row for row) or the collection's files (byte for byte) are checked behind both
+servers' backs.
 """
 
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
-from typing import Iterator
+from contextlib import ExitStack
+from typing import Any, Callable, Iterator
 
-import psycopg
 import pytest
 
 from a2m.client import HTTPClient
 from a2m.errors import A2MError
 from backends.episodic.embedded import EmbeddedPostgres
 
+from tests.support.corpora import (COLLECTION_ARGS, DOCS, TABLE_ARGS, make_collection, make_table, table_rows,
+                                   tree_digest)
+
 from .stack import Stack, federation
 
-DOCS = [
-    ("Refunds are issued within 14 days of a return.", "policy", [1.0, 0.0, 0.0, 0.0]),
-    ("Shipping to Italy takes 3 to 5 business days.", "shipping", [0.0, 1.0, 0.0, 0.0]),
-    ("Gift cards never expire and cannot be refunded.", "policy", [0.0, 0.0, 1.0, 0.0]),
-    ("Our warehouse in Bologna ships every weekday.", "shipping", [0.0, 0.7, 0.0, 0.7]),
-]
-
-
-def table_rows(dsn: str) -> list[tuple]:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute("SELECT doc_id, body, source, emb::text, written FROM kb ORDER BY doc_id").fetchall()
-
-
-@pytest.fixture(scope="module")
-def corpus_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, str]]:
-    pg = EmbeddedPostgres(tmp_path_factory.mktemp("corpus-pg"))
-    dsn = pg.start()
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-            conn.execute("CREATE TABLE kb (doc_id serial PRIMARY KEY, body text, source text, emb vector(4),"
-                         " written timestamptz DEFAULT now())")
-            for body, source, emb in DOCS:
-                conn.execute("INSERT INTO kb (body, source, emb) VALUES (%s, %s, %s::vector)", (body, source, str(emb)))
+@pytest.fixture(scope="module", params=["pgvector-table", "qdrant-collection"])
+def corpus_stack(request: pytest.FixtureRequest,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Callable[[], Any]]]:
+    """The stack with the corpus mounted, and a snapshot of the corpus read behind its server's back."""
+    with ExitStack() as cleanup:
+        if request.param == "pgvector-table":
+            pg = EmbeddedPostgres(tmp_path_factory.mktemp("corpus-pg"))
+            dsn = pg.start()
+            cleanup.callback(pg.stop)
+            make_table(dsn)
+            args, snapshot = ["--url", dsn, *TABLE_ARGS], lambda: table_rows(dsn)
+        else:
+            path = tmp_path_factory.mktemp("corpus-qdrant")
+            make_collection(path)
+            args, snapshot = ["--url", str(path), *COLLECTION_ARGS, "--option", "metadata_fields=source"], \
+                lambda: tree_digest(path)
         corpus = {"name": "kb", "kind": "semantic", "read_only": True, "engine": "corpus", "serve": "real",
-                  "args": ["--url", dsn, "--option", "table=kb", "--option", "id_column=doc_id",
-                           "--option", "text_column=body", "--option", "vector_column=emb",
-                           "--option", "created_column=written", "--option", "metadata_columns=source"]}
+                  "args": args}
         tiers = [
             {"name": "working", "kind": "working", "capacity": 4, "spill_to": "episodic", "timeout": 5.0},
             {"name": "episodic", "kind": "episodic", "spill_to": "semantic", "promote_to": "semantic",
@@ -59,9 +52,7 @@ def corpus_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sta
         ]
         with federation(tmp_path_factory.mktemp("router-corpus"), tiers, mode="fixture",
                         top={"background_promotion": False}) as stack:
-            yield stack, dsn
-    finally:
-        pg.stop()
+            yield stack, snapshot
 
 
 def owner() -> str:
@@ -100,9 +91,9 @@ async def test_corpus_is_described_read_only_and_recalled_fused_with_the_convers
 
 @pytest.mark.anyio
 async def test_writes_aimed_at_the_corpus_answer_read_only(corpus_stack) -> None:  # type: ignore[no-untyped-def]
-    stack, dsn = corpus_stack
+    stack, snapshot = corpus_stack
     me = owner()
-    before = table_rows(dsn)
+    before = snapshot()
     async with HTTPClient(stack.url) as router:
         some_id = (await router.call("memory/recall", {"owner": me, "query": "shipping", "tier": "kb"}))["records"][0]["id"]
         mine = (await router.call("memory/remember", {"owner": me, "records": [{"content": "a note"}]}))["ids"]
@@ -120,14 +111,14 @@ async def test_writes_aimed_at_the_corpus_answer_read_only(corpus_stack) -> None
             assert "kb" in str(err.value)
         # The mixed batch was refused whole: nothing of it landed in a writable tier either.
         assert not (await router.call("memory/recall", {"owner": me, "query": "ok"}))["records"]
-    assert table_rows(dsn) == before
+    assert snapshot() == before
 
 
 @pytest.mark.anyio
 async def test_the_corpus_is_never_spilled_promoted_or_consolidated_into(corpus_stack) -> None:  # type: ignore[no-untyped-def]
-    stack, dsn = corpus_stack
+    stack, snapshot = corpus_stack
     me = owner()
-    before = table_rows(dsn)
+    before = snapshot()
     async with HTTPClient(stack.url) as router:
         ids = []
         for turn in range(12):  # capacity 4: eight of these spill as they arrive
@@ -150,4 +141,4 @@ async def test_the_corpus_is_never_spilled_promoted_or_consolidated_into(corpus_
         assert layout["kb"]["count"] == len(DOCS)
     async with HTTPClient(stack.tiers["kb"].url) as corpus:
         assert len((await corpus.call("memory/timeline", {"limit": 0}))["records"]) == len(DOCS)
-    assert table_rows(dsn) == before
+    assert snapshot() == before
