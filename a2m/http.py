@@ -3,7 +3,9 @@
 Transport rules are checked before any JSON-RPC processing, in this order:
 path and method, Origin (403), bearer token (401), protocol header (400 with a
 -32007 body), body size (413). Then one JSON-RPC message per body: 200 with the
-response, or 202 with an empty body for a notification.
+response, or 202 with an empty body for a notification. An allowed Origin gets
+the CORS answers a browser needs to call at all: the preflight (`OPTIONS`) and
+`Access-Control-Allow-Origin` on every response.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ DEFAULT_MAX_BODY = 16 * 1024 * 1024
 _READ_HEADERS = frozenset({b"origin", b"authorization", b"a2m-protocol-version", b"content-type", b"content-length",
                            b"traceparent"})
 SERVICE = object()  # a token that maps to SERVICE is trusted to name any owner (the router's token)
+# What a browser page may send cross-origin: everything this binding reads from a request.
+_CORS_REQUEST_HEADERS = b"authorization, content-type, a2m-protocol-version, traceparent"
+_CORS_MAX_AGE = b"600"
 
 
 @dataclass
@@ -67,6 +72,28 @@ async def _respond(send: Send, status: int, body: bytes = b"", content_type: byt
     await send({"type": "http.response.body", "body": body})
 
 
+def _request_headers(scope: Scope) -> dict[str, str]:
+    """The headers this binding reads (ASGI names arrive lowercased), decoded."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _READ_HEADERS}
+
+
+def _cors(origin: str) -> list[tuple[bytes, bytes]]:
+    return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"origin")]
+
+
+def _with_cors(send: Send, origin: str) -> Send:
+    """`send` adding the CORS headers to the response: without them a browser page of an
+    allowed origin gets the response but may not read it, which is the same as a refusal."""
+    extra = _cors(origin)
+
+    async def wrapped(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return wrapped
+
+
 def _rpc_error(code: int, message: str) -> bytes:
     return orjson.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
 
@@ -91,6 +118,9 @@ class HTTPApp:
             return
         path, method = scope["path"], scope["method"]
         if path == "/":
+            if method == "OPTIONS":
+                await self._preflight(scope, send)
+                return
             if method != "POST":
                 await _respond(send, 405, b'{"error":"use POST"}', headers=[(b"allow", b"POST")])
                 return
@@ -137,13 +167,27 @@ class HTTPApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _rpc(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # ASGI header names arrive lowercased: keep only the six this binding reads.
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _READ_HEADERS}
-        origin = headers.get("origin")
-        if origin is not None and origin not in self.settings.allowed_origins:
+    async def _preflight(self, scope: Scope, send: Send) -> None:
+        """A browser's CORS preflight: allowed only for an allowed Origin (403 otherwise, as the
+        request itself would be); without an Origin it is no preflight, and the endpoint is POST-only."""
+        origin = _request_headers(scope).get("origin")
+        if origin is None:
+            await _respond(send, 405, b'{"error":"use POST"}', headers=[(b"allow", b"POST")])
+        elif origin not in self.settings.allowed_origins:
             await _respond(send, 403, b'{"error":"origin not allowed"}')
-            return
+        else:
+            await _respond(send, 204, headers=[*_cors(origin), (b"access-control-allow-methods", b"POST"),
+                                               (b"access-control-allow-headers", _CORS_REQUEST_HEADERS),
+                                               (b"access-control-max-age", _CORS_MAX_AGE)])
+
+    async def _rpc(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = _request_headers(scope)
+        origin = headers.get("origin")
+        if origin is not None:
+            if origin not in self.settings.allowed_origins:
+                await _respond(send, 403, b'{"error":"origin not allowed"}')
+                return
+            send = _with_cors(send, origin)
         principal = None
         if self.settings.tokens:
             auth = headers.get("authorization", "")

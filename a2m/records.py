@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .errors import A2MError, invalid
+from .errors import SCOPE_DENIED, A2MError, invalid
 from .timefmt import normalize_ts, now
 
 DEFAULT_SALIENCE = 0.5
@@ -285,7 +285,9 @@ def parse_write(raw: Any, index: int, *, owner: str | None, stamp: str | None = 
         _check_metadata(metadata, index)
     record_owner = _opt_str(raw, "owner", index)
     if record_owner is not None and owner is not None and record_owner != owner:
-        raise invalid(f"records[{index}].owner disagrees with the request's owner", field="owner", index=index)
+        # Protocol §7: a client-supplied owner that disagrees with the call's scope is refused -32005.
+        raise A2MError(SCOPE_DENIED, f"records[{index}].owner disagrees with the request's owner",
+                       {"field": "owner", "index": index})
     if record_owner is None and owner is not None and "\x00" in owner:
         raise _nul("owner", index)  # the request's owner becomes the record's
     key = _opt_str(raw, "key", index)

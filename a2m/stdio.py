@@ -17,6 +17,35 @@ from .dispatch import Context, Dispatcher, dumps
 MAX_LINE = 64 * 1024 * 1024
 
 
+class LineTooLong(Exception):
+    """A line past the reader's limit, already read past to its end."""
+
+
+async def read_line(reader: asyncio.StreamReader) -> bytes:
+    """The next line with its newline (the last may lack one), or b"" at the end of input.
+
+    A line longer than the reader's limit raises `LineTooLong` only once all of it has been
+    read and dropped. `StreamReader.readline` drops just what it has buffered: the rest of
+    the line was then read as a message of its own, answered a second time (-32700) or,
+    when that rest happened to be valid JSON (a request after a run of padding), run."""
+    try:
+        return await reader.readuntil(b"\n")
+    except asyncio.IncompleteReadError as exc:
+        return exc.partial
+    except asyncio.LimitOverrunError as exc:
+        over = exc.consumed
+    while True:
+        await reader.readexactly(over)  # what is buffered of the long line (up to the newline, if it came)
+        try:
+            await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError:
+            raise LineTooLong from None  # the input ended inside the long line
+        except asyncio.LimitOverrunError as exc:
+            over = exc.consumed
+            continue
+        raise LineTooLong
+
+
 async def serve_stdio(dispatcher: Dispatcher, lifespan: Any = None) -> None:
     """Serve on this process's stdin/stdout until stdin closes."""
     loop = asyncio.get_running_loop()
@@ -40,8 +69,8 @@ async def serve_stdio(dispatcher: Dispatcher, lifespan: Any = None) -> None:
     try:
         while True:
             try:
-                line = await reader.readline()
-            except ValueError:  # a line longer than MAX_LINE: answer and skip to the next line
+                line = await read_line(reader)
+            except LineTooLong:  # answered once; the whole line was skipped, none of it runs
                 await write({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "message too large"}})
                 continue
             if not line:

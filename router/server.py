@@ -46,6 +46,23 @@ def _with_owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
     return params
 
 
+def _batch_owner(records: Sequence[Record], owner: str | None) -> str | None:
+    """The owner a batch is written for: the call's, else the one its records name.
+
+    Where a batch lands, which key it replaces, which capacity it counts against and who
+    sees its `written` events all follow one owner. A call that names none (a trusted
+    transport) but whose records do is that owner's write; records of several owners in
+    one such batch are refused (-32602), since the router locates and writes per owner."""
+    if owner is not None:
+        return owner  # parse_write already refused records naming another owner
+    owners = {record.owner for record in records}
+    if len(owners) > 1:
+        index = next(i for i, record in enumerate(records) if record.owner != records[0].owner)
+        raise invalid(f"records[{index}].owner differs from records[0].owner: one batch writes one owner's "
+                      "records (name owner on the call, or send one batch per owner)", field="owner", index=index)
+    return owners.pop()
+
+
 def _in_caller_batch(exc: A2MError, indexes: list[int]) -> A2MError:
     """A tier's error about records[k] of the part of the batch it was sent, about the caller's record."""
     data = exc.data if isinstance(exc.data, dict) else None
@@ -221,6 +238,7 @@ class Router(EventMethods):
         already lives somewhere (a record's own `tier` must then agree with that place)."""
         stamp = now()
         records = [parse_write(raw, i, owner=owner, stamp=stamp) for i, raw in enumerate(raw_records)]
+        owner = _batch_owner(records, owner)
         max_len = self.limits.get("max_content_length")
         targets: list[Tier] = []
         for i, record in enumerate(records):

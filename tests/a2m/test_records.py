@@ -55,7 +55,6 @@ def test_parse_write_keeps_every_field_and_metadata_verbatim() -> None:
     ({"content": "x", "embedding": [1, "2"]}, "embedding"),
     ({"content": "x", "id": ""}, "id"),
     ({"content": "x", "key": ""}, "key"),
-    ({"content": "x", "owner": "mallory"}, "owner"),
 ])
 def test_parse_write_refuses_malformed_fields(raw: dict, field: str | None) -> None:
     with pytest.raises(A2MError) as err:
@@ -63,6 +62,12 @@ def test_parse_write_refuses_malformed_fields(raw: dict, field: str | None) -> N
     assert err.value.code == -32602
     if field:
         assert err.value.data["field"] == field and err.value.data["index"] == 3
+
+
+def test_a_record_naming_another_owner_than_the_call_is_scope_denied() -> None:
+    with pytest.raises(A2MError) as err:
+        parse_write({"content": "x", "owner": "mallory"}, 3, owner="alice")
+    assert err.value.code == -32005 and err.value.data == {"field": "owner", "index": 3}
 
 
 def test_uri_only_record_may_have_no_content() -> None:

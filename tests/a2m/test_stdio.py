@@ -1,0 +1,75 @@
+"""The stdio binding's framing: one message per line, a line past the limit answered once and
+skipped whole. End to end against a real tier server (`a2m serve working --stdio`, embedded
+Redis), and the line reader on its own."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from a2m.stdio import MAX_LINE, LineTooLong, read_line
+from tests.support.procs import a2m_command
+
+
+async def _reply(proc: asyncio.subprocess.Process, timeout: float = 60.0) -> dict[str, Any]:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+    assert line, "the server ended"
+    return orjson.loads(line)
+
+
+@pytest.mark.anyio
+async def test_an_oversized_line_is_answered_once_and_none_of_it_runs(tmp_path: Path) -> None:
+    """A line past the limit whose end is a valid request (after a run of padding) must not
+    run that request, nor get a second answer; the next line is served normally."""
+    proc = await asyncio.create_subprocess_exec(
+        *a2m_command("serve", "working", "--stdio", "--data", str(tmp_path)),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    assert proc.stdin is not None
+    try:
+        smuggled = orjson.dumps({"jsonrpc": "2.0", "id": 7, "method": "memory/remember",
+                                 "params": {"records": [{"content": "smuggled"}]}})
+        proc.stdin.write(b" " * (MAX_LINE + 1024 * 1024) + smuggled + b"\n")
+        proc.stdin.write(b'{"jsonrpc":"2.0","id":8,"method":"memory/timeline","params":{}}\n')
+        await proc.stdin.drain()
+        first = await _reply(proc)
+        assert first["id"] is None and first["error"]["code"] == -32600
+        second = await _reply(proc)
+        assert second["id"] == 8, second
+        assert second["result"]["records"] == []
+        proc.stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def _reader(*chunks: bytes, limit: int = 16) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader(limit=limit)
+    for chunk in chunks:
+        reader.feed_data(chunk)
+    reader.feed_eof()
+    return reader
+
+
+@pytest.mark.anyio
+async def test_read_line_skips_a_long_line_whole_wherever_its_newline_falls() -> None:
+    # newline already buffered, newline arriving chunks later, and end of input inside the line
+    reader = _reader(b"a" * 40 + b"\nok\n", b"b" * 20, b"c" * 30, b"d\nnext\nlast")
+    with pytest.raises(LineTooLong):
+        await read_line(reader)
+    assert await read_line(reader) == b"ok\n"
+    with pytest.raises(LineTooLong):
+        await read_line(reader)
+    assert await read_line(reader) == b"next\n"
+    assert await read_line(reader) == b"last"
+    assert await read_line(reader) == b""
+    reader = _reader(b"x" * 50)
+    with pytest.raises(LineTooLong):
+        await read_line(reader)
+    assert await read_line(reader) == b""
