@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from weakref import WeakValueDictionary
 from typing import Any, Iterable, Sequence
 
 from a2m.client import Unavailable
@@ -102,8 +103,10 @@ class Policy:
         self.fed = federation
         self.embedder = embedder
         self.emit = emit  # async (kind, owner, **fields) -> None: the router's event log
-        self._locks: dict[tuple[Any, ...], asyncio.Lock] = {}
-        self._owner_locks: dict[str | None, asyncio.Lock] = {}
+        # Weak: a lock lives while a holder or a waiter refers to it, so the maps hold only the
+        # sessions and owners being written now, not every one the router has seen.
+        self._locks: WeakValueDictionary[tuple[Any, ...], asyncio.Lock] = WeakValueDictionary()
+        self._owner_locks: WeakValueDictionary[str | None, asyncio.Lock] = WeakValueDictionary()
         self.pending: dict[tuple[str | None, str], set[str]] = {}  # (owner, tier) -> ids earned promotion
         self._recalls: dict[tuple[str | None, str], Counter[str]] = {}  # recalls not yet counted in the tiers
         self._flushing = False
