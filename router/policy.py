@@ -438,6 +438,8 @@ class Policy:
                 await self.emit("promoted", owner, ids=moved, tier=target)
             # Still queued: what is still here and did not move (its destination refused or was down).
             ids.difference_update(set(batch) - (found - set(moved)))
+            if not ids and self.pending.get((pending_owner, name)) is ids:
+                del self.pending[(pending_owner, name)]  # an entry per owner ever promoted would only grow
             promoted += len(moved)
         return promoted
 
