@@ -28,6 +28,16 @@ def test_bad_timestamps_are_invalid_params(bad: object) -> None:
     assert err.value.code == -32602
 
 
+@pytest.mark.parametrize("bad", ["2026-02-30T00:00:00.000Z", "2026-13-01T00:00:00.000Z", "2026-01-01T24:00:00.000Z",
+                                 "0000-01-01T00:00:00.000Z", "2026-01-01T00:00:00,000Z", "2026-01-01T00:00:00.0a0Z",
+                                 "\uff12026-01-01T00:00:00.000Z", "2026-01-01T00:00:00.000z0"])
+def test_canonical_looking_stamps_are_still_checked(bad: str) -> None:
+    """normalize_ts passes a canonical stamp through without re-printing it: only real dates."""
+    with pytest.raises(A2MError) as err:
+        normalize_ts(bad)
+    assert err.value.code == -32602
+
+
 def test_parse_write_keeps_every_field_and_metadata_verbatim() -> None:
     raw = {"id": "r1", "content": "hello", "role": "user", "metadata": {"a": [1, {"b": None}]}, "group": "g",
            "salience": 0.9, "session": "s", "key": "k/1", "uri": "s3://x", "media_type": "text/plain",
