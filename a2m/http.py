@@ -240,11 +240,34 @@ class HTTPApp:
             await _respond(send, 200, reply)
 
 
-def run(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning") -> None:
-    """Serve `app` with uvicorn (httptools + uvloop), the binding's production server."""
+def run(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
+        on_listening: Callable[[str], None] | None = None) -> None:
+    """Serve `app` with uvicorn (httptools + uvloop), the binding's production server.
+
+    `on_listening(url)` is called once the app has started and the socket is bound, with the
+    port actually bound (port 0 asks for any free one, known only then).
+    """
+    import sys
+
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if on_listening is not None and self.started and not self.should_exit:
+                bound = next((s.getsockname() for srv in self.servers for s in srv.sockets or ()), None)
+                shown = host if ":" not in host else f"[{host}]"  # an IPv6 literal
+                on_listening(f"http://{shown}:{bound[1] if bound else port}/")
 
     # No proxy-header middleware (this binding never reads the client address) and no
     # Server header: both are per-request work on the hottest path.
-    uvicorn.run(app, host=host, port=port, log_level=log_level, http="httptools", loop="uvloop",
-                lifespan="on", access_log=False, proxy_headers=False, server_header=False)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http="httptools", loop="uvloop",
+                            lifespan="on", access_log=False, proxy_headers=False, server_header=False)
+    server = Server(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    if not server.started:  # as uvicorn.run: a failed startup (port taken, lifespan error) exits non-zero
+        sys.exit(STARTUP_FAILURE)

@@ -101,8 +101,15 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     from a2m.http import HTTPApp, run
 
+    def listening(url: str) -> None:
+        # Whatever the log level (uvicorn's own line is at info), and on stderr: the port may have
+        # been chosen just now (the default, 0, is any free port). `a2m up` prints its own line per
+        # tier once all are ready, so the servers it starts are told to stay quiet (A2M_ANNOUNCE=0).
+        if os.environ.get("A2M_ANNOUNCE", "1") != "0":
+            print(f"a2m serve {args.what}: listening on {url}", file=sys.stderr, flush=True)
+
     run(HTTPApp(Dispatcher(server), http_settings, lifespan=server), host=args.host, port=args.port,
-        log_level=args.log_level)
+        log_level=args.log_level, on_listening=listening)
     return 0
 
 
@@ -130,8 +137,15 @@ def _transfer(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import runpy
 
-    sys.argv = ["bench/run_all.py"] + (["--quick"] if args.quick else [])
-    runpy.run_path(str(Path(__file__).resolve().parent.parent / "bench" / "run_all.py"), run_name="__main__")
+    # bench/ sits beside the packages in a source checkout (`make install` installs it editable);
+    # a wheel carries only the packages.
+    script = Path(__file__).resolve().parent.parent / "bench" / "run_all.py"
+    if not script.is_file():
+        print(f"a2m bench: the benchmarks are not installed here (no {script}); run `a2m bench` from a "
+              "source checkout of a2m-router (`make bench`, or `pip install -e .` there)", file=sys.stderr)
+        return 2
+    sys.argv = [str(script)] + (["--quick"] if args.quick else [])
+    runpy.run_path(str(script), run_name="__main__")
     return 0
 
 

@@ -149,7 +149,8 @@ def _child_env(data: Path, port: int, config: Path | None) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"A2M": a2m_command(), "A2M_DATA": str(data), "A2M_BASE_PORT": str(port),
                 "PYTHONPATH": os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p),
-                "PYTHONUNBUFFERED": "1"})
+                "PYTHONUNBUFFERED": "1",
+                "A2M_ANNOUNCE": "0"})  # no "listening on" line per server: `a2m up` prints its own status lines
     if config is not None:
         env["A2M_ROUTER_CONFIG"] = str(config)
     else:

@@ -213,7 +213,7 @@ def _known(table: Mapping[str, Any], known: Iterable[str], where: str, hint: str
     """A misspelt key is refused, not ignored: a silently dropped setting is a wrong deployment."""
     unknown = sorted(set(table) - set(known))
     if unknown:
-        raise ConfigError(f"{where} has unknown keys {unknown}; known: {sorted(known)}{hint}")
+        raise ConfigError(f"{where} has unknown keys {unknown}; known: {sorted(set(known))}{hint}")
 
 
 def _positive(value: Any, where: str, kind: type | tuple[type, ...] = int) -> Any:

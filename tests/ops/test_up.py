@@ -129,6 +129,7 @@ async def test_up_serves_the_federation_stops_cleanly_and_finds_its_data(tmp_pat
         up.wait_up()
         for offset, name in enumerate(TIERS, 1):
             assert any(line.strip().startswith(name) and f":{port + offset}/" in line for line in up.lines), up.output
+        assert "listening on" not in up.output  # the servers' own lines would repeat the status lines
         assert (data / "Procfile").exists()
         # A second `a2m up` on the same data is refused before it starts or stops anything: the
         # checks below then run against the first one, whole.

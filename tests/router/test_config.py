@@ -129,3 +129,13 @@ def test_a_top_level_timeout_applies_to_the_built_in_layout_too() -> None:
     assert parse({}, env={}).tier("working").timeout == 2.0
     declared = parse({"timeout": 7, **tiers({"name": "semantic", "timeout": 1.5})}, env={})
     assert declared.tier("episodic").timeout == 7.0 and declared.tier("semantic").timeout == 1.5
+
+
+def test_the_unknown_key_message_lists_each_known_key_once_sorted() -> None:
+    # `fusion` and `embedder` are both [router] keys and sections: they used to be listed twice.
+    with pytest.raises(ConfigError) as caught:
+        parse({"fusoin": "rerank"}, env={})
+    known = str(caught.value).split("known: ", 1)[1]
+    names = [name.strip(" '[]") for name in known.split(",")]
+    assert names == sorted(set(names)), known
+    assert {"fusion", "embedder", "tiers", "timeout"} <= set(names)
