@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import date, datetime
-from decimal import Decimal
+from datetime import datetime
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from psycopg import sql
@@ -20,9 +19,9 @@ from a2m.filters import Scope
 from a2m.records import Record
 from a2m.timefmt import format_ts
 
-from backends.store import SessionInfo, StoreRejected, StoreUnavailable
+from backends.store import StoreRejected, StoreUnavailable
 
-from .common import EPOCH, fuse, visible
+from .common import EPOCH, ReadOnlyStore, fuse, json_safe, visible
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -54,25 +53,13 @@ class TableSpec:
                    metadata_columns=[str(c) for c in columns])
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return format_ts(value)
-    if isinstance(value, date):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def _text(values: Iterable[str]) -> list[str]:
     """Values to compare with text columns, less those holding NUL: PostgreSQL refuses NUL in a
     parameter, and no text column holds one, so such a value matches nothing (as on every tier)."""
     return [v for v in values if "\x00" not in v]
 
 
-class TableStore:
+class TableStore(ReadOnlyStore):
     engine = "postgresql (read-only table)"
 
     def __init__(self, dsn: str, spec: TableSpec) -> None:
@@ -146,7 +133,7 @@ class TableStore:
         return Record(
             id=row["a2m_id"], content=row["a2m_content"] or "",
             created_at=format_ts(created) if isinstance(created, datetime) else EPOCH,
-            metadata={c: _json_safe(row[c]) for c in self.spec.metadata_columns},
+            metadata={c: json_safe(row[c]) for c in self.spec.metadata_columns},
             embedding=None if vector is None else [float(x) for x in vector],
         )
 
@@ -202,12 +189,6 @@ class TableStore:
             self._columns(with_embeddings), self._table(), sql.Identifier(self.spec.id_column)), [_text(ids)])
         return [self._record(r) for r in rows]
 
-    async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
-        return {}  # a mounted table has no A2M keys
-
-    async def owners(self, ids: Sequence[str]) -> dict[str, str | None]:
-        return {}  # never written through A2M, so no id can collide
-
     async def select(self, scope: Scope, *, order: Literal["asc", "desc"] = "asc", limit: int | None = None,
                      with_embeddings: bool = False) -> list[Record]:
         if scope.key_prefix is not None:
@@ -248,26 +229,9 @@ class TableStore:
         records = [self._record(rows[i]).with_(score=s) for i, s in fuse(rankings)]
         return visible(records, scope)[:limit]
 
-    async def sessions(self, owner: str | None) -> list[SessionInfo]:
-        return []
-
     async def count(self, owner: str | None) -> int:
         rows = await self._query(sql.SQL("SELECT count(*) AS n FROM {}").format(self._table()), ())
         return int(rows[0]["n"])
 
     async def dimensions(self) -> int | None:
         return self._dims
-
-    # ---- writes: never (the surface refuses them with -32004 first) -------------
-
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
-        raise StoreRejected("this corpus is read-only")
-
-    async def delete(self, scope: Scope) -> int:
-        raise StoreRejected("this corpus is read-only")
-
-    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
-        return None  # access statistics of someone else's table are not ours to keep
-
-    async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
-        return 0

@@ -2,9 +2,17 @@
 
 The collection is someone else's: nothing here creates, alters or writes it.
 A point is a record: its id (an integer or a UUID, as text), the payload field
-named `text_field` as content, `created_field` (an RFC 3339 string or Unix
-seconds) as `created_at`, and the rest of the payload (or only
-`metadata_fields`) as metadata, which `where` filters inside Qdrant.
+named `text_field` as content, `created_field` as `created_at`, and the rest of
+the payload (or only `metadata_fields`) as metadata, which `where` filters
+inside Qdrant. Two options fit the layouts the common frameworks write:
+`metadata_field` names a payload object that holds the metadata (LangChain's
+`{"page_content": ..., "metadata": {...}}`), and `text_json_key` reads the
+content out of a JSON-encoded `text_field` (LlamaIndex's `_node_content`).
+
+Every answer passes the reference `matches` (common.visible), so the filter
+sent to Qdrant only has to hold at least the points in scope: where Qdrant's
+reading of a value could differ from a record's, the condition is widened or
+left out, never narrowed.
 
 Text ranking: Qdrant keeps no term statistics, so a text recall asks for the
 points whose `text_field` holds any query word (a full-text condition, indexed
@@ -16,6 +24,9 @@ ranks over the whole collection.
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 import re
 import uuid
 from dataclasses import dataclass
@@ -29,17 +40,20 @@ from a2m.stopwords import STOPWORDS
 from a2m.text import bm25_scores
 from a2m.timefmt import format_ts, parse_ts
 
-from backends.store import SessionInfo, StoreRejected, StoreUnavailable
+from backends.store import StoreRejected, StoreUnavailable
 
-from .common import EPOCH, fuse, visible
+from .common import EPOCH, ReadOnlyStore, fuse, json_safe, visible
 
 TEXT_POOL = 200  # word matches ranked by BM25 per text recall
 MAX_QUERY_WORDS = 32
+ID_PAGE = 256  # points per page of an id-order scroll with no limit
 _WORD = re.compile(r"\w+", re.UNICODE)
 _STOP = STOPWORDS["en"]
 # Qdrant's distance -> the protocol's metric name (describe's `embeddings.metric`).
 METRICS = {"Cosine": "cosine", "Dot": "dot", "Euclid": "euclidean", "Manhattan": "manhattan"}
 _RANGE_INDEXES = {"datetime", "integer", "float"}
+# The times a record can show (years 1 to 9999): a payload time outside them shows the epoch.
+_FIRST_STAMP, _FIRST_SECOND, _LAST_SECOND = "0001-01-01T00:00:00Z", -62135596800, 253402300799
 
 
 @dataclass(slots=True)
@@ -47,8 +61,10 @@ class CollectionSpec:
     collection: str
     text_field: str = "text"
     vector_name: str | None = None  # None: the collection's only dense vector, named or not
-    created_field: str | None = None
-    metadata_fields: list[str] | None = None  # None: every payload field but text and created
+    created_field: str | None = None  # with metadata_field, a key of that object
+    metadata_fields: list[str] | None = None  # None: every key but text and created
+    metadata_field: str | None = None  # None: the payload itself is the metadata
+    text_json_key: str | None = None  # None: text_field holds the content itself
     api_key: str | None = None
 
     @classmethod
@@ -65,30 +81,62 @@ class CollectionSpec:
 
         return cls(collection=str(options["collection"]), text_field=text("text_field") or "text",
                    vector_name=text("vector_name"), created_field=text("created_field"),
-                   metadata_fields=None if fields is None else [str(f) for f in fields], api_key=text("api_key"))
+                   metadata_fields=None if fields is None else [str(f) for f in fields],
+                   metadata_field=text("metadata_field"), text_json_key=text("text_json_key"),
+                   api_key=text("api_key"))
 
 
 def point_id(value: str) -> int | str | None:
-    """The Qdrant id an A2M id names (an unsigned integer or a UUID), or None: no point has it."""
+    """The Qdrant id an A2M id names (an unsigned integer or a UUID), or None: no point has it.
+    Only the spelling a record shows counts: ids are opaque text, and Qdrant reading `007` or an
+    upper-case UUID as another spelling of a point's id would answer for an id no record has."""
     if value.isascii() and value.isdigit():
         number = int(value)
         return number if str(number) == value and number < 2**64 else None
     try:
-        return str(uuid.UUID(value))
+        return value if str(uuid.UUID(value)) == value else None
     except ValueError:
         return None
+
+
+def payload_time(value: Any) -> datetime | None:
+    """A payload value as the time Qdrant's range filter and ordering read in it, or None.
+
+    Text is read with qdrant-client's copy of the engine's formats (RFC 3339, and the
+    naive stamps Python's `isoformat()` writes, read as UTC, and bare dates); a number
+    is Unix seconds. Reading it any other way would make Qdrant's time filter and the
+    record's `created_at` disagree about which records a range holds.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value, timezone.utc) if _FIRST_SECOND <= value <= _LAST_SECOND else None
+    return _parse_qdrant_time(value) if isinstance(value, str) else None
+
+
+def _parse_qdrant_time(value: str) -> datetime | None:
+    """qdrant-client's copy of the engine's time formats; a module of its local mode, so a
+    release that moves it falls back to RFC 3339 alone (naive stamps then read as no time)."""
+    try:
+        from qdrant_client.local.datetime_utils import parse
+    except ImportError:
+        try:
+            return parse_ts(value)
+        except A2MError:
+            return None
+    return parse(value)
 
 
 def _created_at(value: Any) -> str:
     """A payload time as the canonical stamp; anything unreadable is the epoch, like a missing one."""
     try:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return format_ts(datetime.fromtimestamp(value, timezone.utc))
-        if isinstance(value, str):
-            return format_ts(parse_ts(value))
-    except (A2MError, ValueError, OverflowError, OSError):  # a stamp of no known form, or past year 9999
-        pass
-    return EPOCH
+        moment = payload_time(value)
+        return EPOCH if moment is None else format_ts(moment)
+    except (ValueError, OverflowError, OSError):  # a stamp whose offset leaves years 1 to 9999
+        return EPOCH
+
+
+def _epoch_within(after: str | None, before: str | None) -> bool:
+    """Whether a record showing the epoch (one with no readable time) falls in (after, before)."""
+    return (after is None or after < EPOCH) and (before is None or EPOCH < before)
 
 
 def query_words(text: str | None) -> list[str]:
@@ -98,7 +146,63 @@ def query_words(text: str | None) -> list[str]:
     return list(words)[:MAX_QUERY_WORDS]
 
 
-class CollectionStore:
+def payload_path(*keys: str) -> str | None:
+    """Qdrant's name for the payload value under `keys`, one object inside the next.
+
+    Its key syntax reads `a.b` as `b` inside `a` and `a[]` as an array, so a key of
+    other than letters, digits, `_` and `-` is quoted; a key holding `"` or `\\` cannot
+    be written at all, and gives None: that key cannot be tested inside Qdrant.
+    """
+    parts = []
+    for key in keys:
+        if key and all(c.isalnum() or c in "_-" for c in key):
+            parts.append(key)
+        elif '"' in key or "\\" in key:
+            return None
+        else:
+            parts.append(f'"{key}"')
+    return ".".join(parts)
+
+
+def _equal_to(key: str, value: bool | int | float) -> Any | None:
+    """A condition holding every payload value `matches` finds equal to a boolean or a number, or
+    None when Qdrant cannot express one. A number is a range one step either side: Qdrant compares
+    numbers as doubles, an int payload must meet an equal float (5 meets 5.0), and an integer past
+    2**53 (or past 64 bits, which a record shows as the nearest float) must meet its rounding."""
+    from qdrant_client import models as m
+
+    if isinstance(value, bool):
+        return m.FieldCondition(key=key, match=m.MatchValue(value=value))
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    if not math.isfinite(number):
+        return None
+    return m.FieldCondition(key=key, range=m.Range(gte=math.nextafter(number, -math.inf),
+                                                   lte=math.nextafter(number, math.inf)))
+
+
+def _any_of(key: str, expected: Any) -> Any | None:
+    """A condition holding every point whose `key` passes `where`'s test (`expected` or any of a
+    list), or None when some option cannot be expressed and the key cannot narrow the scope."""
+    from qdrant_client import models as m
+
+    options = expected if isinstance(expected, list) else [expected]
+    words = [v for v in options if isinstance(v, str)]
+    either: list[Any] = [m.FieldCondition(key=key, match=m.MatchAny(any=words))] if words else []
+    for value in options:
+        if value is None:  # null or absent (an empty list too: `visible` tells them apart)
+            either.append(m.IsEmptyCondition(is_empty=m.PayloadField(key=key)))
+        elif not isinstance(value, str):
+            condition = _equal_to(key, value)
+            if condition is None:
+                return None
+            either.append(condition)
+    return m.Filter(should=either) if either else m.HasIdCondition(has_id=[])  # any of nothing
+
+
+class CollectionStore(ReadOnlyStore):
     """`url` for a Qdrant server; `path` for a directory in qdrant-client's local mode."""
 
     def __init__(self, spec: CollectionSpec, *, url: str | None = None, path: str | None = None) -> None:
@@ -110,12 +214,17 @@ class CollectionStore:
         self.metric = "cosine"
         self.searches_vectors = True  # settled by open(): False for a collection without dense vectors
         self._ordered = False  # timeline in created_field order (else in id order)
+        root = (spec.metadata_field,) if spec.metadata_field else ()
+        self._root: tuple[str, ...] = root  # where the metadata keys live in the payload
+        self._text_key = payload_path(spec.text_field)
+        self._created_key = payload_path(*root, spec.created_field) if spec.created_field else None
 
     # ---- lifecycle -------------------------------------------------------------
 
     async def open(self) -> None:
         from qdrant_client import AsyncQdrantClient
 
+        self._check_fields()
         if self._client is None:
             try:
                 self._client = (AsyncQdrantClient(url=self._url, api_key=self.spec.api_key) if self._url
@@ -128,16 +237,21 @@ class CollectionStore:
             raise SystemExit(f"corpus: no collection {name!r} at {self._url or self._path}; it has {held or 'none'}")
         info = await self._call(self._client.get_collection(name))
         self._settle_vectors(info.config.params.vectors)
-        if self.spec.created_field:
-            index = (info.payload_schema or {}).get(self.spec.created_field)
+        if self._created_key:
+            index = (info.payload_schema or {}).get(self._created_key)
             kind = getattr(getattr(index, "data_type", None), "value", None)
             self._ordered = self._url is None or kind in _RANGE_INDEXES  # local mode orders without one
             if not self._ordered:
-                import logging
-
                 logging.getLogger("a2m.corpus").warning(
                     "timeline runs in point id order: collection %r has no datetime index on %r",
-                    self.spec.collection, self.spec.created_field)
+                    self.spec.collection, self._created_key)
+
+    def _check_fields(self) -> None:
+        """Refuse at start a text or time field Qdrant's filters cannot name (see `payload_path`)."""
+        for option, key in (("text_field", self._text_key), ("created_field", self._created_key)):
+            if key is None and getattr(self.spec, option) is not None:
+                raise SystemExit(f"corpus: {option}={getattr(self.spec, option)!r}: Qdrant cannot filter on a "
+                                 "payload key holding '\"' or '\\'")
 
     def _settle_vectors(self, vectors: Any) -> None:
         """Pick the dense vector recalls rank by, or refuse a name the collection does not have."""
@@ -190,23 +304,40 @@ class CollectionStore:
     # ---- points as records -------------------------------------------------------
 
     def _record(self, point: Any, *, with_embedding: bool) -> Record:
-        payload = dict(point.payload or {})
-        content = payload.pop(self.spec.text_field, None)
-        created = payload.pop(self.spec.created_field, None) if self.spec.created_field else None
+        payload = point.payload or {}
+        metadata = self._metadata(payload)
+        created = metadata.pop(self.spec.created_field, None) if self.spec.created_field else None
         if self.spec.metadata_fields is not None:
-            payload = {k: payload[k] for k in self.spec.metadata_fields if k in payload}
-        vector = point.vector
+            metadata = {k: metadata[k] for k in self.spec.metadata_fields if k in metadata}
+        return Record(id=str(point.id), content=self._content(payload.get(self.spec.text_field)),
+                      created_at=_created_at(created), metadata=json_safe(metadata),
+                      embedding=self._embedding(point.vector) if with_embedding else None)
+
+    def _metadata(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """The object a record's metadata (and its time) comes from: the payload less its text, or
+        the `metadata_field` object (none when that holds something else)."""
+        if self.spec.metadata_field is None:
+            return {k: v for k, v in payload.items() if k != self.spec.text_field}
+        inner = payload.get(self.spec.metadata_field)
+        return dict(inner) if isinstance(inner, dict) else {}
+
+    def _content(self, value: Any) -> str:
+        """The record's content: the text field, or with `text_json_key` that member of the JSON object
+        the text field encodes. Anything that is not text reads as no content."""
+        if self.spec.text_json_key is not None:
+            try:
+                node = json.loads(value) if isinstance(value, str) else None
+            except ValueError:
+                node = None
+            value = node.get(self.spec.text_json_key) if isinstance(node, dict) else None
+        return value if isinstance(value, str) else ""
+
+    def _embedding(self, vector: Any) -> list[float] | None:
         if isinstance(vector, dict):
             vector = vector.get(self.spec.vector_name or "")
-        return Record(id=str(point.id), content=content if isinstance(content, str) else "",
-                      created_at=_created_at(created), metadata=payload,
-                      embedding=[float(x) for x in vector] if with_embedding and isinstance(vector, list) else None)
+        return [float(x) for x in vector] if isinstance(vector, list) else None
 
-    def _exposed(self, name: str) -> bool:
-        """Whether `where[name]` tests a payload field: a metadata key the records show."""
-        if name in RECORD_FIELDS or name in (self.spec.text_field, self.spec.created_field):
-            return False
-        return self.spec.metadata_fields is None or name in self.spec.metadata_fields
+    # ---- scopes as Qdrant filters -------------------------------------------------
 
     def _filter(self, scope: Scope, extra: Iterable[Any] = ()) -> Any | None:
         """A Qdrant filter holding at least every point in `scope` (`visible` then checks exactly),
@@ -218,40 +349,55 @@ class CollectionStore:
         if named is not None:
             must.append(m.HasIdCondition(has_id=[p for p in map(point_id, named) if p is not None]))
         for name, expected in scope.where.items():
-            if name == "content":
-                must.append(self._any_of(self.spec.text_field, expected))
-            elif self._exposed(name):
-                must.append(self._any_of(name, expected))
-        if self.spec.created_field and (scope.after or scope.before):
+            key = self._where_key(name, expected)
+            condition = None if key is None else _any_of(key, expected)
+            if condition is not None:
+                must.append(condition)
+        if self._created_key and (scope.after or scope.before):
             must.append(self._time_range(scope.after, scope.before))
         return m.Filter(must=must) if must else None
 
-    @staticmethod
-    def _any_of(key: str, expected: Any) -> Any:
-        from qdrant_client import models as m
-
-        options = expected if isinstance(expected, list) else [expected]
-        words = [v for v in options if isinstance(v, str)]
-        either: list[Any] = [m.FieldCondition(key=key, match=m.MatchAny(any=words))] if words else []
-        for value in options:
-            if isinstance(value, bool):
-                either.append(m.FieldCondition(key=key, match=m.MatchValue(value=value)))
-            elif isinstance(value, (int, float)):  # an int payload and a float one compare equal
-                either.append(m.FieldCondition(key=key, range=m.Range(gte=value, lte=value)))
-        if None in options:  # null or absent (an empty list too: `visible` tells them apart)
-            either.append(m.IsEmptyCondition(is_empty=m.PayloadField(key=key)))
-        return m.Filter(should=either) if either else m.HasIdCondition(has_id=[])
+    def _where_key(self, name: str, expected: Any) -> str | None:
+        """The payload path `where[name]` tests, or None when Qdrant cannot narrow it: a record field
+        other than content, a key the records do not show (`visible` answers those), or content that
+        is not the text field verbatim (JSON-encoded, or empty: a point without text shows "")."""
+        if name == "content":
+            empty = "" in (expected if isinstance(expected, list) else [expected])
+            return None if self.spec.text_json_key or empty else self._text_key
+        if name in RECORD_FIELDS or name == self.spec.created_field:
+            return None
+        if self.spec.metadata_fields is not None and name not in self.spec.metadata_fields:
+            return None
+        if not self._root and name == self.spec.text_field:
+            return None
+        return payload_path(*self._root, name)
 
     def _time_range(self, after: str | None, before: str | None) -> Any:
-        """created_field in (after, before), whether it holds RFC 3339 strings or Unix seconds."""
+        """created_field in (after, before), whether it holds time text or Unix seconds; when the
+        range holds the epoch, also the points with no readable time (they show the epoch)."""
         from qdrant_client import models as m
 
-        key = self.spec.created_field
+        key = self._created_key
         seconds = [None if t is None else parse_ts(t).timestamp() for t in (after, before)]
-        return m.Filter(should=[
-            m.FieldCondition(key=key, range=m.DatetimeRange(gt=after, lt=before)),
-            m.FieldCondition(key=key, range=m.Range(gt=seconds[0], lt=seconds[1])),
-        ])
+        either = [m.FieldCondition(key=key, range=m.DatetimeRange(gt=after, lt=before)),
+                  m.FieldCondition(key=key, range=m.Range(gt=seconds[0], lt=seconds[1]))]
+        if _epoch_within(after, before):
+            either.append(self._untimed())
+        return m.Filter(should=either)
+
+    def _untimed(self) -> Any:
+        """The points whose created_field holds no time `payload_time` reads: absent, null, text of no
+        known form, seconds past year 9999. Qdrant's ordered scroll skips them."""
+        from qdrant_client import models as m
+
+        key = self._created_key
+        return m.Filter(must_not=[m.FieldCondition(key=key, range=m.DatetimeRange(gte=_FIRST_STAMP)),
+                                  m.FieldCondition(key=key, range=m.Range(gte=_FIRST_SECOND, lte=_LAST_SECOND))])
+
+    def _outside_time(self, scope: Scope) -> bool:
+        """Whether no record can be in the scope's time range without reading any: with no
+        created_field every record shows the epoch."""
+        return self.spec.created_field is None and not _epoch_within(scope.after, scope.before)
 
     # ---- reads -----------------------------------------------------------------
 
@@ -263,12 +409,6 @@ class CollectionStore:
             self.spec.collection, ids=wanted, with_payload=True, with_vectors=self._vectors(with_embeddings)))
         return [self._record(p, with_embedding=with_embeddings) for p in points]
 
-    async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
-        return {}  # a mounted collection has no A2M keys
-
-    async def owners(self, ids: Sequence[str]) -> dict[str, str | None]:
-        return {}  # never written through A2M, so no id can collide
-
     def _vectors(self, wanted: bool) -> Any:
         if not wanted or not self.searches_vectors:
             return False
@@ -276,80 +416,98 @@ class CollectionStore:
 
     async def select(self, scope: Scope, *, order: Literal["asc", "desc"] = "asc", limit: int | None = None,
                      with_embeddings: bool = False) -> list[Record]:
-        from qdrant_client import models as m
-
-        if scope.key_prefix is not None:
+        if scope.key_prefix is not None or self._outside_time(scope):
             return []
-        flt = self._filter(scope)
-        order_by = (m.OrderBy(key=self.spec.created_field, direction=m.Direction.DESC if order == "desc"
-                              else m.Direction.ASC) if self._ordered else None)
-        if order_by is not None:  # Qdrant pages an ordered scroll by value, not by offset: one page
-            points, _ = await self._call(self.client.scroll(
-                self.spec.collection, scroll_filter=flt, limit=limit or await self.count(None), order_by=order_by,
-                with_payload=True, with_vectors=self._vectors(with_embeddings)))
-            return visible([self._record(p, with_embedding=with_embeddings) for p in points], scope)
+        if self._ordered:
+            return await self._by_time(scope, order, limit, with_embeddings)
+        out = await self._by_id(self._filter(scope), scope, limit, with_embeddings)
+        if order == "desc":
+            out.reverse()  # the timeline turns a newest-first list around: it then shows id order
+        return out
+
+    async def _by_id(self, flt: Any, scope: Scope, limit: int | None, with_embeddings: bool) -> list[Record]:
+        """The first `limit` records in scope in point id order, read page by page until that many
+        pass the exact check (Qdrant's filter may hold more)."""
         out: list[Record] = []
         offset = None
-        while True:  # pages until `limit` records pass the exact check (Qdrant's filter may hold more)
-            page = 256 if limit is None else max(limit - len(out), 16)
+        while True:
+            page = ID_PAGE if limit is None else max(limit - len(out), 16)
             points, offset = await self._call(self.client.scroll(
                 self.spec.collection, scroll_filter=flt, limit=page, offset=offset,
                 with_payload=True, with_vectors=self._vectors(with_embeddings)))
             out += visible([self._record(p, with_embedding=with_embeddings) for p in points], scope)
             if offset is None or (limit is not None and len(out) >= limit):
+                return out[:limit]
+
+    async def _by_time(self, scope: Scope, order: Literal["asc", "desc"], limit: int | None,
+                       with_embeddings: bool) -> list[Record]:
+        """The first `limit` records in scope in created_field order.
+
+        Qdrant's ordered scroll takes no offset, so a page the exact check thins is read
+        again twice as long. It also skips the points with no time it can order by; they
+        show the epoch, so when the scope's range holds the epoch they are read by id and
+        placed by their stamp (ties at the epoch keep point id order).
+        """
+        from qdrant_client import models as m
+
+        desc = order == "desc"
+        order_by = m.OrderBy(key=self._created_key, direction=m.Direction.DESC if desc else m.Direction.ASC)
+        flt = self._filter(scope)
+        want = limit or max(await self.count(None), 1)
+        while True:
+            points, _ = await self._call(self.client.scroll(
+                self.spec.collection, scroll_filter=flt, limit=want, order_by=order_by,
+                with_payload=True, with_vectors=self._vectors(with_embeddings)))
+            timed = visible([self._record(p, with_embedding=with_embeddings) for p in points], scope)
+            if limit is None or len(timed) >= limit or len(points) < want:
                 break
-        if order == "desc":
-            out.reverse()  # the timeline turns a newest-first list around: it then shows id order
-        return out[:limit] if limit is not None else out
+            want *= 2
+        untimed: list[Record] = []
+        if _epoch_within(scope.after, scope.before):
+            untimed = await self._by_id(self._filter(scope, [self._untimed()]), scope, limit, with_embeddings)
+            if desc:
+                untimed.reverse()
+        once = {r.id: r for r in untimed + timed}  # once each (a point may hold several times), ties by id
+        return sorted(once.values(), key=lambda r: r.created_at, reverse=desc)[:limit]
 
     async def search(self, scope: Scope, *, text: str | None, vector: Sequence[float] | None, limit: int,
                      with_embeddings: bool = False) -> list[Record]:
-        from qdrant_client import models as m
-
-        if scope.key_prefix is not None:
+        if scope.key_prefix is not None or self._outside_time(scope):
             return []
         rankings: list[list[str]] = []
-        points: dict[str, Any] = {}
+        records: dict[str, Record] = {}
         words = query_words(text)
         if words:
-            matches = m.Filter(should=[m.FieldCondition(key=self.spec.text_field, match=m.MatchText(text=w))
-                                       for w in words])
-            found, _ = await self._call(self.client.scroll(
-                self.spec.collection, scroll_filter=self._filter(scope, [matches]), limit=TEXT_POOL,
-                with_payload=True, with_vectors=self._vectors(with_embeddings)))
-            records = {str(p.id): self._record(p, with_embedding=with_embeddings) for p in found}
-            scores = bm25_scores({i: r.content for i, r in records.items()}, text or "")
+            found = await self._word_matches(scope, words, with_embeddings)
+            scores = bm25_scores({r.id: r.content for r in found}, text or "")
             rankings.append(sorted(scores, key=lambda i: -scores[i]))
-            points |= records
+            records |= {r.id: r for r in found}
         if vector is not None and self.searches_vectors:
-            found = (await self._call(self.client.query_points(
-                self.spec.collection, query=list(vector), using=self.spec.vector_name,
-                query_filter=self._filter(scope), limit=max(limit * 4, 40), with_payload=True,
-                with_vectors=self._vectors(with_embeddings)))).points
-            rankings.append([str(p.id) for p in found])
-            points |= {str(p.id): self._record(p, with_embedding=with_embeddings) for p in found}
-        ranked = [points[i].with_(score=s) for i, s in fuse(rankings)]
+            found = await self._nearest(scope, vector, max(limit * 4, 40), with_embeddings)
+            rankings.append([r.id for r in found])
+            records |= {r.id: r for r in found}
+        ranked = [records[i].with_(score=s) for i, s in fuse(rankings)]
         return visible(ranked, scope)[:limit]
 
-    async def sessions(self, owner: str | None) -> list[SessionInfo]:
-        return []
+    async def _word_matches(self, scope: Scope, words: list[str], with_embeddings: bool) -> list[Record]:
+        """The first TEXT_POOL points in scope whose text field holds any of `words`."""
+        from qdrant_client import models as m
+
+        holds = m.Filter(should=[m.FieldCondition(key=self._text_key, match=m.MatchText(text=w)) for w in words])
+        points, _ = await self._call(self.client.scroll(
+            self.spec.collection, scroll_filter=self._filter(scope, [holds]), limit=TEXT_POOL,
+            with_payload=True, with_vectors=self._vectors(with_embeddings)))
+        return [self._record(p, with_embedding=with_embeddings) for p in points]
+
+    async def _nearest(self, scope: Scope, vector: Sequence[float], limit: int, with_embeddings: bool) -> list[Record]:
+        """Qdrant's own nearest search over the whole collection, by the collection's distance."""
+        found = await self._call(self.client.query_points(
+            self.spec.collection, query=list(vector), using=self.spec.vector_name, query_filter=self._filter(scope),
+            limit=limit, with_payload=True, with_vectors=self._vectors(with_embeddings)))
+        return [self._record(p, with_embedding=with_embeddings) for p in found.points]
 
     async def count(self, owner: str | None) -> int:
         return int((await self._call(self.client.count(self.spec.collection, exact=True))).count)
 
     async def dimensions(self) -> int | None:
         return self._dims
-
-    # ---- writes: never (the surface refuses them with -32004 first) -------------
-
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
-        raise StoreRejected("this corpus is read-only")
-
-    async def delete(self, scope: Scope) -> int:
-        raise StoreRejected("this corpus is read-only")
-
-    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
-        return None  # access statistics of someone else's collection are not ours to keep
-
-    async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
-        return 0

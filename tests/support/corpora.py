@@ -68,3 +68,72 @@ def tree_digest(path: Path) -> dict[str, bytes]:
     """Every file under a local-mode directory, byte for byte (its lock file aside): any write shows."""
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
             if p.is_file() and not p.name.startswith(".lock")}
+
+
+# ---- payloads as people's collections hold them, for the store-level Qdrant tests ----
+
+ODD_UUID = "0b6f3c1e-8d2a-4e57-b9c4-7a1d2e3f4a5b"
+# Times in the text forms Qdrant reads (one collection holds one form: Qdrant orders text and Unix seconds
+# apart), values of every JSON kind, keys Qdrant must quote.
+ODD_POINTS: dict[int | str, dict[str, Any]] = {
+    1: {"text": "Refunds are issued within 14 days.", "at": "2026-01-02T09:00:00Z", "src": "a", "n": 5,
+        "tags": ["x", "y"], "flag": True},
+    2: {"text": "Shipping takes days.", "at": "2026-01-03T09:00:00", "src": "b", "n": 5.0, "tags": [],
+        "flag": False},  # a naive stamp (Python's isoformat()): UTC to Qdrant
+    3: {"text": "Gift cards never expire.", "src": "a", "n": None, "flag": 1},  # no time at all
+    4: {"text": 42, "at": "yesterday", "src": ["a", "b"], "n": 2**53 + 1, "a.b": 1},
+    5: {"at": "2026-01-09 09:00:00", "n": 1, "a": {"b": 1}, "": "empty", "sp ace": "v", 'q"uote': "v"},
+    ODD_UUID: {"text": "", "at": "2026-02-01", "src": None, "n": [5, 6], "deep": {"x": [1, {"y": 2}]},
+               "big": 10**30},  # a date alone; an integer no JSON encoder writes
+    7: {"text": "the and of", "at": "1960-01-01T00:00:00Z", "src": "c", "n": True},
+}
+
+
+def make_points(path: Path, points: dict[int | str, dict[str, Any]], *, vectors: Any = 2) -> None:
+    """Collection `kb` at `path` holding `points` as given. `vectors`: the width of one unnamed cosine
+    vector (each point gets [1, i]), or a vectors config used as is with no vectors on the points."""
+    from qdrant_client import QdrantClient, models as m
+
+    client = QdrantClient(path=str(path))
+    try:
+        dense = isinstance(vectors, int)
+        client.create_collection("kb", vectors_config=m.VectorParams(size=vectors, distance=m.Distance.COSINE)
+                                 if dense else vectors)
+        if points:
+            client.upsert("kb", points=[m.PointStruct(id=i, payload=p, vector=[1.0, float(n)] if dense else {})
+                                        for n, (i, p) in enumerate(points.items())])
+    finally:
+        client.close()
+
+
+def langchain_points() -> dict[int | str, dict[str, Any]]:
+    """What LangChain's QdrantVectorStore writes: the text under `page_content`, the document's
+    metadata as one object under `metadata` (built by hand: no LangChain dependency)."""
+    return {
+        "6b1d9a52-0c1e-4f1a-9d4e-1a2b3c4d5e01": {"page_content": DOCS[0][0], "metadata": {
+            "source": "policy.md", "page": 1, "written": "2026-01-02T09:00:00Z", "tags": ["money"]}},
+        "6b1d9a52-0c1e-4f1a-9d4e-1a2b3c4d5e02": {"page_content": DOCS[1][0], "metadata": {
+            "source": "shipping.md", "page": 1, "written": "2026-02-02T09:00:00Z", "a.b": "dotted"}},
+        "6b1d9a52-0c1e-4f1a-9d4e-1a2b3c4d5e03": {"page_content": DOCS[2][0], "metadata": {
+            "source": "policy.md", "page": 2, "written": "2026-01-09T09:00:00Z"}},
+        "6b1d9a52-0c1e-4f1a-9d4e-1a2b3c4d5e04": {"page_content": DOCS[3][0], "metadata": None},
+    }
+
+
+def llamaindex_points() -> dict[int | str, dict[str, Any]]:
+    """What LlamaIndex's QdrantVectorStore writes (`node_to_metadata_dict`): the node's metadata flat
+    in the payload, the whole node JSON-encoded under `_node_content` (its text among it), and the
+    source document's id three times over (built by hand: no LlamaIndex dependency)."""
+    import json
+
+    out: dict[int | str, dict[str, Any]] = {}
+    for n, (text, source, _) in enumerate(DOCS):
+        node_id = f"7c2e0b63-1d2f-4a2b-8e5f-2b3c4d5e6f{n:02d}"
+        metadata = {"file_name": f"{source}.txt", "page_label": str(n + 1)}
+        node = {"id_": node_id, "embedding": None, "metadata": metadata, "excluded_embed_metadata_keys": [],
+                "excluded_llm_metadata_keys": [], "relationships": {}, "text": text, "mimetype": "text/plain",
+                "start_char_idx": 0, "end_char_idx": len(text), "metadata_seperator": "\n",
+                "text_template": "{metadata_str}\n\n{content}", "class_name": "TextNode"}
+        out[node_id] = {**metadata, "_node_content": json.dumps(node), "_node_type": "TextNode",
+                        "document_id": f"doc-{source}", "doc_id": f"doc-{source}", "ref_doc_id": f"doc-{source}"}
+    return out
