@@ -550,6 +550,9 @@ class PostgresStore:
                 if not puts:
                     return dims
                 vectors = dims is not None
+                # An INSERT's plan does not depend on its values: planned once for the batch, not per
+                # row (the connection forces a custom plan per execution for recalls, decision 20).
+                await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
                 columns = _INSERT_COLUMNS + (", embedding" if vectors else "")
                 marks = ", ".join(["%s"] * 16 + ["string_to_array(%s, ' ')"] + (["%s"] if vectors else []))
                 sql = (
