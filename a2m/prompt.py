@@ -41,7 +41,10 @@ def parse(value: Any) -> dict[str, Any] | None:
     budget = value.get("budget")
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
         raise invalid("prompt.budget must be a non-negative integer (approximate tokens)", field="prompt.budget")
-    return {"method": method, "style": style, "budget": budget, "cite": bool(value.get("cite", False))}
+    cite = value.get("cite")
+    if cite is not None and not isinstance(cite, bool):  # "false" would otherwise read as true
+        raise invalid("prompt.cite must be true or false", field="prompt.cite")
+    return {"method": method, "style": style, "budget": budget, "cite": bool(cite)}
 
 
 def _units(records: Sequence[Record], style: str) -> list[list[Record]]:
@@ -60,11 +63,18 @@ def _units(records: Sequence[Record], style: str) -> list[list[Record]]:
     return units
 
 
+def _flat(text: str) -> str:
+    """One line: every run of whitespace, CR, vertical tab, form feed and the Unicode line and
+    paragraph separators included, becomes one space, so no stored text (content, role or a
+    caller-chosen id) can start a line of its own and pass for another record or a speaker."""
+    return " ".join(text.split())
+
+
 def _line(record: Record, style: str, cite: bool) -> str:
-    text = record.content.replace("\n", " ").strip()
-    tag = f" [{record.id}]" if cite else ""
+    text = _flat(record.content)
+    tag = f" [{_flat(record.id)}]" if cite else ""
     if style == "transcript":
-        return f"{record.role or 'memory'}: {text}{tag}"
+        return f"{_flat(record.role or '') or 'memory'}: {text}{tag}"
     return f"- {text}{tag}"
 
 
@@ -75,20 +85,29 @@ def render(records: Sequence[Record], options: dict[str, Any], *, ordered_by_tim
     style = options["style"]
     if style == "auto":
         style = "transcript" if ordered_by_time else "facts"
+    rank = {id(r): i for i, r in enumerate(records)}  # a recall's relevance order
     if style == "transcript" and not ordered_by_time:
         records = sorted(records, key=lambda r: r.created_at)
+    units = [(unit, [_line(r, style, options["cite"]) for r in unit]) for unit in _units(records, style)]
     budget = options["budget"]
-    lines: list[str] = []
-    ids: list[str] = []
-    used = 0
-    for unit in _units(records, style):
-        unit_lines = [_line(r, style, options["cite"]) for r in unit]
-        cost = sum(len(line) + 1 for line in unit_lines) // 4 + 1
-        if budget is not None and used + cost > budget:
-            if style == "facts":
-                continue  # a shorter fact further down may still fit
-            break
-        used += cost
-        lines.extend(unit_lines)
-        ids.extend(r.id for r in unit)
+    if budget is not None:
+        # What a budget keeps: a recall's most relevant records; a timeline's newest, as its `limit`
+        # does, and in a transcript without a gap (stopping at the first turn that does not fit).
+        if ordered_by_time:
+            priority = list(reversed(range(len(units))))
+        else:
+            priority = sorted(range(len(units)), key=lambda u: min(rank[id(r)] for r in units[u][0]))
+        kept: set[int] = set()
+        used = 0
+        for u in priority:
+            cost = sum(len(line) + 1 for line in units[u][1]) // 4 + 1
+            if used + cost > budget:
+                if ordered_by_time and style == "transcript":
+                    break
+                continue  # a shorter record further down may still fit
+            kept.add(u)
+            used += cost
+        units = [unit for u, unit in enumerate(units) if u in kept]
+    lines = [line for _, unit_lines in units for line in unit_lines]
+    ids = [r.id for unit, _ in units for r in unit]
     return {"prompt": "\n".join(lines), "prompt_ids": ids}

@@ -433,6 +433,8 @@ class TierServer(EventMethods):
                 sources = await self.store.search(scope, text=query, vector=None, limit=limit)
             else:
                 sources = await self.store.select(scope, order="desc", limit=limit)
+        if key:  # the summary this call replaces is no source of its own next revision
+            sources = [r for r in sources if not (r.key == key and "summary_of" in (r.metadata or {}))]
         text = extract_summary(sources)
         if not text:
             return {"records": [], "read": len(sources), "written": 0}

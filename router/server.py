@@ -682,7 +682,7 @@ class Router(EventMethods):
 
     async def summarize(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
-        tiers = self._scope_tiers(params)
+        self._scope_tiers(params)  # an unknown `tier` is -32002 before anything is read
         into = self._summary_tier(params)
         scope = parse_scope(params, owner, ids_field=True)
         query = str_param(params, "query")
@@ -692,19 +692,24 @@ class Router(EventMethods):
         if scope.is_empty_selector() and not query and params.get("tier") is None:
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
         limit = self._limit(params, 50)
+        asked = {k: v for k, v in params.items() if k not in ("prompt", "into", "key", "ids")}
+        if scope.ids is not None:  # `ids` narrows the other selectors and `limit`, as on a tier server
+            where = dict(scope.where)
+            named = where.get("id", scope.ids)
+            named = [named] if isinstance(named, str) else named if isinstance(named, list) else []
+            asked["where"] = {**where, "id": [i for i in scope.ids if i in named]}
         if query:
-            sources = (await self.recall({k: v for k, v in params.items() if k not in ("prompt", "into", "key")}
-                                         | {"limit": limit, "touch": False}, ctx))["records"]
-        elif scope.ids is not None:
-            located, _ = await self._locate("id", list(scope.ids), owner, tiers)
-            sources = [record for _, record in located.values()]
+            read = await self.recall(asked | {"limit": limit, "touch": False}, ctx)
         else:
-            sources = (await self.timeline({k: v for k, v in params.items() if k not in ("prompt", "into", "key")}
-                                           | {"limit": limit}, ctx))["records"]
+            read = await self.timeline(asked | {"limit": limit}, ctx)
+        sources = read["records"]
+        partial = {"degraded": read["degraded"]} if read.get("degraded") else {}  # a tier left out, as a read says
+        if key:  # the summary this call replaces is no source of its own next revision
+            sources = [r for r in sources if not (r.get("key") == key and "summary_of" in (r.get("metadata") or {}))]
         records = [Record.from_wire(r) for r in sources]
         text = extract_summary(records)
         if not text:
-            return {"records": [], "read": len(records), "written": 0}
+            return {"records": [], "read": len(records), "written": 0, **partial}
         summary: dict[str, Any] = {"content": text, "role": "memory", "metadata": {"summary_of": [r.id for r in records]}}
         if key:
             summary["key"] = key
@@ -715,7 +720,7 @@ class Router(EventMethods):
         if not stored:  # a key write may have landed where the key already lived
             located, _ = await self._locate("id", ids, owner, list(self.fed))
             stored = [record for _, record in located.values()]
-        return {"records": stored, "read": len(records), "written": 1}
+        return {"records": stored, "read": len(records), "written": 1, **partial}
 
     # ---- describe ---------------------------------------------------------------------------
 
