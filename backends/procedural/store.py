@@ -31,6 +31,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import fcntl
 import heapq
 import io
 import json
@@ -315,6 +316,7 @@ class GitStore:
         self._next_seq = 1
         self._dirty_since: float | None = None
         self.push_error: str | None = None
+        self._lock_fd: int | None = None  # the flock that makes this the repository's one store
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -328,8 +330,14 @@ class GitStore:
                 return
             try:
                 await anyio.to_thread.run_sync(self._open_sync)
-            except (git.GitError, OSError) as exc:
-                raise StoreUnavailable(f"cannot open the git repository at {self.path}: {exc}") from exc
+            except BaseException as exc:
+                if self.repo is not None:  # a failed open holds neither the repository nor its lock
+                    self.repo.close()
+                    self.repo = None
+                self._release()
+                if isinstance(exc, (git.GitError, OSError)):
+                    raise StoreUnavailable(f"cannot open the git repository at {self.path}: {exc}") from exc
+                raise
 
     def _open_sync(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -337,6 +345,11 @@ class GitStore:
             repo = git.Repo(self.path, odbt=InProcessObjectDB)
         else:
             repo = git.Repo.init(self.path, initial_branch="main", odbt=InProcessObjectDB)
+        try:
+            self._hold(Path(repo.git_dir))
+        except BaseException:
+            repo.close()
+            raise
         self.repo = repo
         with repo.config_writer() as config:  # a commit made by hand in this repo needs an identity too
             if not config.has_option("user", "name"):
@@ -365,6 +378,27 @@ class GitStore:
             self._dimensions = next(
                 (len(r.embedding) for r in tree.records.values() if r.embedding is not None), None
             )
+
+    def _hold(self, git_dir: Path) -> None:
+        """One store per repository, held before recovery touches anything: a second one would reset
+        the first's working tree at open and, committing the tree it holds in memory, drop the records
+        the first committed since. A flock, so the death of the process releases it."""
+        state = git_dir / "a2m"
+        state.mkdir(exist_ok=True)
+        fd = os.open(state / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreUnavailable(
+                f"another process has the procedural repository {self.path} open "
+                "(a second server on this data directory or repository?)") from None
+        self._lock_fd = fd
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
 
     @property
     def _state_dir(self) -> Path:
@@ -414,6 +448,7 @@ class GitStore:
                 log.warning("procedural: could not refresh the index at close: %s", exc)
             self.repo.close()
             self.repo = None
+            self._release()
 
     async def ping(self) -> None:
         if self.repo is None or not Path(self.repo.git_dir, "HEAD").exists():

@@ -24,6 +24,8 @@ from typing import Any, Sequence
 import anyio
 import qdrant_edge as q
 
+from backends.store import StoreUnavailable
+
 from .store import (DENSE, EMBEDDING, INDEXES, RRF_K, SPARSE, AnyOf, Cond, Either, Empty, HasIds, Hit, Match, Not,
                     PointData, Prefix, Range)
 
@@ -86,11 +88,17 @@ class EdgeEngine:
         if self._shard is not None:
             return
         self._path.mkdir(parents=True, exist_ok=True)
-        if (self._path / "edge_config.json").exists():
-            self._shard = await anyio.to_thread.run_sync(q.EdgeShard.load, str(self._path))
-        else:
-            config = q.EdgeConfig(sparse_vectors={SPARSE: q.EdgeSparseVectorParams(modifier=q.Modifier.Idf)})
-            self._shard = await anyio.to_thread.run_sync(q.EdgeShard.create, str(self._path), config)
+        try:
+            if (self._path / "edge_config.json").exists():
+                self._shard = await anyio.to_thread.run_sync(q.EdgeShard.load, str(self._path))
+            else:
+                config = q.EdgeConfig(sparse_vectors={SPARSE: q.EdgeSparseVectorParams(modifier=q.Modifier.Idf)})
+                self._shard = await anyio.to_thread.run_sync(q.EdgeShard.create, str(self._path), config)
+        except Exception as exc:
+            if "WouldBlock" in str(exc):  # the WAL's lock: Edge says only "Can't init WAL: Kind(WouldBlock)"
+                raise StoreUnavailable(f"another process has the Qdrant Edge shard {self._path} open "
+                                       "(a second server on this data directory?)") from None
+            raise
         present = set(self._shard.info().payload_schema)
         for field, kind in INDEXES:
             if field not in present:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import re
 import struct
 import time
@@ -45,6 +46,8 @@ from a2m.records import Record
 from a2m.text import sparse_vector, squash, term_id, tokenize
 from a2m.timefmt import to_epoch
 from backends.store import SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
+
+log = logging.getLogger("a2m.semantic")
 
 NAMESPACE = uuid.UUID("6f1d2a4e-9b7c-5e3a-8d21-a2a2a2a2a2a2")
 DENSE = "dense"
@@ -358,7 +361,29 @@ class SemanticStore:
         self._dims = await self._guard(self._engine.dense_width())
         last = await self._guard(self._engine.scroll([], order_by="seq", desc=True, limit=1, fields=["seq"]))
         self._seq = int(last[0]["seq"]) if last else 0
+        await self._repair_keys()
         self._opened = True
+
+    async def _repair_keys(self) -> None:
+        """Finish a replace a crash cut in two. A write that puts one id on a key and deletes the
+        key's other holder is two engine updates (puts, then deletes); a crash between them leaves
+        both records. The version written last (highest `seq`) is the one the write meant to keep."""
+        payloads = await self._guard(self._engine.scroll([Not((Empty("key"),))], fields=["id", "part", "key", "seq"]))
+        newest: dict[tuple[Any, Any], dict[str, Any]] = {}
+        stale: list[str] = []
+        for p in payloads:
+            slot = (p.get("part"), p.get("key"))
+            held = newest.get(slot)
+            if held is not None and int(held.get("seq", 0)) > int(p.get("seq", 0)):
+                stale.append(p["id"])
+                continue
+            if held is not None:
+                stale.append(held["id"])
+            newest[slot] = p
+        if stale:
+            log.warning("semantic: removing %d record(s) an interrupted replace left beside their key's new "
+                        "version", len(stale))
+            await self._guard(self._engine.delete([point_id(i) for i in stale]))
 
     async def close(self) -> None:
         if self._opened:
@@ -496,9 +521,9 @@ class SemanticStore:
         out: dict[str, dict[str, Any]] = {}
         for p in await self._guard(self._engine.scroll(must)):
             # two versions of a key can only coexist after a crash between a replace's
-            # put and delete: the newest wins
+            # put and delete (repaired at the next open): the one written last wins
             held = out.get(p["key"])
-            if held is None or _order_key(p) > _order_key(held):
+            if held is None or int(p.get("seq", 0)) > int(held.get("seq", 0)):
                 out[p["key"]] = p
         return {k: from_payload(p, with_embedding=False) for k, p in out.items()}
 

@@ -24,13 +24,16 @@ separately installed server is one more thing a laptop user must run. The
   that forked exits, so `start()` must run on a long-lived thread (the event
   loop's), never in a worker thread.
 - A lock file in the data directory refuses a second server on the same AOF
-  (two Redis processes appending to one file corrupt it).
+  (two Redis processes appending to one file corrupt it). The child inherits
+  it, so after the tier server is killed the lock stays held until its Redis
+  has stopped too; the next start waits for that (up to `stop_timeout`).
 """
 
 from __future__ import annotations
 
 import atexit
 import fcntl
+import logging
 import os
 import shutil
 import signal
@@ -44,6 +47,8 @@ import anyio
 
 from backends.children import die_with_parent
 from backends.store import StoreUnavailable
+
+log = logging.getLogger("a2m.working")
 
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux; leave room for the NUL and safety
 
@@ -72,6 +77,31 @@ def _pong(path: str) -> bool:
             return sock.recv(64).startswith(b"+PONG")
     except OSError:
         return False
+
+
+def _holder(fd: int) -> int | None:
+    """The pid of the tier server that wrote the lock file, if it names one."""
+    try:
+        return int(os.pread(fd, 32, 0).split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    """Running and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 class RedisServer:
@@ -120,15 +150,42 @@ class RedisServer:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def _lock(self) -> None:
+    async def _lock(self) -> None:
+        """Take the data directory's lock, which the child inherits: held until both are gone.
+
+        The lock file names the tier server that holds it. A live holder is another server: refused
+        at once. A dead one left its child stopping (PDEATHSIG's SIGTERM: it flushes the AOF and
+        removes the socket): waited for up to `stop_timeout`, never run beside, since a second
+        Redis on one AOF corrupts it and the first one's exit removes the second one's socket.
+        """
         if self._lock_fd is not None:
             return
         fd = os.open(self.data_dir / "redis.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreUnavailable(f"another process runs the embedded Redis of {self.data_dir}") from None
+        deadline = time.monotonic() + self.stop_timeout
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = _holder(fd)
+                if holder is not None and _pid_alive(holder):
+                    os.close(fd)
+                    raise StoreUnavailable(
+                        f"another process runs the embedded Redis of {self.data_dir} (pid {holder})") from None
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise StoreUnavailable(
+                        f"the redis-server of a tier server that died (pid {holder}) still runs on "
+                        f"{self.data_dir} after {self.stop_timeout} s; stop it "
+                        f"(`redis-cli -s {self.socket_path} shutdown`) and start again") from None
+                if not waited:
+                    log.warning("working: waiting for the redis-server of a tier server that died (pid %s) "
+                                "to stop before starting one on %s", holder, self.data_dir)
+                    waited = True
+                await anyio.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
     def _unlock(self) -> None:
@@ -165,6 +222,7 @@ class RedisServer:
             env={**os.environ, "LC_ALL": "C"},  # Lua's string `<` uses strcoll: keep it bytewise
             start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop Redis in order
             preexec_fn=die_with_parent(signal.SIGTERM),
+            pass_fds=() if self._lock_fd is None else (self._lock_fd,),  # the child holds the lock as well
         )
         if not self._registered:
             atexit.register(self._stop_now)
@@ -181,7 +239,7 @@ class RedisServer:
         if self.alive():
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock()
+        await self._lock()
         self._spawn()
         deadline = time.monotonic() + self.startup_timeout
         delay = 0.002

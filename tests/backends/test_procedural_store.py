@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import statistics
 import subprocess
@@ -22,7 +21,7 @@ from a2m.records import Record
 from backends.procedural import CAPABILITIES, EXTENSION_DOCS, KIND, extensions, files, make_store
 from backends.procedural.store import GitStore
 from backends.settings import TierSettings
-from backends.store import StoreRejected
+from backends.store import StoreRejected, StoreUnavailable
 from tests.conftest import scale
 
 pytestmark = pytest.mark.anyio
@@ -78,7 +77,7 @@ async def test_every_write_is_one_commit_by_the_owner(store: GitStore) -> None:
     await store.write([rec(5, owner=None, key="shared/one")])
     await store.write([], ["2", "3"])
     assert int(git(repo, "rev-list", "--count", "HEAD")) == base + 4
-    log = git(repo, "log", "--format=%an|%ae|%cn|%s", f"-4").splitlines()
+    log = git(repo, "log", "--format=%an|%ae|%cn|%s", "-4").splitlines()
     assert log[3] == "alice|alice@a2m.local|Reviewer Bot|remember skills/refund/verify (rev 1)"
     assert log[2].startswith("bob|bob@a2m.local|Reviewer Bot|remember 3 records")
     assert log[1] == "Reviewer Bot|bot@example.org|Reviewer Bot|remember shared/one (rev 1)"
@@ -289,6 +288,27 @@ async def test_kill_during_batch_writes_leaves_repo_consistent(tmp_path: Path) -
         git(repo, "fsck", "--no-progress")
     finally:
         await store.close()
+
+
+async def test_a_second_store_on_one_repository_is_refused(tmp_path: Path) -> None:
+    """Two servers on one repository each commit the tree they hold in memory: the second's commit
+    dropped the first's acknowledged record (and its open reset the first's working tree). One store
+    per repository; the lock is released by a close (and by the death of the process)."""
+    first = await opened(tmp_path)
+    try:
+        await first.write([rec(1, key="a/one")])
+        second = make_store(TierSettings("procedural", tmp_path))
+        with pytest.raises(StoreUnavailable, match="another process has the procedural repository"):
+            await second.open()
+        await second.close()  # a refused open leaves nothing to close
+        await first.write([rec(2, key="a/two")])
+    finally:
+        await first.close()
+    again = await opened(tmp_path)
+    try:
+        assert [r.id for r in await again.select(Scope(owner="alice"))] == ["1", "2"]
+    finally:
+        await again.close()
 
 
 async def test_commits_are_stored_in_process_and_recovery_drops_empty_commits(

@@ -21,7 +21,7 @@ from a2m.filters import Scope
 from a2m.records import Record
 from backends.semantic import CAPABILITIES, KIND, SemanticStore, make_store
 from backends.settings import TierSettings
-from backends.store import StoreRejected
+from backends.store import StoreRejected, StoreUnavailable
 
 pytestmark = pytest.mark.anyio
 
@@ -276,6 +276,70 @@ async def test_reopen_keeps_data(tmp_path: Path) -> None:
             assert ids(await again.select(Scope(owner="alice"))) == ["1", "2", "3"]
         finally:
             await again.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_second_store_on_one_data_dir_is_refused_clearly(engine: str, tmp_path: Path) -> None:
+    """Both engines lock their directory; the refusal says what happened (Edge's own words were
+    `failed to open WAL ...: Can't init WAL: Kind(WouldBlock)`). The lock goes with a close."""
+    first = make_store(settings(engine, tmp_path))
+    await first.open()
+    try:
+        await first.write([rec(1)])
+        second = make_store(settings(engine, tmp_path))
+        with pytest.raises(StoreUnavailable, match="another (process|instance)"):
+            await second.open()
+    finally:
+        await first.close()
+    again = make_store(settings(engine, tmp_path))
+    await again.open()
+    try:
+        assert ids(await again.select(Scope(owner="alice"))) == ["1"]
+    finally:
+        await again.close()
+
+
+CRASH_IN_REPLACE = textwrap.dedent("""
+    import os, signal, sys, anyio
+    from pathlib import Path
+    from a2m.records import Record
+    from backends.semantic import make_store
+    from backends.settings import TierSettings
+
+    async def main(engine, data):
+        store = make_store(TierSettings("semantic", Path(data), options={"engine": engine} if engine == "local" else {}))
+        await store.open()
+        await store.write([Record(id="old", content="the old fact", created_at="2026-03-01T10:00:05.000Z",
+                                  owner="alice", key="k")])
+        write = store._engine.write
+        async def put_then_die(points, deletes):  # the puts are one engine update, the deletes the next
+            await write(points, [])
+            os.kill(os.getpid(), signal.SIGKILL)
+        store._engine.write = put_then_die
+        # an import (kept id, revision 2, an earlier created_at) replacing the key's holder
+        await store.write([Record(id="new", content="the imported fact", created_at="2026-03-01T10:00:01.000Z",
+                                  owner="alice", key="k", revision=2)], deletes=["old"])
+
+    anyio.run(main, sys.argv[1], sys.argv[2])
+""")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_crash_inside_a_replace_is_repaired_at_open(engine: str, tmp_path: Path) -> None:
+    """A batch that puts one id on a key and deletes the key's other holder is two engine updates; a
+    crash between them left both records: a timeline showed two records with one key, and `fetch`
+    chose by created_at, the old one. The next open keeps the version written last."""
+    done = subprocess.run([sys.executable, "-c", CRASH_IN_REPLACE, engine, str(tmp_path)], cwd=ROOT, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    store = make_store(settings(engine, tmp_path))
+    await store.open()
+    try:
+        assert ids(await store.select(Scope(owner="alice"))) == ["new"]
+        assert (await store.get_keys("alice", ["k"]))["k"].content == "the imported fact"
+        assert await store.get("alice", ["old"]) == []
+    finally:
+        await store.close()
 
 
 WRITER = textwrap.dedent("""

@@ -555,3 +555,55 @@ async def test_owner_and_content_in_where_are_the_record_fields(store: RedisStor
         scope = Scope(owner="alice", where=where)
         assert ids(await store.select(scope)) == want, where
         assert sorted(ids(await store.search(scope, text="note", vector=None, limit=10))) == want, where
+
+
+async def test_a_killed_servers_redis_is_waited_for_never_run_beside(tmp_path: Path) -> None:
+    """A tier server killed outright leaves its redis-server stopping (PDEATHSIG's SIGTERM: flush the
+    AOF, remove the socket, exit). A server started meanwhile got the lock at once and ran a second
+    Redis on the same AOF, whose socket the first one then removed as it stopped: no new connection
+    reached the working tier again. The child holds the data directory's lock too: a new server
+    waits for it, and says so when it does not stop."""
+    script = textwrap.dedent(f"""
+        import anyio, pathlib, time
+        from a2m.records import Record
+        from backends.settings import TierSettings
+        from backends.working import make_store
+
+        async def main():
+            store = make_store(TierSettings(name="working", data_dir=pathlib.Path({str(tmp_path)!r})))
+            await store.open()
+            await store.write([Record(id="a", content="acknowledged", created_at="2026-07-28T10:15:30.123Z")])
+            print(store.server.process.pid, flush=True)
+            time.sleep(60)
+        anyio.run(main)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2])
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    os.kill(child, signal.SIGSTOP)  # a Redis slow to stop (a long fsync on a busy disk)
+    parent.kill()
+    parent.wait()
+    store = make_store(_settings(tmp_path))
+    try:
+        assert store.server is not None
+        store.server.stop_timeout = 0.5
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match=f"redis-server of a tier server that died \\(pid {parent.pid}\\)"):
+            await store.open()
+        assert time.monotonic() - started < 5
+        store.server.stop_timeout = 10.0
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.open)
+            await anyio.sleep(0.3)
+            os.kill(child, signal.SIGCONT)  # it takes the pending SIGTERM and stops
+        deadline = time.monotonic() + 10
+        while _running(child) and time.monotonic() < deadline:
+            await anyio.sleep(0.02)
+        assert not _running(child)
+        assert store._redis is not None
+        await store._redis.connection_pool.disconnect()  # a new connection must reach the new Redis
+        assert [r.content for r in await store.select(Scope())] == ["acknowledged"]
+    finally:
+        if _running(child):
+            os.kill(child, signal.SIGKILL)
+        await store.close()
