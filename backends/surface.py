@@ -111,6 +111,8 @@ class TierServer(EventMethods):
                                 "engine": self.store.engine}
         if self.read_only:
             tier["read_only"] = True
+        if "scopes" not in self.capabilities:  # no owner partitions: every caller reads the same records
+            tier["shared"] = True
         if self.kind == "working":
             tier["per_session"] = True
         out: dict[str, Any] = {"tiers": [tier], "events": {"push": ctx.push is not None}}

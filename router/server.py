@@ -736,6 +736,8 @@ class Router(EventMethods):
                 tier.info = result
                 entry["read_only"] = not tier.writable
                 entry["count"] = sum(int(t.get("count", 0)) for t in result.get("tiers", []))
+                if any(t.get("shared") for t in result.get("tiers", [])):
+                    entry["shared"] = True  # a mounted corpus: the same records for every owner
                 entry["kind"] = entry["kind"] or next((t.get("kind") for t in result.get("tiers", [])), None)
                 engines = [t.get("engine") for t in result.get("tiers", []) if t.get("engine")]
                 if engines:

@@ -66,6 +66,7 @@ async def test_corpus_is_described_read_only_and_recalled_fused_with_the_convers
     async with HTTPClient(stack.url) as router:
         layout = {t["name"]: t for t in (await router.call("memory/describe", {}))["tiers"]}
         assert layout["kb"]["read_only"] is True and layout["kb"]["status"] == "up"
+        assert layout["kb"]["shared"] is True and "shared" not in layout["working"]  # not partitioned by owner
         assert layout["kb"]["count"] == len(DOCS)
         said = (await router.call("memory/remember", {"owner": me, "records": [
             {"content": "the customer asked about refunds for a broken kettle", "session": "s1"}]}))["ids"]
