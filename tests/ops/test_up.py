@@ -172,7 +172,7 @@ async def test_up_serves_the_federation_stops_cleanly_and_finds_its_data(tmp_pat
             if router_available():
                 async with HTTPClient(url) as client:
                     found = await client.call("memory/recall", {"query": "cat Miso"})
-                    assert {r["id"] for r in found["records"]} >= set(ids)
+                    assert {r["id"] for r in found["records"]} >= set(ids), (found, again.output)
                     described = await client.call("memory/describe", {})
                     assert [t["name"] for t in described["tiers"]] == ["live", "episodic"]
                 assert (data / "router.toml").read_text() == generated  # the user's file is used, not written
