@@ -6,15 +6,12 @@ Qdrant Edge, git), behind the dispatcher exactly as `a2m serve` builds them.
 
 from __future__ import annotations
 
-import uuid
-from pathlib import Path
 from typing import Any, AsyncIterator
 
 import pytest
 
-from a2m.dispatch import Context, Dispatcher
-from backends.serve import build
-from backends.settings import TierSettings
+from a2m.dispatch import Dispatcher
+from tests.support.inprocess import call, dispatchers, owner
 
 pytestmark = pytest.mark.anyio
 
@@ -28,28 +25,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def tiers(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, Dispatcher]]:
-    data = tmp_path_factory.mktemp("tiers")
-    servers = {name: build(name, TierSettings(name=name, data_dir=Path(data) / name)) for name in TIERS}
-    started = []
-    try:
-        for server in servers.values():
-            await server.startup()
-            started.append(server)
-        yield {name: Dispatcher(server) for name, server in servers.items()}
-    finally:
-        for server in started:
-            await server.shutdown()
-
-
-async def call(d: Dispatcher, method: str, params: dict[str, Any]) -> dict[str, Any]:
-    """The reply's result, or {"error": code}."""
-    reply = await d.handle({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, Context())
-    assert reply is not None
-    return {"error": reply["error"]["code"]} if "error" in reply else reply["result"]
-
-
-def owner() -> str:
-    return "o-" + uuid.uuid4().hex[:10]
+    async with dispatchers(tmp_path_factory.mktemp("tiers"), TIERS) as running:
+        yield running
 
 
 @pytest.mark.parametrize("tier", TIERS)
