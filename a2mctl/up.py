@@ -27,6 +27,7 @@ from typing import Any, Iterable
 TIERS = ("working", "episodic", "semantic", "procedural")
 PORT_OFFSET = {name: i + 1 for i, name in enumerate(TIERS)}  # router on --port, tiers on the next four
 READY_TIMEOUT = 180.0  # the first start of the embedded PostgreSQL runs initdb (5-50 s on a busy laptop)
+ROUTER_CATCH_UP_S = 20.0  # past the router's longest backoff (15 s) for a tier it found down at its start
 STOP_TIMEOUT = 30.0  # honcho's SIGKILL comes after this; postgres must have stopped well before
 
 # One process per line, runnable as is by honcho or foreman: both run each line
@@ -165,6 +166,30 @@ def _ready(url: str) -> bool:
         return httpx.get(url + "readyz", timeout=1.0, trust_env=False).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _router_catches_up(url: str, stopping: threading.Event, timeout: float = ROUTER_CATCH_UP_S) -> list[str]:
+    """Wait until the router's /readyz says it reaches every tier; the names it still does not.
+
+    Every server answering its own /readyz is not enough: the router asked each tier
+    when it started, before the slow ones listened, and marked them down with backoff.
+    Its /readyz probes those whose backoff has run out, so a few polls settle it, and
+    "a2m is up" then means a recall reaches every tier (the first recalls used to be
+    `degraded` for up to the backoff, 15 s after a slow first start)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    unseen: list[str] = []
+    while not stopping.is_set():
+        try:
+            tiers = httpx.get(url + "readyz", timeout=5.0, trust_env=False).json().get("tiers") or {}
+            unseen = [name for name, state in tiers.items() if state != "up"]
+        except (httpx.HTTPError, ValueError, AttributeError):
+            unseen = ["router"]
+        if not unseen or time.monotonic() > deadline:
+            return unseen
+        stopping.wait(0.2)
+    return unseen
 
 
 def _tier_summary(url: str) -> str:
@@ -338,6 +363,11 @@ def up(args: argparse.Namespace) -> int:
             outcome["timeout"] = True
             manager.terminate()
             return
+        if with_router:
+            unseen = _router_catches_up(members["router"].url, stopping)
+            if unseen:
+                console.print(f"[yellow]the router does not reach {', '.join(unseen)} yet: recalls leave "
+                              "it out (`degraded`) until it does; see `a2m doctor`[/]")
         outcome["ready"] = True
         head = members["router"].url if with_router else None
         console.print(f"[bold green]a2m is up[/] — router {head}" if head else

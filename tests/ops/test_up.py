@@ -145,6 +145,8 @@ async def test_up_serves_the_federation_stops_cleanly_and_finds_its_data(tmp_pat
                 ids = (await client.call("memory/remember", {"records": turns}))["ids"]
                 found = await client.call("memory/recall", {"query": "cat Miso"})
                 assert {r["id"] for r in found["records"]} >= set(ids)
+                # "a2m is up" means the router reaches every tier, not only that each one listens
+                assert "degraded" not in found, (found, up.output)
                 closed = await client.call("memory/session/close", {"session": "chat-1"})
                 assert closed["flushed"] == 3
                 assert (await client.call("memory/timeline", {"tier": "working"}))["records"] == []
@@ -173,6 +175,7 @@ async def test_up_serves_the_federation_stops_cleanly_and_finds_its_data(tmp_pat
                 async with HTTPClient(url) as client:
                     found = await client.call("memory/recall", {"query": "cat Miso"})
                     assert {r["id"] for r in found["records"]} >= set(ids), (found, again.output)
+                    assert "degraded" not in found, (found, again.output)
                     described = await client.call("memory/describe", {})
                     assert [t["name"] for t in described["tiers"]] == ["live", "episodic"]
                 assert (data / "router.toml").read_text() == generated  # the user's file is used, not written
@@ -228,3 +231,28 @@ def test_engines_are_matched_by_their_exact_data_dir_and_age(tmp_path: Path) -> 
         engine.kill()
         engine.wait()
 
+
+
+@pytest.mark.anyio
+async def test_up_waits_for_the_router_to_reach_a_tier_that_started_after_it(tmp_path: Path) -> None:
+    """Each server answering its own /readyz is not enough for "a2m is up": the router found a slow
+    tier down at its start and skips it until its backoff runs out, so the first recalls were
+    `degraded`. `_router_catches_up` returns once the router's /readyz reaches every tier."""
+    from a2mctl.up import _router_catches_up
+    from tests.support.procs import http_server
+
+    if not router_available():
+        pytest.skip("the router package is not installed")
+    port = free_port_block(5)
+    config = tmp_path / "router.toml"
+    config.write_text(router_toml(["working", "procedural"], port))
+    router = a2m_command("serve", "router", "--config", str(config), "--port", str(port))
+    working = a2m_command("serve", "working", "--port", str(port + 1), "--data", str(tmp_path / "data"))
+    procedural = a2m_command("serve", "procedural", "--port", str(port + 4), "--data", str(tmp_path / "data"))
+    with http_server(working, port + 1), http_server(router, port) as url:
+        assert _router_catches_up(url, threading.Event(), timeout=1.0) == ["procedural"]  # nothing listens there
+        with http_server(procedural, port + 4):
+            assert _router_catches_up(url, threading.Event()) == []
+            async with HTTPClient(url) as client:
+                found = await client.call("memory/recall", {"query": "anything"})
+                assert "degraded" not in found, found
