@@ -37,8 +37,9 @@ class Tier:
     failures: int = 0
     retry_at: float = 0.0
     last_error: str | None = None
-    _reviving: bool = False
+    _revive: "asyncio.Task[Any] | None" = None  # the describe after a comeback (held: the loop keeps only weak refs)
     reached: bool = False  # has answered at least once (a tier still starting is not news)
+    _probe_until: float = 0.0  # a read after the backoff is in flight: the others skip the tier until then
 
     @property
     def name(self) -> str:
@@ -77,36 +78,56 @@ class Tier:
         return list(emb.get("metrics") or [emb.get("metric", "cosine")])
 
     def available(self) -> bool:
-        """False while a down tier waits out its backoff (reads skip it)."""
-        return self.healthy or time.monotonic() >= self.retry_at
+        """False while a down tier waits out its backoff or its probe (reads skip it)."""
+        now = time.monotonic()
+        return self.healthy or (now >= self.retry_at and now >= self._probe_until)
 
-    def _down(self, error: Exception) -> None:
+    def probe(self) -> bool:
+        """Claim the probe when a read may call this down tier now (`available()`): until it answers,
+        the other reads skip the tier instead of each waiting out a timeout on a hung server.
+        Pass the result as `call(probe=)`."""
+        if self.healthy:
+            return False
+        self._probe_until = time.monotonic() + self.config.timeout + 1.0  # lapses by itself if never sent
+        return True
+
+    def _down(self, error: Exception, started: float) -> None:
+        self.last_error = str(error)
+        if not self.healthy and started < self.retry_at:
+            # Sent before the latest verdict (in flight when the tier died, a write during the backoff, a
+            # probe beside the one that already failed): it says nothing new, so the backoff stays. Else
+            # eight concurrent clients would turn one short outage into the 15 s maximum.
+            return
         self.failures += 1
         self.healthy = False
-        self.last_error = str(error)
         self.retry_at = time.monotonic() + min(BACKOFF_MAX, BACKOFF_MIN * 2 ** (self.failures - 1))
         if self.failures == 1:  # started together (`a2m up`), the router asks before its tiers listen
             log.log(logging.WARNING if self.reached else logging.INFO, "tier %s is down: %s", self.name, error)
 
-    async def call(self, method: str, params: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+    async def call(self, method: str, params: dict[str, Any], *, timeout: float | None = None,
+                   probe: bool = False) -> dict[str, Any]:
         """One call under the tier's timeout. Unreachable -> Unavailable (and the tier is marked down);
         a protocol error from the tier is raised as the tier's A2MError."""
         was_down = not self.healthy
+        started = time.monotonic()
         try:
             limit = timeout or self.config.timeout
             async with asyncio.timeout(limit + 1.0):  # not wait_for: on 3.11 that is one more task per call
                 result = await self.client.call(method, params, timeout=limit)
         except (Unavailable, asyncio.TimeoutError, OSError) as exc:
             error = exc if isinstance(exc, Unavailable) else Unavailable(f"{self.name}: {type(exc).__name__}")
-            self._down(error)
+            self._down(error, started)
             raise Unavailable(f"tier {self.name} unavailable: {error.message}",
                               {"tier": self.name, "url": self.config.url}) from exc
-        if was_down:
-            self.healthy, self.failures, self.last_error = True, 0, None
+        finally:
+            if probe:
+                self._probe_until = 0.0
+        if was_down and not self.healthy:  # concurrent probes that all succeed announce it once
+            self.healthy, self.failures, self.last_error, self.retry_at = True, 0, None, 0.0
             log.log(logging.WARNING if self.reached else logging.INFO, "tier %s is %s", self.name,
                     "back" if self.reached else "up")
             if method != "memory/describe":
-                asyncio.get_running_loop().create_task(self.refresh())
+                self._revive = asyncio.get_running_loop().create_task(self.refresh())
         self.reached = True
         return result
 
@@ -195,7 +216,7 @@ class Federation:
             tier_params = per_tier(tier) if per_tier is not None else dict(params)  # type: ignore[arg-type]
             if tier_params is None:
                 continue
-            call = tier.call(method, tier_params)
+            call = tier.call(method, tier_params, probe=skip_down and tier.probe())
             calls.append((tier, call if arrived is None else _then(tier.name, call, arrived)))
         results = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
         for (tier, _), result in zip(calls, results):

@@ -1,0 +1,100 @@
+"""A tier server killed (SIGKILL) and restarted on its port while clients keep calling the router:
+the router recovers by itself, quickly, and no request is held past the tier's timeout.
+
+Real processes on loopback: the router and the tier servers on their embedded engines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from a2m.client import HTTPClient
+from a2m.errors import A2MError
+
+from .stack import federation, new_owner
+
+TIMEOUT = 2.0
+TIERS = [
+    {"name": "working", "kind": "working", "capacity": 1000, "spill_to": "episodic", "timeout": TIMEOUT},
+    {"name": "episodic", "kind": "episodic", "timeout": TIMEOUT},
+]
+
+
+async def _readers(url: str, owner: str, stop: asyncio.Event, latencies: list[float], n: int = 8) -> None:
+    async def one() -> None:
+        async with HTTPClient(url, timeout=30) as client:
+            while not stop.is_set():
+                start = time.monotonic()
+                await client.call("memory/recall", {"query": "harbour", "owner": owner, "limit": 5})
+                latencies.append(time.monotonic() - start)
+                await asyncio.sleep(0.01)
+
+    await asyncio.gather(*(one() for _ in range(n)))
+
+
+@pytest.mark.anyio
+async def test_a_short_outage_under_concurrent_reads_is_noticed_over_within_the_short_backoff(tmp_path: Path) -> None:
+    """Eight readers each saw the dead tier fail and each doubled its backoff: a 1 s outage left
+    the tier out of every recall for the 15 s maximum after it was back. One outage is one step."""
+    with federation(tmp_path, TIERS, mode="real") as stack:
+        owner = new_owner()
+        async with HTTPClient(stack.url, timeout=30) as router:
+            await router.call("memory/remember", {"owner": owner, "records": [
+                {"content": "the harbour ferry leaves at nine", "tier": "episodic"}]})
+            stop, latencies = asyncio.Event(), []
+            readers = asyncio.create_task(_readers(stack.url, owner, stop, latencies))
+            try:
+                await asyncio.sleep(0.5)
+                episodic = stack.tiers["episodic"]
+                episodic.kill()
+                await asyncio.sleep(1.0)
+                episodic.start()
+                await asyncio.to_thread(episodic.wait, 60)
+                ready = time.monotonic()
+                while "degraded" in await router.call("memory/recall", {"query": "harbour", "owner": owner}):
+                    # 0.25 + 0.5 + 1 + 2 s of backoff cover a 1 s outage and a restart of a few seconds
+                    assert time.monotonic() - ready < 5.0, "the router kept the restarted tier out"
+                    await asyncio.sleep(0.05)
+            finally:
+                stop.set()
+                await asyncio.wait_for(readers, 30)
+            assert max(latencies) < TIMEOUT, "a recall waited on the dead tier"
+            described = {t["name"]: t for t in (await router.call("memory/describe", {"owner": owner}))["tiers"]}
+            assert described["episodic"]["status"] == "up" and described["episodic"]["count"] == 1
+            assert "error" not in described["episodic"]
+
+
+@pytest.mark.anyio
+async def test_a_hung_tier_costs_one_probe_per_backoff_not_one_timeout_per_concurrent_read(tmp_path: Path) -> None:
+    """A stopped (SIGSTOP) tier accepts connections and never answers. When its backoff ran out,
+    every concurrent read called it and each waited out the whole timeout; one read is the probe."""
+    tiers = [{**TIERS[0], "timeout": 1.0}, {**TIERS[1], "timeout": 1.0}]
+    with federation(tmp_path, tiers, mode="real") as stack:
+        owner = new_owner()
+        async with HTTPClient(stack.url, timeout=30) as router:
+            await router.call("memory/remember", {"owner": owner, "records": [
+                {"content": "the harbour ferry leaves at nine", "tier": "episodic"}]})
+            stop, latencies = asyncio.Event(), []
+            readers = asyncio.create_task(_readers(stack.url, owner, stop, latencies))
+            episodic = stack.tiers["episodic"]
+            try:
+                await asyncio.sleep(0.3)
+                before = len(latencies)
+                episodic.pause()
+                await asyncio.sleep(4.0)  # backoffs of 0.25, 0.5, 1 s after each 1 s timeout: 2-3 probes
+                episodic.resume()
+                resumed = time.monotonic()
+                while "degraded" in await router.call("memory/recall", {"query": "harbour", "owner": owner}):
+                    assert time.monotonic() - resumed < 5.0, "the router kept the resumed tier out"
+                    await asyncio.sleep(0.05)
+            finally:
+                episodic.resume()
+                stop.set()
+                await asyncio.wait_for(readers, 30)
+            waited = [d for d in latencies[before:] if d >= 0.9]
+            assert max(latencies) < 1.0 + 0.5, "a recall was held past the tier's timeout"
+            # the (up to) 8 reads in flight when it stopped, then one probe per backoff
+            assert len(waited) <= 8 + 4, f"{len(waited)} recalls waited out the timeout"
