@@ -18,24 +18,31 @@ Layout of a point:
   can never collide with any string owner), `created_ms` (epoch millis, for
   ranges and ordering), `seq` (insertion sequence, tie-break) and `embedding`
   (`embedding_f64`: the caller's vector verbatim, float64 in base64, since
-  cosine storage normalises `dense` and keeps float32).
+  cosine storage normalises `dense` and keeps float32), and `metadata_json` /
+  `salience_repr`, the metadata and salience verbatim, only when they hold a
+  float Qdrant Edge would give back an ulp off (`float_survives`).
 
 Every read is additionally checked with `a2m.filters.matches`, so the engine
 filter only has to be a superset of the reference semantics (it is exact except
-for a metadata value `[]`, which `IsEmpty` treats as null, and metadata keys
-containing `"`, which cannot be written as a JSON path).
+for a metadata value `[]`, which `IsEmpty` treats as null, metadata keys
+containing `"`, which cannot be written as a JSON path, a number, matched within
+an ulp either side, and on Qdrant Edge a boolean, matched as "present"). A read
+that a wider filter left short of its `limit` reads further.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
+import math
 import re
 import struct
 import time
 import uuid
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any, Literal, Protocol, Sequence
 
@@ -54,6 +61,8 @@ DENSE = "dense"
 SPARSE = "bm25"
 RRF_K = 60
 EMBEDDING = "embedding_f64"  # payload field holding the verbatim vector
+EXACT_METADATA = "metadata_json"  # the metadata verbatim, when a float in it may not survive Qdrant Edge
+EXACT_SALIENCE = "salience_repr"  # likewise for salience
 
 # Payload indexes every engine creates: (field, kind). `part` is the tenant field.
 INDEXES: tuple[tuple[str, str], ...] = (
@@ -209,8 +218,12 @@ def _option(path: str, value: Any) -> Cond:
     if value is None:
         return Empty(path)
     if _number(value):
-        # a Range matches 3 and 3.0 alike, as the reference `==` does
-        return Range(path, gte=float(value), lte=float(value))
+        # a Range matches 3 and 3.0 alike, as the reference `==` does. Widened by one float each
+        # side: Qdrant Edge may hold a float one ulp off (`float_survives`), and an integer past
+        # 2^53 is not exactly its float (local mode compares the two exactly); the post-filter
+        # (`matches` over the exact values) narrows it back.
+        number = float(value)
+        return Range(path, gte=math.nextafter(number, -math.inf), lte=math.nextafter(number, math.inf))
     return Match(path, value)
 
 
@@ -269,8 +282,12 @@ def to_payload(record: Record, seq: int) -> dict[str, Any]:
     # few microseconds taking in each payload value, a real share of a write.
     payload: dict[str, Any] = {name: value for name in _PAYLOAD_FIELDS if (value := getattr(record, name)) is not None}
     payload["id"] = record.id
+    if record.salience != 0.5 and not float_survives(record.salience):
+        payload[EXACT_SALIENCE] = repr(record.salience)
     if record.metadata:
         payload["metadata"] = record.metadata
+        if not _floats_survive(record.metadata):
+            payload[EXACT_METADATA] = json.dumps(record.metadata, ensure_ascii=False)
     payload["part"] = partition(record.owner)
     payload["created_ms"] = _millis(record.created_at)
     payload["seq"] = seq
@@ -285,10 +302,10 @@ def from_payload(payload: dict[str, Any], *, with_embedding: bool) -> Record:
         content=payload.get("content") or "",
         created_at=payload["created_at"],
         role=payload.get("role"),
-        metadata=payload.get("metadata") or {},
+        metadata=(payload.get("metadata") or {}) if (exact := payload.get(EXACT_METADATA)) is None else json.loads(exact),
         group=payload.get("group"),
         tier=payload.get("tier"),
-        salience=float(payload.get("salience", 0.5)),
+        salience=_salience(payload),
         access_count=int(payload.get("access_count") or 0),
         accessed_at=payload.get("accessed_at"),
         owner=payload.get("owner"),
@@ -299,6 +316,41 @@ def from_payload(payload: dict[str, Any], *, with_embedding: bool) -> Record:
         uri=payload.get("uri"),
         media_type=payload.get("media_type"),
     )
+
+
+def float_survives(value: float) -> bool:
+    """Whether Qdrant Edge gives this float back unchanged. Its payload parser (serde_json's default,
+    lossy one) is exact only on Clinger's fast path: at most 2^53 as the decimal significand of the
+    shortest repr, and a decimal exponent within ±22; elsewhere it may be one ulp off
+    (0.39999999999999997 comes back 0.4, 1/3 is fine, 0.9452706955539223 is not)."""
+    if value == 0 or not math.isfinite(value):
+        return True
+    sign, digits, exponent = Decimal(repr(value)).as_tuple()
+    return -22 <= int(exponent) <= 22 and int("".join(map(str, digits))) < 2**53
+
+
+def _floats_survive(metadata: Any) -> bool:
+    pending = [metadata]
+    while pending:
+        value = pending.pop()
+        for item in value.values() if isinstance(value, dict) else value:
+            kind = type(item)
+            if kind is float:
+                if not float_survives(item):
+                    return False
+            elif kind is dict or kind is list:
+                pending.append(item)
+    return True
+
+
+def _salience(payload: dict[str, Any]) -> float:
+    exact = payload.get(EXACT_SALIENCE)
+    return float(payload.get("salience", 0.5)) if exact is None else float(exact)
+
+
+def salience_payload(value: float) -> dict[str, Any]:
+    """The payload update that sets a record's salience (its exact copy replaced or cleared)."""
+    return {"salience": value, EXACT_SALIENCE: None if float_survives(value) else repr(value)}
 
 
 def pack_vector(values: Sequence[float]) -> str:
@@ -485,10 +537,10 @@ class SemanticStore:
             found = await self._own(owner, ids)
             groups: dict[float, list[str]] = {}
             for p in found:
-                value = min(1.0, max(0.0, float(p.get("salience", 0.5)) + amount))
+                value = min(1.0, max(0.0, _salience(p) + amount))
                 groups.setdefault(value, []).append(point_id(p["id"]))
             if groups:
-                await self._guard(self._engine.set_payload([(pids, {"salience": v}) for v, pids in groups.items()]))
+                await self._guard(self._engine.set_payload([(pids, salience_payload(v)) for v, pids in groups.items()]))
             return len(found)
 
     # reads
@@ -589,15 +641,22 @@ class SemanticStore:
             must = scope_conditions(scope)
         except _Impossible:
             return []
-        hits = await self._guard(self._engine.query(
-            must, dense=dense, sparse=sparse, limit=limit, candidates=max(limit * 4, 64),
-            with_embedding=with_embeddings))
         fused = dense is not None and sparse is not None
+        ask = limit
+        while True:
+            hits = await self._guard(self._engine.query(
+                must, dense=dense, sparse=sparse, limit=ask, candidates=max(ask * 4, 64),
+                with_embedding=with_embeddings))
+            found = [(hit, record) for hit in hits
+                     if matches(record := from_payload(hit.payload, with_embedding=with_embeddings), scope)]
+            # the engine filter can be wider than the scope (module docstring; on Edge a boolean is
+            # only "present"): the post-filter then leaves fewer than `limit` of a full page, and
+            # the best `limit` in scope may lie further down, so ask for more
+            if len(found) >= limit or len(hits) < ask:
+                break
+            ask *= 4
         out: list[Record] = []
-        for hit in hits:
-            record = from_payload(hit.payload, with_embedding=with_embeddings)
-            if not matches(record, scope):
-                continue
+        for hit, record in found[:limit]:
             if fused:
                 score = hit.score * RRF_K / 2  # RRF: 1/(k+rank) per list, rank from 0
             elif dense is not None:

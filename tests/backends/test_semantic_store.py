@@ -404,3 +404,47 @@ async def test_owner_and_content_in_where_are_the_record_fields(store: SemanticS
         assert sorted(ids(await store.search(scope, text="fact", vector=None, limit=10))) == want, where
     assert await store.delete(Scope(owner="alice", where={"content": "beta fact"})) == 1
     assert ids(await store.select(Scope(owner="bob"))) == ["c"]
+
+
+async def test_floats_come_back_exactly_and_are_found_by_where(store: SemanticStore) -> None:
+    """Qdrant Edge's payload parser gives about one float in nine back an ulp off (0.39999999999999997
+    as 0.4, 0.9452706955539223 as its neighbour): metadata was not round-tripped unchanged, a `where` on such a value found nothing on Edge, and a reinforced salience (0.7 - 0.3)
+    differed between the engines."""
+    odd = [0.39999999999999997, 0.9452706955539223, 5.1715276387742e+299, 5e-324]
+    metadata = {"f": odd[0], "nested": {"l": [odd[1], "x", {"g": odd[2]}]}, "tiny": odd[3], "plain": 0.25}
+    await store.write([rec(1, metadata=metadata, salience=0.9452706955539223), rec(2, salience=0.7)])
+    one, two = await store.get("alice", ["1", "2"])
+    assert one.metadata == metadata and one.salience == 0.9452706955539223
+    for where in ({"f": odd[0]}, {"tiny": odd[3]}, {"salience": 0.9452706955539223}, {"plain": 0.25}):
+        assert ids(await store.select(Scope(owner="alice", where=where))) == ["1"], where
+        assert ids(await store.search(Scope(owner="alice", where=where), text="fact", vector=None, limit=5)) == ["1"]
+    assert await store.reinforce("alice", ["2"], -0.3) == 1
+    assert (await store.get("alice", ["2"]))[0].salience == 0.7 - 0.3 == 0.39999999999999997
+    assert ids(await store.select(Scope(owner="alice", where={"salience": 0.39999999999999997}))) == ["2"]
+    assert await store.reinforce("alice", ["2"], 0.1) == 1  # and a plain value after it clears the copy
+    assert (await store.get("alice", ["2"]))[0].salience == 0.39999999999999997 + 0.1
+
+
+async def test_where_on_an_integer_past_2_to_the_53_finds_it(store: SemanticStore) -> None:
+    """A number in `where` became a float range [x, x]; local mode compares the stored integer with
+    it exactly, so 2^62 + 1 (not a float) was never found there, while Edge found it."""
+    await store.write([rec(1, metadata={"n": 2**62 + 1, "u": 2**63 + 5}), rec(2, metadata={"n": 2**62}, second=1)])
+    assert ids(await store.select(Scope(owner="alice", where={"n": 2**62 + 1}))) == ["1"]
+    assert ids(await store.select(Scope(owner="alice", where={"n": 2**62}))) == ["2"]
+    assert ids(await store.select(Scope(owner="alice", where={"u": 2**63 + 5}))) == ["1"]
+    assert ids(await store.search(Scope(owner="alice", where={"n": [2**62 + 1]}), text="fact", vector=None,
+                                  limit=5)) == ["1"]
+
+
+async def test_search_with_a_boolean_where_fills_its_limit(store: SemanticStore) -> None:
+    """Qdrant Edge cannot match a boolean (its binding sends True as 1), so the engine filter is
+    "present" and the exact test comes after: a search took the best `limit` hits of the wider set
+    and dropped those with the other value, returning fewer than `limit` (none at all for limit 1
+    when a record with `ok: false` ranked first), where local mode returned them."""
+    await store.write([rec(1, "tea tea tea", metadata={"ok": False}), rec(2, "tea and cake", metadata={"ok": False}),
+                       rec(3, "tea with lemon on a sunny afternoon", metadata={"ok": True})])
+    for limit in (1, 2):
+        assert ids(await store.search(Scope(owner="alice", where={"ok": True}), text="tea", vector=None,
+                                      limit=limit)) == ["3"], limit
+    assert ids(await store.search(Scope(owner="alice", where={"ok": [True, "x"]}), text="tea", vector=None,
+                                  limit=1)) == ["3"]
