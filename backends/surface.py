@@ -21,6 +21,7 @@ from a2m.events import EventLog, EventMethods
 from a2m.filters import Scope, parse_scope, settle_field
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
 from a2m.summarize import summarize as extract_summary
+from a2m.text import query_terms, tokenize
 from a2m.timefmt import now
 from a2m.params import ids_param, int_param, str_param
 
@@ -344,6 +345,11 @@ class TierServer(EventMethods):
         with self.engine():
             if query:
                 found = await self.store.search(scope, text=query, vector=None, limit=FORGET_BY_QUERY_LIMIT)
+                # Only records that hold a query term: a ranking may also return records it finds
+                # related (episodic lends a hit's score to its session neighbours, decision 21), which
+                # a recall should show and a forget must not delete.
+                wanted = query_terms(query)
+                found = [r for r in found if not wanted.isdisjoint(tokenize(r.content))]
                 if not found:
                     count = 0
                 else:

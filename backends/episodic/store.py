@@ -34,7 +34,7 @@ import re
 import time
 from datetime import datetime
 from math import exp
-from typing import Any, Awaitable, Callable, Literal, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, Literal, Sequence, TypeVar
 
 import orjson
 import psycopg
@@ -209,8 +209,9 @@ def scope_sql(scope: Scope) -> tuple[str, list[Any]]:
                     params.extend([name, name])
                 else:
                     # jsonb containment: equal scalar, or a list holding it; both use the GIN index.
+                    # Dumped as stored (`_dumps`), so a large float is compared by its exact value.
                     ors.append("metadata @> %s OR metadata @> %s")
-                    params.extend([Jsonb({name: option}), Jsonb({name: [option]})])
+                    params.extend([Jsonb({name: option}, dumps=_dumps), Jsonb({name: [option]}, dumps=_dumps)])
         clauses.append("(" + " OR ".join(ors) + ")" if ors else "FALSE")
     return " AND ".join(clauses), params
 
@@ -894,5 +895,31 @@ class PostgresStore:
 
 
 def _dumps(value: Any) -> str:
+    """JSON for a jsonb column or containment test. A float whose shortest repr has an exponent
+    (|x| >= 1e16) is written as its exact integer value with ".0": jsonb keeps numerics as decimals,
+    so "1e+16" came back the int 10000000000000000 and "1.152921504606847e+18" (2.0**60) a different
+    number, and `where` compared that decimal, not the float (`matches` compares exactly)."""
     # allow_nan=False: NaN is not JSON, and PostgreSQL would refuse it later with a vaguer message.
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return text if "e+" not in text else "".join(_encode_exact(value))  # "e+" in a string: only slower
+
+
+def _encode_exact(value: Any) -> Iterator[str]:
+    """`value` as JSON, floats of 1e16 and more exactly (finite: `_dumps` has already refused NaN)."""
+    if isinstance(value, float) and abs(value) >= 1e16:
+        yield f"{int(value)}.0"
+    elif isinstance(value, dict):
+        yield "{"
+        for i, (k, v) in enumerate(value.items()):
+            yield ("," if i else "") + json.dumps(str(k), ensure_ascii=False) + ":"
+            yield from _encode_exact(v)
+        yield "}"
+    elif isinstance(value, (list, tuple)):
+        yield "["
+        for i, v in enumerate(value):
+            if i:
+                yield ","
+            yield from _encode_exact(v)
+        yield "]"
+    else:
+        yield json.dumps(value, ensure_ascii=False, allow_nan=False)

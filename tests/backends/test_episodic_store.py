@@ -732,3 +732,24 @@ def test_a_killed_postmaster_not_yet_reaped_is_replaced_by_a_fresh_server(tmp_pa
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["1", "zombie"]  # connected to a fresh server while the old one was a zombie
+
+
+async def test_large_floats_in_metadata_round_trip_and_match_exactly(store: PostgresStore) -> None:
+    # A float whose shortest repr has an exponent ("1e+16", "1.152921504606847e+18") became a jsonb
+    # numeric without a fraction: it came back an int, and 2.0**60 came back 1152921504606847000
+    # (another number). `where` compared that rounded decimal, not the float (`matches` compares exactly).
+    owner = _owner()
+    meta = {"a": 1e16, "b": 2.0**60, "c": [-1e300, 2**60], "d": {"e": 1.5e18}, "f": 0.1 + 0.2, "g": 5e-324, "h": "1e+16"}
+    await store.write([rec(1, owner, metadata=meta), rec(2, owner, metadata={"b": 2**60, "n": 10**23})])
+    got = (await store.get(owner, [f"{owner}-1"]))[0].metadata
+    assert got == meta and all(type(got[k]) is type(meta[k]) for k in meta)
+    assert type(got["c"][0]) is float and type(got["c"][1]) is int and type(got["d"]["e"]) is float
+
+    async def ids(where: dict[str, object]) -> list[str]:
+        return sorted(r.id for r in await store.select(Scope(owner=owner, where=where)))
+
+    assert await ids({"b": 2.0**60}) == await ids({"b": 2**60}) == [f"{owner}-1", f"{owner}-2"]
+    assert await ids({"b": 1152921504606847000}) == []  # the float's shortest repr is another number
+    assert await ids({"n": 1e23}) == []  # 1e23 is 99999999999999991611392, not 10**23
+    assert await ids({"n": 10**23}) == [f"{owner}-2"]
+    assert await ids({"c": -1e300}) == [f"{owner}-1"]

@@ -91,3 +91,18 @@ async def test_summarize_refuses_an_empty_key_and_writes_nothing(tiers: dict[str
     assert len((await call(d, "memory/timeline", {"owner": me}))["records"]) == 2
     keyed = await call(d, "memory/summarize", {"owner": me, "query": "Rome", "key": "summary/rome"})
     assert keyed["written"] == 1 and keyed["records"][0]["key"] == "summary/rome"
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_forget_by_query_deletes_only_records_holding_a_query_word(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A recall may rank related records too (episodic lends a hit's score to its session
+    neighbours); a forget by query deleted them as well: records without the word were lost."""
+    d, me = tiers[tier], owner()
+    turns = ["we talked about the green city", "the sofa arrives on Tuesday", "rocket launches grew louder",
+             "nothing else was said", "the kettle whistled"]
+    records = [{"content": text, "session": "s1", "created_at": f"2026-01-01T00:00:0{i}.000Z"}
+               for i, text in enumerate(turns)]
+    ids = (await call(d, "memory/remember", {"owner": me, "records": records}))["ids"]
+    assert (await call(d, "memory/forget", {"owner": me, "query": "sofa"}))["forgotten"] == 1
+    left = {r["id"] for r in (await call(d, "memory/timeline", {"owner": me, "limit": 0}))["records"]}
+    assert left == set(ids) - {ids[1]}
