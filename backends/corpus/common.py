@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Hashable, Iterable, Sequence, TypeVar
+from uuid import UUID
 
 from a2m.filters import Scope, matches
 from a2m.records import Record
@@ -61,6 +62,8 @@ def json_safe(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, Decimal):
         return float(value)
+    if isinstance(value, UUID):  # PostgreSQL's uuid: shown, and so matched, as its text
+        return str(value)
     return value
 
 
