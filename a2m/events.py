@@ -3,14 +3,19 @@
 A cursor is `<salt>.<seq>`: the salt changes every server start, so a cursor
 from another server or an earlier run is recognised as foreign and answered
 with `reset: true` instead of silently skipping or repeating events. Polls
-advance over events the caller may not see (other owners, other kinds), so
-successive polls deliver every visible event exactly once, in order.
+advance over events of kinds the caller filtered out, so successive polls
+deliver every visible event exactly once, in order.
+
+`seq` counts one owner's events, from a random start: a cursor says nothing
+of how much other owners did, and is meaningless under another owner. The
+window (`capacity` events) is shared, so `reset: true` means that events of
+this owner were dropped, not merely that others' were.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -21,6 +26,7 @@ from .timefmt import now
 EVENT_KINDS = frozenset({"written", "forgotten", "promoted", "consolidated", "session_closed"})
 DEFAULT_POLL = 100
 MAX_POLL = 1000
+SEQ_START_BITS = 40  # an owner's first event is numbered at random below 2**40: far from any other start
 
 Push = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -47,21 +53,48 @@ class EventLog:
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
         self.salt = secrets.token_hex(6)
-        self._events: deque[tuple[int, str | None, dict[str, Any]]] = deque(maxlen=capacity)
-        self._next = 1
+        self._events: deque[tuple[str | None, int, dict[str, Any]]] = deque()  # (owner, seq, event)
+        self._next: dict[str | None, int] = {}  # owner -> the seq of its next event
+        self._held: Counter[str | None] = Counter()  # owner -> its events in the window
         self._subscribers: dict[object, _Subscriber] = {}
 
     def _cursor(self, seq: int) -> str:
         return f"{self.salt}.{seq}"
 
-    def head(self) -> str:
-        return self._cursor(self._next - 1)
+    def _next_seq(self, owner: str | None) -> int:
+        """The owner's next seq, starting its count if it has none.
+
+        Counts of owners with nothing in the window are dropped once there are
+        twice as many counts as the window holds events, so the log stays
+        bounded however many owners pass. A count started again starts at
+        another random place: a cursor from before then is then before the
+        oldest event or past the newest, and its poll resets instead of
+        skipping the new events.
+        """
+        seq = self._next.get(owner)
+        if seq is None:
+            if len(self._next) >= 2 * max(self.capacity, 1):
+                self._next = {o: n for o, n in self._next.items() if self._held[o]}
+            seq = self._next[owner] = secrets.randbits(SEQ_START_BITS) + 1
+        return seq
+
+    def head(self, owner: str | None = None) -> str:
+        """The cursor of `owner`'s newest event: a poll from it sees only what comes after."""
+        return self._cursor(self._next_seq(owner) - 1)
 
     async def emit(self, kind: str, owner: str | None, **fields: Any) -> dict[str, Any]:
         """Append an event visible to `owner`'s scope and push it to matching subscribers."""
         event = {"kind": kind, "at": now(), **{k: v for k, v in fields.items() if v is not None}}
-        self._events.append((self._next, owner, event))
-        self._next += 1
+        seq = self._next_seq(owner)
+        self._next[owner] = seq + 1
+        while self._events and len(self._events) >= self.capacity:
+            dropped = self._events.popleft()[0]
+            self._held[dropped] -= 1
+            if not self._held[dropped]:
+                del self._held[dropped]
+        if self.capacity > 0:
+            self._events.append((owner, seq, event))
+            self._held[owner] += 1
         for key, sub in list(self._subscribers.items()):
             if sub.owner == owner and (sub.kinds is None or kind in sub.kinds):
                 try:
@@ -82,21 +115,23 @@ class EventLog:
         limit = MAX_POLL if limit == 0 else min(limit, MAX_POLL)
         wanted = parse_kinds(kinds)
         if cursor is None:
-            return {"events": [], "cursor": self.head()}
+            return {"events": [], "cursor": self.head(owner)}
         if not isinstance(cursor, str):
             raise invalid("cursor must be a string", field="cursor")
-        oldest = self._events[0][0] if self._events else self._next
+        mine = [(seq, event) for event_owner, seq, event in self._events if event_owner == owner]
+        upcoming = self._next_seq(owner)
+        oldest = mine[0][0] if mine else upcoming
         position = self._parse(cursor)
-        reset = position is None or position < oldest - 1 or position >= self._next
+        reset = position is None or position < oldest - 1 or position >= upcoming
         if reset:
             position = oldest - 1
         out: list[dict[str, Any]] = []
         last = position
         more = False
-        for seq, event_owner, event in self._events:
+        for seq, event in mine:
             if seq <= position:
                 continue
-            if event_owner != owner or (wanted is not None and event["kind"] not in wanted):
+            if wanted is not None and event["kind"] not in wanted:
                 last = seq
                 continue
             if len(out) == limit:

@@ -54,15 +54,80 @@ def test_foreign_or_malformed_cursor_resets() -> None:
 @pytest.mark.anyio
 async def test_owner_scope_and_kinds_filter_without_redelivery() -> None:
     log = EventLog()
-    cursor = log.head()
+    alice, bob = log.head("alice"), log.head("bob")
     await log.emit("written", "alice", id="a1")
     await log.emit("written", "bob", id="b1")
     await log.emit("forgotten", "alice", count=2)
-    page = log.poll(cursor, owner="alice", kinds=["written"])
-    assert [e.get("id") for e in page["events"]] == ["a1"]
-    # the cursor moved past bob's and the filtered event: nothing comes back twice
+    page = log.poll(alice, owner="alice", kinds=["written"])
+    assert [e.get("id") for e in page["events"]] == ["a1"] and "reset" not in page
+    # the cursor moved past the filtered event: nothing comes back twice
     assert log.poll(page["cursor"], owner="alice", kinds=["written"])["events"] == []
-    assert log.poll(cursor, owner="bob")["events"][0]["id"] == "b1"
+    assert [e["id"] for e in log.poll(bob, owner="bob")["events"]] == ["b1"]
+
+
+@pytest.mark.anyio
+async def test_a_cursor_tells_nothing_of_other_owners() -> None:
+    """Alice's cursor moves with her events only: it was `<salt>.<every owner's events>`, so any
+    tenant could count what the others did between two polls."""
+    log = EventLog()
+    before = log.poll(None, owner="alice")["cursor"]
+    for i in range(50):
+        await log.emit("written", "bob", id=f"b{i}")
+    assert log.poll(None, owner="alice")["cursor"] == before
+    await log.emit("written", "alice", id="a1")
+    page = log.poll(before, owner="alice")
+    assert [e["id"] for e in page["events"]] == ["a1"] and "reset" not in page
+    assert int(page["cursor"].split(".")[1]) == int(before.split(".")[1]) + 1
+
+
+@pytest.mark.anyio
+async def test_others_filling_the_window_do_not_reset_a_caller_who_missed_nothing() -> None:
+    log = EventLog(capacity=4)
+    await log.emit("written", "alice", id="a1")
+    seen = log.poll(log.head("alice"), owner="alice")["cursor"]
+    for i in range(10):
+        await log.emit("written", "bob", id=f"b{i}")
+    page = log.poll(seen, owner="alice")
+    assert page["events"] == [] and "reset" not in page
+    lost = log.poll(f"{log.salt}.{int(seen.split('.')[1]) - 1}", owner="alice")  # a1 was dropped unseen
+    assert lost["reset"] is True and lost["events"] == []
+
+
+@pytest.mark.anyio
+async def test_another_owners_cursor_resets_instead_of_skipping() -> None:
+    log = EventLog()
+    bobs = log.head("bob")
+    for i in range(3):
+        await log.emit("written", "alice", id=f"a{i}")
+    page = log.poll(bobs, owner="alice")
+    assert page["reset"] is True and [e["id"] for e in page["events"]] == ["a0", "a1", "a2"]
+
+
+@pytest.mark.anyio
+async def test_counts_of_owners_with_nothing_retained_are_bounded() -> None:
+    log = EventLog(capacity=3)
+    held = log.head("held")
+    for i in range(100):
+        await log.emit("written", f"o{i}", id=str(i))
+    assert len(log._next) <= 2 * log.capacity
+    # "held"'s count was dropped and starts again elsewhere: its old cursor resets, nothing is skipped
+    await log.emit("written", "held", id="h")
+    page = log.poll(held, owner="held")
+    assert [e["id"] for e in page["events"]] == ["h"]
+
+
+@pytest.mark.anyio
+async def test_a_log_of_capacity_zero_keeps_nothing_and_still_pushes() -> None:
+    log = EventLog(capacity=0)
+    got: list[dict] = []
+
+    async def push(event: dict) -> None:
+        got.append(event)
+
+    log.subscribe("conn", push, owner=None, kinds=None)
+    cursor = log.head()
+    await log.emit("written", None, id="a")
+    assert got and log.poll(cursor, owner=None)["events"] == []
     with pytest.raises(A2MError):
         log.poll(cursor, owner="alice", kinds=["nonsense"])
 
