@@ -283,6 +283,10 @@ class TierServer(EventMethods):
             elif (record.owner, record.id) in existing_ids or (record.owner, record.id) in puts:
                 ids.append(record.id)  # idempotent: the id exists, no second record
                 continue
+            # Re-inserted, not overwritten in place: a record written twice in one batch (its key
+            # replaced again) is written where the batch last writes it, so its insertion order (the
+            # tie-break of equal created_at) is the order the batch's records came in.
+            puts.pop((record.owner, record.id), None)
             puts[(record.owner, record.id)] = record
             if slot:
                 keyed[slot] = record

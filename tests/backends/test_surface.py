@@ -106,3 +106,18 @@ async def test_forget_by_query_deletes_only_records_holding_a_query_word(tiers: 
     assert (await call(d, "memory/forget", {"owner": me, "query": "sofa"}))["forgotten"] == 1
     left = {r["id"] for r in (await call(d, "memory/timeline", {"owner": me, "limit": 0}))["records"]}
     assert left == set(ids) - {ids[1]}
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_key_replaced_twice_in_one_batch_is_written_where_the_batch_last_writes_it(
+        tiers: dict[str, Dispatcher], tier: str) -> None:
+    # One stamp for the whole batch: creation order is the batch's order, as three calls would write it.
+    # The replacement once kept the first write's place, so the conversation replayed out of order.
+    d, me = tiers[tier], owner()
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"id": "a", "content": "first", "key": "k"}, {"id": "b", "content": "second"},
+        {"id": "c", "content": "third", "key": "k"}]}))["ids"]
+    assert ids == ["a", "b", "a"]
+    timeline = (await call(d, "memory/timeline", {"owner": me}))["records"]
+    assert [(r["id"], r["content"], r["revision"]) for r in timeline] == [("b", "second", 1), ("a", "third", 2)]
+
