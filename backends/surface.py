@@ -273,6 +273,7 @@ class TierServer(EventMethods):
                         continue
                     if current.id != record.id:
                         deletes.append(current.id)
+                        existing_ids.discard((record.owner, current.id))  # a later record of the batch may write it anew
                         puts.pop((record.owner, current.id), None)
                 else:
                     keep = raw[index].get("salience") is None

@@ -121,3 +121,16 @@ async def test_a_key_replaced_twice_in_one_batch_is_written_where_the_batch_last
     timeline = (await call(d, "memory/timeline", {"owner": me}))["records"]
     assert [(r["id"], r["content"], r["revision"]) for r in timeline] == [("b", "second", 1), ("a", "third", 2)]
 
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_record_a_move_deletes_is_written_again_by_a_later_record_of_the_batch(
+        tiers: dict[str, Dispatcher], tier: str) -> None:
+    # "x" holds key k; a move (revision given) of "n" to k deletes "x"; the batch then writes "x" anew.
+    # The write once answered "x" as an existing id and wrote nothing: an id answered, no record.
+    d, me = tiers[tier], owner()
+    await call(d, "memory/remember", {"owner": me, "records": [{"id": "x", "content": "old", "key": "k"}]})
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"id": "n", "content": "moved", "key": "k", "revision": 2}, {"id": "x", "content": "again"}]}))["ids"]
+    assert ids == ["n", "x"]
+    timeline = (await call(d, "memory/timeline", {"owner": me}))["records"]
+    assert sorted((r["id"], r["content"], r["key"]) for r in timeline) == [("n", "moved", "k"), ("x", "again", None)]
