@@ -8,14 +8,15 @@ deliver every visible event exactly once, in order.
 
 `seq` counts one owner's events, from a random start: a cursor says nothing
 of how much other owners did, and is meaningless under another owner. The
-window (`capacity` events) is shared, so `reset: true` means that events of
-this owner were dropped, not merely that others' were.
+window holds `capacity` events in all; when it is full, the owner holding the
+most gives up its oldest, so a tenant writing in bulk pushes out its own
+events, not a quiet tenant's few.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -53,9 +54,12 @@ class EventLog:
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
         self.salt = secrets.token_hex(6)
-        self._events: deque[tuple[str | None, int, dict[str, Any]]] = deque()  # (owner, seq, event)
+        self._logs: dict[str | None, deque[tuple[int, dict[str, Any]]]] = {}  # owner -> (seq, event), oldest first
         self._next: dict[str | None, int] = {}  # owner -> the seq of its next event
-        self._held: Counter[str | None] = Counter()  # owner -> its events in the window
+        self._size = 0
+        # held -> the owners holding that many events (a dict as an ordered set): the largest holder in O(1)
+        self._holders: dict[int, dict[str | None, None]] = {}
+        self._most = 0
         self._subscribers: dict[object, _Subscriber] = {}
 
     def _cursor(self, seq: int) -> str:
@@ -74,7 +78,7 @@ class EventLog:
         seq = self._next.get(owner)
         if seq is None:
             if len(self._next) >= 2 * max(self.capacity, 1):
-                self._next = {o: n for o, n in self._next.items() if self._held[o]}
+                self._next = {o: n for o, n in self._next.items() if o in self._logs}
             seq = self._next[owner] = secrets.randbits(SEQ_START_BITS) + 1
         return seq
 
@@ -87,14 +91,8 @@ class EventLog:
         event = {"kind": kind, "at": now(), **{k: v for k, v in fields.items() if v is not None}}
         seq = self._next_seq(owner)
         self._next[owner] = seq + 1
-        while self._events and len(self._events) >= self.capacity:
-            dropped = self._events.popleft()[0]
-            self._held[dropped] -= 1
-            if not self._held[dropped]:
-                del self._held[dropped]
         if self.capacity > 0:
-            self._events.append((owner, seq, event))
-            self._held[owner] += 1
+            self._keep(owner, seq, event)
         for key, sub in list(self._subscribers.items()):
             if sub.owner == owner and (sub.kinds is None or kind in sub.kinds):
                 try:
@@ -102,6 +100,33 @@ class EventLog:
                 except Exception:  # a dead connection unsubscribes itself
                     self._subscribers.pop(key, None)
         return event
+
+    def _keep(self, owner: str | None, seq: int, event: dict[str, Any]) -> None:
+        log = self._logs.setdefault(owner, deque())
+        self._recount(owner, len(log), len(log) + 1)
+        log.append((seq, event))
+        self._size += 1
+        if self._size > self.capacity:  # the largest holder (the first to get there) gives up its oldest
+            victim = next(iter(self._holders[self._most]))
+            dropped = self._logs[victim]
+            self._recount(victim, len(dropped), len(dropped) - 1)
+            dropped.popleft()
+            self._size -= 1
+            if not dropped:
+                del self._logs[victim]
+
+    def _recount(self, owner: str | None, held: int, holds: int) -> None:
+        """Move `owner` from the holders of `held` events to those of `holds` (one more or one fewer)."""
+        if held:
+            bucket = self._holders[held]
+            del bucket[owner]
+            if not bucket:
+                del self._holders[held]
+                if self._most == held:
+                    self._most = holds
+        if holds:
+            self._holders.setdefault(holds, {})[owner] = None
+            self._most = max(self._most, holds)
 
     async def emit_many(self, kind: str, owner: str | None, items: Iterable[dict[str, Any]]) -> None:
         for fields in items:
@@ -118,7 +143,7 @@ class EventLog:
             return {"events": [], "cursor": self.head(owner)}
         if not isinstance(cursor, str):
             raise invalid("cursor must be a string", field="cursor")
-        mine = [(seq, event) for event_owner, seq, event in self._events if event_owner == owner]
+        mine = self._logs.get(owner, ())
         upcoming = self._next_seq(owner)
         oldest = mine[0][0] if mine else upcoming
         position = self._parse(cursor)

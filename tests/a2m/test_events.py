@@ -89,8 +89,8 @@ async def test_others_filling_the_window_do_not_reset_a_caller_who_missed_nothin
         await log.emit("written", "bob", id=f"b{i}")
     page = log.poll(seen, owner="alice")
     assert page["events"] == [] and "reset" not in page
-    lost = log.poll(f"{log.salt}.{int(seen.split('.')[1]) - 1}", owner="alice")  # a1 was dropped unseen
-    assert lost["reset"] is True and lost["events"] == []
+    before = log.poll(f"{log.salt}.{int(seen.split('.')[1]) - 1}", owner="alice")  # bob gave up his own
+    assert [e["id"] for e in before["events"]] == ["a1"] and "reset" not in before
 
 
 @pytest.mark.anyio
@@ -101,6 +101,25 @@ async def test_another_owners_cursor_resets_instead_of_skipping() -> None:
         await log.emit("written", "alice", id=f"a{i}")
     page = log.poll(bobs, owner="alice")
     assert page["reset"] is True and [e["id"] for e in page["events"]] == ["a0", "a1", "a2"]
+
+
+@pytest.mark.anyio
+async def test_a_bulk_writer_pushes_out_its_own_events_not_a_quiet_tenants() -> None:
+    log = EventLog(capacity=10)
+    quiet = log.head("quiet")
+    await log.emit("written", "quiet", id="q1")
+    await log.emit("written", "quiet", id="q2")
+    for i in range(100):
+        await log.emit("written", "bulk", id=f"b{i}")
+    page = log.poll(quiet, owner="quiet")
+    assert [e["id"] for e in page["events"]] == ["q1", "q2"] and "reset" not in page
+    bulk = log.poll(f"{log.salt}.0", owner="bulk")
+    assert bulk["reset"] is True and [e["id"] for e in bulk["events"]] == [f"b{i}" for i in range(92, 100)]
+    # with many holders, the window stays at capacity and each keeps its newest
+    for i in range(30):
+        await log.emit("written", f"o{i % 5}", id=f"o{i}")
+    assert sum(len(d) for d in log._logs.values()) == 10
+    assert max(len(d) for d in log._logs.values()) - min(len(d) for d in log._logs.values()) <= 1
 
 
 @pytest.mark.anyio
@@ -169,3 +188,37 @@ async def test_unsubscribe_refuses_an_owner_the_caller_may_not_name() -> None:
         await Service().unsubscribe({"owner": "bob"}, alice)
     assert refused.value.code == -32005
     assert await Service().unsubscribe({"owner": "alice"}, alice) == {"subscribed": False}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("seed", range(5))
+async def test_every_reader_gets_its_owners_events_once_in_order_or_a_reset(seed: int) -> None:
+    """Owners writing at different rates into a small window, each read by a poller with a cursor:
+    without `reset`, a page continues exactly where the last one stopped; with it, the page starts
+    at the owner's oldest kept event, and only events the window dropped were skipped."""
+    import random
+
+    rng = random.Random(seed)
+    log = EventLog(capacity=12)
+    owners = ["a", "b", "c", None]
+    weights = [1, 8, 2, 1]
+    written: dict[str | None, list[str]] = {o: [] for o in owners}
+    cursors = {o: log.head(o) for o in owners}
+    read: dict[str | None, list[str]] = {o: [] for o in owners}
+    for step in range(600):
+        owner = rng.choices(owners, weights)[0]
+        if rng.random() < 0.7:
+            event_id = f"{owner}-{len(written[owner])}"
+            written[owner].append(event_id)
+            await log.emit("written", owner, id=event_id)
+            continue
+        page = log.poll(cursors[owner], owner=owner, limit=rng.randint(1, 5))
+        ids = [e["id"] for e in page["events"]]
+        if ids:
+            start = written[owner].index(ids[0])
+            assert ids == written[owner][start:start + len(ids)], (step, owner)
+            following = written[owner].index(read[owner][-1]) + 1 if read[owner] else 0
+            assert start == following if "reset" not in page else start > following, (step, owner, page)
+        read[owner] += ids
+        cursors[owner] = page["cursor"]
+        assert sum(len(d) for d in log._logs.values()) <= log.capacity
