@@ -537,8 +537,14 @@ class GitStore:
         if keep_access:
             plan.puts = [(self._with_live_access(record), path, seq) for record, path, seq in plan.puts]
         for record, _, _ in plan.puts:
+            # The sidecar is keyed by id, and an id can be forgotten and written again: a put sets
+            # the statistics it carries, none included, or a restart would revive the old counts.
             if record.access_count or record.accessed_at is not None:
-                self._access[record.id] = (record.access_count, record.accessed_at)
+                stats = (record.access_count, record.accessed_at)
+                if self._access.get(record.id) != stats:
+                    self._access[record.id] = stats
+                    self._dirty_since = self._dirty_since or time.monotonic()
+            elif self._access.pop(record.id, None) is not None:
                 self._dirty_since = self._dirty_since or time.monotonic()
             if record.embedding is not None and self._dimensions is None:
                 self._dimensions = len(record.embedding)
@@ -550,6 +556,11 @@ class GitStore:
                 self._proposed.set(record, path, seq)
         else:
             self._visible.apply(plan)
+        for record_id in plan.dropped:  # gone from both branches: its statistics go with it
+            if record_id not in self._visible.tree.records and record_id in self._access and (
+                    self._proposed is None or record_id not in self._proposed.records):
+                del self._access[record_id]
+                self._dirty_since = self._dirty_since or time.monotonic()
         if self._dirty_since is not None:
             self._flush_state()  # statistics a write carried were acknowledged with it
 

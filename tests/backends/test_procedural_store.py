@@ -576,6 +576,24 @@ async def test_touch_is_not_a_commit_and_reinforce_is(store: GitStore) -> None:
     assert git(repo, "log", "-1", "--format=%s").strip() == "reinforce k (rev 1) (+0.7)"
 
 
+async def test_a_forgotten_id_written_again_starts_with_no_access_statistics(tmp_path: Path) -> None:
+    """The sidecar kept the counts of a forgotten id, and a restart put them on the next record
+    written under it (found by test_procedural_parity.py); a write that sets them to none cleared
+    nothing either."""
+    store = await opened(tmp_path)
+    await store.write([rec("1"), rec("2", access_count=3, accessed_at="2026-03-03T00:00:00.000Z", revision=2)])
+    await store.touch("alice", ["1"], "2026-03-03T00:00:00.000Z")
+    await store.write([], ["1"])
+    await store.write([rec("1", "written again"), rec("2", revision=3)])  # an import that resets the counts
+    await store.close()
+    store = await opened(tmp_path)
+    try:
+        assert [(r.id, r.access_count, r.accessed_at) for r in await store.get("alice", ["1", "2"])] == \
+            [("1", 0, None), ("2", 0, None)]
+    finally:
+        await store.close()
+
+
 async def test_vector_and_hybrid_search(store: GitStore) -> None:
     await store.write([
         rec("x", "deploy the service", embedding=[1.0, 0.0]),
