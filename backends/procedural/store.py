@@ -317,6 +317,7 @@ class GitStore:
         self._dirty_since: float | None = None
         self.push_error: str | None = None
         self._lock_fd: int | None = None  # the flock that makes this the repository's one store
+        self._path_max: int | None = None  # bytes a repository-relative path may have (PATH_MAX less the root)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -568,6 +569,21 @@ class GitStore:
         if self.repo is None:
             raise StoreUnavailable("the procedural store is not open")
 
+    def _check_path_length(self, path: str, record: Record) -> None:
+        """Refuse a file the file system cannot name: each segment is bounded by `files`, but owner
+        and key together can still pass PATH_MAX, and the commit's ENAMETOOLONG would otherwise
+        answer "tier unavailable" (-32603, an outage to the router) for an input that cannot be stored."""
+        if self._path_max is None:
+            root = self.path.absolute()
+            try:
+                limit = os.pathconf(root, "PC_PATH_MAX")
+            except (OSError, ValueError):
+                limit = 4096
+            self._path_max = (limit if limit and limit > 0 else 4096) - len(os.fsencode(root)) - 2  # "/", NUL
+        if len(path.encode("utf-8", "surrogatepass")) > self._path_max:
+            raise StoreRejected(f"record {record.id[:80]!r}: its owner and key make a file path longer than "
+                                f"the file system allows in {self.path}; use a shorter key")
+
     def _plan(self, tree: Tree, puts: Sequence[Record], deletes: Sequence[str], message: str | None) -> _Plan:
         """Validate everything and work out the change; raises StoreRejected before any byte is written."""
         plan = _Plan()
@@ -593,6 +609,7 @@ class GitStore:
                 verbs.append(f"forget {_label(old_record) if old_record else record_id}")
         for record in puts:
             path = files.record_path(record)  # validates the key
+            self._check_path_length(path, record)
             if record.id in paths:  # ids are global: a put never takes over another owner's record
                 held = final[record.id][0] if record.id in final else tree.records.get(record.id)
                 if held is not None and held.owner != record.owner:

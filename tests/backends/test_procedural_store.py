@@ -170,6 +170,31 @@ async def test_a_put_never_takes_over_another_owners_id(store: GitStore) -> None
     assert (await store.get("alice", ["x"]))[0].content == "alice's" and await store.count("bob") == 0
 
 
+async def test_a_key_too_long_for_the_file_system_is_refused_not_an_outage(tmp_path: Path) -> None:
+    """Each segment fits NAME_MAX, but the whole path passed PATH_MAX: the commit failed with
+    ENAMETOOLONG and the tier answered -32603, "unavailable", which the router counts as an outage
+    (found by test_procedural_parity.py). The caller's input is what cannot be stored: -32602."""
+    from a2m.dispatch import Context, Dispatcher
+    from backends.serve import build
+
+    deep = tmp_path / ("d" * 200)
+    server = build("procedural", TierSettings("procedural", deep))
+    await server.startup()
+    try:
+        call = Dispatcher(server).handle
+        key = "/".join(["\U0001F600" * 60] * 16)  # 975 characters, 3,855 bytes: each segment 240
+        params = {"owner": "é" * 300, "records": [{"id": "fits", "content": "steps", "key": "short"},
+                                                  {"id": "long", "content": "steps", "key": key}]}
+        reply = await call({"jsonrpc": "2.0", "id": 1, "method": "memory/remember", "params": params}, Context())
+        assert reply["error"]["code"] == -32602, reply
+        assert await server.store.count("é" * 300) == 0
+        params["records"] = params["records"][:1]
+        reply = await call({"jsonrpc": "2.0", "id": 2, "method": "memory/remember", "params": params}, Context())
+        assert reply["result"] == {"ids": ["fits"]}
+    finally:
+        await server.shutdown()
+
+
 async def test_owner_and_content_in_where_are_the_record_fields(store: GitStore) -> None:
     await store.write([rec(1, "alpha steps", metadata={"content": "beta steps", "owner": "meta"}),
                        rec(2, "beta steps"), rec(3, "beta steps", owner="bob")])
