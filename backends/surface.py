@@ -312,7 +312,9 @@ class TierServer(EventMethods):
                 embedded = await try_embed(self.embedder, [query])
                 vector = embedded[0] if embedded else None
             with_vectors = params.get("embeddings") is True
-            if not query and vector is None:
+            # A vector alone asks a tier that never searches by one for nothing it can rank: the newest
+            # records, as the router asks it (it passes no vector to such a tier), not none.
+            if not query and (vector is None or not self.store.searches_vectors):
                 records = await self.store.select(scope, order="desc", limit=limit, with_embeddings=with_vectors)
                 for rank, record in enumerate(records):
                     record.score = 1.0 / (1 + rank)

@@ -134,3 +134,20 @@ async def test_a_record_a_move_deletes_is_written_again_by_a_later_record_of_the
     assert ids == ["n", "x"]
     timeline = (await call(d, "memory/timeline", {"owner": me}))["records"]
     assert sorted((r["id"], r["content"], r["key"]) for r in timeline) == [("n", "moved", "k"), ("x", "again", None)]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_recall_by_vector_alone_of_a_tier_that_never_searches_vectors_is_by_recency(
+        tiers: dict[str, Dispatcher], tier: str) -> None:
+    # As the router asks such a tier (decision 41: it passes no vector to a tier that does not search
+    # by one), so the same recall gets the same records directly; it once answered nothing here.
+    d, me = tiers[tier], owner()
+    if (await call(d, "memory/describe", {}))["embeddings"]["searched"]:
+        pytest.skip("this tier searches by vector")
+    await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "one", "embedding": [1.0, 0.0], "created_at": "2026-01-01T00:00:00.000Z"},
+        {"content": "two", "created_at": "2026-01-01T00:00:01.000Z"}]})
+    newest = await call(d, "memory/recall", {"owner": me, "touch": False})
+    by_vector = await call(d, "memory/recall", {"owner": me, "touch": False, "embedding": [0.0, 1.0]})
+    assert [r["content"] for r in by_vector["records"]] == [r["content"] for r in newest["records"]] == ["two", "one"]
+    assert await call(d, "memory/recall", {"owner": me, "embedding": [1.0]}) == {"error": -32008}

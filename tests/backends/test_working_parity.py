@@ -11,7 +11,7 @@ no summarize). Ranking is not defined by the protocol: a search is checked to re
 holding a query term, as many as `limit` allows, by descending score, and the best of them by the BM25
 the tier documents (ties aside).
 
-SEEDS=1,2,3 and CALLS=250 (the defaults are CI's: a few seconds) run more.
+SEEDS=1,2,3 and CALLS=250 (the defaults are CI's: a few seconds) run more; POOL (30) sets the ids per owner.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.anyio
 TIER = "working"
 # an owner is a Redis key segment here: its separator and escape characters must stay inside it
 OWNERS = ("alice", "b:o%b !", None)
-IDS = [f"r{i}" for i in range(30)]
+IDS = [f"r{i}" for i in range(int(os.environ.get("POOL", "30")))]  # ids per owner: POOL=300 holds more records
 # LIKE's and glob's metacharacters, ZRANGEBYLEX's range markers, an escape character: a prefix takes them literally
 KEYS = ["a%b", "a_b", "a\\b", "a%", "a_", "ab", "a\\", "%", "_x", "k/a", "k/a/x", "é/ü", "A", "[a", "(a", "a*",
         "a?", "a[b]", "-", "+", "a:b", "ab\U0001f600"]
@@ -173,8 +173,8 @@ def operation(rng: random.Random, held: list[dict[str, Any]], owner: str | None,
         params["limit"] = rng.choice([1, 1, 2, 3, 5, 10, 50, 0])
         if rng.random() < 0.7:
             params["query"] = text(rng, rng.randint(1, 3))
-            if rng.random() < 0.2:  # what a router passes down with a query; this tier never searches by it
-                params["embedding"] = rng.choice(VECTORS)
+        if rng.random() < 0.2:  # this tier never searches by it: a query ranks as without, none is by recency
+            params["embedding"] = rng.choice(VECTORS)
         if rng.random() < 0.2:
             params["min_score"] = rng.choice([0.1, 0.5, 0.9])
         if rng.random() < 0.5:
@@ -298,15 +298,17 @@ def as_written(rec: dict[str, Any], owner: str | None, stamp: str) -> dict[str, 
 
 
 def expect_write(before: list[dict[str, Any]], records: list[dict[str, Any]], owner: str | None,
-                 stamp: str) -> tuple[list[str], list[dict[str, Any]]]:
-    """The ids a write answers and the owner's records after it (in creation order): an existing id is
+                 stamp: str) -> tuple[list[str], list[dict[str, Any]], list[str]]:
+    """The ids a write answers, the owner's records after it (in creation order) and the ids it writes
+    (one `written` event each, in the order written): an existing id is
     returned and nothing written; an occupied key is replaced in place (same id, revision + 1, its
     access history and, unless the write gives one, its salience kept) and moves to its new created_at."""
     order = {r["id"]: n for n, r in enumerate(before)}
     state = {r["id"]: r for r in before}
     by_key = {r["key"]: r["id"] for r in before if r["key"] is not None}
     seq = len(before)
-    ids = []
+    ids: list[str] = []
+    puts: dict[str, None] = {}  # the records written, each where the batch last writes it
     for rec in records:
         new = as_written(rec, owner, stamp)
         current = state.get(by_key.get(rec.get("key"), ""))
@@ -315,6 +317,7 @@ def expect_write(before: list[dict[str, Any]], records: list[dict[str, Any]], ow
                 ids.append(current["id"])
                 continue
             del state[current["id"]]
+            puts.pop(current["id"], None)
             replaced = state.get(new["id"])  # the record the move's id names, if another, is overwritten
             if replaced is not None and replaced["key"] is not None and by_key.get(replaced["key"]) == new["id"]:
                 del by_key[replaced["key"]]
@@ -327,12 +330,14 @@ def expect_write(before: list[dict[str, Any]], records: list[dict[str, Any]], ow
             ids.append(rec["id"])
             continue
         state[new["id"]] = new
+        puts.pop(new["id"], None)
+        puts[new["id"]] = None
         order[new["id"]] = seq
         seq += 1
         if new["key"] is not None:
             by_key[new["key"]] = new["id"]
         ids.append(new["id"])
-    return ids, sorted(state.values(), key=lambda r: (r["created_at"], order[r["id"]]))
+    return ids, sorted(state.values(), key=lambda r: (r["created_at"], order[r["id"]])), list(puts)
 
 
 def write_error(records: list[dict[str, Any]], owner: str | None, dims: int | None,
@@ -359,6 +364,14 @@ def assert_states(got: dict[str | None, list[dict[str, Any]]], want: dict[str | 
             assert same_record(a, b), f"{owner!r}: record changed by {where}\ngot:  {a}\nwant: {b}"
 
 
+def as_event(event: dict[str, Any]) -> tuple[Any, ...]:
+    """An event's kind and the fields the protocol gives it (every event also has `at`)."""
+    assert isinstance(event.get("at"), str), event
+    fields = {"written": ("id", "session", "key", "revision"), "forgotten": ("count",),
+              "session_closed": ("session",), "consolidated": ("moved", "promoted", "dropped", "summarized")}
+    return (event["kind"], *(event.get(f) for f in fields.get(event["kind"], ())))
+
+
 def holds_term(record: dict[str, Any], query: str) -> bool:
     return not query_terms(query).isdisjoint(tokenize(record["content"]))
 
@@ -371,9 +384,11 @@ async def check(t: Tier, method: str, params: dict[str, Any]) -> None:
     describe = await t.call("memory/describe", {})
     dims = describe["embeddings"]["dimensions"]
     stamp = t.stamp["now"]  # type: ignore[attr-defined]
+    cursors = {o: (await t.call("memory/events", {} if o is None else {"owner": o}))["cursor"] for o in OWNERS}
     answer = await t.call(method, params)
     where = f"{method} {params}"
     after = dict(states)  # what every owner must hold afterwards; changed below by what the call does
+    events: list[tuple[Any, ...]] = []  # what the owner's event log must show afterwards (kind and fields)
     by_id = {r["id"]: r for r in before}
     if method == "memory/remember":
         error = write_error(params["records"], owner, dims, held_by)
@@ -382,8 +397,11 @@ async def check(t: Tier, method: str, params: dict[str, Any]) -> None:
         elif "error" in answer:  # nothing else may fail but a value that cannot be stored, and then nothing is
             assert answer == {"error": -32602} and str(TOO_BIG) in repr(params["records"]), f"{where}: {answer}"
         else:
-            ids, after[owner] = expect_write(before, params["records"], owner, stamp)
+            ids, after[owner], written = expect_write(before, params["records"], owner, stamp)
             assert answer == {"ids": ids}, f"{where}\ngot:  {answer}\nwant: {ids}"
+            now = {r["id"]: r for r in after[owner]}
+            events = [("written", i, now[i]["session"], now[i]["key"], now[i]["revision"] if now[i]["key"] else None)
+                      for i in written]
     elif method == "memory/recall" and "embedding" in params and dims is not None and len(params["embedding"]) != dims:
         assert answer == {"error": -32008}, f"{where}: {answer}"  # a vector of another width, searched or not
     elif method == "memory/recall":
@@ -448,6 +466,7 @@ async def check(t: Tier, method: str, params: dict[str, Any]) -> None:
         doomed = {r["id"] for r in before if matches(Record.from_wire(r), scope)
                   and (not params.get("query") or holds_term(r, params["query"]))}
         assert answer == {"forgotten": len(doomed)}, f"{where}: {answer}, not {len(doomed)}"
+        events = [("forgotten", len(doomed))]
         after[owner] = [r for r in before if r["id"] not in doomed]
     elif method == "memory/reinforce":
         hit = set(params["ids"]) & set(by_id)
@@ -475,8 +494,10 @@ async def check(t: Tier, method: str, params: dict[str, Any]) -> None:
             assert s["opened_at"] == sessions[s["session"]][0]["created_at"], f"{where}: {s}"
     elif method == "memory/session/close":
         assert answer["closed"] == params["session"] and answer["counts"] == {TIER: len(before)}, f"{where}: {answer}"
+        events = [("session_closed", params["session"])]
     elif method == "memory/consolidate":
         assert answer["counts"] == {TIER: len(before)}, f"{where}: {answer}"
+        events = [("consolidated", 0, 0, 0, 0)]
     elif method == "memory/describe":
         tiers = answer["tiers"]
         assert [(x["name"], x["kind"], x["count"]) for x in tiers] == [(TIER, "working", len(before))], where
@@ -484,6 +505,10 @@ async def check(t: Tier, method: str, params: dict[str, Any]) -> None:
     elif method == "memory/promote":
         assert answer == ({"promoted": 0} if params["tier"] == TIER else {"error": -32002}), f"{where}: {answer}"
     assert_states(await t.states(), after, where)
+    for o in OWNERS:
+        polled = await t.call("memory/events", {"cursor": cursors[o], "limit": 0} | ({} if o is None else {"owner": o}))
+        got = [as_event(e) for e in polled["events"]]
+        assert got == (events if o == owner else []), f"events of {o!r} after {where}\ngot:  {got}\nwant: {events}"
 
 
 SEEDS = [int(s) for s in os.environ.get("SEEDS", "1,2,3").split(",")]
