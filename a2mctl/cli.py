@@ -129,8 +129,9 @@ def _transfer(args: argparse.Namespace) -> int:
     from . import transfer
 
     if args.command == "export":
+        owners = ([None] if args.unowned or not args.owner else []) + (args.owner or [])
         return asyncio.run(transfer.export(args.url, args.file, token=args.token, embeddings=args.embeddings,
-                                           owners=args.owner or [None]))
+                                           owners=owners))
     return asyncio.run(transfer.import_(args.url, args.file, token=args.token, batch=args.batch))
 
 
@@ -193,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--embeddings", action="store_true", help="include vectors")
             p.add_argument("--owner", action="append", default=None,
                            help="export this owner's records (repeatable; default: the unowned partition)")
+            p.add_argument("--unowned", action="store_true",
+                           help="also export the unowned partition when --owner names owners")
         else:
             p.add_argument("--batch", type=int, default=500)
         p.set_defaults(run=_transfer)
