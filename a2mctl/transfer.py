@@ -48,10 +48,15 @@ async def _describe(client: Any, owner: str | None = None) -> dict[str, Any]:
     return await client.call("memory/describe", {} if owner is None else {"owner": owner})
 
 
-def _tier_names(described: dict[str, Any]) -> list[str | None]:
-    """Per-tier paging where the endpoint has several tiers (a router); one stream otherwise."""
-    tiers = [t.get("name") for t in described.get("tiers") or [] if t.get("name")]
-    return tiers if len(tiers) > 1 else [None]
+def _tier_names(described: dict[str, Any]) -> tuple[list[str | None], list[str]]:
+    """Per-tier paging where the endpoint has several tiers (a router), one stream otherwise; and the
+    read-only tiers left out. A read-only tier is mounted, not stored (a corpus): no import could write
+    its records back, so having them in the file would make the whole backup unrestorable."""
+    tiers = [t for t in described.get("tiers") or [] if t.get("name")]
+    if len(tiers) <= 1:
+        return [None], []  # one server, read-only or not: its records are what was asked for
+    mounted = [t["name"] for t in tiers if t.get("read_only")]
+    return [t["name"] for t in tiers if not t.get("read_only")], mounted
 
 
 def _recall_cap(described: dict[str, Any]) -> int | None:
@@ -123,7 +128,11 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
     try:
         async with connect(url, token=token, timeout=60.0) as client:
             described = await _describe(client)
-            tiers = _tier_names(described)
+            tiers, mounted = _tier_names(described)
+            if mounted:
+                print(f"a2m export: tier{'s' if len(mounted) > 1 else ''} {', '.join(mounted)} "
+                      f"{'are' if len(mounted) > 1 else 'is'} read-only (mounted, not stored here) and "
+                      "left out; mount it again where you import", file=sys.stderr)
             cap = _recall_cap(described)
             page = min(page, cap) if cap else page
             progress = _progress()
