@@ -206,7 +206,11 @@ class Tree:
     def drop(self, record_id: str) -> None:
         if record_id in self.records:
             del self.records[record_id]
-            del self.by_path[self.paths.pop(record_id)]
+            path = self.paths.pop(record_id)
+            # A batch may already have put another record on this path (two records trading keys
+            # are set one after the other): the path is theirs now, only this record's entry goes.
+            if self.by_path.get(path) == record_id:
+                del self.by_path[path]
             del self.seqs[record_id]
 
     def copy(self) -> "Tree":

@@ -195,6 +195,20 @@ async def test_a_key_too_long_for_the_file_system_is_refused_not_an_outage(tmp_p
         await server.shutdown()
 
 
+async def test_records_trading_places_in_one_batch_leave_no_ghost(store: GitStore) -> None:
+    """Two records swapping keys in one batch (a move, or a move and a re-write of the id it
+    deleted): the in-memory path index lost the file of the first, so the next write to that key
+    kept it as a ghost beside its replacement, and forgetting it raised KeyError, -32603 (found by
+    test_procedural_parity.py)."""
+    await store.write([rec("x", "x at a", key="a"), rec("y", "y at b", key="b")])
+    await store.write([rec("x", "x at b", key="b"), rec("y", "y at a", key="a")])
+    assert {k: r.id for k, r in (await store.get_keys("alice", ["a", "b"])).items()} == {"a": "y", "b": "x"}
+    await store.write([rec("w", "w takes b", key="b")])  # replaces x
+    assert sorted(r.id for r in await store.select(Scope(owner="alice"))) == ["w", "y"]
+    assert await store.delete(Scope(owner="alice")) == 2 and await store.count("alice") == 0
+    assert git(repo_of(store), "ls-files") == ""
+
+
 async def test_owner_and_content_in_where_are_the_record_fields(store: GitStore) -> None:
     await store.write([rec(1, "alpha steps", metadata={"content": "beta steps", "owner": "meta"}),
                        rec(2, "beta steps"), rec(3, "beta steps", owner="bob")])
