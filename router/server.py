@@ -332,7 +332,11 @@ class Router(EventMethods):
             raise A2MError(errors.INTERNAL_ERROR, f"cannot tell where keys live: tier {', '.join(unreached)} did "
                            "not answer; nothing was written, retry when it is back", {"degraded": unreached})
         revisions: dict[int, int | None] = {}
+        asked = set(supplied)
+        kept = [record.id in asked and record.id in existing for record in records]
         for i, record in enumerate(records):
+            if kept[i]:
+                continue  # an existing id is returned, not written (§3): it cannot give anything a second home
             held = holders.get(record.key) if record.key else None
             home = homes.get(record.group) if record.group else None
             if held and home and held[0] != home[0]:
@@ -357,7 +361,7 @@ class Router(EventMethods):
             placed: dict[str, str] = {}
             for i, record in enumerate(records):
                 value = value_of(record)
-                if value is not None and placed.setdefault(value, targets[i].name) != targets[i].name:
+                if value is not None and not kept[i] and placed.setdefault(value, targets[i].name) != targets[i].name:
                     raise invalid(f"records[{i}]: {field} {value!r} would be written to tiers {placed[value]} and "
                                   f"{targets[i].name} in one batch", index=i, field=field)
         return revisions, set(existing)
