@@ -210,7 +210,7 @@ def _refused(file: str, lines: list[int], exc: Any) -> str:
     if not isinstance(index, int) and named:
         index = int(named.group(1))
     if isinstance(index, int) and 0 <= index < len(lines):
-        message = re.sub(rf"^records\[{index}\]\.?", "", exc.message)  # the line says which record
+        message = re.sub(rf"^records\[{index}\](\.|:\s*)?", "", exc.message)  # the line says which record
         return f"{file}:{lines[index]}: {message}; its batch (lines {lines[0]}-{lines[-1]}) was not written"
     return f"{file}:{lines[0]}-{lines[-1]}: {exc.message}; this batch was not written"
 
@@ -249,6 +249,7 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                                                             total=total)
                 pending: list[dict[str, Any]] = []
                 lines: list[int] = []  # the file line of each pending record
+                batch_ids: set[str] = set()
                 owner: str | None = None
 
                 async def flush() -> None:
@@ -268,13 +269,19 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                         progress.advance(task, len(pending))
                     pending.clear()
                     lines.clear()
+                    batch_ids.clear()
 
                 for number, record in _read_lines(file):
-                    if record.get("owner") != owner or len(pending) >= size:
+                    # An id seen again (a record the export caught in two tiers, mid-move) starts a
+                    # new batch: one batch may not put an id in two tiers, while a later batch finds
+                    # it written and keeps it (an existing id is an idempotent write).
+                    if record.get("owner") != owner or len(pending) >= size or record.get("id") in batch_ids:
                         await flush()
                         owner = record.get("owner")
                     pending.append(_prepare(record, tiers, keep_tier))
                     lines.append(number)
+                    if isinstance(record.get("id"), str):
+                        batch_ids.add(record["id"])
                 await flush()
     except TransferError as exc:
         print(f"a2m import: {exc}{_written(sent)}", file=sys.stderr)
