@@ -241,3 +241,26 @@ async def test_a_mounted_read_only_tier_is_left_out_so_the_backup_restores(tmp_p
         assert await transfer.import_(target.url, str(dump), quiet=True) == 0
         async with HTTPClient(target.url) as client:
             assert (await client.call("memory/timeline", {"limit": 0}))["records"] == want
+
+
+@pytest.mark.anyio
+async def test_a_record_caught_mid_move_is_restored_once(tmp_path: Path) -> None:
+    """A move is write, verify, delete: a backup of a live federation (or of one whose interrupted
+    move a consolidate has not repaired yet) may hold a record in two tiers. Such a file imports: the
+    first copy is written, the second is an existing id (the protocol's idempotent write)."""
+    tiers = [{"name": "working", "kind": "working"}, {"name": "episodic", "kind": "episodic"}]
+    copies = [{"id": "plain-1", "content": "caught mid-move", "created_at": "2025-01-01T00:00:00.000Z"},
+              {"id": "keyed-1", "content": "my city", "key": "user/city", "revision": 2},
+              {"id": "grouped-1", "content": "a tool call", "group": "call-1", "metadata": {"n": -0.0}},
+              {"id": "grouped-2", "content": "its result", "group": "call-1"}]
+    with federation(_dir(tmp_path / "a"), tiers) as source, federation(_dir(tmp_path / "b"), tiers) as target:
+        for tier in ("working", "episodic"):
+            await tier_call(source, tier, "memory/remember", {"records": copies, "owner": "alice"})
+        dump = tmp_path / "backup.jsonl"
+        assert await transfer.export(source.url, str(dump), owners=["alice"], quiet=True) == 0
+        assert len(dump.read_bytes().splitlines()) == 8
+        for batch in (500, 1):
+            assert await transfer.import_(target.url, str(dump), batch=batch, quiet=True) == 0
+            async with HTTPClient(target.url) as client:
+                held = (await client.call("memory/timeline", {"owner": "alice", "limit": 0}))["records"]
+            assert sorted((r["id"], r["tier"]) for r in held) == sorted((c["id"], "working") for c in copies)
