@@ -190,12 +190,16 @@ def validate_embedding(value: Any, where: str = "embedding", index: int | None =
 
 
 def _check_metadata(metadata: dict[str, Any], index: int) -> None:
-    """Refuse metadata nested deeper than MAX_METADATA_DEPTH, or with a NUL in any key or string.
+    """Refuse metadata nested deeper than MAX_METADATA_DEPTH, or with a NUL in any key or string;
+    write a negative zero as 0.0, in place.
 
     Why: PostgreSQL's jsonb cannot hold NUL, and past a few hundred levels no
     serialiser can answer a read, so such metadata would be stored by some tiers
-    and refused (or made unreadable) by others. A flat object of plain values
-    (the usual case, on the write path) is one loop; anything else is walked.
+    and refused (or made unreadable) by others. jsonb has no -0.0 either: the
+    episodic tier read it back as 0.0 while the others kept the sign, so a
+    spill or a restore changed it; every tier now stores 0.0 (decision 56). A
+    flat object of plain values (the usual case, on the write path) is one
+    loop; anything else is walked.
     """
     nested: list[tuple[Any, int]] = []
     try:
@@ -206,7 +210,10 @@ def _check_metadata(metadata: dict[str, Any], index: int) -> None:
             if kind is str:
                 if "\x00" in value:
                     raise _metadata_nul(index)
-            elif kind is not int and kind is not float and kind is not bool and value is not None:
+            elif kind is float:
+                if value == 0.0:
+                    metadata[key] = 0.0
+            elif kind is not int and kind is not bool and value is not None:
                 nested.append((value, 2))
     except TypeError:  # a key that is not a string (only possible in-process)
         raise invalid(f"records[{index}].metadata keys must be strings", field="metadata", index=index) from None
@@ -228,13 +235,20 @@ def _check_nested(pending: list[tuple[Any, int]], index: int) -> None:
             raise invalid(f"records[{index}].metadata is nested deeper than {MAX_METADATA_DEPTH} levels",
                           field="metadata", index=index, max=MAX_METADATA_DEPTH)
         if isinstance(value, dict):
-            for key in value:
+            for key, child in value.items():
                 if not isinstance(key, str):
                     raise invalid(f"records[{index}].metadata keys must be strings", field="metadata", index=index)
                 if "\x00" in key:
                     raise _metadata_nul(index)
-            value = value.values()
-        pending.extend((child, depth + 1) for child in value)
+                if type(child) is float and child == 0.0:
+                    value[key] = 0.0
+            children = value.values()
+        else:
+            for i, child in enumerate(value):
+                if type(child) is float and child == 0.0:
+                    value[i] = 0.0
+            children = value
+        pending.extend((child, depth + 1) for child in children)
 
 
 def _metadata_nul(index: int) -> A2MError:

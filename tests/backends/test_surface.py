@@ -151,3 +151,21 @@ async def test_a_recall_by_vector_alone_of_a_tier_that_never_searches_vectors_is
     by_vector = await call(d, "memory/recall", {"owner": me, "touch": False, "embedding": [0.0, 1.0]})
     assert [r["content"] for r in by_vector["records"]] == [r["content"] for r in newest["records"]] == ["two", "one"]
     assert await call(d, "memory/recall", {"owner": me, "embedding": [1.0]}) == {"error": -32008}
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_negative_zero_in_metadata_reads_back_as_zero_on_every_tier(tiers: dict[str, Dispatcher],
+                                                                            tier: str) -> None:
+    """jsonb has no -0.0, so episodic read it back as 0.0 while the other tiers kept the sign: a
+    spill or a backup restored into episodic changed the value. Every tier now stores 0.0."""
+    import math
+
+    d, me = tiers[tier], owner()
+    await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "signed zero", "metadata": {"z": -0.0, "n": {"x": [-0.0, {"y": -0.0}]}, "one": -1.0}}]})
+    (stored,) = (await call(d, "memory/timeline", {"owner": me}))["records"]
+    meta = stored["metadata"]
+    zeros = [meta["z"], meta["n"]["x"][0], meta["n"]["x"][1]["y"]]
+    assert zeros == [0.0] * 3 and all(type(z) is float and math.copysign(1.0, z) == 1.0 for z in zeros), meta
+    assert meta["one"] == -1.0
+    assert len((await call(d, "memory/timeline", {"owner": me, "where": {"z": -0.0}}))["records"]) == 1
