@@ -5,7 +5,8 @@ builds it, with a restart (close, and a new server on the same data directory) i
 of what was written (the protocol's remember: idempotent ids, keys replaced with revision + 1, the
 move/import extension; forget, reinforce and touch) is kept beside it. Before each call every owner's
 records are read back whole and compared with the model exactly: content byte for byte, metadata with
-its types (1 is not 1.0 nor True, -0.0 keeps its sign), created_at, revision, access statistics.
+its types (1 is not 1.0 nor True; -0.0 is stored as 0.0, decision 56), created_at, revision, access
+statistics.
 Every answer is compared with `a2m.filters.matches` over the records held. Where the protocol leaves
 ranking open (scores, their ties) only what is defined is compared.
 
@@ -19,6 +20,7 @@ Only what the tier's `describe` declares is exercised (`sessions` is not: sessio
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import random
@@ -263,7 +265,7 @@ class Model:
         for index, raw in enumerate(raws):
             rid = raw["id"] if "id" in raw else next(supplied, f"(an id the server makes up: {index})")
             rec = {"id": rid, "content": raw["content"], "created_at": raw.get("created_at", stamp),
-                   "role": raw.get("role"), "metadata": raw.get("metadata", {}), "group": raw.get("group"),
+                   "role": raw.get("role"), "metadata": unsigned_zero(raw.get("metadata", {})), "group": raw.get("group"),
                    "tier": TIER, "salience": float(raw.get("salience", 0.5)),
                    "access_count": raw.get("access_count", 0), "accessed_at": raw.get("accessed_at"),
                    "owner": owner, "session": raw.get("session"), "key": raw.get("key"),
@@ -315,6 +317,15 @@ class Model:
                     self.records.pop(other["id"])
             self.records[rid] = rec
         return out
+
+
+def unsigned_zero(value: Any) -> Any:
+    """Metadata as every tier stores it: -0.0 written as 0.0 (decision 56), at any depth."""
+    if isinstance(value, dict):
+        return {k: unsigned_zero(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unsigned_zero(v) for v in value]
+    return 0.0 if type(value) is float and value == 0.0 else value
 
 
 def without_embedding(r: dict[str, Any]) -> dict[str, Any]:
@@ -403,10 +414,11 @@ async def check(t: Tier, model: Model, method: str, params: dict[str, Any]) -> N
     stamps = [r["created_at"] for r in before]
     assert stamps == sorted(stamps), f"timeline not by created_at: {stamps}"
 
+    sent = copy.deepcopy(params)  # what was written, whatever the server does to the request it was handed
     answer = await t.call(method, params)
     if method == "memory/remember":
         made = [i for i in answer.get("ids", [])]
-        expect = model.remember(params, stamp, [i for raw, i in zip(params["records"], made) if "id" not in raw])
+        expect = model.remember(sent, stamp, [i for raw, i in zip(params["records"], made) if "id" not in raw])
         if isinstance(expect, int):
             assert answer == {"error": expect}, f"{where}: {answer}, not {expect}"
         else:
