@@ -189,9 +189,9 @@ def validate_embedding(value: Any, where: str = "embedding", index: int | None =
     return [float(x) for x in value]
 
 
-def _check_metadata(metadata: dict[str, Any], index: int) -> None:
+def _check_metadata(metadata: dict[str, Any], index: int) -> bool:
     """Refuse metadata nested deeper than MAX_METADATA_DEPTH, or with a NUL in any key or string;
-    write a negative zero as 0.0, in place.
+    True when it holds a negative zero (see `_signless`).
 
     Why: PostgreSQL's jsonb cannot hold NUL, and past a few hundred levels no
     serialiser can answer a read, so such metadata would be stored by some tiers
@@ -202,6 +202,7 @@ def _check_metadata(metadata: dict[str, Any], index: int) -> None:
     loop; anything else is walked.
     """
     nested: list[tuple[Any, int]] = []
+    signed = False
     try:
         for key, value in metadata.items():
             if "\x00" in key:
@@ -211,23 +212,27 @@ def _check_metadata(metadata: dict[str, Any], index: int) -> None:
                 if "\x00" in value:
                     raise _metadata_nul(index)
             elif kind is float:
-                if value == 0.0:
-                    metadata[key] = 0.0
+                signed = signed or (value == 0.0 and math.copysign(1.0, value) < 0)
             elif kind is not int and kind is not bool and value is not None:
                 nested.append((value, 2))
     except TypeError:  # a key that is not a string (only possible in-process)
         raise invalid(f"records[{index}].metadata keys must be strings", field="metadata", index=index) from None
     if nested:
-        _check_nested(nested, index)
+        signed = _check_nested(nested, index) or signed
+    return signed
 
 
-def _check_nested(pending: list[tuple[Any, int]], index: int) -> None:
+def _check_nested(pending: list[tuple[Any, int]], index: int) -> bool:
     """The walk behind `_check_metadata`: (value, depth) pairs, iteratively (no recursion limit to hit)."""
+    signed = False
     while pending:
         value, depth = pending.pop()
         if isinstance(value, str):
             if "\x00" in value:
                 raise _metadata_nul(index)
+            continue
+        if type(value) is float:
+            signed = signed or (value == 0.0 and math.copysign(1.0, value) < 0)
             continue
         if not isinstance(value, (dict, list)):
             continue
@@ -235,20 +240,26 @@ def _check_nested(pending: list[tuple[Any, int]], index: int) -> None:
             raise invalid(f"records[{index}].metadata is nested deeper than {MAX_METADATA_DEPTH} levels",
                           field="metadata", index=index, max=MAX_METADATA_DEPTH)
         if isinstance(value, dict):
-            for key, child in value.items():
+            for key in value:
                 if not isinstance(key, str):
                     raise invalid(f"records[{index}].metadata keys must be strings", field="metadata", index=index)
                 if "\x00" in key:
                     raise _metadata_nul(index)
-                if type(child) is float and child == 0.0:
-                    value[key] = 0.0
-            children = value.values()
-        else:
-            for i, child in enumerate(value):
-                if type(child) is float and child == 0.0:
-                    value[i] = 0.0
-            children = value
-        pending.extend((child, depth + 1) for child in children)
+            value = value.values()
+        pending.extend((child, depth + 1) for child in value)
+    return signed
+
+
+def _signless(value: Any) -> Any:
+    """A copy of `value` with every -0.0 as 0.0 (the caller's objects are left as they were).
+    Recursive: only called on metadata `_check_metadata` has bounded in depth."""
+    if type(value) is float:
+        return 0.0 if value == 0.0 else value
+    if isinstance(value, dict):
+        return {k: _signless(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_signless(v) for v in value]
+    return value
 
 
 def _metadata_nul(index: int) -> A2MError:
@@ -295,8 +306,8 @@ def parse_write(raw: Any, index: int, *, owner: str | None, stamp: str | None = 
         metadata = {}
     if not isinstance(metadata, dict):
         raise invalid(f"records[{index}].metadata must be an object", field="metadata", index=index)
-    if metadata:
-        _check_metadata(metadata, index)
+    if metadata and _check_metadata(metadata, index):
+        metadata = _signless(metadata)
     record_owner = _opt_str(raw, "owner", index)
     if record_owner is not None and owner is not None and record_owner != owner:
         # Protocol §7: a client-supplied owner that disagrees with the call's scope is refused -32005.

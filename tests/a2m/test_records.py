@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from a2m.errors import A2MError
@@ -177,3 +179,13 @@ def test_the_first_and_last_utc_milliseconds_are_timestamps() -> None:
     assert normalize_ts("0001-01-01T00:00:00Z") == "0001-01-01T00:00:00.000Z"
     assert normalize_ts("9999-12-31T23:59:59.999Z") == "9999-12-31T23:59:59.999Z"
     assert normalize_ts("0001-01-01T00:30:00+00:30") == "0001-01-01T00:00:00.000Z"
+
+
+def test_a_negative_zero_is_written_as_zero_without_touching_the_callers_objects() -> None:
+    sent = {"content": "x", "metadata": {"z": -0.0, "n": {"x": [-0.0, 1.5, {"y": -0.0}]}, "k": "v"}}
+    record = parse_write(sent, 0, owner=None)
+    assert record.metadata == {"z": 0.0, "n": {"x": [0.0, 1.5, {"y": 0.0}]}, "k": "v"}
+    assert math.copysign(1.0, record.metadata["n"]["x"][2]["y"]) == 1.0
+    assert math.copysign(1.0, sent["metadata"]["n"]["x"][2]["y"]) == -1.0  # the request is as it was sent
+    plain = {"content": "x", "metadata": {"z": 0.0, "n": [1]}}
+    assert parse_write(plain, 0, owner=None).metadata is plain["metadata"]  # nothing to change: no copy
