@@ -181,7 +181,7 @@ def extensions(store: GitStore) -> dict[str, Handler]:
                            {"id": restored.id, "key": key}) from None
         except StoreRejected as exc:
             raise invalid(str(exc)) from None
-        return {"record": restored.to_wire()}
+        return {"record": restored.to_wire(tier=store.settings.name)}  # as every read shows it
 
     async def approve(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
         approvers = approver_names(store.settings.options.get("approvers"))

@@ -114,11 +114,13 @@ async def test_git_log_and_history_show_revisions(store: GitStore) -> None:
 async def test_restore_writes_an_earlier_content_as_a_new_revision(store: GitStore) -> None:
     handlers = extensions(store)
     for revision in (1, 2, 3):
-        await store.write([rec("p", f"step version {revision}", key="k/p", revision=revision, metadata={"v": revision})])
+        # the stored `tier` is what the writer said (a router's name for this tier); reads show this server's
+        await store.write([rec("p", f"step version {revision}", key="k/p", revision=revision, metadata={"v": revision},
+                               tier="skills")])
     revisions = (await handlers["memory/history"]({"key": "k/p", "owner": "alice"}, Ctx()))["revisions"]
     first = revisions[-1]["commit"]
     out = await handlers["memory/restore"]({"key": "k/p", "commit": first, "owner": "alice"}, Ctx())
-    assert out["record"]["content"] == "step version 1"
+    assert out["record"]["content"] == "step version 1" and out["record"]["tier"] == "procedural"
     assert out["record"]["revision"] == 4 and out["record"]["id"] == "p" and out["record"]["metadata"] == {"v": 1}
     current = (await store.get_keys("alice", ["k/p"]))["k/p"]
     assert current.content == "step version 1" and current.revision == 4
