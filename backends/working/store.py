@@ -244,7 +244,9 @@ for x = 4, #ARGV do
   if h[1] == o then
     local v = tonumber(h[2]) + amount
     if v > 1 then v = 1 elseif v < 0 then v = 0 end
-    redis.call('HSET', rk, 'sal', string.format('%.17g', v))
+    local s = string.format('%.17g', v)
+    if not string.find(s, '[.e]') then s = s .. '.0' end  -- 1, not 1.0, would read back as an integer
+    redis.call('HSET', rk, 'sal', s)
     n = n + 1
   end
 end

@@ -302,7 +302,11 @@ async def test_reinforce_is_clamped(store: RedisStore) -> None:
     a, b = await store.get(None, ["a", "b"])
     assert a.salience == 0.5 + 0.2 and b.salience == 1.0
     assert await store.reinforce(None, ["c"], -0.5) == 1
-    assert (await store.get(None, ["c"]))[0].salience == 0.0
+    (c,) = await store.get(None, ["c"])
+    assert c.salience == 0.0
+    # a clamped salience reads back a float, as written and as every other tier answers (was the integer 1)
+    assert type(b.salience) is float and type(c.salience) is float
+    assert [type(r.salience) for r in await store.select(Scope(), order="asc")] == [float] * 3
     assert await store.reinforce(None, [], 1.0) == 0
 
 
