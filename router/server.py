@@ -357,6 +357,23 @@ class Router(EventMethods):
                     revisions[i] = current + 1
                 else:  # a move or an import carries its revision: the newer one wins
                     revisions[i] = record.revision if record.revision >= current else None
+        # A key written again later in the batch replaces what the batch wrote there, as the tier
+        # applies a batch record by record: its revision counts from the earlier record's.
+        latest: dict[str, int] = {}
+        for i, record in enumerate(records):
+            if kept[i] or not record.key:
+                continue
+            if record.key in latest:
+                before = latest[record.key]
+                if not history[i]:
+                    revisions[i] = before + 1
+                else:
+                    revisions[i] = record.revision if record.revision >= before else None
+            revision = revisions.get(i, record.revision)
+            if revision is not None:
+                latest[record.key] = revision
+            elif record.key not in latest:
+                latest[record.key] = int(holders[record.key][1].get("revision") or 1)
         for field, value_of in (("key", lambda r: r.key), ("group", lambda r: r.group), ("id", lambda r: r.id)):
             placed: dict[str, str] = {}
             for i, record in enumerate(records):

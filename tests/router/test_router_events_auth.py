@@ -122,3 +122,22 @@ async def test_an_allowed_browser_origin_can_call_and_read_the_answer(real: Stac
         assert (await web.options(real.url)).status_code == 405  # no Origin: no preflight, POST only
         plain = await web.post(real.url, json=body)
         assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
+
+
+@pytest.mark.anyio
+async def test_a_key_written_twice_in_one_batch_says_each_revision_it_wrote(real: Stack) -> None:
+    """The tier applies a batch record by record, so the second write of a key is its next
+    revision; the `written` events said the first one's revision twice (found by the router's
+    differential test, tests/router/test_router_parity.py)."""
+    me = new_owner()
+    async with HTTPClient(real.url, timeout=30) as router:
+        head = (await router.call("memory/events", {"owner": me}))["cursor"]
+        first = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "v1", "key": "twice"}, {"content": "v2", "key": "twice"}]}))["ids"]
+        again = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "v3", "key": "twice"}, {"content": "x", "key": "other"}, {"content": "v4", "key": "twice"}]}))["ids"]
+        assert first[0] == first[1] == again[0] == again[2]
+        held = (await router.call("memory/fetch", {"owner": me, "key": "twice"}))["record"]
+        assert (held["content"], held["revision"]) == ("v4", 4)
+        written = [(e["key"], e["revision"]) for e in await events_since(router, head, me) if e["kind"] == "written"]
+        assert written == [("twice", 1), ("twice", 2), ("twice", 3), ("other", 1), ("twice", 4)]
