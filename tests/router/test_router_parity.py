@@ -339,6 +339,8 @@ def operation(rng: random.Random, model: Model, owner: str, last: list[str]) -> 
 
 def expected_error(method: str, params: dict[str, Any]) -> int | None:
     """The code the protocol gives the malformed calls `operation` makes (None: not one of them)."""
+    if params.get("_as", params["owner"]) != params["owner"]:
+        return -32005  # an owner other than the authenticated principal (protocol §7)
     if params.get("tier") == "nowhere":
         return -32002
     if method == "memory/remember":
@@ -370,16 +372,32 @@ def expected_error(method: str, params: dict[str, Any]) -> int | None:
 
 
 class Federation:
-    def __init__(self, stack: Stack) -> None:
+    """The router, called as each owner: with `tokens`, over HTTP as that owner's principal (the
+    call's `owner` sent on every other call, and `_as` naming another principal than the owner);
+    without, on a trusted connection that names the owner."""
+
+    def __init__(self, stack: Stack, tokens: dict[str, str] | None = None) -> None:
+        self.tokens = tokens
         self.router = HTTPClient(stack.url, timeout=60.0)
+        self.as_owner = {o: HTTPClient(stack.url, token=t, timeout=60.0) for o, t in (tokens or {}).items()}
         self.tiers = {name: HTTPClient(stack.tiers[name].url, timeout=60.0) for name in NAMES}
+        self.sent = 0
 
     async def close(self) -> None:
-        await asyncio.gather(self.router.close(), *(t.close() for t in self.tiers.values()))
+        await asyncio.gather(self.router.close(), *(c.close() for c in self.as_owner.values()),
+                             *(t.close() for t in self.tiers.values()))
 
     async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        params = dict(params)
+        principal = params.pop("_as", params.get("owner"))
+        client = self.router
+        if self.tokens is not None:
+            client = self.as_owner[principal]
+            self.sent += 1
+            if self.sent % 2 and principal == params.get("owner"):
+                del params["owner"]  # the principal is the owner
         try:
-            return await self.router.call(method, params)
+            return await client.call(method, params)
         except A2MError as exc:
             return {"error": exc.code, "message": exc.message}
 
@@ -833,23 +851,34 @@ class Checker:
 # ---- the test ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["inline", "background"])
+RUN = uuid.uuid4().hex[:6]  # fresh owners for every run of the module
+
+
+def owners_of(seed: int) -> list[str]:
+    return [f"p{seed}{name}-{RUN}" for name in ("a", "b", "c")]
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["inline", "background-auth"])
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`inline`: recalls are counted before the recall answers, so the model knows every record's
-    access_count exactly; `background` (the default deployment): counted after, so the model's count
-    is only an upper bound (a count landing on a record mid-move is lost, decision 37)."""
-    with federation(tmp_path_factory.mktemp("parity"), TIERS, mode="real",
-                    top={"background_promotion": request.param}) as running:
+    access_count exactly; owners are named on a trusted connection. `background-auth` (the default
+    deployment): counted after, so the model's count is only an upper bound (a count landing on a
+    record mid-move is lost, decision 37); each owner is a bearer token's principal."""
+    top: dict[str, Any] = {"background_promotion": request.param}
+    if request.param:
+        top["auth"] = {"tokens": {f"token-{o}": o for seed in SEEDS for o in owners_of(seed)}}
+    with federation(tmp_path_factory.mktemp("parity"), TIERS, mode="real", top=top) as running:
         running.background = request.param  # type: ignore[attr-defined]
+        running.tokens = top.get("auth", {}).get("tokens")  # type: ignore[attr-defined]
         yield running
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_the_router_answers_as_a_model_of_one_flat_federation(stack: Stack, seed: int) -> None:
     rng = random.Random(seed)
-    run = uuid.uuid4().hex[:6]  # fresh owners: seeds (and reruns) share the module's federation
-    owners = [f"p{seed}{name}-{run}" for name in ("a", "b", "c")[:rng.choice([2, 3])]]
-    fed = Federation(stack)
+    owners = owners_of(seed)[:rng.choice([2, 3])]
+    tokens = stack.tokens  # type: ignore[attr-defined]
+    fed = Federation(stack, None if tokens is None else {o: t for t, o in tokens.items() if o in owners})
     model = Model(owners)
     checker = Checker(fed, model, exact_counts=not stack.background)  # type: ignore[attr-defined]
     try:
@@ -858,6 +887,8 @@ async def test_the_router_answers_as_a_model_of_one_flat_federation(stack: Stack
         for step in range(CALLS):
             owner = rng.choice(owners)
             method, params = operation(rng, model, owner, last)
+            if tokens is not None and rng.random() < 0.03:  # as another owner's principal
+                params["_as"] = rng.choice([o for o in owners if o != owner])
             fresh = await checker.run(method, params, step)
             if method == "memory/remember":
                 last = fresh
