@@ -887,7 +887,9 @@ async def test_the_router_answers_as_a_model_of_one_flat_federation(stack: Stack
         for step in range(CALLS):
             owner = rng.choice(owners)
             method, params = operation(rng, model, owner, last)
-            if tokens is not None and rng.random() < 0.03:  # as another owner's principal
+            if tokens is not None and rng.random() < 0.03 and expected_error(method, params) is None:
+                # as another owner's principal (on a call that is otherwise well formed: which of two
+                # errors a call gets first is not defined)
                 params["_as"] = rng.choice([o for o in owners if o != owner])
             fresh = await checker.run(method, params, step)
             if method == "memory/remember":
