@@ -16,13 +16,11 @@ from typing import Any, AsyncIterator
 
 import pytest
 
-from a2m.dispatch import Context, Dispatcher
-from a2m.filters import Scope, matches
+from a2m.filters import matches
 from a2m.records import Record
 from a2m.text import query_terms, tokenize
-from backends.serve import build
-from backends.settings import TierSettings
-from backends.surface import TierServer
+from tests.support import parity
+from tests.support.parity import meta_value, same, scalar, text, without_embedding
 
 pytestmark = pytest.mark.anyio
 
@@ -31,37 +29,11 @@ IDS = [f"r{i}" for i in range(30)]
 # LIKE's metacharacters and an escape character, which a prefix must take literally
 KEYS = ["a%b", "a_b", "a\\b", "a%", "a_", "ab", "a\\", "%", "_x", "k/a", "k/a/x", "é/ü", "A"]
 PREFIXES = ["a%", "a_", "a\\", "%", "_", "a", "", "k/", "é", "ab", "a%b", "x"]
-WORDS = ["cat", "sofa", "revenue", "grew", "city", "bologna", "milan", "tea", "green", "rocket", "città", "寿司",
-         "the", "of"]
 STAMPS = [f"2026-03-01T10:00:{s:02d}.{ms:03d}Z" for s in range(0, 8) for ms in (0, 500)]
 # exactly representable in float32 (pgvector's storage), so a vector read back equals what was written
 VECTORS = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.75, 0.75, 0.0], [0.0, 0.0, 1.0], [0.5, -0.5, 0.25],
            [-1.0, 0.125, 0.0]]
 META_KEYS = ["topic", "n", "ok", "tags", "superseded_by", "x.y", "nested", "a'b", "50%", "_"]
-NUMBERS = [1, 2, 2.0, 1.5, 0, -3, 2**53 + 1, 2**53, float(2**53), 0.1 + 0.2, 0.3, 1e16, 10**16, 2.0**60, 2**60,
-           1e20, 5e-324, -0.0, 1e-7]
-STRINGS = ["food", "work", "1", "", "it's \"quoted\"", "back\\slash", "50%", "a_b", "città 寿司", "null", "true"]
-
-
-def meta_value(rng: random.Random) -> Any:
-    roll = rng.random()
-    if roll < 0.35:
-        return rng.choice(NUMBERS)
-    if roll < 0.6:
-        return rng.choice(STRINGS)
-    if roll < 0.7:
-        return rng.choice([True, False, None])
-    if roll < 0.9:
-        return [rng.choice(NUMBERS + STRINGS + [True, False, None]) for _ in range(rng.randint(0, 3))]
-    return rng.choice([{}, {"a": 1}, {"a": {"b": [1, "x", None, 2.0**60]}}, [["a"], {"b": True}]])
-
-
-def scalar(rng: random.Random) -> Any:
-    return rng.choice(NUMBERS + STRINGS + [True, False, None, None])
-
-
-def text(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def new_record(rng: random.Random, owner: str | None) -> dict[str, Any]:
@@ -115,20 +87,7 @@ def where(rng: random.Random, owner: str | None, held: list[dict[str, Any]]) -> 
 
 
 def selectors(rng: random.Random, params: dict[str, Any], held: list[dict[str, Any]]) -> None:
-    owner = params.get("owner")
-    if rng.random() < 0.5:
-        params["where"] = where(rng, owner, held)
-    if rng.random() < 0.3:
-        keys = [r["key"] for r in held if r["key"]]
-        if keys and rng.random() < 0.6:  # a prefix of a key held, LIKE's metacharacters and all
-            key = rng.choice(keys)
-            params["key_prefix"] = key[:rng.randint(0, len(key))]
-        else:
-            params["key_prefix"] = rng.choice(PREFIXES)
-    if rng.random() < 0.2:
-        params["after"] = rng.choice(STAMPS)
-    if rng.random() < 0.2:
-        params["before"] = rng.choice(STAMPS)
+    parity.selectors(rng, params, held, where, PREFIXES, STAMPS)
 
 
 def operation(rng: random.Random, held: list[dict[str, Any]], owner: str | None) -> tuple[str, dict[str, Any]]:
@@ -174,49 +133,13 @@ def operation(rng: random.Random, held: list[dict[str, Any]], owner: str | None)
     return "memory/session/list", params
 
 
-def same(a: Any, b: Any) -> bool:
-    """JSON equality with types: 1 is not 1.0 nor True, and -0.0 is 0.0 (both are JSON's 0)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
-
-
-class Tier:
-    def __init__(self, server: TierServer) -> None:
-        self.server = server
-        self.d = Dispatcher(server)
-
-    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        reply = await self.d.handle({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, Context())
-        assert reply is not None
-        return {"error": reply["error"]["code"]} if "error" in reply else reply["result"]
-
-    async def state(self, owner: str | None) -> list[dict[str, Any]]:
-        """Every record of `owner` in creation order, complete."""
-        params: dict[str, Any] = {"embeddings": True, "limit": 0} | ({} if owner is None else {"owner": owner})
-        answer = await self.call("memory/timeline", params)
-        assert "records" in answer, answer
-        return answer["records"]
-
-    def scope(self, params: dict[str, Any], *, ids_field: bool = False) -> Scope:
-        return self.server._scope(params, Context(), ids_field=ids_field)
+Tier = parity.Served
 
 
 @pytest.fixture
 async def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Tier]:
-    clock = iter(f"2026-03-01T10:{m:02d}:{s:02d}.000Z" for m in range(1, 60) for s in range(60))
-    stamp = {"now": next(clock)}
-    monkeypatch.setattr("backends.surface.now", lambda: stamp["now"])
-    server = build("episodic", TierSettings("episodic", tmp_path / "episodic"))
-    await server.startup()
-    t = Tier(server)
-    t.tick = lambda: stamp.__setitem__("now", next(clock))  # type: ignore[attr-defined]
-    try:
-        yield t
-    finally:
-        await server.shutdown()
+    async with parity.served("episodic", tmp_path / "episodic", monkeypatch) as served:
+        yield served
 
 
 def has_word(record: dict[str, Any], query: str) -> bool:
@@ -228,10 +151,6 @@ def has_word(record: dict[str, Any], query: str) -> bool:
 def cosine(a: list[float], b: list[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b))
     return dot / ((sum(x * x for x in a) ** 0.5) * (sum(y * y for y in b) ** 0.5))
-
-
-def without_embedding(r: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in r.items() if k != "embedding"}
 
 
 def check_records(got: list[dict[str, Any]], held: dict[str, dict[str, Any]], params: dict[str, Any],
@@ -350,4 +269,4 @@ async def test_the_episodic_tier_answers_as_the_reference_semantics(tier: Tier, 
         method, params = operation(rng, held[owner], owner)
         await check(tier, method, params, written)
         held[owner] = await tier.state(owner)
-        tier.tick()  # type: ignore[attr-defined]
+        tier.tick()

@@ -21,21 +21,18 @@ Only what the tier's `describe` declares is exercised (`sessions` is not: sessio
 from __future__ import annotations
 
 import copy
-import math
 import os
 import random
+from functools import partial
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 import pytest
 
-from a2m.dispatch import Context, Dispatcher
-from a2m.filters import Scope, matches
+from a2m.filters import matches
 from a2m.records import Record
-from a2m.text import query_terms, tokenize
-from backends.serve import build
-from backends.settings import TierSettings
-from backends.surface import TierServer
+from tests.support import parity
+from tests.support.parity import holds_term, text, without_embedding
 
 pytestmark = pytest.mark.anyio
 
@@ -51,42 +48,22 @@ KEYS_OK = ["k/a", "k/a/x", "k", "a%b", "a_b", "a*b", "a?b", "[ab]", "é/ü", ".h
 KEYS_REFUSED = ["..", "k/../a", "a\\b", "/k", "k//a", "k/", ".git/x", ".gitignore", "_ids/x", "a.md/b", "nul.txt",
                 "x" * 241, "k/" + "x" * 1025, "a\tb"]
 PREFIXES = ["k/", "k/a", "", "a%", "a_", "a*", "[", ".", "é", "寿", "x", "K", "a", "L/😀", "..", "k/."]
-WORDS = ["cat", "sofa", "revenue", "grew", "city", "bologna", "milan", "tea", "green", "rocket", "città", "寿司",
-         "the", "of"]
 # Supplied creation times, interleaved with the server's clock (one second per call from 10:00:00)
 STAMPS = [f"2026-03-01T10:{m:02d}:{s:02d}.{ms:03d}Z" for m in range(0, 4) for s in (0, 15, 30, 45) for ms in (0, 500)]
 VECTORS = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.7, 0.7, 0.0], [0.0, 0.0, 1.0], [0.1, -0.2, 0.3],
            [-1.0, 1e-7, 2.0**-30]]
 META_KEYS = ["topic", "n", "ok", "tags", "superseded_by", "x.y", "nested", "a'b", "50%", "_", "", "<<", "null",
              "true", "1", "? x", ": y", "#c", "é"]
-NUMBERS = [1, 2, 2.0, 1.5, 0, -3, 2**53 + 1, 2**53, float(2**53), 0.1 + 0.2, 0.3, 1e16, 10**16, 2.0**60, 2**60,
-           1e20, 5e-324, -0.0, 0.0, 1e-7, 10**30, -(2**63)]
-STRINGS = ["food", "work", "1", "", "it's \"quoted\"", "back\\slash", "50%", "a_b", "città 寿司", "null", "true",
-           "~", "0o17", "1_000", "2026-03-01", "2026-03-01T10:00:00Z", "a: b", "- x", "# c", "\n---\nx: 1\n",
-           "line\nline", " lead", "trail ", "\t", "\u2028", "\x85", "\ufeff", "=", "<<", "!!python/none"]
+NUMBERS = [*parity.NUMBERS, 0.0, 10**30, -(2**63)]
+STRINGS = [*parity.STRINGS, "~", "0o17", "1_000", "2026-03-01", "2026-03-01T10:00:00Z", "a: b", "- x", "# c",
+           "\n---\nx: 1\n", "line\nline", " lead", "trail ", "\t", "\u2028", "\x85", "\ufeff", "=", "<<",
+           "!!python/none"]
 CONTENTS = ["", "\n", "---\nx: 1\n---\n", "line1\r\nline2\r\n", "trailing spaces   ", "a\rb", "\n\nlead",
             "tail\n\n", "\u2028 \x85 \ufeff", "# Heading\n\n- step 1\n- step 2\n"]
-
-
-def meta_value(rng: random.Random) -> Any:
-    roll = rng.random()
-    if roll < 0.35:
-        return rng.choice(NUMBERS)
-    if roll < 0.6:
-        return rng.choice(STRINGS)
-    if roll < 0.7:
-        return rng.choice([True, False, None])
-    if roll < 0.9:
-        return [rng.choice(NUMBERS + STRINGS + [True, False, None]) for _ in range(rng.randint(0, 3))]
-    return rng.choice([{}, {"a": 1}, {"a": {"b": [1, "x", None, 2.0**60]}}, [["a"], {"b": True}], {"x.y": {"": -0.0}}])
-
-
-def scalar(rng: random.Random) -> Any:
-    return rng.choice(NUMBERS + STRINGS + [True, False, None, None])
-
-
-def text(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
+meta_value = partial(parity.meta_value, numbers=NUMBERS, strings=STRINGS, nested=[*parity.NESTED, {"x.y": {"": -0.0}}])
+scalar = partial(parity.scalar, numbers=NUMBERS, strings=STRINGS)
+# a git file keeps its keys in order and a float its sign: both are compared
+same = partial(parity.same, signed_zero=True, ordered_keys=True)
 
 
 def content(rng: random.Random) -> str:
@@ -164,20 +141,7 @@ def where(rng: random.Random, owner: str | None, held: list[dict[str, Any]]) -> 
 
 
 def selectors(rng: random.Random, params: dict[str, Any], held: list[dict[str, Any]]) -> None:
-    owner = params.get("owner")
-    if rng.random() < 0.5:
-        params["where"] = where(rng, owner, held)
-    if rng.random() < 0.3:
-        keys = [r["key"] for r in held if r["key"]]
-        if keys and rng.random() < 0.6:  # a prefix of a key held, metacharacters and all
-            key = rng.choice(keys)
-            params["key_prefix"] = key[:rng.randint(0, len(key))]
-        else:
-            params["key_prefix"] = rng.choice(PREFIXES)
-    if rng.random() < 0.2:
-        params["after"] = rng.choice(STAMPS)
-    if rng.random() < 0.2:
-        params["before"] = rng.choice(STAMPS)
+    parity.selectors(rng, params, held, where, PREFIXES, STAMPS)
 
 
 def operation(rng: random.Random, held: list[dict[str, Any]], owner: str | None) -> tuple[str, dict[str, Any]]:
@@ -227,17 +191,6 @@ def operation(rng: random.Random, held: list[dict[str, Any]], owner: str | None)
         return "memory/promote", {**params, "ids": [f"{owner}-{i}" for i in rng.sample(IDS, 2)],
                                   "tier": rng.choice([TIER, "elsewhere"])}
     return "memory/session/list", params
-
-
-def same(a: Any, b: Any) -> bool:
-    """JSON equality with types: 1 is not 1.0 nor True, and a float keeps its sign (-0.0 is not 0.0)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
-    return type(a) is type(b) and a == b
 
 
 class Model:
@@ -319,6 +272,15 @@ class Model:
         return out
 
 
+Tier = parity.Served
+
+
+@pytest.fixture
+async def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Tier]:
+    async with parity.served(TIER, tmp_path / TIER, monkeypatch, first_minute=0) as served:
+        yield served
+
+
 def unsigned_zero(value: Any) -> Any:
     """Metadata as every tier stores it: -0.0 written as 0.0 (decision 56), at any depth."""
     if isinstance(value, dict):
@@ -326,67 +288,6 @@ def unsigned_zero(value: Any) -> Any:
     if isinstance(value, list):
         return [unsigned_zero(v) for v in value]
     return 0.0 if type(value) is float and value == 0.0 else value
-
-
-def without_embedding(r: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in r.items() if k != "embedding"}
-
-
-class Tier:
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.server: TierServer | None = None
-        self.d: Dispatcher | None = None
-
-    async def start(self) -> None:
-        self.server = build(TIER, TierSettings(TIER, self.data_dir))
-        await self.server.startup()
-        self.d = Dispatcher(self.server)
-
-    async def restart(self) -> None:
-        assert self.server is not None
-        await self.server.shutdown()
-        await self.start()
-
-    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        assert self.d is not None
-        reply = await self.d.handle({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, Context())
-        assert reply is not None
-        if "error" in reply and reply["error"]["code"] == -32603:  # shown with a failure: what broke
-            print("internal error:", method, reply["error"]["message"][:1500])
-        return {"error": reply["error"]["code"]} if "error" in reply else reply["result"]
-
-    async def state(self, owner: str | None) -> list[dict[str, Any]]:
-        """Every record of `owner` in creation order, complete."""
-        params: dict[str, Any] = {"embeddings": True, "limit": 0} | ({} if owner is None else {"owner": owner})
-        answer = await self.call("memory/timeline", params)
-        assert "records" in answer, answer
-        return answer["records"]
-
-    def scope(self, params: dict[str, Any], *, ids_field: bool = False) -> Scope:
-        assert self.server is not None
-        return self.server._scope(params, Context(), ids_field=ids_field)
-
-
-@pytest.fixture
-async def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Tier]:
-    clock = iter(f"2026-03-01T10:{m:02d}:{s:02d}.000Z" for m in range(60) for s in range(60))
-    stamp = {"now": next(clock)}
-    monkeypatch.setattr("backends.surface.now", lambda: stamp["now"])
-    monkeypatch.setattr("a2m.records.now", lambda: stamp["now"])
-    t = Tier(tmp_path / TIER)
-    await t.start()
-    t.stamp = stamp  # type: ignore[attr-defined]
-    t.tick = lambda: stamp.__setitem__("now", next(clock))  # type: ignore[attr-defined]
-    try:
-        yield t
-    finally:
-        assert t.server is not None
-        await t.server.shutdown()
-
-
-def holds_term(record: dict[str, Any], query: str) -> bool:
-    return not query_terms(query).isdisjoint(tokenize(record["content"]))
 
 
 def check_shown(got: list[dict[str, Any]], model: Model, params: dict[str, Any], where: str) -> None:
@@ -401,7 +302,7 @@ def check_shown(got: list[dict[str, Any]], model: Model, params: dict[str, Any],
 
 async def check(t: Tier, model: Model, method: str, params: dict[str, Any]) -> None:
     owner = params.get("owner")
-    stamp = t.stamp["now"]  # type: ignore[attr-defined]
+    stamp = t.stamp["now"]
     before = await t.state(owner)
     where = f"{method} {params}"
     # what was written is what is held: every field, types included
@@ -512,7 +413,7 @@ async def test_the_procedural_tier_answers_as_the_reference_semantics(tier: Tier
         method, params = operation(rng, held[owner], owner)
         await check(tier, model, method, params)
         held[owner] = await tier.state(owner)
-        tier.tick()  # type: ignore[attr-defined]
+        tier.tick()
     for owner in OWNERS:  # and after a last restart, all of it still there
         await tier.restart()
         got = {r["id"]: r for r in await tier.state(owner)}

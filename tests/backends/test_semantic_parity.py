@@ -21,6 +21,7 @@ from a2m.text import tokenize
 from backends.serve import build
 from backends.settings import TierSettings
 from backends.surface import TierServer
+from tests.support.parity import text
 
 pytestmark = pytest.mark.anyio
 
@@ -28,8 +29,6 @@ ENGINES = ("edge", "local")
 OWNERS = ("alice", "bob", None)
 IDS = [f"r{i}" for i in range(36)]
 KEYS = ["k/a", "k/b", "k/a/x", "user/city", "user/name", "é/ü", "k"]
-WORDS = ["cat", "sofa", "revenue", "grew", "city", "bologna", "milan", "tea", "green", "rocket", "città", "寿司",
-         "the", "of"]
 STAMPS = [f"2026-03-01T10:00:{s:02d}.{ms:03d}Z" for s in range(0, 8) for ms in (0, 500)]
 VECTORS = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.7, 0.7, 0.0], [0.0, 0.0, 1.0], [0.5, -0.5, 0.2], [-1.0, 0.1, 0.0]]
 META_KEYS = ["topic", "n", "ok", "tags", "superseded_by", "x.y", "nested", "score"]
@@ -45,10 +44,6 @@ def meta_value(rng: random.Random) -> Any:
 def scalar(rng: random.Random) -> Any:
     return rng.choice(["food", "work", 1, 2, 2.0, 1.5, 0, True, False, True, False, None, "a", "b", "1", -3, 1e20,
                        2**62 + 1, 0.1 + 0.2, 0.7 - 0.3, 5e-324])
-
-
-def text(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def new_record(rng: random.Random, owner: str | None) -> dict[str, Any]:

@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import os
 import random
+from functools import partial
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 import pytest
 
-from a2m.dispatch import Context, Dispatcher
-from a2m.filters import Scope, matches
+from a2m.filters import matches
 from a2m.records import DEFAULT_SALIENCE, Record
-from a2m.text import query_terms, rank, tokenize
+from a2m.text import rank
 from a2m.timefmt import normalize_ts
-from backends.serve import build
-from backends.settings import TierSettings
-from backends.surface import TierServer
+from tests.support import parity
+from tests.support.parity import holds_term, same, without_embedding
 
 pytestmark = pytest.mark.anyio
 
@@ -45,40 +44,19 @@ PREFIXES = ["a%", "a_", "a\\", "%", "_", "a", "", "k/", "é", "ab", "a%b", "x", 
             "a:", "ab\U0001f600"]
 SESSIONS = ["s1", "s:2", "!", "=", "ü %2F", ""]
 GROUPS = ["g1", "g:2", "!", ""]
-WORDS = ["cat", "sofa", "revenue", "grew", "city", "bologna", "milan", "tea", "green", "rocket", "città", "寿司",
-         "the", "of", "Cats", "TEA"]
+WORDS = [*parity.WORDS, "Cats", "TEA"]
 STAMPS = [f"2026-03-01T10:00:{s:02d}.{ms:03d}Z" for s in range(0, 8) for ms in (0, 500)] + [
     "1969-12-31T23:59:59.999Z", "0001-01-01T00:00:00.000Z", "9999-12-31T23:59:59.999Z",
     "2026-03-01T11:00:03+01:00", "2026-03-01T10:00:04.5Z", "2026-03-01t10:00:05.25z"]
 VECTORS = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.1 + 0.2, 1e-300, -0.0], [0, 0, 1], [0.5, -0.5, 1e30],
            [-1.0, 5e-324, 3.4e38]]
 META_KEYS = ["topic", "n", "ok", "tags", "superseded_by", "x.y", "nested", "a'b", "50%", "_", "*", "score", "id.x"]
-NUMBERS = [1, 2, 2.0, 1.5, 0, -3, 2**53 + 1, 2**53, float(2**53), 0.1 + 0.2, 0.3, 1e16, 10**16, 2.0**60, 2**60,
-           1e20, 5e-324, -0.0, 1e-7, 2**63 - 1, -(2**63), 2**64 - 1, 1e308, -1e-310, 10**30]
+NUMBERS = [*parity.NUMBERS, 2**63 - 1, -(2**63), 2**64 - 1, 1e308, -1e-310, 10**30]
 TOO_BIG = 10**30  # past 64 bits: JSON holds it, this tier's encoder does not, so the write is refused -32602
-STRINGS = ["food", "work", "1", "", "it's \"quoted\"", "back\\slash", "50%", "a_b", "città 寿司", "null", "true",
-           "\U0001f600", "line\nbreak", "]]", "*"]
-
-
-def meta_value(rng: random.Random) -> Any:
-    roll = rng.random()
-    if roll < 0.35:
-        return rng.choice(NUMBERS)
-    if roll < 0.6:
-        return rng.choice(STRINGS)
-    if roll < 0.7:
-        return rng.choice([True, False, None])
-    if roll < 0.9:
-        return [rng.choice(NUMBERS + STRINGS + [True, False, None]) for _ in range(rng.randint(0, 3))]
-    return rng.choice([{}, {"a": 1}, {"a": {"b": [1, "x", None, 2.0**60]}}, [["a"], {"b": True}], {"x.y": -0.0}])
-
-
-def scalar(rng: random.Random) -> Any:
-    return rng.choice(NUMBERS + STRINGS + [True, False, None, None])
-
-
-def text(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
+STRINGS = [*parity.STRINGS, "\U0001f600", "line\nbreak", "]]", "*"]
+meta_value = partial(parity.meta_value, numbers=NUMBERS, strings=STRINGS, nested=[*parity.NESTED, {"x.y": -0.0}])
+scalar = partial(parity.scalar, numbers=NUMBERS, strings=STRINGS)
+text = partial(parity.text, words=WORDS)
 
 
 def new_record(rng: random.Random, owner: str | None, others: list[str]) -> dict[str, Any]:
@@ -146,20 +124,7 @@ def where(rng: random.Random, owner: str | None, held: list[dict[str, Any]]) -> 
 
 
 def selectors(rng: random.Random, params: dict[str, Any], held: list[dict[str, Any]]) -> None:
-    owner = params.get("owner")
-    if rng.random() < 0.5:
-        params["where"] = where(rng, owner, held)
-    if rng.random() < 0.3:
-        keys = [r["key"] for r in held if r["key"]]
-        if keys and rng.random() < 0.6:  # a prefix of a key held, metacharacters and all
-            key = rng.choice(keys)
-            params["key_prefix"] = key[:rng.randint(0, len(key))]
-        else:
-            params["key_prefix"] = rng.choice(PREFIXES)
-    if rng.random() < 0.2:
-        params["after"] = rng.choice(STAMPS)
-    if rng.random() < 0.2:
-        params["before"] = rng.choice(STAMPS)
+    parity.selectors(rng, params, held, where, PREFIXES, STAMPS)
 
 
 def operation(rng: random.Random, held: list[dict[str, Any]], owner: str | None,
@@ -222,64 +187,17 @@ def operation(rng: random.Random, held: list[dict[str, Any]], owner: str | None,
     ])
 
 
-def same(a: Any, b: Any) -> bool:
-    """JSON equality with types: 1 is not 1.0 nor True, and -0.0 is 0.0 (both are JSON's 0)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
+Tier = parity.Served
 
 
-def same_record(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Records alike: every field as `same` says, bar salience, a number whose JSON spelling (1 or 1.0) is free."""
-    return (a.keys() == b.keys() and a["salience"] == b["salience"]
-            and all(same(a[k], b[k]) for k in a if k != "salience"))
-
-
-def without_embedding(r: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in r.items() if k != "embedding"}
-
-
-class Tier:
-    def __init__(self, server: TierServer) -> None:
-        self.server = server
-        self.d = Dispatcher(server)
-
-    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        reply = await self.d.handle({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, Context())
-        assert reply is not None
-        return {"error": reply["error"]["code"]} if "error" in reply else reply["result"]
-
-    async def state(self, owner: str | None) -> list[dict[str, Any]]:
-        """Every record of `owner` in creation order, complete."""
-        params: dict[str, Any] = {"embeddings": True, "limit": 0} | ({} if owner is None else {"owner": owner})
-        answer = await self.call("memory/timeline", params)
-        assert "records" in answer, answer
-        assert len(answer["records"]) < 1000, "the test needs every record in one timeline"
-        return answer["records"]
-
-    async def states(self) -> dict[str | None, list[dict[str, Any]]]:
-        return {o: await self.state(o) for o in OWNERS}
-
-    def scope(self, params: dict[str, Any], *, ids_field: bool = False) -> Scope:
-        return self.server._scope(params, Context(), ids_field=ids_field)
+async def every_state(t: Tier) -> dict[str | None, list[dict[str, Any]]]:
+    return {o: await t.state(o) for o in OWNERS}
 
 
 @pytest.fixture
 async def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Tier]:
-    clock = iter(f"2026-03-01T10:{m:02d}:{s:02d}.000Z" for m in range(1, 60) for s in range(60))
-    stamp = {"now": next(clock)}
-    monkeypatch.setattr("backends.surface.now", lambda: stamp["now"])
-    server = build(TIER, TierSettings(TIER, tmp_path / TIER))
-    await server.startup()
-    t = Tier(server)
-    t.stamp = stamp  # type: ignore[attr-defined]
-    t.tick = lambda: stamp.__setitem__("now", next(clock))  # type: ignore[attr-defined]
-    try:
-        yield t
-    finally:
-        await server.shutdown()
+    async with parity.served(TIER, tmp_path / TIER, monkeypatch) as served:
+        yield served
 
 
 def as_written(rec: dict[str, Any], owner: str | None, stamp: str) -> dict[str, Any]:
@@ -361,7 +279,7 @@ def assert_states(got: dict[str | None, list[dict[str, Any]]], want: dict[str | 
             f"{owner!r} holds other records after {where}\ngot:  {[(r['id'], r['created_at']) for r in g]}\n" \
             f"want: {[(r['id'], r['created_at']) for r in w]}"
         for a, b in zip(g, w):
-            assert same_record(a, b), f"{owner!r}: record changed by {where}\ngot:  {a}\nwant: {b}"
+            assert same(a, b), f"{owner!r}: record changed by {where}\ngot:  {a}\nwant: {b}"
 
 
 def as_event(event: dict[str, Any]) -> tuple[Any, ...]:
@@ -372,18 +290,14 @@ def as_event(event: dict[str, Any]) -> tuple[Any, ...]:
     return (event["kind"], *(event.get(f) for f in fields.get(event["kind"], ())))
 
 
-def holds_term(record: dict[str, Any], query: str) -> bool:
-    return not query_terms(query).isdisjoint(tokenize(record["content"]))
-
-
 async def check(t: Tier, method: str, params: dict[str, Any]) -> None:
     owner = params.get("owner")
-    states = await t.states()
+    states = await every_state(t)
     before = states[owner]
     held_by = {r["id"]: o for o, rs in states.items() for r in rs}
     describe = await t.call("memory/describe", {})
     dims = describe["embeddings"]["dimensions"]
-    stamp = t.stamp["now"]  # type: ignore[attr-defined]
+    stamp = t.stamp["now"]
     cursors = {o: (await t.call("memory/events", {} if o is None else {"owner": o}))["cursor"] for o in OWNERS}
     answer = await t.call(method, params)
     where = f"{method} {params}"
@@ -419,7 +333,7 @@ async def check(t: Tier, method: str, params: dict[str, Any]) -> None:
         assert {r["id"] for r in got} <= {r["id"] for r in in_scope}, f"out of scope: {where}"
         for r in got:
             want = by_id[r["id"]] if params.get("embeddings") else without_embedding(by_id[r["id"]])
-            assert same_record({k: v for k, v in r.items() if k not in ("score", "access_count", "accessed_at")},
+            assert same({k: v for k, v in r.items() if k not in ("score", "access_count", "accessed_at")},
                                {k: v for k, v in want.items() if k not in ("access_count", "accessed_at")}), \
                 f"record changed: {where}\ngot:  {r}\nwant: {want}"
         if not params.get("query"):  # by recency, newest first
@@ -458,7 +372,7 @@ async def check(t: Tier, method: str, params: dict[str, Any]) -> None:
         got = answer["records"]
         assert [r["id"] for r in got] == [r["id"] for r in want], \
             f"{where}\ngot:  {[r['id'] for r in got]}\nwant: {[r['id'] for r in want]}"
-        assert all(same_record(g, w) for g, w in zip(got, want)), where
+        assert all(same(g, w) for g, w in zip(got, want)), where
         if params.get("prompt"):
             assert set(answer["prompt_ids"]) <= {r["id"] for r in got}, where
     elif method == "memory/forget":
@@ -480,7 +394,7 @@ async def check(t: Tier, method: str, params: dict[str, Any]) -> None:
         if want is not None and not params.get("embeddings"):
             want = without_embedding(want)
         got = answer["record"]
-        assert (got is None and want is None) or (got is not None and want is not None and same_record(got, want)), \
+        assert (got is None and want is None) or (got is not None and want is not None and same(got, want)), \
             f"{where}\ngot:  {got}\nwant: {want}"
     elif method == "memory/session/list":
         sessions: dict[str, list[dict[str, Any]]] = {}
@@ -504,7 +418,7 @@ async def check(t: Tier, method: str, params: dict[str, Any]) -> None:
         assert "summarize" not in answer["capabilities"] and answer["embeddings"]["searched"] is False, where
     elif method == "memory/promote":
         assert answer == ({"promoted": 0} if params["tier"] == TIER else {"error": -32002}), f"{where}: {answer}"
-    assert_states(await t.states(), after, where)
+    assert_states(await every_state(t), after, where)
     for o in OWNERS:
         polled = await t.call("memory/events", {"cursor": cursors[o], "limit": 0} | ({} if o is None else {"owner": o}))
         got = [as_event(e) for e in polled["events"]]
@@ -518,11 +432,11 @@ CALLS = int(os.environ.get("CALLS", "250"))
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_the_working_tier_answers_as_the_reference_semantics(tier: Tier, seed: int) -> None:
     rng = random.Random(seed)
-    held = await tier.states()
+    held = await every_state(tier)
     for _ in range(CALLS):
         owner = rng.choice(OWNERS)
         others = [r["id"] for o, rs in held.items() if o != owner for r in rs]
         method, params = operation(rng, held[owner], owner, others)
         await check(tier, method, params)
-        held = await tier.states()
-        tier.tick()  # type: ignore[attr-defined]
+        held = await every_state(tier)
+        tier.tick()
