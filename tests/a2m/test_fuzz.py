@@ -6,7 +6,6 @@ import json
 
 import anyio
 import httpx
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from a2m.capabilities import METHOD_CAPABILITY

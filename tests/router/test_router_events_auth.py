@@ -3,7 +3,6 @@ PostgreSQL, Qdrant Edge, git, all embedded). Ground truth is read from the tiers
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterator
 
 import httpx

@@ -25,7 +25,6 @@ import os
 import random
 import uuid
 from collections import Counter
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -34,6 +33,7 @@ from a2m.client import HTTPClient
 from a2m.errors import A2MError
 from a2m.filters import parse_scope, matches
 from a2m.records import Record
+from tests.support.parity import same
 
 from .stack import Stack, federation
 
@@ -105,15 +105,6 @@ def in_scope(model: Model, owner: str, params: dict[str, Any], *, ids_field: boo
     scope = parse_scope(params, owner, ids_field=ids_field)
     tiers = [params["tier"]] if params.get("tier") else NAMES
     return [r for r in model.records[owner].values() if r["tier"] in tiers and matches(as_record(r, owner), scope)]
-
-
-def same(a: Any, b: Any) -> bool:
-    """JSON equality with types (1 is not 1.0 nor True)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
 
 
 # ---- generating calls --------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from a2m.client import HTTPClient
-from a2m.errors import A2MError
 
 from .stack import federation, new_owner
 
