@@ -9,11 +9,15 @@ to lexical ranking; it never fails a write.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import anyio
+
+from .errors import A2MError
+from .records import validate_embedding
 
 log = logging.getLogger("a2m.embedder")
 
@@ -59,17 +63,35 @@ class LocalEmbedder:
         return await anyio.to_thread.run_sync(self._embed_sync, texts)
 
 
+# Answers worth asking again: rate limits and a busy or restarting service (a connection refused
+# too). Not a timeout: its time is already spent, and a write waits on this.
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+RETRIES = 2
+MAX_RETRY_WAIT_S = 2.0
+
+
+class EmbedderError(Exception):
+    """The endpoint's answer cannot be used: the callers rank lexically instead (`try_embed`)."""
+
+
 class HTTPEmbedder:
-    """An OpenAI-compatible embeddings endpoint the user configures (base URL ending in /v1)."""
+    """An OpenAI-compatible embeddings endpoint the user configures (base URL ending in /v1).
+
+    The answer is checked before any vector is used: one embedding per input,
+    each index once, finite numbers of one width (the width seen first). The
+    callers pair vectors with records by position, so a short or reordered
+    answer would otherwise put one record's vector on another.
+    """
 
     def __init__(self, url: str, model: str, api_key: str | None = None, batch_size: int = 128,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, retry_wait: float = 0.25) -> None:
         import httpx
 
         self.url = url.rstrip("/") + "/embeddings"
         self.model = model
         self.dimensions: int | None = None
         self.batch_size = batch_size
+        self.retry_wait = retry_wait
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(headers=headers, timeout=timeout)
 
@@ -77,13 +99,58 @@ class HTTPEmbedder:
         out: list[list[float]] = []
         for start in range(0, len(texts), self.batch_size):
             batch = list(texts[start : start + self.batch_size])
-            response = await self._http.post(self.url, json={"model": self.model, "input": batch})
-            response.raise_for_status()
-            data = sorted(response.json()["data"], key=lambda d: d["index"])
-            out.extend([float(x) for x in d["embedding"]] for d in data)
-        if out:
-            self.dimensions = len(out[0])
+            out.extend(self._vectors(await self._post(batch), len(batch)))
         return out
+
+    async def _post(self, batch: list[str]) -> Any:
+        import httpx
+
+        for attempt in range(RETRIES + 1):
+            wait = self.retry_wait * 4**attempt
+            try:
+                response = await self._http.post(self.url, json={"model": self.model, "input": batch})
+            except httpx.ConnectError:
+                if attempt == RETRIES:
+                    raise
+            else:
+                if response.status_code not in RETRY_STATUSES or attempt == RETRIES:
+                    response.raise_for_status()
+                    return response.json()
+                wait = _retry_after(response.headers.get("retry-after"), wait)
+            log.info("embedder %s: attempt %d failed, again in %.2f s", self.url, attempt + 1, wait)
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _vectors(self, payload: Any, count: int) -> list[list[float]]:
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list) or len(data) != count:
+            got = len(data) if isinstance(data, list) else "no list of"
+            raise EmbedderError(f"asked for {count} embeddings, the endpoint answered {got}")
+        vectors: list[list[float] | None] = [None] * count
+        for item in data:
+            index = item.get("index") if isinstance(item, dict) else None
+            if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count \
+                    or vectors[index] is not None:
+                raise EmbedderError(f"the endpoint answered an embedding with index {index!r} for {count} inputs")
+            try:
+                vector = validate_embedding(item.get("embedding"))
+            except A2MError as exc:
+                raise EmbedderError(f"the endpoint answered an unusable embedding: {exc.message}") from None
+            if self.dimensions is None:
+                self.dimensions = len(vector)
+            elif len(vector) != self.dimensions:
+                raise EmbedderError(f"the endpoint answered {len(vector)} dimensions, earlier {self.dimensions}")
+            vectors[index] = vector
+        return [v for v in vectors if v is not None]
+
+
+def _retry_after(header: str | None, default: float) -> float:
+    """Seconds to wait: the server's Retry-After (in seconds) when it gives one, at most MAX_RETRY_WAIT_S."""
+    try:
+        asked = float(header) if header is not None else default
+    except ValueError:
+        asked = default
+    return min(max(asked, 0.0), MAX_RETRY_WAIT_S)
 
 
 def make_embedder(spec: str | None, *, model: str | None = None, api_key: str | None = None) -> Embedder | None:

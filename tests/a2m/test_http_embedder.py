@@ -1,0 +1,117 @@
+"""`HTTPEmbedder` against a scripted OpenAI-compatible endpoint on loopback: an answer that cannot
+be paired with its inputs is refused whole (the callers pair vectors with records by position),
+and a rate limit or a busy service is asked again, a few times and briefly."""
+
+from __future__ import annotations
+
+import json
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from a2m.embedder import EmbedderError, HTTPEmbedder, try_embed
+from tests.support.procs import free_port
+
+pytestmark = pytest.mark.anyio
+
+Reply = tuple[int, Any, dict[str, str]]  # status, JSON body, headers
+
+
+def good(texts: list[str]) -> Reply:
+    return 200, {"data": [{"index": i, "embedding": [float(len(t)), 1.0, 0.5]} for i, t in enumerate(texts)]}, {}
+
+
+@contextmanager
+def endpoint(replies: list[Callable[[list[str]], Reply]]) -> Iterator[tuple[list[list[str]], str]]:
+    """Answer the n-th request with replies[n] (the last one from then on); yields (the inputs seen, its URL)."""
+    seen: list[list[str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            texts = json.loads(self.rfile.read(int(self.headers["content-length"])))["input"]
+            seen.append(texts)
+            status, body, headers = replies[min(len(seen), len(replies)) - 1](texts)
+            raw = json.dumps(body).encode()
+            self.send_response(status)
+            for name, value in {"content-type": "application/json", **headers}.items():
+                self.send_header(name, value)
+            self.send_header("content-length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield seen, f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_vectors_come_back_in_input_order_whatever_order_the_endpoint_answers() -> None:
+    def shuffled(texts: list[str]) -> Reply:
+        status, body, headers = good(texts)
+        return status, {"data": body["data"][::-1]}, headers
+
+    with endpoint([shuffled]) as (seen, url):
+        embedder = HTTPEmbedder(url, "m")
+        assert await embedder.embed(["a", "bbb"]) == [[1.0, 1.0, 0.5], [3.0, 1.0, 0.5]]
+        assert embedder.dimensions == 3
+
+
+@pytest.mark.parametrize("answer", [
+    lambda texts: {"data": good(texts)[1]["data"][:-1]},  # one short: zip would shift every vector after it
+    lambda texts: {"data": [{"index": 0, "embedding": [1.0, 2.0, 3.0]}] * len(texts)},  # one index twice
+    lambda texts: {"data": [{"index": i + 1, "embedding": [1.0, 2.0, 3.0]} for i in range(len(texts))]},
+    lambda texts: {"data": [{"index": i, "embedding": [1.0, float("nan"), 3.0]} for i in range(len(texts))]},
+    lambda texts: {"data": [{"index": i, "embedding": [1.0] * (3 + i)} for i in range(len(texts))]},
+    lambda texts: {"data": [{"index": i, "embedding": "1,2,3"} for i in range(len(texts))]},
+    lambda texts: {"error": "no data"},
+    lambda texts: ["not", "an", "object"],
+], ids=["short", "index-twice", "index-out-of-range", "nan", "widths-differ", "not-a-list", "no-data", "not-object"])
+async def test_an_answer_that_cannot_be_paired_with_its_inputs_is_refused_whole(answer: Callable[..., Any]) -> None:
+    with endpoint([lambda texts: (200, answer(texts), {})]) as (seen, url):
+        embedder = HTTPEmbedder(url, "m")
+        with pytest.raises(EmbedderError):
+            await embedder.embed(["a", "bb", "ccc"])
+        assert await try_embed(embedder, ["a", "bb", "ccc"]) is None  # the callers rank lexically
+
+
+async def test_a_width_other_than_the_first_seen_is_refused() -> None:
+    with endpoint([good, lambda texts: (200, {"data": [{"index": 0, "embedding": [1.0, 2.0]}]}, {})]) as (_, url):
+        embedder = HTTPEmbedder(url, "m")
+        await embedder.embed(["a"])
+        with pytest.raises(EmbedderError, match="2 dimensions, earlier 3"):
+            await embedder.embed(["b"])
+
+
+async def test_a_rate_limit_or_a_busy_service_is_asked_again_then_answers() -> None:
+    busy = lambda texts: (503, {"error": "busy"}, {})  # noqa: E731
+    limited = lambda texts: (429, {"error": "slow down"}, {"retry-after": "0"})  # noqa: E731
+    with endpoint([busy, limited, good]) as (seen, url):
+        vectors = await HTTPEmbedder(url, "m", retry_wait=0.01).embed(["a", "bb"])
+    assert vectors == [[1.0, 1.0, 0.5], [2.0, 1.0, 0.5]] and len(seen) == 3
+
+
+async def test_retries_are_bounded_and_a_client_error_is_not_retried() -> None:
+    with endpoint([lambda texts: (503, {"error": "down"}, {})]) as (seen, url):
+        assert await try_embed(HTTPEmbedder(url, "m", retry_wait=0.01), ["a"]) is None
+    assert len(seen) == 3  # the first ask and two more
+    with endpoint([lambda texts: (400, {"error": "input too long"}, {})]) as (seen, url):
+        assert await try_embed(HTTPEmbedder(url, "m", retry_wait=0.01), ["a"]) is None
+    assert len(seen) == 1
+
+
+async def test_an_endpoint_that_is_not_there_fails_after_its_retries() -> None:
+    embedder = HTTPEmbedder(f"http://127.0.0.1:{free_port()}/v1", "m", retry_wait=0.01)
+    assert await try_embed(embedder, ["a"]) is None
