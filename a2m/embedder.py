@@ -74,6 +74,13 @@ class EmbedderError(Exception):
     """The endpoint's answer cannot be used: the callers rank lexically instead (`try_embed`)."""
 
 
+class InputRefused(EmbedderError):
+    """The endpoint refused the batch for what it holds (400, 413, 422: an input too long, say)."""
+
+
+REFUSED_STATUSES = frozenset({400, 413, 422})
+
+
 class HTTPEmbedder:
     """An OpenAI-compatible embeddings endpoint the user configures (base URL ending in /v1).
 
@@ -113,6 +120,8 @@ class HTTPEmbedder:
                 if attempt == RETRIES:
                     raise
             else:
+                if response.status_code in REFUSED_STATUSES:
+                    raise InputRefused(f"{self.url} answered HTTP {response.status_code}: {response.text[:200]}")
                 if response.status_code not in RETRY_STATUSES or attempt == RETRIES:
                     response.raise_for_status()
                     return response.json()
@@ -164,12 +173,26 @@ def make_embedder(spec: str | None, *, model: str | None = None, api_key: str | 
     raise ValueError(f"unknown embedder {spec!r}: use none, local or an http(s) URL")
 
 
-async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[list[float]] | None:
-    """Embed, or None (logged) when there is no embedder or it failed: callers rank lexically."""
+async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[list[float] | None] | None:
+    """One vector per text, None for a text the endpoint refused; or None (logged) when there is no
+    embedder or it failed: callers then rank lexically.
+
+    A batch refused for what it holds (`InputRefused`: one text too long for
+    the model, say) is split in halves until the refused texts stand alone, so
+    they alone go without a vector; the rest of the batch is embedded.
+    """
     if embedder is None or not texts:
         return None
     try:
-        return await embedder.embed(texts)
+        return list(await embedder.embed(texts))
+    except InputRefused as exc:
+        if len(texts) == 1:
+            log.warning("embedder %s refused a text of %d characters (%s); it is kept without a vector",
+                        embedder.model, len(texts[0]), exc)
+            return [None]
+        half = len(texts) // 2
+        first, second = await try_embed(embedder, texts[:half]), await try_embed(embedder, texts[half:])
+        return None if first is None or second is None else first + second
     except Exception as exc:
         log.warning("embedder %s failed (%s); falling back to lexical ranking", embedder.model, exc)
         return None

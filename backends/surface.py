@@ -241,7 +241,7 @@ class TierServer(EventMethods):
             return
         for record, vector in zip(missing, vectors):
             record.embedding = vector
-        await self._check_width(vectors)
+        await self._check_width([v for v in vectors if v is not None])
 
     async def _resolve(self, records: list[Record], raw: list[Any]) -> tuple[list[str], list[Record], list[str]]:
         """Turn a validated batch into puts and deletes: idempotent ids, keys replaced in place."""

@@ -212,7 +212,8 @@ class Policy:
             missing = [w for w in writes if w.get("embedding") is None and w.get("content")]
             vectors = await try_embed(self.embedder, [w["content"] for w in missing])
             for write, vector in zip(missing, vectors or []):
-                write["embedding"] = vector
+                if vector is not None:
+                    write["embedding"] = vector
         size = _limit(dest, "max_records_per_call", 500)
         moved: list[str] = []
         for batch in batches(units(writes), size):

@@ -287,7 +287,8 @@ class Router(EventMethods):
                 missing = [b for b in batch if b.get("embedding") is None and b.get("content")]
                 vectors = await try_embed(self.embedder, [b["content"] for b in missing])
                 for b, vector in zip(missing, vectors or []):
-                    b["embedding"] = vector
+                    if vector is not None:
+                        b["embedding"] = vector
             try:
                 result = await tier.call("memory/remember", _with_owner({"records": batch}, owner))
             except A2MError as exc:

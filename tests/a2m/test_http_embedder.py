@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from a2m.embedder import EmbedderError, HTTPEmbedder, try_embed
+from a2m.embedder import EmbedderError, HTTPEmbedder, InputRefused, try_embed
 from tests.support.procs import free_port
 
 pytestmark = pytest.mark.anyio
@@ -107,11 +107,31 @@ async def test_retries_are_bounded_and_a_client_error_is_not_retried() -> None:
     with endpoint([lambda texts: (503, {"error": "down"}, {})]) as (seen, url):
         assert await try_embed(HTTPEmbedder(url, "m", retry_wait=0.01), ["a"]) is None
     assert len(seen) == 3  # the first ask and two more
+    with endpoint([lambda texts: (401, {"error": "bad key"}, {})]) as (seen, url):
+        assert await try_embed(HTTPEmbedder(url, "m", retry_wait=0.01), ["a", "b"]) is None
+    assert len(seen) == 1
     with endpoint([lambda texts: (400, {"error": "input too long"}, {})]) as (seen, url):
-        assert await try_embed(HTTPEmbedder(url, "m", retry_wait=0.01), ["a"]) is None
+        assert await try_embed(HTTPEmbedder(url, "m", retry_wait=0.01), ["a"]) == [None]
     assert len(seen) == 1
 
 
 async def test_an_endpoint_that_is_not_there_fails_after_its_retries() -> None:
     embedder = HTTPEmbedder(f"http://127.0.0.1:{free_port()}/v1", "m", retry_wait=0.01)
     assert await try_embed(embedder, ["a"]) is None
+
+
+async def test_a_refused_text_alone_goes_without_a_vector() -> None:
+    def limited(texts: list[str]) -> Reply:
+        return (400, {"error": "too long"}, {}) if any(len(t) > 10 for t in texts) else good(texts)
+
+    texts = ["a", "bb", "x" * 50, "ccc", "dddd", "y" * 40, "e"]
+    with endpoint([limited]) as (seen, url):
+        embedder = HTTPEmbedder(url, "m", retry_wait=0.01)
+        with pytest.raises(InputRefused):
+            await embedder.embed(texts)
+        seen.clear()
+        vectors = await try_embed(embedder, texts)
+    assert vectors is not None
+    assert [v is None for v in vectors] == [False, False, True, False, False, True, False]
+    assert [v[0] for v in vectors if v is not None] == [1.0, 2.0, 3.0, 4.0, 1.0]
+    assert len(seen) <= 2 * len(texts)  # halves, each refused batch asked once (a 400 is not retried)

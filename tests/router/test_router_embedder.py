@@ -35,6 +35,7 @@ from .stack import Proc, tier_command, write_config
 
 DIMS = 16
 CAPACITY = 4
+MAX_INPUT = 2000  # characters the stand-in model takes; a batch holding a longer text is refused (400)
 
 
 def hashed(text: str) -> list[float]:
@@ -76,6 +77,9 @@ class Embeddings(ThreadingHTTPServer):
                 request = json.loads(self._body())
                 texts = request["input"] if isinstance(request["input"], list) else [request["input"]]
                 outer.inputs.append(texts)
+                if any(len(t) > MAX_INPUT for t in texts):  # as a model with a token limit answers
+                    self._send(400, b'{"error": {"message": "input too long"}}')
+                    return
                 data = [{"object": "embedding", "index": i, "embedding": hashed(t)} for i, t in enumerate(texts)]
                 self._send(200, json.dumps({"object": "list", "data": data, "model": request["model"]}).encode())
 
@@ -242,6 +246,23 @@ async def test_records_entering_a_searched_tier_are_embedded_on_write_and_on_spi
         assert record["embedding"] == pytest.approx(hashed(record["content"])), record["content"]
     async with HTTPClient(fed.tiers["working"].url) as working:
         assert (await working.call("memory/timeline", {"owner": "w", "limit": 0}))["records"] == []
+
+
+@pytest.mark.anyio
+async def test_a_text_the_model_refuses_goes_without_a_vector_and_the_rest_of_its_batch_is_embedded(fed: Fed) -> None:
+    """The endpoint refuses a whole batch for one text too long (400); that text alone is written
+    without a vector (it was the whole batch's vectors, and nothing embeds a stored record again)."""
+    texts = [f"note {i} about the harbour" for i in range(5)]
+    texts[3] = "a very long tool output " * 200
+    async with HTTPClient(fed.url) as router:
+        fed.clear()
+        ids = (await router.call("memory/remember", {"owner": "long", "records": [
+            {"content": t, "tier": "episodic"} for t in texts]}))["ids"]
+    (sent,) = fed.proxies["episodic"].sent("memory/remember")
+    assert [("embedding" in r) for r in sent["records"]] == [True, True, True, False, True]
+    assert [r["id"] for r in sent["records"]] == ids
+    assert all(r["embedding"] == pytest.approx(hashed(r["content"])) for r in sent["records"] if "embedding" in r)
+    assert len(fed.embedder.inputs) <= 2 * len(texts)  # halves, not one request per text and per retry
 
 
 @pytest.mark.anyio
