@@ -20,7 +20,10 @@ Why it is built this way:
   `accessed_at` live in a sidecar (`.git/a2m/state.json`, never part of the
   tree), flushed at most once a second and at close: a crash can lose the
   last second of counts, never a procedure. `reinforce` changes `salience`,
-  a deliberate judgement kept in the file, so it is a commit.
+  a deliberate judgement kept in the file, so it is a commit. Behind the
+  review gate an id can hold other statistics on `proposed` than on main (a
+  proposed restore of a forgotten key starts at 0): those are kept apart
+  (`pending_access`) until approved, so a restart shows readers main's.
 - **Review gate** (`options["review"]`): writes commit to the `proposed`
   branch (built in memory, the working tree stays on main) and recall sees
   main only, until `approve` fast-forwards main.
@@ -315,7 +318,9 @@ class GitStore:
         self._trees: TreeBuilder | None = None  # the trees of the branch writes commit to
         self._visible = _Visible(Tree())
         self._proposed: Tree | None = None
-        self._access: dict[str, tuple[int, str | None]] = {}
+        self._access: dict[str, tuple[int, str | None]] = {}  # id -> statistics (main's, where main holds it)
+        # Behind the review gate: id -> the statistics of its proposed record where they are not main's.
+        self._pending_access: dict[str, tuple[int, str | None]] = {}
         self._dimensions: int | None = None
         self._next_seq = 1
         self._dirty_since: float | None = None
@@ -377,7 +382,7 @@ class GitStore:
             if PROPOSED not in repo.heads:
                 repo.create_head(PROPOSED, repo.head.commit)
             proposed = repo.heads[PROPOSED].commit
-            self._proposed = self._load_tree(self._iter_commit(proposed))
+            self._proposed = self._load_tree(self._iter_commit(proposed), self._pending_access)
         self._trees = TreeBuilder.of_commit(repo, repo.heads[PROPOSED].commit if self.review else repo.head.commit)
         if self._dimensions is None:
             self._dimensions = next(
@@ -477,7 +482,8 @@ class GitStore:
             ):
                 yield item.path, item.data_stream.read()
 
-    def _load_tree(self, items: Iterable[tuple[str, bytes]]) -> Tree:
+    def _load_tree(self, items: Iterable[tuple[str, bytes]],
+                   overrides: dict[str, tuple[int, str | None]] | None = None) -> Tree:
         tree = Tree()
         for path, data in items:
             try:
@@ -485,7 +491,10 @@ class GitStore:
             except (ValueError, UnicodeDecodeError, TypeError) as exc:
                 log.warning("procedural: skipping %s, not a record file: %s", path, exc)
                 continue
-            count, at = self._access.get(record.id, (0, None))
+            if overrides is not None and record.id in overrides:
+                count, at = overrides[record.id]
+            else:
+                count, at = self._access.get(record.id, (0, None))
             tree.set(replace(record, access_count=count, accessed_at=at), path, seq)
             self._next_seq = max(self._next_seq, seq + 1)
         return tree
@@ -496,6 +505,7 @@ class GitStore:
         except (OSError, ValueError):
             return
         self._access = {k: (int(v[0]), v[1]) for k, v in state.get("access", {}).items()}
+        self._pending_access = {k: (int(v[0]), v[1]) for k, v in state.get("pending_access", {}).items()}
         self._dimensions = state.get("dimensions")
 
     def _flush_state(self) -> None:
@@ -503,7 +513,10 @@ class GitStore:
             return
         target = self._state_dir / "state.json"
         tmp = target.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"dimensions": self._dimensions, "access": self._access}), "utf-8")
+        state: dict[str, Any] = {"dimensions": self._dimensions, "access": self._access}
+        if self._pending_access:
+            state["pending_access"] = self._pending_access
+        tmp.write_text(json.dumps(state), "utf-8")
         os.replace(tmp, target)
         self._dirty_since = None
 
@@ -544,13 +557,16 @@ class GitStore:
         for record, _, _ in plan.puts:
             # The sidecar is keyed by id, and an id can be forgotten and written again: a put sets
             # the statistics it carries, none included, or a restart would revive the old counts.
-            if record.access_count or record.accessed_at is not None:
-                stats = (record.access_count, record.accessed_at)
-                if self._access.get(record.id) != stats:
-                    self._access[record.id] = stats
-                    self._dirty_since = self._dirty_since or time.monotonic()
-            elif self._access.pop(record.id, None) is not None:
-                self._dirty_since = self._dirty_since or time.monotonic()
+            stats = (record.access_count, record.accessed_at)
+            shown = self._visible.tree.records.get(record.id) if self._proposed is not None else None
+            if shown is not None:
+                # Behind the gate, an id main shows keeps main's statistics until approved: the
+                # proposed record's go apart where they differ (a restart would show them to readers).
+                self._set_stats(self._pending_access, record.id,
+                                None if stats == (shown.access_count, shown.accessed_at) else stats)
+            else:
+                self._set_stats(self._pending_access, record.id, None)
+                self._set_stats(self._access, record.id, stats if stats != (0, None) else None)
             if record.embedding is not None and self._dimensions is None:
                 self._dimensions = len(record.embedding)
                 self._dirty_since = self._dirty_since or time.monotonic()
@@ -562,12 +578,23 @@ class GitStore:
         else:
             self._visible.apply(plan)
         for record_id in plan.dropped:  # gone from both branches: its statistics go with it
-            if record_id not in self._visible.tree.records and record_id in self._access and (
-                    self._proposed is None or record_id not in self._proposed.records):
-                del self._access[record_id]
-                self._dirty_since = self._dirty_since or time.monotonic()
+            if self._proposed is None or record_id not in self._proposed.records:
+                self._set_stats(self._pending_access, record_id, None)
+                if record_id not in self._visible.tree.records:
+                    self._set_stats(self._access, record_id, None)
         if self._dirty_since is not None:
             self._flush_state()  # statistics a write carried were acknowledged with it
+
+    def _set_stats(self, table: dict[str, tuple[int, str | None]], record_id: str,
+                   stats: tuple[int, str | None] | None) -> None:
+        """Set (None: remove) an id's entry in a sidecar table, marking the sidecar dirty if it changed."""
+        if stats is None:
+            changed = table.pop(record_id, None) is not None
+        else:
+            changed = table.get(record_id) != stats
+            table[record_id] = stats
+        if changed:
+            self._dirty_since = self._dirty_since or time.monotonic()
 
     def _require_open(self) -> None:
         if self.repo is None:
@@ -767,6 +794,15 @@ class GitStore:
             result = await anyio.to_thread.run_sync(self._approve_sync)
             if result["approved"]:
                 self._visible = _Visible(self._proposed.copy())
+                # main is the proposed branch now, and so are its statistics
+                for record_id in list(self._access):
+                    if record_id not in self._proposed.records:
+                        self._set_stats(self._access, record_id, None)
+                for record_id, stats in list(self._pending_access.items()):
+                    self._set_stats(self._pending_access, record_id, None)
+                    self._set_stats(self._access, record_id, stats if stats != (0, None) else None)
+                if self._dirty_since is not None:
+                    self._flush_state()
             return result
 
     def _approve_sync(self) -> dict[str, Any]:
@@ -962,6 +998,7 @@ class GitStore:
                 self._proposed.records[record_id] = replace(
                     self._proposed.records[record_id], access_count=updated.access_count, accessed_at=at
                 )
+                self._pending_access.pop(record_id, None)  # the proposed record counts it too: main's again
             self._access[record_id] = (updated.access_count, at)
             changed = True
         if changed:

@@ -783,3 +783,39 @@ async def test_concurrent_closes_and_opens_act_once(tmp_path: Path) -> None:
         assert r.access_count == 3
     finally:
         await store.close()
+
+
+async def test_behind_the_review_gate_a_proposed_write_leaves_mains_access_counts_across_restarts(
+        tmp_path: Path) -> None:
+    """The sidecar held one entry per id for both branches: a proposed restore of a forgotten key
+    (which starts at no accesses) emptied the entry of the approved record main still shows, so a
+    restart changed what readers see before anything was approved."""
+    at = "2026-01-02T00:00:00.000Z"
+    store = await opened(tmp_path, review=True)
+    try:
+        await store.write([rec(1, "tea", key="k")])
+        await store.approve()
+        await store.touch("alice", ["1"], at)
+        await store.write([], ["1"])  # a proposed forget ...
+        handlers = extensions(store)
+        [first] = (await handlers["memory/history"]({"key": "k", "owner": "alice"}, Ctx()))["revisions"][-1:]
+        out = await handlers["memory/restore"]({"key": "k", "commit": first["commit"], "owner": "alice"}, Ctx())
+        assert (out["record"]["access_count"], out["record"]["revision"]) == (0, 2)  # ... and a proposed restore
+        [shown] = await store.get("alice", ["1"])
+        assert (shown.access_count, shown.accessed_at, shown.revision) == (1, at, 1)
+    finally:
+        await store.close()
+    approved = False
+    for approve in (False, True, False):  # reopened: main's still until approved, then the restore's
+        store = await opened(tmp_path, review=True)
+        try:
+            if approve:
+                await store.approve()
+                approved = True
+            [shown] = await store.get("alice", ["1"])
+            want = (0, None, 2) if approved else (1, at, 1)
+            assert (shown.access_count, shown.accessed_at, shown.revision) == want
+            assert (store._proposed.records["1"].access_count, store._proposed.records["1"].revision) == (0, 2)
+        finally:
+            await store.close()
+
