@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Awaitable, Callable
 
+import anyio
 import git
 
 from a2m.errors import SCOPE_DENIED, A2MError, invalid
@@ -158,29 +159,33 @@ def extensions(store: GitStore) -> dict[str, Handler]:
         path = store.path_of(owner, key=key)
         if path is None:
             raise invalid("key is not a valid procedure key", field="key")
-        old, highest = await store.run_git(_at, store, rev, path)
-        if highest < 0:
-            raise invalid(f"unknown commit {rev}", field="commit")
-        if old is None:
-            raise invalid(f"{key} did not exist at commit {rev}", field="commit")
-        current = store.current(owner, key)
-        base = current.revision if current is not None else highest
-        restored = old.with_(
-            id=current.id if current is not None else _free_id(store, old, owner, key),
-            revision=base + 1,
-            created_at=current.created_at if current is not None else old.created_at,
-            access_count=current.access_count if current is not None else 0,
-            accessed_at=current.accessed_at if current is not None else None,
-            owner=owner,
-            score=None,
-        )
-        try:
-            await store.write([restored], message=f"restore {key} to {rev[:12]} (rev {restored.revision})")
-        except StoreIdTaken:  # another owner took the id while this restore waited to write
-            raise A2MError(SCOPE_DENIED, f"the id {key} had at that commit is now held by another owner",
-                           {"id": restored.id, "key": key}) from None
-        except StoreRejected as exc:
-            raise invalid(str(exc)) from None
+        # One step under the writer lock, from reading the commit to the write: read before it, the
+        # key's current record and the id's holder could change under a write queued on the lock
+        # meanwhile (two restores of one key both wrote the same revision).
+        async with store.locked() as repo:
+            old, highest = await anyio.to_thread.run_sync(_at, repo, store, rev, path)
+            if highest < 0:
+                raise invalid(f"unknown commit {rev}", field="commit")
+            if old is None:
+                raise invalid(f"{key} did not exist at commit {rev}", field="commit")
+            current = store.current(owner, key)
+            base = current.revision if current is not None else highest
+            restored = old.with_(
+                id=current.id if current is not None else _free_id(store, old, owner, key),
+                revision=base + 1,
+                created_at=current.created_at if current is not None else old.created_at,
+                access_count=current.access_count if current is not None else 0,
+                accessed_at=current.accessed_at if current is not None else None,
+                owner=owner,
+                score=None,
+            )
+            try:
+                await store.write_locked([restored], message=f"restore {key} to {rev[:12]} (rev {restored.revision})")
+            except StoreIdTaken:  # refused inside the write's atomic step too, as every put is
+                raise A2MError(SCOPE_DENIED, f"the id {key} had at that commit is now held by another owner",
+                               {"id": restored.id, "key": key}) from None
+            except StoreRejected as exc:
+                raise invalid(str(exc)) from None
         return {"record": restored.to_wire(tier=store.settings.name)}  # as every read shows it
 
     async def approve(params: dict[str, Any], ctx: Any) -> dict[str, Any]:

@@ -45,9 +45,10 @@ import signal
 import subprocess
 import time
 from collections import defaultdict
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, AsyncIterator, Iterable, Literal, Sequence
 
 import anyio
 import git
@@ -818,6 +819,21 @@ class GitStore:
         repo.git.merge("--ff-only", "-q", PROPOSED)
         self._push()
         return {"approved": count, "commit": proposed.hexsha}
+
+    @asynccontextmanager
+    async def locked(self) -> AsyncIterator[git.Repo]:
+        """The repository under the writer lock, for a read-then-write that must be one step
+        (`memory/restore`): write with `write_locked` inside it."""
+        async with self._lock:
+            self._require_open()
+            assert self.repo is not None
+            yield self.repo
+
+    async def write_locked(self, puts: Sequence[Record], deletes: Sequence[str] = (), *,
+                           message: str | None = None) -> None:
+        """`write` inside `locked()`."""
+        if puts or deletes:
+            await self._write_locked(puts, deletes, message)
 
     async def run_git(self, fn: Any, *args: Any) -> Any:
         """Run `fn(repo, *args)` in a thread under the writer lock (the object database is not thread-safe)."""

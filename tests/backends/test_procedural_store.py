@@ -819,3 +819,26 @@ async def test_behind_the_review_gate_a_proposed_write_leaves_mains_access_count
         finally:
             await store.close()
 
+
+async def test_two_restores_of_one_key_at_once_write_two_revisions(store: GitStore) -> None:
+    """A restore read the key's current record after reading the commit, outside the writer lock:
+    two restores at once both read revision 1 and both wrote revision 2. From reading the commit
+    to the write is one step under the lock now (reinforce and forget read under it too)."""
+    import anyio
+
+    handlers = extensions(store)
+    await store.write([rec("p", "v1", key="k")])
+    await store.write([rec("p", "v2", key="k", revision=2)])
+    commits = [r["commit"] for r in (await handlers["memory/history"]({"key": "k", "owner": "alice"}, Ctx()))["revisions"]]
+    answers: list[dict[str, Any]] = []
+
+    async def restore(commit: str) -> None:
+        answers.append(await handlers["memory/restore"]({"key": "k", "commit": commit, "owner": "alice"}, Ctx()))
+
+    async with anyio.create_task_group() as tg:
+        for commit in reversed(commits):
+            tg.start_soon(restore, commit)
+    revisions = (await handlers["memory/history"]({"key": "k", "owner": "alice"}, Ctx()))["revisions"]
+    assert [r["revision"] for r in revisions] == [4, 3, 2, 1]
+    assert sorted(a["record"]["revision"] for a in answers) == [3, 4]
+    assert (await store.get_keys("alice", ["k"]))["k"].revision == 4
