@@ -909,6 +909,23 @@ class GitStore:
                 out[key] = _out(self._visible.tree.records[record_id], False)
         return out
 
+    # What a write is resolved against (the surface's `write_owners`/`write_keys` hook): the branch
+    # writes land on. Behind the review gate that is `proposed`, not the main readers see, so a key
+    # written twice before an approve is one record at revision 2, and an id written twice is one write.
+
+    async def write_owners(self, ids: Sequence[str]) -> dict[str, str | None]:
+        records = self._target().records
+        return {i: records[i].owner for i in ids if i in records}
+
+    async def write_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
+        tree, out = self._target(), {}
+        for key in keys:
+            path = self.path_of(owner, key=key)
+            record_id = tree.by_path.get(path) if path is not None else None
+            if record_id is not None:
+                out[key] = _out(tree.records[record_id], False)
+        return out
+
     async def select(
         self,
         scope: Scope,

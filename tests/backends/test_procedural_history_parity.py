@@ -26,9 +26,8 @@ Before each call the records each owner sees are compared with `main` (every fie
 branch writes land on with `prop` (white-box: the store's in-memory tree, which a restart rebuilds
 from git). An answer that is an error must leave both, and the branch head, unchanged.
 
-Behind the gate the surface resolves a write's ids and keys against what readers see (main), not
-against the proposed branch (reported; `test_procedural_store.py` holds it as an xfail): so behind
-the gate a remember here never names an id or key whose proposed state differs from main's.
+Behind the gate a write is resolved against the proposed branch, where it lands (decision 60):
+remembers here name ids and keys whose proposed state differs from main's too.
 
     SEEDS=1,2,3 CALLS=600 pytest tests/backends/test_procedural_history_parity.py
 """
@@ -246,12 +245,7 @@ def operation(rng: random.Random, t: parity.Served, model: History, owner: str |
     roll = rng.random()
     if roll < 0.30:
         records = [new_record(rng, owner) for _ in range(rng.randint(1, 3))]
-        if model.gated:  # see the module's docstring
-            pending, keys = model.pending_ids(), model.pending_keys(owner)
-            records = [r for r in records if r.get("id") not in pending and r.get("key") not in keys]
-        if records:
-            return "memory/remember", {**params, "records": records}
-        return "memory/history", history_params(rng, model, owner)
+        return "memory/remember", {**params, "records": records}
     if roll < 0.44:
         return "memory/restore", restore_params(rng, t, model, owner)
     if roll < 0.60:

@@ -820,12 +820,11 @@ async def test_behind_the_review_gate_a_proposed_write_leaves_mains_access_count
             await store.close()
 
 
-@pytest.mark.xfail(strict=True, reason="backends/surface.py resolves a write's ids and keys with get_keys/owners, "
-                                       "which answer what readers see (main), not the proposed branch")
 async def test_behind_the_review_gate_a_key_proposed_twice_is_one_record_with_two_revisions(tmp_path: Path) -> None:
     """A key written twice before an approve: the second write replaces the proposed record (same id,
-    revision 2), and an id written twice is idempotent, as without the gate. Today the second write
-    of the key gets a fresh id and revision 1 again, so the id the first answered is gone once approved."""
+    revision 2), and an id written twice is idempotent, as without the gate. The surface resolved writes
+    against main (what readers see), so the second write of the key got a fresh id and revision 1
+    again, and the id the first answered was gone once approved."""
     from a2m.dispatch import Context, Dispatcher
     from backends.serve import build
 
