@@ -63,7 +63,9 @@ class TierServer(EventMethods):
         self.events = events or EventLog()
         self.read_only = read_only
         self._dims: int | None = None
-        self._key_lock = asyncio.Lock()
+        # Held from resolving a batch's keys to writing them. A store whose own methods also replace
+        # keys (procedural's memory/restore) lends its lock, so those serialise with remember too.
+        self._key_lock = getattr(store, "key_lock", None) or asyncio.Lock()
 
     # ---- service plumbing -------------------------------------------------
 

@@ -161,8 +161,10 @@ def extensions(store: GitStore) -> dict[str, Handler]:
             raise invalid("key is not a valid procedure key", field="key")
         # One step under the writer lock, from reading the commit to the write: read before it, the
         # key's current record and the id's holder could change under a write queued on the lock
-        # meanwhile (two restores of one key both wrote the same revision).
-        async with store.locked() as repo:
+        # meanwhile (two restores of one key both wrote the same revision). And under the key lock
+        # the surface holds from resolving a remember's keys to writing them, or a remember resolved
+        # before this restore would write the same revision after it.
+        async with store.key_lock, store.locked() as repo:
             old, highest = await anyio.to_thread.run_sync(_at, repo, store, rev, path)
             if highest < 0:
                 raise invalid(f"unknown commit {rev}", field="commit")

@@ -316,6 +316,9 @@ class GitStore:
         self.repo: git.Repo | None = None
         self.main = "main"
         self._lock = anyio.Lock()  # one writer (and one user of the repo's object database)
+        # Serialises every write that resolves keys: the surface holds it from resolving a batch's keys
+        # to its write (`TierServer` takes a store's `key_lock`), `memory/restore` for its whole step.
+        self.key_lock = anyio.Lock()
         self._trees: TreeBuilder | None = None  # the trees of the branch writes commit to
         self._visible = _Visible(Tree())
         self._proposed: Tree | None = None

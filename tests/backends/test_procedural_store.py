@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import statistics
 import subprocess
@@ -877,3 +878,45 @@ async def test_two_restores_of_one_key_at_once_write_two_revisions(store: GitSto
     assert [r["revision"] for r in revisions] == [4, 3, 2, 1]
     assert sorted(a["record"]["revision"] for a in answers) == [3, 4]
     assert (await store.get_keys("alice", ["k"]))["k"].revision == 4
+
+
+async def test_a_remember_and_a_restore_of_one_key_at_once_write_two_revisions(tmp_path: Path) -> None:
+    """A remember resolves its key's revision before it writes; a restore that wrote in between
+    used to write that same revision, and the remember then wrote it again (history [4, 4, ...])."""
+    from a2m.dispatch import Context, Dispatcher
+    from backends.serve import build
+
+    server = build("procedural", TierSettings("procedural", tmp_path))
+    await server.startup()
+    try:
+        dispatcher = Dispatcher(server)
+
+        async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
+            reply = await dispatcher.handle({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, Context())
+            assert reply is not None and "result" in reply, reply
+            return reply["result"]
+
+        for version in (1, 2, 3):
+            await call("memory/remember", {"owner": "alice", "records": [{"content": f"v{version}", "key": "k"}]})
+        first = (await call("memory/history", {"owner": "alice", "key": "k"}))["revisions"][-1]["commit"]
+        store = server.store
+        write = store.write
+
+        async def slow_write(*args: Any, **kwargs: Any) -> None:
+            await asyncio.sleep(0.1)  # the remember has resolved revision 4 and not written it yet
+            await write(*args, **kwargs)
+
+        store.write = slow_write  # type: ignore[method-assign]
+
+        async def restore_meanwhile() -> dict[str, Any]:
+            await asyncio.sleep(0.02)
+            return await call("memory/restore", {"owner": "alice", "key": "k", "commit": first})
+
+        await asyncio.gather(call("memory/remember", {"owner": "alice", "records": [{"content": "v4", "key": "k"}]}),
+                             restore_meanwhile())
+        revisions = (await call("memory/history", {"owner": "alice", "key": "k"}))["revisions"]
+        assert [r["revision"] for r in revisions] == [5, 4, 3, 2, 1]
+        current = (await call("memory/fetch", {"owner": "alice", "key": "k"}))["record"]
+        assert (current["revision"], current["content"]) == (5, "v1")
+    finally:
+        await server.shutdown()
