@@ -20,6 +20,13 @@ Contract every Store honours (the store tests in tests/backends check it):
   (`StoreIdTaken`) and a put whose key another live record holds, unless that
   record is deleted in the same write (`StoreConflict`): the surface's reads
   before the write cannot see what another replica writes meanwhile.
+
+Optional, for a store whose writes land somewhere other than its reads show
+(procedural behind its review gate): `write_owners(ids)` and
+`write_keys(owner, keys)`, which answer as `owners` and `get_keys` do but for
+the state writes are resolved against (decision 60); and `key_lock`, an
+async lock the surface then holds from resolving a batch's keys to writing
+them, so the store's own key-replacing methods can hold it too (decision 61).
 """
 
 from __future__ import annotations

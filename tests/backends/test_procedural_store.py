@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from backends.procedural.store import GitStore
 from backends.settings import TierSettings
 from backends.store import StoreRejected, StoreUnavailable
 from tests.conftest import scale
+from tests.support.inprocess import call as inprocess_call, dispatchers
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -826,19 +828,8 @@ async def test_behind_the_review_gate_a_key_proposed_twice_is_one_record_with_tw
     revision 2), and an id written twice is idempotent, as without the gate. The surface resolved writes
     against main (what readers see), so the second write of the key got a fresh id and revision 1
     again, and the id the first answered was gone once approved."""
-    from a2m.dispatch import Context, Dispatcher
-    from backends.serve import build
-
-    server = build("procedural", TierSettings("procedural", tmp_path, options={"review": True}))
-    await server.startup()
-    try:
-        dispatcher = Dispatcher(server)
-
-        async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
-            reply = await dispatcher.handle({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, Context())
-            assert reply is not None and "result" in reply, reply
-            return reply["result"]
-
+    async with dispatchers(tmp_path, ["procedural"], {"review": True}) as running:
+        call = partial(inprocess_call, running["procedural"])
         first = {"id": "p", "content": "v1", "key": "k"}
         assert await call("memory/remember", {"owner": "alice", "records": [first]}) == {"ids": ["p"]}
         assert await call("memory/remember", {"owner": "alice", "records": [{"content": "v2", "key": "k"}]}) \
@@ -850,8 +841,6 @@ async def test_behind_the_review_gate_a_key_proposed_twice_is_one_record_with_tw
         await call("memory/approve", {})
         record = (await call("memory/fetch", {"owner": "alice", "key": "k"}))["record"]
         assert (record["id"], record["content"], record["revision"]) == ("p", "v2", 2)
-    finally:
-        await server.shutdown()
 
 
 
@@ -883,23 +872,12 @@ async def test_two_restores_of_one_key_at_once_write_two_revisions(store: GitSto
 async def test_a_remember_and_a_restore_of_one_key_at_once_write_two_revisions(tmp_path: Path) -> None:
     """A remember resolves its key's revision before it writes; a restore that wrote in between
     used to write that same revision, and the remember then wrote it again (history [4, 4, ...])."""
-    from a2m.dispatch import Context, Dispatcher
-    from backends.serve import build
-
-    server = build("procedural", TierSettings("procedural", tmp_path))
-    await server.startup()
-    try:
-        dispatcher = Dispatcher(server)
-
-        async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
-            reply = await dispatcher.handle({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, Context())
-            assert reply is not None and "result" in reply, reply
-            return reply["result"]
-
+    async with dispatchers(tmp_path, ["procedural"]) as running:
+        call = partial(inprocess_call, running["procedural"])
         for version in (1, 2, 3):
             await call("memory/remember", {"owner": "alice", "records": [{"content": f"v{version}", "key": "k"}]})
         first = (await call("memory/history", {"owner": "alice", "key": "k"}))["revisions"][-1]["commit"]
-        store = server.store
+        store = running["procedural"].service.store
         write = store.write
 
         async def slow_write(*args: Any, **kwargs: Any) -> None:
@@ -918,5 +896,3 @@ async def test_a_remember_and_a_restore_of_one_key_at_once_write_two_revisions(t
         assert [r["revision"] for r in revisions] == [5, 4, 3, 2, 1]
         current = (await call("memory/fetch", {"owner": "alice", "key": "k"}))["record"]
         assert (current["revision"], current["content"]) == (5, "v1")
-    finally:
-        await server.shutdown()

@@ -34,6 +34,19 @@ async def _readers(url: str, owner: str, stop: asyncio.Event, latencies: list[fl
     await asyncio.gather(*(one() for _ in range(n)))
 
 
+async def _remember_one(router: HTTPClient, owner: str) -> None:
+    await router.call("memory/remember", {"owner": owner, "records": [
+        {"content": "the harbour ferry leaves at nine", "tier": "episodic"}]})
+
+
+async def _until_whole(router: HTTPClient, owner: str, within: float, why: str) -> None:
+    """Recall until no tier is left out, failing with `why` after `within` seconds."""
+    since = time.monotonic()
+    while "degraded" in await router.call("memory/recall", {"query": "harbour", "owner": owner}):
+        assert time.monotonic() - since < within, why
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.anyio
 async def test_a_short_outage_under_concurrent_reads_is_noticed_over_within_the_short_backoff(tmp_path: Path) -> None:
     """Eight readers each saw the dead tier fail and each doubled its backoff: a 1 s outage left
@@ -41,8 +54,7 @@ async def test_a_short_outage_under_concurrent_reads_is_noticed_over_within_the_
     with federation(tmp_path, TIERS, mode="real") as stack:
         owner = new_owner()
         async with HTTPClient(stack.url, timeout=30) as router:
-            await router.call("memory/remember", {"owner": owner, "records": [
-                {"content": "the harbour ferry leaves at nine", "tier": "episodic"}]})
+            await _remember_one(router, owner)
             stop, latencies = asyncio.Event(), []
             readers = asyncio.create_task(_readers(stack.url, owner, stop, latencies))
             try:
@@ -52,11 +64,8 @@ async def test_a_short_outage_under_concurrent_reads_is_noticed_over_within_the_
                 await asyncio.sleep(1.0)
                 episodic.start()
                 await asyncio.to_thread(episodic.wait, 60)
-                ready = time.monotonic()
-                while "degraded" in await router.call("memory/recall", {"query": "harbour", "owner": owner}):
-                    # 0.25 + 0.5 + 1 + 2 s of backoff cover a 1 s outage and a restart of a few seconds
-                    assert time.monotonic() - ready < 5.0, "the router kept the restarted tier out"
-                    await asyncio.sleep(0.05)
+                # 0.25 + 0.5 + 1 + 2 s of backoff cover a 1 s outage and a restart of a few seconds
+                await _until_whole(router, owner, 5.0, "the router kept the restarted tier out")
             finally:
                 stop.set()
                 await asyncio.wait_for(readers, 30)
@@ -74,8 +83,7 @@ async def test_a_hung_tier_costs_one_probe_per_backoff_not_one_timeout_per_concu
     with federation(tmp_path, tiers, mode="real") as stack:
         owner = new_owner()
         async with HTTPClient(stack.url, timeout=30) as router:
-            await router.call("memory/remember", {"owner": owner, "records": [
-                {"content": "the harbour ferry leaves at nine", "tier": "episodic"}]})
+            await _remember_one(router, owner)
             stop, latencies = asyncio.Event(), []
             readers = asyncio.create_task(_readers(stack.url, owner, stop, latencies))
             episodic = stack.tiers["episodic"]
@@ -85,10 +93,7 @@ async def test_a_hung_tier_costs_one_probe_per_backoff_not_one_timeout_per_concu
                 episodic.pause()
                 await asyncio.sleep(4.0)  # backoffs of 0.25, 0.5, 1 s after each 1 s timeout: 2-3 probes
                 episodic.resume()
-                resumed = time.monotonic()
-                while "degraded" in await router.call("memory/recall", {"query": "harbour", "owner": owner}):
-                    assert time.monotonic() - resumed < 5.0, "the router kept the resumed tier out"
-                    await asyncio.sleep(0.05)
+                await _until_whole(router, owner, 5.0, "the router kept the resumed tier out")
             finally:
                 episodic.resume()
                 stop.set()

@@ -14,9 +14,12 @@ from backends.settings import TierSettings
 
 
 @asynccontextmanager
-async def dispatchers(data: Path, names: Iterable[str]) -> AsyncIterator[dict[str, Dispatcher]]:
-    """name -> a dispatcher over that tier's server, started in `data/<name>`, stopped after."""
-    servers = {name: build(name, TierSettings(name=name, data_dir=Path(data) / name)) for name in names}
+async def dispatchers(data: Path, names: Iterable[str],
+                      options: dict[str, Any] | None = None) -> AsyncIterator[dict[str, Dispatcher]]:
+    """name -> a dispatcher over that tier's server, started in `data/<name>` with the store
+    `options` given (`--option`), stopped after. `dispatcher.service` is the tier server."""
+    servers = {name: build(name, TierSettings(name=name, data_dir=Path(data) / name, options=dict(options or {})))
+               for name in names}
     started = []
     try:
         for server in servers.values():
