@@ -33,6 +33,49 @@ def _tokens(values: list[str]) -> dict[str, object]:
     return out
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0 for any free one. Checked here: the event loop takes 99999 as 34463."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535, not {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535, not {port}")
+    return port
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, not {text!r}")
+    return value
+
+
+def http_url_problem(text: str) -> str | None:
+    """What is wrong with `text` as an A2M server's http(s) URL, or None: said at the command line,
+    not as a traceback from deep in a client."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 — raises ValueError on a port out of range
+    except ValueError as exc:
+        return f"{text!r} is not a URL: {exc}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"expected an http(s):// URL such as http://127.0.0.1:8700/, not {text!r}"
+    return None
+
+
+def _http_url(text: str) -> str:
+    problem = http_url_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def _option(text: str) -> tuple[str, object]:
     """`--option KEY=VALUE`: booleans and numbers are typed, so `review=false` means False."""
     key, sep, value = text.partition("=")
@@ -157,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run one tier server or the router")
     serve.add_argument("what", choices=["working", "episodic", "semantic", "procedural", "corpus", "router"])
     serve.add_argument("--host", default=os.environ.get("A2M_HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("A2M_PORT", "0") or 0))
+    serve.add_argument("--port", type=_port, default=os.environ.get("A2M_PORT") or "0",
+                       help="0 (the default) for any free port; $A2M_PORT")
     serve.add_argument("--stdio", action="store_true", help="speak JSON-RPC on stdin/stdout instead of HTTP")
     serve.add_argument("--data", help="data directory (default: $A2M_DATA or the user data dir)")
     serve.add_argument("--url", help="use this engine (redis://, postgresql://, http://qdrant:6333, a repo path)")
@@ -175,13 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--data", help="data directory (default: $A2M_DATA or the user data dir)")
     up.add_argument("--tiers", default="working,episodic,semantic,procedural",
                     help="which tier servers to start, comma-separated (default: all four)")
-    up.add_argument("--port", type=int, default=8700, help="the router's port; tiers use the next ones")
+    up.add_argument("--port", type=_port, default=8700, help="the router's port; tiers use the next ones")
     up.add_argument("--config", help="the router's router.toml (default: one written into the data dir on "
                                      "every start, for the tiers started on the ports above)")
     up.set_defaults(run=_up)
 
     doctor = sub.add_parser("doctor", help="health of a router (or any A2M URL) and its tiers")
-    doctor.add_argument("url", nargs="?", default="http://127.0.0.1:8700/")
+    doctor.add_argument("url", nargs="?", type=_http_url, default="http://127.0.0.1:8700/")
     doctor.add_argument("--token")
     doctor.set_defaults(run=_doctor)
 
@@ -197,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--unowned", action="store_true",
                            help="also export the unowned partition when --owner names owners")
         else:
-            p.add_argument("--batch", type=int, default=500)
+            p.add_argument("--batch", type=_positive, default=500, help="records per memory/remember call")
         p.set_defaults(run=_transfer)
 
     bench = sub.add_parser("bench", help="run every benchmark and print a table")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -34,6 +35,31 @@ WIRE_FIELDS = ("id", "content", "created_at", "role", "metadata", "group", "tier
 
 class TransferError(Exception):
     """Export or import cannot continue; the message says why and what to do."""
+
+
+def _client(target: str, token: str | None, timeout: float) -> Any:
+    """An http(s) URL, or the command line of a server that speaks A2M over stdio (run as a child).
+
+    A bearer token is an HTTP header: a stdio server is trusted as its parent's own process, so
+    `--token` there is a mistake worth saying, not a setting to drop.
+    """
+    from a2m.client import HTTPClient, StdioClient
+
+    from .cli import http_url_problem
+
+    if target.startswith(("http://", "https://")):
+        problem = http_url_problem(target)
+        if problem:
+            raise TransferError(problem)
+        return HTTPClient(target, token=token, timeout=timeout)
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", target):
+        raise TransferError(f"{target}: A2M is served over http:// or https://, or as a stdio command line")
+    if token is not None:
+        raise TransferError(f"--token is sent over HTTP only, and {target!r} is not an http(s) URL")
+    command = shlex.split(target)
+    if not command:
+        raise TransferError("no endpoint: give an http(s) URL or the command line of a stdio A2M server")
+    return StdioClient(command, timeout=timeout)
 
 
 def _progress() -> Any:
@@ -110,7 +136,11 @@ def _output(file: str) -> Iterator[IO[bytes]]:
     path = Path(file)
     partial = path.with_name(path.name + ".partial")
     try:
-        with open(partial, "wb") as handle:
+        handle = open(partial, "wb")
+    except OSError as exc:
+        raise TransferError(f"cannot write {file}: {exc.strerror}") from None
+    try:
+        with handle:
             yield handle
     except BaseException:
         partial.unlink(missing_ok=True)  # a failed export leaves no half file behind
@@ -121,12 +151,11 @@ def _output(file: str) -> Iterator[IO[bytes]]:
 async def export(url: str, file: str, token: str | None = None, embeddings: bool = False,
                  owners: Sequence[str | None] = (None,), quiet: bool = False, page: int = PAGE) -> int:
     """Write every record reachable at `url` (for each owner in `owners`) to `file` as JSON Lines."""
-    from a2m.client import connect
     from a2m.errors import A2MError
 
     written = 0
     try:
-        async with connect(url, token=token, timeout=60.0) as client:
+        async with _client(url, token, 60.0) as client:
             described = await _describe(client)
             tiers, mounted = _tier_names(described)
             if mounted:
@@ -151,6 +180,9 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
         return 1
     except A2MError as exc:
         print(f"a2m export: {url}: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the output cannot be written, or a stdio server's command cannot be run
+        print(f"a2m export: {_os_error(exc)}", file=sys.stderr)
         return 1
     if not quiet:
         print(f"exported {written} records to {file}", file=sys.stderr)
@@ -198,6 +230,10 @@ def _read_lines(file: str) -> Iterator[tuple[int, dict[str, Any]]]:
             handle.close()
 
 
+def _os_error(exc: OSError) -> str:
+    return f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
+
+
 def _written(sent: int) -> str:
     return (f" ({sent} records before it were written; importing the file again skips them)" if sent
             else " (nothing was written)")
@@ -231,13 +267,12 @@ def _prepare(record: dict[str, Any], tiers: set[str], keep_tier: bool) -> dict[s
 
 async def import_(url: str, file: str, token: str | None = None, batch: int = 500, quiet: bool = False) -> int:
     """Write the records of a JSON Lines export to `url` in `memory/remember` batches."""
-    from a2m.client import connect
     from a2m.errors import A2MError
 
-    total = _count_lines(file)
     sent = kept = 0
     try:
-        async with connect(url, token=token, timeout=120.0) as client:
+        total = _count_lines(file)
+        async with _client(url, token, 120.0) as client:
             described = await _describe(client)
             tiers = {t.get("name") for t in described.get("tiers") or [] if t.get("name")}
             keep_tier = "tiers" in (described.get("capabilities") or [])
@@ -288,6 +323,9 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
         return 1
     except A2MError as exc:
         print(f"a2m import: {url}: {exc.message}{_written(sent)}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the file cannot be read, or a stdio server's command cannot be run
+        print(f"a2m import: {_os_error(exc)}{_written(sent)}", file=sys.stderr)
         return 1
     if not quiet:
         note = f"; {kept} kept a newer record already at their key" if kept else ""

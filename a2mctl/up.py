@@ -292,6 +292,10 @@ def up(args: argparse.Namespace) -> int:
 
     from .cli import default_data_dir
 
+    port = int(args.port)
+    if not 1 <= port <= 65535 - len(TIERS):
+        raise SystemExit(f"a2m up --port: the router listens on it and the tiers on the next {len(TIERS)}, "
+                         f"so it must be from 1 to {65535 - len(TIERS)}, not {port}")
     console = Console(highlight=False)
     data = Path(args.data).expanduser() if args.data else default_data_dir()
     data = data.resolve()
@@ -299,7 +303,6 @@ def up(args: argparse.Namespace) -> int:
     import psutil
 
     started = psutil.Process().create_time()  # the engines this run starts are younger than this process
-    port = int(args.port)
     tiers = parse_tiers(args.tiers)
     host = "127.0.0.1"
     with_router = router_available()

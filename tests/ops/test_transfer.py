@@ -167,3 +167,47 @@ async def test_export_through_a_router_with_a_tier_down_fails(tmp_path: Path,
         assert await transfer.export(stack.url, str(tmp_path / "partial.jsonl"), quiet=True) == 1
     assert "semantic did not answer" in capsys.readouterr().err
     assert not (tmp_path / "partial.jsonl").exists()
+
+
+@pytest.mark.anyio
+async def test_export_and_import_through_a_stdio_server(tmp_path: Path) -> None:
+    """A command line is an endpoint too: the server runs as a child speaking A2M on stdio (here the
+    Redis-backed working tier, whose data outlives each run of the command)."""
+    records = [_record(i) for i in range(60)]
+    for r in records:
+        r.pop("embedding", None)
+        r.pop("uri", None)
+    command = " ".join(a2m_command("serve", "working", "--stdio", "--data", str(tmp_path / "data")))
+    dump, again = tmp_path / "dump.jsonl", tmp_path / "again.jsonl"
+    dump.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    assert await transfer.import_(command, str(dump), batch=16, quiet=True) == 0
+    assert await transfer.export(command, str(again), quiet=True) == 0
+    got = {r["id"]: r for r in _lines(again)}
+    assert len(got) == len(records)
+    for want in records:
+        assert {k: got[want["id"]][k] for k in want} == want
+
+
+def test_unusable_endpoints_and_files_are_named_not_raised(tmp_path: Path) -> None:
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(b'{"content": "x"}\n')
+    cases = [
+        (["import", "http://127.0.0.1:1/", str(tmp_path / "missing.jsonl")], "missing.jsonl: No such file"),
+        (["import", "http://127.0.0.1:1/", str(tmp_path)], "Is a directory"),
+        (["export", "ftp://example", str(tmp_path / "x.jsonl")], "is served over http:// or https://"),
+        (["export", "http://127.0.0.1:99999/", str(tmp_path / "x.jsonl")], "Port out of range"),
+        (["import", "http://[::1", str(good)], "Invalid IPv6 URL"),
+        (["export", "no-such-a2m-command --stdio", str(tmp_path / "x.jsonl")], "no-such-a2m-command"),
+        (["import", " ".join(fixture_server_command("--stdio")), str(good), "--token", "t"], "--token is sent over HTTP"),
+    ]
+    for argv, message in cases:
+        done = subprocess.run(a2m_command(*argv), cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, (argv, done.stderr)
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+@pytest.mark.anyio
+async def test_an_export_to_a_missing_directory_says_so(two_fixture_servers: tuple[str, str], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert await transfer.export(two_fixture_servers[0], str(tmp_path / "no" / "x.jsonl"), quiet=True) == 1
+    assert f"cannot write {tmp_path / 'no' / 'x.jsonl'}: No such file or directory" in capsys.readouterr().err
