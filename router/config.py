@@ -151,6 +151,9 @@ def _tier(raw: Any, index: int, default_timeout: float) -> TierConfig:
         if capacity < 1:
             raise ConfigError(f"{where}: capacity must be a positive integer, got {capacity}")
     per_session = _type(raw.get("per_session", kind == "working"), bool, f"{where}: per_session", "true or false")
+    if raw.get("per_session") is True and capacity is None and raw.get("spill_to") is None:
+        raise ConfigError(f"{where}: per_session = true counts capacity per session and spills a closed session "
+                          f"into spill_to, and this tier has neither: set one, or leave per_session out")
     promote_after = _type(raw.get("promote_after", 3), int, f"{where}: promote_after", "a positive integer")
     if promote_after < 1:
         raise ConfigError(f"{where}: promote_after must be a positive integer, got {promote_after}")
@@ -191,6 +194,8 @@ def validate(tiers: tuple[TierConfig, ...]) -> None:
                 continue
             verb = "spills" if link == "spill_to" else "promotes"
             target = by_name.get(target_name)
+            if target_name == tier.name:
+                raise ConfigError(f"tier {tier.name!r} {verb} into itself: {link} names another tier")
             if target is None:
                 raise ConfigError(f"tier {tier.name!r} {verb} into {target_name!r}, which is not a configured tier "
                                   f"(tiers: {', '.join(names)})")

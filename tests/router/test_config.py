@@ -42,7 +42,8 @@ def test_service_token_from_env() -> None:
 @pytest.mark.parametrize("change, message", [
     ({"name": "working", "spill_to": "episodc"}, "spills into 'episodc', which is not a configured tier"),
     ({"name": "episodic", "spill_to": "working"}, "cycle: working -> episodic -> working"),
-    ({"name": "episodic", "promote_to": "episodic"}, "cycle: episodic -> episodic"),
+    ({"name": "episodic", "promote_to": "episodic"}, "tier 'episodic' promotes into itself"),
+    ({"name": "working", "spill_to": "working"}, "tier 'working' spills into itself"),
     ({"name": "working", "spill_to": "procedural"}, "a procedural tier"),
     ({"name": "semantic", "read_only": True, "url": "http://127.0.0.1:3/"}, None),
     ({"name": "working", "kind": "scratch"}, "kind must be one of"),
@@ -211,6 +212,7 @@ def test_a_misspelt_key_gets_a_suggestion(data: dict, message: str) -> None:
     (one_tier(url="http://"), "tier 'w': url is required and must be an http(s) URL with a host"),
     (one_tier(url="http://127.0.0.1:99999/"), "tier 'w': url is required and must be an http(s) URL with a host"),
     (one_tier(url="http://host name/"), "tier 'w': url is required and must be an http(s) URL with a host"),
+    (one_tier(kind="episodic", per_session=True), "tier 'w': per_session = true counts capacity per session"),
     ({"name": ""}, "name must be a non-empty string"),
     ({"tiers": [{"name": " ", "kind": "working", "url": "http://127.0.0.1:1/"}]}, "tiers[0].name is required"),
 ])
