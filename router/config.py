@@ -282,7 +282,8 @@ def _origin(origin: Any) -> str:
         raise ConfigError(f"allowed_origins: {origin!r} is not an origin; write scheme://host[:port], "
                           f"e.g. \"https://app.example.com\"")
     default_port = {"http": 80, "https": 443}.get(parts.scheme.lower())
-    canonical = f"{parts.scheme.lower()}://{parts.hostname}" + (f":{port}" if port and port != default_port else "")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # an IPv6 literal
+    canonical = f"{parts.scheme.lower()}://{host}" + (f":{port}" if port and port != default_port else "")
     if origin != canonical:
         raise ConfigError(f"allowed_origins: {origin!r} never matches a browser's Origin header, which has no "
                           f"path, user, default port or capitals; write {canonical!r}")

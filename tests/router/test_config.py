@@ -256,9 +256,10 @@ def test_auth_settings_that_could_never_work_are_refused(data: dict, env: dict, 
 def test_auth_settings_as_browsers_and_clients_send_them_are_kept() -> None:
     config = parse({"auth": {"tokens": {"tok-a": "alice", "tok b": "bob"}, "service_token": "svc",
                              "allowed_origins": ["https://app.example.com", "http://localhost:5173",
-                                                 "chrome-extension://abcdef"]}}, env={})
+                                                 "chrome-extension://abcdef", "http://[::1]:8080"]}}, env={})
     assert config.tokens == {"tok-a": "alice", "tok b": "bob"}
-    assert config.allowed_origins == {"https://app.example.com", "http://localhost:5173", "chrome-extension://abcdef"}
+    assert config.allowed_origins == {"https://app.example.com", "http://localhost:5173", "chrome-extension://abcdef",
+                                      "http://[::1]:8080"}
 
 
 @pytest.mark.parametrize("data, message", [
