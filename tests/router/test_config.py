@@ -42,7 +42,8 @@ def test_service_token_from_env() -> None:
 @pytest.mark.parametrize("change, message", [
     ({"name": "working", "spill_to": "episodc"}, "spills into 'episodc', which is not a configured tier"),
     ({"name": "episodic", "spill_to": "working"}, "cycle: working -> episodic -> working"),
-    ({"name": "episodic", "promote_to": "episodic"}, "cycle: episodic -> episodic"),
+    ({"name": "episodic", "promote_to": "episodic"}, "tier 'episodic' promotes into itself"),
+    ({"name": "working", "spill_to": "working"}, "tier 'working' spills into itself"),
     ({"name": "working", "spill_to": "procedural"}, "a procedural tier"),
     ({"name": "semantic", "read_only": True, "url": "http://127.0.0.1:3/"}, None),
     ({"name": "working", "kind": "scratch"}, "kind must be one of"),
@@ -139,3 +140,161 @@ def test_the_unknown_key_message_lists_each_known_key_once_sorted() -> None:
     names = [name.strip(" '[]") for name in known.split(",")]
     assert names == sorted(set(names)), known
     assert {"fusion", "embedder", "tiers", "timeout"} <= set(names)
+
+
+# ---- every written setting is honoured or refused, never dropped or a traceback -------------------
+
+def one_tier(**fields: object) -> dict:
+    return {"tiers": [{"name": "w", "kind": "working", "url": "http://127.0.0.1:1/", **fields}]}
+
+
+@pytest.mark.parametrize("data, message", [
+    # TOML writes nan and inf; each used to pass `value <= 0` and reach the policy or the scorer.
+    ({"timeout": float("nan")}, "timeout must be a positive number (a finite one), got nan"),
+    ({"timeout": float("inf")}, "timeout must be a positive number (a finite one), got inf"),
+    (one_tier(timeout=float("nan")), "tier 'w': timeout must be a positive number (a finite one), got nan"),
+    ({"fusion": {"half_life_days": float("nan")}}, "fusion.half_life_days must be a positive number (a finite"),
+    ({"fusion": {"weights": {"text": float("inf")}}}, "fusion.weights.text must be a number of at least 0 (a finite"),
+    ({"fusion": {"weights": {"text": -1}}}, "fusion.weights.text must be a number of at least 0, got -1"),
+    ({"fusion": {"weights": {k: 0 for k in ("text", "vector", "rank", "recency", "salience")}}},
+     "fusion.weights are all 0"),
+    # A string or an array for the weights table used to raise a bare ValueError/TypeError from dict().
+    ({"fusion": {"weights": "text=1"}}, "fusion.weights must be a table of"),
+    ({"fusion": {"weights": [1, 2]}}, "fusion.weights must be a table of"),
+    ({"fusion": {"weights": {"txt": 1}}}, "fusion.weights.txt is unknown (did you mean 'text'?)"),
+])
+def test_numbers_are_finite_and_weights_a_table_of_them(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse(data, env={})
+
+
+@pytest.mark.parametrize("data, message", [
+    # One of the two used to win without a word ([router] over the top level, [auth] over both).
+    ({"timeout": 4, "router": {"timeout": 3}}, "timeout is set both at the top level and under [router]"),
+    ({"fusion": {"rrf_k": 5}, "router": {"fusion": "rerank"}}, "fusion is set both at the top level and under [router]"),
+    ({"embedder": "none", "router": {"embedder": "local"}}, "embedder is set both at the top level and under [router]"),
+    ({"service_token": "a", "auth": {"service_token": "b"}}, "service_token is set both in [auth] and at the top level"),
+    ({"router": {"allowed_origins": ["https://a.example"]}, "auth": {"allowed_origins": ["https://b.example"]}},
+     "allowed_origins is set both in [auth] and under [router]"),
+])
+def test_a_setting_written_in_two_places_is_refused(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse(data, env={})
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"tiers": [{"name": "w", "kind": "working", "url": "http://127.0.0.1:1/", "spil_to": "e"}]},
+     "tiers[0] (tier 'w') has unknown keys ['spil_to'] (did you mean 'spil_to' -> 'spill_to'?)"),
+    ({"defualt_tier": "working"}, "router.toml has unknown keys ['defualt_tier'] (did you mean 'defualt_tier' -> "
+                                  "'default_tier'?)"),
+    ({"auth": {"token": {"t": "alice"}}}, "[auth] has unknown keys ['token'] (did you mean 'token' -> 'tokens'?)"),
+    ({"limits": {"max_recal_limit": 5}}, "limits.max_recal_limit is unknown (did you mean 'max_recall_limit'?)"),
+])
+def test_a_misspelt_key_gets_a_suggestion(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse(data, env={})
+
+
+@pytest.mark.parametrize("data, message", [
+    # Each of these was accepted and then never did anything.
+    (one_tier(retention="drop"), "tier 'w': retention = \"drop\" deletes what is over capacity, and this tier has no"),
+    ({"tiers": [{"name": "w", "kind": "working", "url": "http://127.0.0.1:1/", "capacity": 2, "spill_to": "e",
+                 "retention": "drop"}, {"name": "e", "kind": "episodic", "url": "http://127.0.0.1:2/"}]},
+     "tier 'w': retention = \"drop\" and spill_to are both set"),
+    ({"tiers": [{"name": "w", "kind": "working", "url": "http://127.0.0.1:1/"},
+                {"name": "c", "url": "http://127.0.0.1:9/", "read_only": True, "capacity": 10}]},
+     "tier 'c' is read-only: a capacity would never apply"),
+    # The default tier is where a remember without `tier` goes: a read-only one refuses every such write.
+    ({"default_tier": "c", "tiers": [{"name": "w", "kind": "working", "url": "http://127.0.0.1:1/"},
+                                     {"name": "c", "url": "http://127.0.0.1:9/", "read_only": True}]},
+     "default_tier 'c' is read-only"),
+    # URLs the tier client could never open.
+    (one_tier(url="http://"), "tier 'w': url is required and must be an http(s) URL with a host"),
+    (one_tier(url="http://127.0.0.1:99999/"), "tier 'w': url is required and must be an http(s) URL with a host"),
+    (one_tier(url="http://host name/"), "tier 'w': url is required and must be an http(s) URL with a host"),
+    (one_tier(kind="episodic", per_session=True), "tier 'w': per_session = true counts capacity per session"),
+    ({"name": ""}, "name must be a non-empty string"),
+    ({"tiers": [{"name": " ", "kind": "working", "url": "http://127.0.0.1:1/"}]}, "tiers[0].name is required"),
+])
+def test_a_tier_setting_that_would_do_nothing_is_refused(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse(data, env={})
+
+
+def test_a_read_only_default_tier_is_fine_when_every_tier_is_read_only() -> None:
+    config = parse({"default_tier": "c", "tiers": [{"name": "c", "url": "http://127.0.0.1:9/", "read_only": True}]},
+                   env={})
+    assert config.default_tier == "c"
+
+
+@pytest.mark.parametrize("data, env, message", [
+    # A user's token equal to the service token hands that user the tiers' trust to name any owner.
+    ({"auth": {"tokens": {"svc": "alice"}, "service_token": "svc"}}, {},
+     "the token of principal 'alice' is the service token"),
+    ({"auth": {"tokens": {"svc": "alice"}}}, {"A2M_SERVICE_TOKEN": "svc"},
+     "the token of principal 'alice' is the service token"),
+    ({"auth": {"tokens": {"": "alice"}}}, {}, "auth.tokens: the token of principal 'alice' must be a non-empty"),
+    # The binding strips the header's token: one written with spaces around it could never match.
+    ({"auth": {"tokens": {" tok ": "alice"}}}, {}, "must be printable ASCII without spaces around it"),
+    ({"auth": {"tokens": {"t\u00f6k": "alice"}}}, {}, "must be printable ASCII without spaces around it"),
+    ({"auth": {"tokens": {"tok": " "}}}, {}, "auth.tokens: a principal must be a non-empty string"),
+    # A falsy service token used to fall back to $A2M_SERVICE_TOKEN without a word.
+    ({"auth": {"service_token": ""}}, {"A2M_SERVICE_TOKEN": "env"}, "service_token must be a non-empty string"),
+    ({"service_token": 0}, {"A2M_SERVICE_TOKEN": "env"}, "service_token must be a non-empty string"),
+    # The binding compares Origin as a string: these could never match a browser's header.
+    ({"allowed_origins": ["https://app.example.com/"]}, {}, "write 'https://app.example.com'"),
+    ({"allowed_origins": ["https://App.Example.com:443"]}, {}, "write 'https://app.example.com'"),
+    ({"allowed_origins": ["app.example.com"]}, {}, "'app.example.com' is not an origin"),
+    ({"allowed_origins": ["*"]}, {}, "\"*\" is not supported"),
+    ({"allowed_origins": [1]}, {}, "allowed_origins must be an array of origins (strings), got 1"),
+])
+def test_auth_settings_that_could_never_work_are_refused(data: dict, env: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse(data, env=env)
+
+
+def test_auth_settings_as_browsers_and_clients_send_them_are_kept() -> None:
+    config = parse({"auth": {"tokens": {"tok-a": "alice", "tok b": "bob"}, "service_token": "svc",
+                             "allowed_origins": ["https://app.example.com", "http://localhost:5173",
+                                                 "chrome-extension://abcdef", "http://[::1]:8080"]}}, env={})
+    assert config.tokens == {"tok-a": "alice", "tok b": "bob"}
+    assert config.allowed_origins == {"https://app.example.com", "http://localhost:5173", "chrome-extension://abcdef",
+                                      "http://[::1]:8080"}
+
+
+@pytest.mark.parametrize("data, message", [
+    # The model was dropped without a word when there was no HTTP embedder to use it.
+    ({"embedder": {"model": "text-embedding-3-large"}}, "embedder.model names the model of an http(s) embedder"),
+    ({"embedder": {"spec": "none", "model": "m"}}, "embedder.model names the model of an http(s) embedder"),
+    ({"embedder": {"spec": "http://a.example/v1", "url": "http://b.example/v1"}}, "sets both spec and url"),
+    ({"embedder": "http://"}, "embedder must be none, local or an OpenAI-compatible http(s) URL"),
+])
+def test_embedder_settings_that_would_be_dropped_are_refused(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse(data, env={})
+
+
+def test_a_local_embedder_without_its_extra_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without the `embed` extra every embed failed at run time, logged, and records went without vectors.
+    import router.config as config_module
+
+    monkeypatch.setattr(config_module, "LOCAL_EMBEDDER_MODULES", ("a2m_no_such_module",))
+    with pytest.raises(ConfigError, match=re.escape("embedder = \"local\" needs the `embed` extra")):
+        parse({"embedder": "local"}, env={})
+    monkeypatch.setattr(config_module, "LOCAL_EMBEDDER_MODULES", ("tomllib",))
+    assert parse({"embedder": "local"}, env={}).embedder == "local"
+
+
+def test_an_unreadable_config_file_is_a_config_error(tmp_path: Path) -> None:
+    # A directory or a file that is not UTF-8 used to end `a2m serve router` in a traceback.
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load(tmp_path)
+    binary = tmp_path / "router.toml"
+    binary.write_bytes(b"name = 'a'\n\xff\xfe = 1\n")
+    with pytest.raises(ConfigError, match=re.escape("is not UTF-8 text (line 2)")):
+        load(binary)
+    binary.write_text("name = 'a'\ntimeout = \n")
+    with pytest.raises(ConfigError, match=re.escape("not valid TOML: Invalid value (at line 2, column 11)")):
+        load(binary)
+    binary.write_text("")
+    assert load(binary).names == ["working", "episodic", "semantic", "procedural"]
