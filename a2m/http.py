@@ -43,6 +43,38 @@ class HTTPSettings:
     max_body: int = DEFAULT_MAX_BODY
 
 
+def token_problem(token: str) -> str | None:
+    """Why a bearer token could never be presented as written, or None. The binding compares the header's
+    value stripped and decoded as latin-1: spaces around it, control characters or non-ASCII never match."""
+    if not token:
+        return "is empty"
+    if token != token.strip() or not token.isascii() or not token.isprintable():
+        return "must be printable ASCII without spaces around it: an HTTP bearer header cannot carry it as written"
+    return None
+
+
+def origin_problem(origin: str) -> str | None:
+    """Why `origin` would never equal a browser's Origin header (compared as a string), or None."""
+    from urllib.parse import urlsplit
+
+    if origin == "*":
+        return '"*" is not supported: list each origin (scheme://host[:port])'
+    try:
+        parts = urlsplit(origin)
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if parts is None or not parts.scheme or not parts.hostname or "://" not in origin:
+        return f'{origin!r} is not an origin; write scheme://host[:port], e.g. "https://app.example.com"'
+    default_port = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # an IPv6 literal
+    canonical = f"{parts.scheme.lower()}://{host}" + (f":{port}" if port and port != default_port else "")
+    if origin != canonical:
+        return (f"{origin!r} never matches a browser's Origin header, which has no path, user, default port "
+                f"or capitals; write {canonical!r}")
+    return None
+
+
 class Metrics:
     """Per-app registry, so several servers in one process (tests) do not collide."""
 

@@ -22,15 +22,36 @@ def default_data_dir() -> Path:
     return Path(user_data_dir("a2m-router"))
 
 
-def _tokens(values: list[str]) -> dict[str, object]:
-    """`--token TOKEN=principal`: a bearer token and the owner scope it grants."""
+def _tokens(values: list[str], service_token: str | None) -> dict[str, object]:
+    """`--token TOKEN=principal`: a bearer token and the owner scope it grants; checked as router.toml's
+    [auth] tokens are (a2m.http says what a header can carry)."""
+    from a2m.http import token_problem
+
     out: dict[str, object] = {}
     for value in values:
         token, sep, principal = value.partition("=")
-        if not sep or not token or not principal:
+        if not sep or not token or not principal.strip():
             raise SystemExit(f"--token expects TOKEN=PRINCIPAL, got {value!r}")
+        problem = token_problem(token)
+        if problem:
+            raise SystemExit(f"--token: the token of principal {principal!r} {problem}")
+        if token == service_token:
+            raise SystemExit(f"--token: the token of principal {principal!r} is the service token, which the "
+                             f"tiers trust to name any owner: give {principal!r} a token of its own")
+        if out.get(token, principal) != principal:
+            raise SystemExit(f"--token: one token is given for both {out[token]!r} and {principal!r}")
         out[token] = principal
     return out
+
+
+def _origins(values: list[str]) -> frozenset[str]:
+    from a2m.http import origin_problem
+
+    for origin in values:
+        problem = origin_problem(origin)
+        if problem:
+            raise SystemExit(f"--origin / A2M_ALLOWED_ORIGINS: {problem}")
+    return frozenset(values)
 
 
 def _port(text: str) -> int:
@@ -76,21 +97,12 @@ def _http_url(text: str) -> str:
     return text
 
 
-def _option(text: str) -> tuple[str, object]:
-    """`--option KEY=VALUE`: booleans and numbers are typed, so `review=false` means False."""
+def _option(text: str) -> tuple[str, str]:
+    """`--option KEY=VALUE`, the value as written: the engine's check types it (backends.serve), so
+    `collection=007` stays "007" and `review=false` is still False."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise SystemExit(f"--option expects KEY=VALUE, got {text!r}")
-    lowered = value.strip().lower()
-    if lowered in ("true", "yes", "on"):
-        return key, True
-    if lowered in ("false", "no", "off"):
-        return key, False
-    for kind in (int, float):
-        try:
-            return key, kind(value)
-        except ValueError:
-            pass
     return key, value
 
 
@@ -99,8 +111,8 @@ def _serve(args: argparse.Namespace) -> int:
     from a2m.stdio import log_to_stderr
 
     log_to_stderr()
-    tokens = _tokens(args.token)
-    origins = frozenset(args.origin or [o for o in os.environ.get("A2M_ALLOWED_ORIGINS", "").split(",") if o])
+    origins = _origins(args.origin or [o.strip() for o in os.environ.get("A2M_ALLOWED_ORIGINS", "").split(",")
+                                       if o.strip()])
     if args.what == "router":
         from router.config import ConfigError
         from router.server import build_router
@@ -111,13 +123,23 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"a2m serve router: {exc}", file=sys.stderr)
             return 2
         configured = server.http_settings()  # [auth] tokens and origins from router.toml
+        tokens = _tokens(args.token, server.config.service_token)
+        clash = [t for t in tokens if t in configured.tokens and configured.tokens[t] != tokens[t]]
+        if clash:
+            raise SystemExit(f"--token: a token of router.toml's [auth] is given to {tokens[clash[0]]!r} here")
         tokens = {**configured.tokens, **tokens}
         origins |= configured.allowed_origins
     else:
         # Tier servers trust the router's service token to name owners; the router itself
         # only presents it to its tiers, so it is never a front-door token there.
         service_token = args.service_token or os.environ.get("A2M_SERVICE_TOKEN")
+        tokens = _tokens(args.token, service_token)
         if service_token:
+            from a2m.http import token_problem
+
+            problem = token_problem(service_token)
+            if problem:
+                raise SystemExit(f"--service-token / A2M_SERVICE_TOKEN {problem}")
             tokens[service_token] = SERVICE
         from a2m.embedder import make_embedder
         from backends.serve import build
@@ -125,12 +147,23 @@ def _serve(args: argparse.Namespace) -> int:
 
         data = (Path(args.data).expanduser() if args.data else default_data_dir()).resolve()
         name = args.name or args.what
-        options = dict(_option(opt) for opt in args.option)
+        pairs = [_option(opt) for opt in args.option]
+        options = dict(pairs)
+        if len(options) < len(pairs):
+            twice = sorted({k for k, _ in pairs if sum(1 for j, _ in pairs if j == k) > 1})
+            raise SystemExit(f"a2m serve {args.what}: --option {', '.join(twice)} given more than once")
         url = args.url or os.environ.get(f"A2M_{args.what.upper()}_URL")
         settings = TierSettings(name=name, data_dir=data / name, url=url, options=options)
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        embedder = make_embedder(args.embedder or os.environ.get("A2M_EMBEDDER"),
-                                 model=os.environ.get("A2M_EMBEDDER_MODEL"))
+        try:
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SystemExit(f"a2m serve {args.what}: cannot make the data directory {settings.data_dir}: "
+                             f"{exc.strerror}") from None
+        try:
+            embedder = make_embedder(args.embedder or os.environ.get("A2M_EMBEDDER"),
+                                     model=os.environ.get("A2M_EMBEDDER_MODEL"))
+        except ValueError as exc:
+            raise SystemExit(f"a2m serve {args.what}: --embedder / A2M_EMBEDDER: {exc}") from None
         server = build(args.what, settings, embedder=embedder)
     from a2m import tracing
     from a2m.dispatch import Dispatcher

@@ -34,21 +34,45 @@ ENGINES = {"working": "backends.working", "episodic": "backends.episodic",
            "semantic": "backends.semantic", "procedural": "backends.procedural", "corpus": "backends.corpus"}
 
 # ---- engine options -----------------------------------------------------------------------------------
-# `--option KEY=VALUE` arrives typed (a2mctl.cli._option: true/false/yes/no/on/off are booleans, numbers
-# are numbers); each check takes (key, value) and gives the value the engine reads, or raises.
+# `--option KEY=VALUE` arrives as the text written (a2mctl.cli), Python callers may pass typed values;
+# each check takes (key, value) and gives the value the engine reads, typed, or raises. Text is kept as
+# written: `collection=007` is "007", not 7.
 
 Check = Callable[[str, Any], Any]
+FLAGS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
 def _text(key: str, value: Any) -> Any:
     if isinstance(value, bool):
-        raise SettingsError(f"--option {key} takes text, got {value!r} (the command line reads true/false/yes/"
-                            f"no/on/off as a boolean)")
-    if isinstance(value, (int, float)):  # `--option collection=2024` arrives as a number
+        raise SettingsError(f"--option {key} takes text, got {value!r}")
+    if isinstance(value, (int, float)):  # a Python caller's number
         return str(value)
     if isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value):
         return value
     raise SettingsError(f"--option {key} takes text, got {value!r}")
+
+
+def _number(value: Any, kind: type) -> Any:
+    """`value` as `kind` if it is one, or text that reads as one; else the value unchanged (refused by the caller)."""
+    if isinstance(value, str):
+        try:
+            return kind(value.strip())
+        except ValueError:
+            return value
+    return value
+
+
+def typed(value: str) -> Any:
+    """The old reading of option text, for an engine module named by its path (its options are its own
+    business): booleans, then integers, then floats, else the text."""
+    if value.strip().lower() in ("true", "yes", "on", "false", "no", "off"):
+        return FLAGS[value.strip().lower()]
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 def _choice(*allowed: str) -> Check:
@@ -62,13 +86,16 @@ def _choice(*allowed: str) -> Check:
 def _flag(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
+    if isinstance(value, str) and value.strip().lower() in FLAGS:
+        return FLAGS[value.strip().lower()]
     if value in (0, 1) and not isinstance(value, float):
         return bool(value)
-    raise SettingsError(f"--option {key} must be true or false, got {value!r}")
+    raise SettingsError(f"--option {key} must be true or false (yes/no, on/off), got {value!r}")
 
 
 def _int(low: int, high: int | None = None) -> Check:
     def check(key: str, value: Any) -> int:
+        value = _number(value, int)
         if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
             span = f"{low}..{high}" if high is not None else f"at least {low}"
             raise SettingsError(f"--option {key} must be a whole number, {span}; got {value!r}")
@@ -78,6 +105,7 @@ def _int(low: int, high: int | None = None) -> Check:
 
 def _seconds(zero: bool = False) -> Check:
     def check(key: str, value: Any) -> float:
+        value = _number(value, float)
         if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
                 or value < 0 or (value == 0 and not zero)):
             raise SettingsError(f"--option {key} must be a number of seconds, {'at least 0' if zero else 'above 0'}"
@@ -153,7 +181,7 @@ def _check_url(engine: str, url: str) -> None:
 def check(engine: str, settings: TierSettings) -> TierSettings:
     """The settings `engine` is built with, options typed as it reads them; SettingsError if it cannot be."""
     if engine not in OPTIONS:  # an engine module named by its path: its options are its own business
-        return settings
+        return replace(settings, options={k: typed(v) if isinstance(v, str) else v for k, v in settings.options.items()})
     try:
         return _checked(engine, settings)
     except SettingsError as exc:

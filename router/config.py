@@ -25,6 +25,7 @@ from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from a2m.capabilities import TIER_KINDS
+from a2m.http import origin_problem, token_problem
 
 DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000, "max_recall_limit": 1000}
 FUSIONS = ("rrf", "rerank")
@@ -257,36 +258,19 @@ def _positive(value: Any, where: str, kind: type | tuple[type, ...] = int) -> An
 
 
 def _bearer(token: Any, where: str) -> None:
-    """A token as the HTTP binding compares it: the header's value, stripped, decoded as latin-1. One with
-    spaces around it, control characters or non-ASCII text could never be presented as written."""
     if not isinstance(token, str) or not token:
         raise ConfigError(f"{where} must be a non-empty string")
-    if token != token.strip() or not token.isascii() or not token.isprintable():
-        raise ConfigError(f"{where} must be printable ASCII without spaces around it: an HTTP bearer header "
-                          f"cannot carry it as written")
+    problem = token_problem(token)
+    if problem:
+        raise ConfigError(f"{where} {problem}")
 
 
 def _origin(origin: Any) -> str:
-    """An Origin header's value as browsers send it (scheme://host[:port], lower case, no path): the
-    binding compares it as a string, so any other spelling would never match."""
     if not isinstance(origin, str):
         raise ConfigError(f"allowed_origins must be an array of origins (strings), got {origin!r}")
-    if origin == "*":
-        raise ConfigError("allowed_origins: \"*\" is not supported: list each origin (scheme://host[:port])")
-    try:
-        parts = urlsplit(origin)
-        port = parts.port
-    except ValueError:
-        parts, port = None, None
-    if parts is None or not parts.scheme or not parts.hostname or "://" not in origin:
-        raise ConfigError(f"allowed_origins: {origin!r} is not an origin; write scheme://host[:port], "
-                          f"e.g. \"https://app.example.com\"")
-    default_port = {"http": 80, "https": 443}.get(parts.scheme.lower())
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # an IPv6 literal
-    canonical = f"{parts.scheme.lower()}://{host}" + (f":{port}" if port and port != default_port else "")
-    if origin != canonical:
-        raise ConfigError(f"allowed_origins: {origin!r} never matches a browser's Origin header, which has no "
-                          f"path, user, default port or capitals; write {canonical!r}")
+    problem = origin_problem(origin)
+    if problem:
+        raise ConfigError(f"allowed_origins: {problem}")
     return origin
 
 

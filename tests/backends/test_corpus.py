@@ -76,8 +76,11 @@ async def test_corpus_recalls_by_text_vector_and_filter_and_never_writes(corpus_
 
 def qdrant_corpus_command(path, data, *extra: str) -> tuple[list[str], int]:  # type: ignore[no-untyped-def]
     port = free_port()
+    given = {arg.partition("=")[0] for arg in extra}  # an option in `extra` replaces the default (given twice is refused)
+    defaults = [arg for pair in zip(COLLECTION_ARGS[::2], COLLECTION_ARGS[1::2])
+                if pair[1].partition("=")[0] not in given for arg in pair]
     return a2m_command("serve", "corpus", "--port", str(port), "--url", str(path), "--data", str(data),
-                       *COLLECTION_ARGS, *extra), port
+                       *defaults, *extra), port
 
 
 @pytest.fixture(scope="module")
