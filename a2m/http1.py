@@ -44,6 +44,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.framed = False  # the response in progress declared a length or chunking
         self.until_close = False  # its headers are in, and its body runs to the end of the connection
+        self.interim = False  # the message in progress is a 1xx: the final response follows it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -63,12 +64,17 @@ class _Connection(asyncio.Protocol):
             self.framed = True
 
     def on_headers_complete(self) -> None:
-        self.until_close = not self.framed
+        self.interim = self.parser.get_status_code() < 200
+        self.until_close = not self.framed and not self.interim
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:  # 100 Continue, 103 Early Hints (RFC 9110 §15.2): skipped; the answer is still to come
+            self.interim = self.framed = False
+            self.body = []
+            return
         self._complete(self.parser.should_keep_alive())
 
     def _complete(self, keep_alive: bool) -> None:
