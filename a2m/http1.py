@@ -141,32 +141,35 @@ class ConnectionPool:
         self._slots = asyncio.Semaphore(max_connections)
 
     async def post(self, body: bytes, *, timeout: float, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-        """One POST under `timeout` seconds, connect included; any failure is ConnectionFailed."""
+        """One POST under `timeout` seconds, the wait for a free connection and the connect included;
+        any failure is ConnectionFailed."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._rebind(loop)
         request = b"%s%scontent-length: %d\r\n\r\n%s" % (self._head, _header_lines(headers) if headers else b"",
                                                           len(body), body)
-        async with self._slots:
-            conn = self._take_idle(loop.time())
-            reusable = False
-            try:
-                async with asyncio.timeout(timeout):
-                    if conn is None:
-                        conn = await self._connect(loop)
-                    status, payload, reusable = await conn.send(request)
-                return status, payload
-            except TimeoutError:
-                raise ConnectionFailed(f"no response in {timeout:g} s") from None
-            except OSError as exc:
-                raise ConnectionFailed(f"{type(exc).__name__}: {exc}") from exc
-            finally:  # cancelled, timed out or failed mid-response: the connection's state is unknown, so close it
-                if conn is not None:
-                    if reusable and not conn.closed:
-                        conn.idle_since = loop.time()
-                        self._idle.append(conn)
-                    else:
-                        conn.close()
+        conn: _Connection | None = None
+        reusable = False
+        try:
+            async with asyncio.timeout(timeout):  # the wait for a free connection counts too
+                async with self._slots:
+                    try:
+                        conn = self._take_idle(loop.time())
+                        if conn is None:
+                            conn = await self._connect(loop)
+                        status, payload, reusable = await conn.send(request)
+                        return status, payload
+                    finally:  # cancelled, timed out or failed mid-response: its state is unknown, so close it
+                        if conn is not None:
+                            if reusable and not conn.closed:
+                                conn.idle_since = loop.time()
+                                self._idle.append(conn)
+                            else:
+                                conn.close()
+        except TimeoutError:
+            raise ConnectionFailed(f"no response in {timeout:g} s") from None
+        except OSError as exc:
+            raise ConnectionFailed(f"{type(exc).__name__}: {exc}") from exc
 
     def _take_idle(self, now: float) -> _Connection | None:
         while self._idle:

@@ -255,3 +255,20 @@ async def test_interim_1xx_responses_are_skipped_not_taken_for_the_answer() -> N
         assert pool.idle == 1
     finally:
         srv.close()
+
+
+@pytest.mark.anyio
+async def test_the_timeout_counts_the_wait_for_a_free_connection() -> None:
+    """`post` promises an answer or a failure within `timeout`: with every connection held by a
+    silent server, a queued request waited for a slot first, then a whole timeout of its own."""
+    async with server(lambda req: None) as (url, _, _):
+        pool = ConnectionPool(url, max_connections=1)
+        loop = asyncio.get_running_loop()
+
+        async def timed() -> float:
+            started = loop.time()
+            with pytest.raises(ConnectionFailed, match="no response in 0.4 s"):
+                await pool.post(b"{}", timeout=0.4)
+            return loop.time() - started
+
+        assert max(await asyncio.gather(*(timed() for _ in range(3)))) < 0.9  # queued in turn: 1.2 s
