@@ -252,9 +252,14 @@ class StdioClient:
 
 
 def connect(target: str, **kwargs: Any) -> HTTPClient | StdioClient:
-    """`http(s)://...` -> HTTPClient; anything else is a command line for StdioClient."""
+    """`http(s)://...` -> HTTPClient; anything else is a command line for StdioClient.
+
+    `token` is HTTP's (a child process is a local transport, protocol §7): None is dropped for
+    stdio, so a caller may pass its optional token either way; a token given is refused."""
     if target.startswith(("http://", "https://")):
         return HTTPClient(target, **kwargs)
     import shlex
 
+    if kwargs.pop("token", None) is not None:
+        raise ValueError("a bearer token is for an http(s):// server; a command line speaks stdio")
     return StdioClient(shlex.split(target), **kwargs)

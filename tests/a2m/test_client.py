@@ -133,3 +133,9 @@ async def test_stdio_reader_survives_a_reply_over_the_limit_and_an_odd_id() -> N
                     await client.call(method, timeout=1)
                 assert await client.call("ok") == {"ok": True}
 
+
+def test_connect_drops_an_absent_token_for_a_command_line() -> None:
+    """`a2m export`/`import` pass `token=None` whatever the URL: a command line failed with TypeError."""
+    assert isinstance(connect("python -m x --stdio", token=None, timeout=5), StdioClient)
+    with pytest.raises(ValueError, match="token"):
+        connect("python -m x --stdio", token="t")
