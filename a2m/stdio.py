@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from typing import Any
 
@@ -52,6 +53,11 @@ async def serve_stdio(dispatcher: Dispatcher, lifespan: Any = None) -> None:
     reader = asyncio.StreamReader(limit=MAX_LINE)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     out = sys.stdout.buffer
+    # The read transport made stdin non-blocking, and with it stdout where both are one socket or
+    # terminal (socat, inetd, systemd): a write to a full non-blocking stdout writes part of the
+    # line and says nothing, cutting the reply and gluing the next onto it. Writes block, as on a pipe.
+    if not os.get_blocking(out.fileno()):
+        os.set_blocking(out.fileno(), True)
     lock = asyncio.Lock()
 
     async def write(obj: dict[str, Any]) -> None:
