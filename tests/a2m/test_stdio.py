@@ -110,3 +110,17 @@ def test_replies_are_whole_when_stdin_and_stdout_are_one_socket() -> None:
             proc.kill()
             proc.wait()
 
+
+def test_stdin_may_be_a_regular_file(tmp_path: Path) -> None:
+    """`--stdio < requests.jsonl`: the pipe transport refuses a regular file, so the server
+    failed at start with a traceback and answered nothing."""
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(_rpc(1, "memory/events/subscribe") + _rpc(2, "memory/remember", {"records": [{"content": "x"}]})
+                         + _rpc(3, "memory/timeline"))
+    with requests.open("rb") as stdin:
+        done = subprocess.run(fixture_server_command("--stdio"), stdin=stdin, capture_output=True, cwd=ROOT,
+                              timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert [m.get("id", m.get("method")) for m in lines] == [1, "memory/event", 2, 3]
+    assert lines[3]["result"]["records"][0]["content"] == "x"
