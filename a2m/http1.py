@@ -174,7 +174,8 @@ class ConnectionPool:
     def _take_idle(self, now: float) -> _Connection | None:
         while self._idle:
             conn = self._idle.pop()  # the most recently used: the likeliest to be alive
-            if not conn.closed and now - conn.idle_since < self.idle_timeout:
+            # is_closing: the server's FIN closed the transport, `connection_lost` is a loop turn away
+            if not conn.closed and not conn.transport.is_closing() and now - conn.idle_since < self.idle_timeout:
                 return conn
             conn.close()
         return None

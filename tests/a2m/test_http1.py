@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 
 from a2m.http1 import ConnectionFailed, ConnectionPool
@@ -272,3 +273,20 @@ async def test_the_timeout_counts_the_wait_for_a_free_connection() -> None:
             return loop.time() - started
 
         assert max(await asyncio.gather(*(timed() for _ in range(3)))) < 0.9  # queued in turn: 1.2 s
+
+
+@pytest.mark.anyio
+async def test_a_connection_the_server_just_closed_is_not_reused() -> None:
+    """The server's FIN closes the transport at once but tells the protocol (`connection_lost`) a
+    loop turn later; a request taken in that turn wrote into the closed transport and failed,
+    though the pool already knew the connection was gone."""
+    async with server(lambda req: sized(b"{}"), close_after=True) as (url, _, connections):
+        pool = ConnectionPool(url)
+        assert await pool.post(b"{}", timeout=5) == (200, b"{}")
+        idle = pool._idle[0]
+        with anyio.fail_after(5):
+            while not (idle.transport is not None and idle.transport.is_closing()):
+                await asyncio.sleep(0)
+        assert not idle.closed  # the turn in between
+        assert await pool.post(b"{}", timeout=5) == (200, b"{}")
+        assert len(connections) == 2
