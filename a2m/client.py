@@ -72,6 +72,9 @@ class HTTPClient:
     async def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> dict[str, Any]:
         body = orjson.dumps({"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params or {}})
         status, payload = await self._post(body, timeout, method)
+        if status == 413:  # the server is there and refused this request's size: its answer, not an outage
+            raise A2MError(errors.INVALID_PARAMS, f"{self.url} refused a request of {len(body)} bytes as too large",
+                           {"url": self.url, "status": 413, "size": len(body)})
         if status != 200:
             raise Unavailable(f"{self.url} answered HTTP {status}",
                               {"url": self.url, "status": status, "body": payload[:200].decode(errors="replace")})

@@ -139,3 +139,17 @@ def test_connect_drops_an_absent_token_for_a_command_line() -> None:
     assert isinstance(connect("python -m x --stdio", token=None, timeout=5), StdioClient)
     with pytest.raises(ValueError, match="token"):
         connect("python -m x --stdio", token="t")
+
+
+@pytest.mark.anyio
+async def test_http_413_is_the_servers_answer_not_an_outage() -> None:
+    """A body over the server's limit (a router batch that grew with its embeddings) came back as
+    Unavailable, which the router reads as "the tier is down": it marked a healthy tier down."""
+    port = free_port()
+    with http_server(fixture_server_command("--port", str(port)), port) as url:
+        async with HTTPClient(url) as client:
+            with pytest.raises(A2MError) as err:
+                await client.call("memory/remember", {"records": [{"content": "x" * (17 << 20)}]})
+            assert err.value.code == -32602 and not isinstance(err.value, Unavailable)
+            assert err.value.data["status"] == 413
+            assert (await client.call("memory/describe"))["protocol"] == "a2m/0.1"
