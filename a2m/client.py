@@ -194,6 +194,8 @@ class StdioClient:
                 await outcome
             except Exception:
                 log.exception("on_notify failed")
+            finally:
+                notes.task_done()
 
     async def send_raw(self, line: bytes) -> None:
         assert self._proc is not None and self._proc.stdin is not None
@@ -237,8 +239,14 @@ class StdioClient:
         except asyncio.TimeoutError:
             self._proc.kill()
             await self._proc.wait()
+        if self._reader is not None:
+            await asyncio.wait({self._reader}, timeout=2)  # it reads what the child wrote to the end
+        if self._notes is not None:  # and what it read is delivered
+            drained = asyncio.ensure_future(self._notes.join())
+            await asyncio.wait({drained}, timeout=5)
+            drained.cancel()
         for task in (self._reader, self._notifier):
-            if task is not None:  # the reader has usually seen the end of output by now
+            if task is not None:
                 task.cancel()
                 await asyncio.wait({task})  # done before a restart: its last words are this child's
         while self._notes is not None and not self._notes.empty():

@@ -91,6 +91,21 @@ async def test_stdio_notification_handler_may_call_the_client_and_may_fail() -> 
             assert (await client.call("memory/describe"))["protocol"] == "a2m/0.1"
 
 
+
+@pytest.mark.anyio
+async def test_stdio_notifications_read_before_close_are_delivered() -> None:
+    """Handlers run apart from the reader; closing still waits for those already read."""
+    kinds: list[str] = []
+
+    async def slow(message: dict) -> None:
+        await asyncio.sleep(0.01)
+        kinds.append(message["params"]["kind"])
+
+    async with StdioClient(fixture_server_command("--stdio"), on_notify=slow, timeout=30) as client:
+        await client.call("memory/events/subscribe", {})
+        await client.call("memory/remember", {"records": [{"content": f"n{i}"} for i in range(20)]})
+    assert kinds == ["written"] * 20
+
 @pytest.mark.anyio
 async def test_stdio_concurrent_first_calls_start_one_child(tmp_path: Path) -> None:
     """Each of two first calls started a child of its own: both readers read one child's output
