@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -18,6 +19,9 @@ import orjson
 from . import errors, tracing
 from .errors import A2MError
 from .http1 import ConnectionFailed, ConnectionPool
+from .stdio import MAX_LINE, LineTooLong, read_line
+
+log = logging.getLogger("a2m.client")
 
 Notify = Callable[[dict[str, Any]], Awaitable[None] | None]
 
@@ -68,6 +72,9 @@ class HTTPClient:
     async def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> dict[str, Any]:
         body = orjson.dumps({"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params or {}})
         status, payload = await self._post(body, timeout, method)
+        if status == 413:  # the server is there and refused this request's size: its answer, not an outage
+            raise A2MError(errors.INVALID_PARAMS, f"{self.url} refused a request of {len(body)} bytes as too large",
+                           {"url": self.url, "status": 413, "size": len(body)})
         if status != 200:
             raise Unavailable(f"{self.url} answered HTTP {status}",
                               {"url": self.url, "status": status, "body": payload[:200].decode(errors="replace")})
@@ -93,7 +100,10 @@ class StdioClient:
     """Runs a server as a child process and speaks newline-delimited JSON-RPC to it.
 
     Responses are matched to requests by id, so calls may run concurrently;
-    notifications (`memory/event`) go to `on_notify`.
+    notifications (`memory/event`) go to `on_notify`, in order. A coroutine
+    `on_notify` runs apart from the reader, so it may call this client; an
+    exception from it is logged. Once the child's output ends, every pending
+    call and every later one fails with `Unavailable` until `close()`.
     """
 
     def __init__(self, command: Sequence[str], *, on_notify: Notify | None = None,
@@ -103,59 +113,115 @@ class StdioClient:
         self.env = env
         self.timeout = timeout
         self._proc: asyncio.subprocess.Process | None = None
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._pending: dict[Any, asyncio.Future[Any]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._notes: asyncio.Queue[Awaitable[None]] | None = None
+        self._notifier: asyncio.Task[None] | None = None
+        self._ended: str | None = None  # why the child's output ended, once it has
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
+        self._starting = asyncio.Lock()
 
     async def start(self) -> "StdioClient":
-        self._proc = await asyncio.create_subprocess_exec(
-            *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, **(self.env or {})}, limit=64 * 1024 * 1024,
-        )
-        self._reader = asyncio.create_task(self._read())
+        async with self._starting:  # concurrent first calls start one child, not one each
+            if self._proc is None:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                    env={**os.environ, **(self.env or {})}, limit=MAX_LINE,
+                )
+                self._ended = None
+                self._reader = asyncio.create_task(self._read(self._proc))
         return self
 
-    async def _read(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        ended = "server process ended"
+        try:
+            while True:
+                try:
+                    line = await read_line(proc.stdout)
+                except LineTooLong:  # its caller times out; the lines after it are still read
+                    log.warning("%s: dropped a reply line over %d bytes", self.command[0], MAX_LINE)
+                    continue
+                if not line:
+                    break
+                try:
+                    message = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue  # a server must not do this; the conformance suite checks it separately
+                if not isinstance(message, dict):
+                    continue
+                if "method" in message and "id" not in message:
+                    self._notify(message)
+                    continue
+                try:
+                    future = self._pending.pop(message.get("id"), None)
+                except TypeError:  # an id no request has (a list, an object)
+                    continue
+                if future is not None and not future.done():
+                    future.set_result(message)
+        except Exception as exc:  # never end silently: the pending calls would wait out their timeout
+            log.exception("reading from %s", self.command[0])
+            ended = f"reading the server's output failed: {type(exc).__name__}"
+        finally:
+            self._ended = ended
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(Unavailable(ended))
+            self._pending.clear()
+
+    def _notify(self, message: dict[str, Any]) -> None:
+        if self.on_notify is None:
+            return
+        try:
+            outcome = self.on_notify(message)
+        except Exception:
+            log.exception("on_notify failed")
+            return
+        if asyncio.iscoroutine(outcome) or isinstance(outcome, asyncio.Future):
+            # Awaited apart from the reader, in arrival order: a handler that calls this client
+            # waits for a reply only the reader can deliver.
+            if self._notes is None:
+                self._notes = asyncio.Queue()
+                self._notifier = asyncio.create_task(self._deliver(self._notes))
+            self._notes.put_nowait(outcome)
+
+    @staticmethod
+    async def _deliver(notes: "asyncio.Queue[Awaitable[None]]") -> None:
         while True:
-            line = await self._proc.stdout.readline()
-            if not line:
-                break
+            outcome = await notes.get()
             try:
-                message = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue  # a server must not do this; the conformance suite checks it separately
-            if isinstance(message, dict) and "method" in message and "id" not in message:
-                if self.on_notify is not None:
-                    outcome = self.on_notify(message)
-                    if asyncio.iscoroutine(outcome):
-                        await outcome
-                continue
-            future = self._pending.pop(message.get("id") if isinstance(message, dict) else None, None)
-            if future is not None and not future.done():
-                future.set_result(message)
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(Unavailable("server process ended"))
-        self._pending.clear()
+                await outcome
+            except Exception:
+                log.exception("on_notify failed")
+            finally:
+                notes.task_done()
 
     async def send_raw(self, line: bytes) -> None:
         assert self._proc is not None and self._proc.stdin is not None
-        async with self._lock:
-            self._proc.stdin.write(line if line.endswith(b"\n") else line + b"\n")
-            await self._proc.stdin.drain()
+        if self._ended is not None:
+            raise Unavailable(self._ended)
+        try:
+            async with self._lock:
+                self._proc.stdin.write(line if line.endswith(b"\n") else line + b"\n")
+                await self._proc.stdin.drain()
+        except ConnectionError as exc:  # the child closed its input or ended
+            raise Unavailable(f"server process ended: {type(exc).__name__}") from exc
 
     async def request_raw(self, message: dict[str, Any], *, timeout: float | None = None) -> Any:
         """Send one message (with an int id) and return the raw response object."""
+        if self._ended is not None:
+            raise Unavailable(self._ended)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[message["id"]] = future
-        await self.send_raw(orjson.dumps(message))
         try:
+            await self.send_raw(orjson.dumps(message))
             return await asyncio.wait_for(future, timeout or self.timeout)
         except asyncio.TimeoutError:
-            self._pending.pop(message["id"], None)
             raise Unavailable("stdio server did not answer in time") from None
+        finally:
+            if self._pending.get(message["id"]) is future:
+                del self._pending[message["id"]]
 
     async def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> dict[str, Any]:
         if self._proc is None:
@@ -174,8 +240,20 @@ class StdioClient:
             self._proc.kill()
             await self._proc.wait()
         if self._reader is not None:
-            self._reader.cancel()
-        self._proc = None
+            await asyncio.wait({self._reader}, timeout=2)  # it reads what the child wrote to the end
+        if self._notes is not None:  # and what it read is delivered
+            drained = asyncio.ensure_future(self._notes.join())
+            await asyncio.wait({drained}, timeout=5)
+            drained.cancel()
+        for task in (self._reader, self._notifier):
+            if task is not None:
+                task.cancel()
+                await asyncio.wait({task})  # done before a restart: its last words are this child's
+        while self._notes is not None and not self._notes.empty():
+            outcome = self._notes.get_nowait()
+            if asyncio.iscoroutine(outcome):
+                outcome.close()  # never delivered: the client is closing
+        self._proc = self._reader = self._notifier = self._notes = None
 
     async def __aenter__(self) -> "StdioClient":
         return await self.start()
@@ -185,9 +263,14 @@ class StdioClient:
 
 
 def connect(target: str, **kwargs: Any) -> HTTPClient | StdioClient:
-    """`http(s)://...` -> HTTPClient; anything else is a command line for StdioClient."""
+    """`http(s)://...` -> HTTPClient; anything else is a command line for StdioClient.
+
+    `token` is HTTP's (a child process is a local transport, protocol §7): None is dropped for
+    stdio, so a caller may pass its optional token either way; a token given is refused."""
     if target.startswith(("http://", "https://")):
         return HTTPClient(target, **kwargs)
     import shlex
 
+    if kwargs.pop("token", None) is not None:
+        raise ValueError("a bearer token is for an http(s):// server; a command line speaks stdio")
     return StdioClient(shlex.split(target), **kwargs)

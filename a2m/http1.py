@@ -44,6 +44,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.framed = False  # the response in progress declared a length or chunking
         self.until_close = False  # its headers are in, and its body runs to the end of the connection
+        self.interim = False  # the message in progress is a 1xx: the final response follows it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -63,12 +64,17 @@ class _Connection(asyncio.Protocol):
             self.framed = True
 
     def on_headers_complete(self) -> None:
-        self.until_close = not self.framed
+        self.interim = self.parser.get_status_code() < 200
+        self.until_close = not self.framed and not self.interim
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:  # 100 Continue, 103 Early Hints (RFC 9110 §15.2): skipped; the answer is still to come
+            self.interim = self.framed = False
+            self.body = []
+            return
         self._complete(self.parser.should_keep_alive())
 
     def _complete(self, keep_alive: bool) -> None:
@@ -135,37 +141,41 @@ class ConnectionPool:
         self._slots = asyncio.Semaphore(max_connections)
 
     async def post(self, body: bytes, *, timeout: float, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-        """One POST under `timeout` seconds, connect included; any failure is ConnectionFailed."""
+        """One POST under `timeout` seconds, the wait for a free connection and the connect included;
+        any failure is ConnectionFailed."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._rebind(loop)
         request = b"%s%scontent-length: %d\r\n\r\n%s" % (self._head, _header_lines(headers) if headers else b"",
                                                           len(body), body)
-        async with self._slots:
-            conn = self._take_idle(loop.time())
-            reusable = False
-            try:
-                async with asyncio.timeout(timeout):
-                    if conn is None:
-                        conn = await self._connect(loop)
-                    status, payload, reusable = await conn.send(request)
-                return status, payload
-            except TimeoutError:
-                raise ConnectionFailed(f"no response in {timeout:g} s") from None
-            except OSError as exc:
-                raise ConnectionFailed(f"{type(exc).__name__}: {exc}") from exc
-            finally:  # cancelled, timed out or failed mid-response: the connection's state is unknown, so close it
-                if conn is not None:
-                    if reusable and not conn.closed:
-                        conn.idle_since = loop.time()
-                        self._idle.append(conn)
-                    else:
-                        conn.close()
+        conn: _Connection | None = None
+        reusable = False
+        try:
+            async with asyncio.timeout(timeout):  # the wait for a free connection counts too
+                async with self._slots:
+                    try:
+                        conn = self._take_idle(loop.time())
+                        if conn is None:
+                            conn = await self._connect(loop)
+                        status, payload, reusable = await conn.send(request)
+                        return status, payload
+                    finally:  # cancelled, timed out or failed mid-response: its state is unknown, so close it
+                        if conn is not None:
+                            if reusable and not conn.closed:
+                                conn.idle_since = loop.time()
+                                self._idle.append(conn)
+                            else:
+                                conn.close()
+        except TimeoutError:
+            raise ConnectionFailed(f"no response in {timeout:g} s") from None
+        except OSError as exc:
+            raise ConnectionFailed(f"{type(exc).__name__}: {exc}") from exc
 
     def _take_idle(self, now: float) -> _Connection | None:
         while self._idle:
             conn = self._idle.pop()  # the most recently used: the likeliest to be alive
-            if not conn.closed and now - conn.idle_since < self.idle_timeout:
+            # is_closing: the server's FIN closed the transport, `connection_lost` is a loop turn away
+            if not conn.closed and not conn.transport.is_closing() and now - conn.idle_since < self.idle_timeout:
                 return conn
             conn.close()
         return None

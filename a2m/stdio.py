@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from typing import Any
 
@@ -46,12 +47,60 @@ async def read_line(reader: asyncio.StreamReader) -> bytes:
         raise LineTooLong
 
 
+class _FileReader(asyncio.ReadTransport):
+    """Feeds `protocol` from a regular file: reading one never blocks, so it is read in the loop,
+    a chunk per turn, paused while the reader holds more than its limit (the protocol's flow control)."""
+
+    def __init__(self, fd: int, protocol: asyncio.Protocol) -> None:
+        super().__init__()
+        self._fd, self._protocol = fd, protocol
+        self._reading = asyncio.Event()
+        self._reading.set()
+        protocol.connection_made(self)
+        self._task = asyncio.get_running_loop().create_task(self._pump())
+
+    async def _pump(self) -> None:
+        while True:
+            await self._reading.wait()
+            data = os.read(self._fd, 1 << 20)
+            if not data:
+                break
+            self._protocol.data_received(data)
+            await asyncio.sleep(0)
+        self._protocol.eof_received()
+        self._protocol.connection_lost(None)
+
+    def pause_reading(self) -> None:
+        self._reading.clear()
+
+    def resume_reading(self) -> None:
+        self._reading.set()
+
+    def is_reading(self) -> bool:
+        return self._reading.is_set()
+
+    def is_closing(self) -> bool:
+        return self._task.done()
+
+    def close(self) -> None:
+        self._task.cancel()
+
+
 async def serve_stdio(dispatcher: Dispatcher, lifespan: Any = None) -> None:
     """Serve on this process's stdin/stdout until stdin closes."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_LINE)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    protocol = asyncio.StreamReaderProtocol(reader)
+    try:
+        await loop.connect_read_pipe(lambda: protocol, sys.stdin)
+    except ValueError:  # a regular file (`--stdio < requests.jsonl`), which only pipes and sockets may be
+        _FileReader(sys.stdin.fileno(), protocol)
     out = sys.stdout.buffer
+    # The read transport made stdin non-blocking, and with it stdout where both are one socket or
+    # terminal (socat, inetd, systemd): a write to a full non-blocking stdout writes part of the
+    # line and says nothing, cutting the reply and gluing the next onto it. Writes block, as on a pipe.
+    if not os.get_blocking(out.fileno()):
+        os.set_blocking(out.fileno(), True)
     lock = asyncio.Lock()
 
     async def write(obj: dict[str, Any]) -> None:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 
+import anyio
 import pytest
 
 from a2m.client import HTTPClient, StdioClient, Unavailable, connect
 from a2m.errors import A2MError
+from a2m.stdio import MAX_LINE
 from tests.support.procs import fixture_server_command, free_port, http_server
 
 
@@ -45,3 +49,122 @@ async def test_stdio_client_concurrent_calls_and_notifications() -> None:
         with pytest.raises(A2MError) as err:
             await client.call("memory/no_such")
         assert err.value.code == -32601
+
+
+@pytest.mark.anyio
+async def test_stdio_calls_fail_at_once_after_the_child_ended() -> None:
+    """A call made after the child died raised a bare ConnectionResetError (not Unavailable), or
+    waited out its whole timeout, and its id stayed pending for ever."""
+    client = StdioClient(fixture_server_command("--stdio"), timeout=30)
+    async with client:
+        await client.call("memory/describe")
+        assert client._proc is not None
+        client._proc.kill()
+        await client._proc.wait()
+        with anyio.fail_after(5):
+            for _ in range(3):
+                with pytest.raises(Unavailable, match="ended"):
+                    await client.call("memory/describe")
+        assert not client._pending
+
+
+@pytest.mark.anyio
+async def test_stdio_notification_handler_may_call_the_client_and_may_fail() -> None:
+    """`on_notify` was awaited inside the reader: a handler calling the client waited for a reply
+    only that reader could deliver (every call timed out), and one that raised ended the reader."""
+    seen: list[str] = []
+
+    async def on_event(message: dict) -> None:
+        seen.append(message["params"]["kind"])
+        if len(seen) == 1:
+            raise RuntimeError("a handler's own bug")
+        seen.append((await client.call("memory/describe"))["protocol"])
+
+    client = StdioClient(fixture_server_command("--stdio"), on_notify=on_event, timeout=30)
+    async with client:
+        with anyio.fail_after(10):
+            await client.call("memory/events/subscribe", {})
+            await client.call("memory/remember", {"records": [{"content": "one"}, {"content": "two"}]})
+            while len(seen) < 3:
+                await asyncio.sleep(0.02)
+            assert seen == ["written", "written", "a2m/0.1"]
+            assert (await client.call("memory/describe"))["protocol"] == "a2m/0.1"
+
+
+
+@pytest.mark.anyio
+async def test_stdio_notifications_read_before_close_are_delivered() -> None:
+    """Handlers run apart from the reader; closing still waits for those already read."""
+    kinds: list[str] = []
+
+    async def slow(message: dict) -> None:
+        await asyncio.sleep(0.01)
+        kinds.append(message["params"]["kind"])
+
+    async with StdioClient(fixture_server_command("--stdio"), on_notify=slow, timeout=30) as client:
+        await client.call("memory/events/subscribe", {})
+        await client.call("memory/remember", {"records": [{"content": f"n{i}"} for i in range(20)]})
+    assert kinds == ["written"] * 20
+
+@pytest.mark.anyio
+async def test_stdio_concurrent_first_calls_start_one_child(tmp_path: Path) -> None:
+    """Each of two first calls started a child of its own: both readers read one child's output
+    (both calls timed out) and the other child was never closed."""
+    pids = tmp_path / "pids"
+    command = ["sh", "-c", f'echo $$ >> "{pids}"; exec "$@"', "sh", *fixture_server_command("--stdio")]
+    client = StdioClient(command, timeout=30)
+    try:
+        with anyio.fail_after(20):
+            results = await asyncio.gather(*(client.call("memory/describe") for _ in range(3)))
+        assert all(r["protocol"] == "a2m/0.1" for r in results)
+    finally:
+        await client.close()
+    assert len(pids.read_text().split()) == 1
+
+
+ODD_SERVER = r"""
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m["method"] == "big":  # a reply line past the client's limit
+        out = '{"jsonrpc":"2.0","id":%d,"result":{"x":"%s"}}' % (m["id"], "a" * (MAX_LINE + 1024))
+    elif m["method"] == "odd":  # an id no request can have
+        out = json.dumps({"jsonrpc": "2.0", "id": [m["id"]], "result": {}})
+    else:
+        out = json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": {"ok": True}})
+    sys.stdout.write(out + "\n")
+    sys.stdout.flush()
+"""
+
+
+@pytest.mark.anyio
+async def test_stdio_reader_survives_a_reply_over_the_limit_and_an_odd_id() -> None:
+    """Either ended the reader (ValueError, TypeError): every later call waited out its timeout."""
+    client = StdioClient([sys.executable, "-c", f"MAX_LINE = {MAX_LINE}\n" + ODD_SERVER], timeout=30)
+    async with client:
+        with anyio.fail_after(20):
+            for method in ("big", "odd"):
+                with pytest.raises(Unavailable, match="in time"):
+                    await client.call(method, timeout=1)
+                assert await client.call("ok") == {"ok": True}
+
+
+def test_connect_drops_an_absent_token_for_a_command_line() -> None:
+    """`a2m export`/`import` pass `token=None` whatever the URL: a command line failed with TypeError."""
+    assert isinstance(connect("python -m x --stdio", token=None, timeout=5), StdioClient)
+    with pytest.raises(ValueError, match="token"):
+        connect("python -m x --stdio", token="t")
+
+
+@pytest.mark.anyio
+async def test_http_413_is_the_servers_answer_not_an_outage() -> None:
+    """A body over the server's limit (a router batch that grew with its embeddings) came back as
+    Unavailable, which the router reads as "the tier is down": it marked a healthy tier down."""
+    port = free_port()
+    with http_server(fixture_server_command("--port", str(port)), port) as url:
+        async with HTTPClient(url) as client:
+            with pytest.raises(A2MError) as err:
+                await client.call("memory/remember", {"records": [{"content": "x" * (17 << 20)}]})
+            assert err.value.code == -32602 and not isinstance(err.value, Unavailable)
+            assert err.value.data["status"] == 413
+            assert (await client.call("memory/describe"))["protocol"] == "a2m/0.1"

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 
 from a2m.http1 import ConnectionFailed, ConnectionPool
@@ -220,3 +221,72 @@ async def test_https_verifies_the_certificate(tmp_path: Path) -> None:
         assert await pool.post(b"{}", timeout=5) == (200, b"{}")
         assert await pool.post(b"{}", timeout=5) == (200, b"{}")
         assert len(connections) == 1  # one kept-alive connection (the refused handshake never got this far)
+
+
+@pytest.mark.anyio
+async def test_interim_1xx_responses_are_skipped_not_taken_for_the_answer() -> None:
+    """RFC 9110 §15.2: a client must read past 1xx responses (a proxy's 100 Continue, 103 Early
+    Hints). Taken as the answer, the connection went back to the pool with the real answer still
+    to come, and the next request on it read that answer as its own."""
+    count = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal count
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+                count += 1
+                if count == 1:
+                    writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n")
+                    await writer.drain()
+                    await asyncio.sleep(0.2)  # the final answer comes later
+                writer.write(sized(b'{"n":%d}' % count))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        pool = ConnectionPool(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}/")
+        assert await pool.post(b"{}", timeout=5) == (200, b'{"n":1}')
+        assert await pool.post(b"{}", timeout=5) == (200, b'{"n":2}')
+        assert pool.idle == 1
+    finally:
+        srv.close()
+
+
+@pytest.mark.anyio
+async def test_the_timeout_counts_the_wait_for_a_free_connection() -> None:
+    """`post` promises an answer or a failure within `timeout`: with every connection held by a
+    silent server, a queued request waited for a slot first, then a whole timeout of its own."""
+    async with server(lambda req: None) as (url, _, _):
+        pool = ConnectionPool(url, max_connections=1)
+        loop = asyncio.get_running_loop()
+
+        async def timed() -> float:
+            started = loop.time()
+            with pytest.raises(ConnectionFailed, match="no response in 0.4 s"):
+                await pool.post(b"{}", timeout=0.4)
+            return loop.time() - started
+
+        assert max(await asyncio.gather(*(timed() for _ in range(3)))) < 0.9  # queued in turn: 1.2 s
+
+
+@pytest.mark.anyio
+async def test_a_connection_the_server_just_closed_is_not_reused() -> None:
+    """The server's FIN closes the transport at once but tells the protocol (`connection_lost`) a
+    loop turn later; a request taken in that turn wrote into the closed transport and failed,
+    though the pool already knew the connection was gone."""
+    async with server(lambda req: sized(b"{}"), close_after=True) as (url, _, connections):
+        pool = ConnectionPool(url)
+        assert await pool.post(b"{}", timeout=5) == (200, b"{}")
+        idle = pool._idle[0]
+        with anyio.fail_after(5):
+            while not (idle.transport is not None and idle.transport.is_closing()):
+                await asyncio.sleep(0)
+        assert not idle.closed  # the turn in between
+        assert await pool.post(b"{}", timeout=5) == (200, b"{}")
+        assert len(connections) == 2

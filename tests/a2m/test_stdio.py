@@ -5,6 +5,9 @@ Redis), and the line reader on its own."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,7 @@ import orjson
 import pytest
 
 from a2m.stdio import MAX_LINE, LineTooLong, read_line
-from tests.support.procs import a2m_command
+from tests.support.procs import ROOT, a2m_command, fixture_server_command
 
 
 async def _reply(proc: asyncio.subprocess.Process, timeout: float = 60.0) -> dict[str, Any]:
@@ -73,3 +76,51 @@ async def test_read_line_skips_a_long_line_whole_wherever_its_newline_falls() ->
     with pytest.raises(LineTooLong):
         await read_line(reader)
     assert await read_line(reader) == b""
+
+
+def _rpc(id_: int, method: str, params: dict[str, Any] | None = None) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": id_, "method": method, "params": params or {}}) + b"\n"
+
+
+def test_replies_are_whole_when_stdin_and_stdout_are_one_socket() -> None:
+    """Under socat, inetd or systemd both are one socket; reading it made stdout non-blocking too,
+    and a reply larger than the socket's buffer was cut short without an error: the next reply
+    was glued to its tail, and the client waited for the end of a line that never came."""
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen(fixture_server_command("--stdio"), stdin=theirs, stdout=theirs,
+                            stderr=subprocess.DEVNULL, cwd=ROOT)
+    theirs.close()
+    try:
+        ours.settimeout(10)
+        stream = ours.makefile("rwb")
+        stream.write(_rpc(1, "memory/remember", {"records": [{"content": "word " * 180_000}]}))
+        stream.flush()
+        assert "ids" in orjson.loads(stream.readline())["result"]
+        stream.write(_rpc(2, "memory/timeline") + _rpc(3, "memory/timeline"))
+        stream.flush()
+        time.sleep(0.5)  # a slow reader: the server's writes fill the socket's buffer
+        for id_ in (2, 3):
+            reply = orjson.loads(stream.readline())
+            assert reply["id"] == id_ and len(reply["result"]["records"][0]["content"]) == 900_000
+        ours.shutdown(socket.SHUT_WR)
+        assert proc.wait(30) == 0
+    finally:
+        ours.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_stdin_may_be_a_regular_file(tmp_path: Path) -> None:
+    """`--stdio < requests.jsonl`: the pipe transport refuses a regular file, so the server
+    failed at start with a traceback and answered nothing."""
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(_rpc(1, "memory/events/subscribe") + _rpc(2, "memory/remember", {"records": [{"content": "x"}]})
+                         + _rpc(3, "memory/timeline"))
+    with requests.open("rb") as stdin:
+        done = subprocess.run(fixture_server_command("--stdio"), stdin=stdin, capture_output=True, cwd=ROOT,
+                              timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert [m.get("id", m.get("method")) for m in lines] == [1, "memory/event", 2, 3]
+    assert lines[3]["result"]["records"][0]["content"] == "x"
