@@ -26,7 +26,10 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-DEFAULT_MAX_BODY = 16 * 1024 * 1024
+DEFAULT_MAX_BODY = 16 * 1024 * 1024  # a request body at the front door (the router, or any A2M server)
+# A tier server takes what the router makes of a full caller batch: up to DEFAULT_MAX_BODY plus the
+# vectors its embedder adds (1,000 records x 3,072 floats is ~61 MB of JSON) - decision 63.
+TIER_MAX_BODY = 128 * 1024 * 1024
 _READ_HEADERS = frozenset({b"origin", b"authorization", b"a2m-protocol-version", b"content-type", b"content-length",
                            b"traceparent"})
 SERVICE = object()  # a token that maps to SERVICE is trusted to name any owner (the router's token)

@@ -107,7 +107,7 @@ def _option(text: str) -> tuple[str, str]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from a2m.http import SERVICE, HTTPSettings
+    from a2m.http import DEFAULT_MAX_BODY, SERVICE, TIER_MAX_BODY, HTTPSettings
     from a2m.stdio import log_to_stderr
 
     log_to_stderr()
@@ -169,7 +169,8 @@ def _serve(args: argparse.Namespace) -> int:
     from a2m.dispatch import Dispatcher
 
     tracing.configure("a2m-router" if args.what == "router" else f"a2m-{name}")
-    http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens)
+    http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens,
+                                 max_body=DEFAULT_MAX_BODY if args.what == "router" else TIER_MAX_BODY)
     if args.stdio:
         from a2m.stdio import serve_stdio
 

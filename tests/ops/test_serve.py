@@ -237,3 +237,22 @@ def test_an_option_given_twice_is_refused(tmp_path: Path) -> None:
     stderr = _refused(tmp_path, "procedural", "--stdio", "--data", str(tmp_path / "data"),
                       "--option", "review=true", "--option", "review=false")
     assert "--option review given more than once" in stderr
+
+
+@pytest.mark.anyio
+async def test_a_tier_server_takes_a_body_past_the_front_doors_limit(tmp_path: Path) -> None:
+    """The router forwards a caller's batch (at most 16 MiB) with the vectors its embedder adds: a tier
+    that refused bodies past 16 MiB (413) failed such writes, and spills of large records."""
+    from a2m.client import HTTPClient
+    from a2m.http import DEFAULT_MAX_BODY
+    from tests.support.procs import http_server
+
+    port = free_port()
+    records = [{"content": f"{i} " + "x" * 990_000} for i in range(20)]
+    assert 20 * 990_000 > DEFAULT_MAX_BODY
+    command = a2m_command("serve", "working", "--port", str(port), "--data", str(tmp_path / "data"))
+    with http_server(command, port) as url:
+        async with HTTPClient(url, timeout=60) as tier:
+            ids = (await tier.call("memory/remember", {"records": records}))["ids"]
+            assert len(ids) == 20
+            assert (await tier.call("memory/describe", {}))["tiers"][0]["count"] == 20
