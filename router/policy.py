@@ -110,6 +110,9 @@ class Policy:
         self.pending: dict[tuple[str | None, str], set[str]] = {}  # (owner, tier) -> ids earned promotion
         self._recalls: dict[tuple[str | None, str], Counter[str]] = {}  # recalls not yet counted in the tiers
         self._flushing = False
+        self._buffered = 0  # recalls buffered since start; every one up to `_counted` is counted in its tier
+        self._counted = 0
+        self._progress = asyncio.Event()  # set (and replaced) each time `_counted` moves or a flush stops
         self.observe_move: Any = None  # (reason, source, dest, count) -> None: the router's metrics
 
     def lock(self, *key: Any) -> asyncio.Lock:
@@ -385,6 +388,7 @@ class Policy:
         for name, ids in by_tier.items():
             if ids:
                 self._recalls.setdefault((owner, name), Counter()).update(ids)
+        self._buffered += 1
         if self._flushing:
             return False
         self._flushing = True
@@ -393,14 +397,29 @@ class Policy:
     async def flush_counts(self) -> None:
         try:
             while self._recalls:
-                batch, self._recalls = self._recalls, {}
+                batch, self._recalls, upto = self._recalls, {}, self._buffered
                 calls = []
                 for (owner, name), counter in batch.items():
                     for round_ in range(1, max(counter.values()) + 1):  # a record returned twice counts twice
                         calls.append(self._count(owner, name, [i for i, n in counter.items() if n >= round_]))
                 await asyncio.gather(*calls)
+                self._counted = upto
+                self._wake()
         finally:
             self._flushing = False
+            self._wake()
+
+    def _wake(self) -> None:
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    async def counted(self) -> None:
+        """Wait until the recalls buffered so far are counted in their tiers, not for the ones
+        buffered after this call: under steady recall traffic the flush never runs dry, and
+        consolidate and session/close, which wait here, waited as long as the traffic lasted."""
+        target = self._buffered
+        while self._flushing and self._counted < target:
+            await self._progress.wait()
 
     async def _count(self, owner: str | None, name: str, ids: list[str]) -> None:
         tier = self.fed[name]

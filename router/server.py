@@ -115,7 +115,7 @@ class Router(EventMethods):
         task.add_done_callback(self._tasks.discard)
 
     async def drain(self) -> None:
-        """Wait for background recall counting (consolidate does, so its promotions see every recall)."""
+        """Wait for every background task (at shutdown)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
@@ -639,7 +639,7 @@ class Router(EventMethods):
 
     async def consolidate(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
-        await self.drain()
+        await self.policy.counted()  # its promotions see every recall answered before it (decision 9)
         repaired = await self.policy.repair(owner)
         promoted = await self.policy.promote_pending(owner)  # earned by recall: before capacity pressure
         spilled = await self.policy.enforce_all(owner)
@@ -678,7 +678,7 @@ class Router(EventMethods):
         if not isinstance(session, str) or not session:
             raise invalid("session is required", field="session")
         owner = ctx.owner(params)
-        await self.drain()
+        await self.policy.counted()
         flushed = await self.policy.flush(owner, session)
         promoted = await self.policy.promote_pending(owner)
         spilled = await self.policy.enforce_all(owner, [t for t in self.fed if not t.config.per_session])

@@ -1,0 +1,133 @@
+"""Interleavings of concurrent router calls, forced one step at a time, on real tier servers.
+
+The router runs in this process over the real tiers (Redis, PostgreSQL, Qdrant Edge, git) through
+its `client_factory` seam: each tier client can hold one chosen call at a gate until the test lets
+it go, so a race the concurrent test (test_router_concurrency.py) hits by chance happens here every
+time. What is checked is read from the tier servers themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from a2m.client import HTTPClient
+from a2m.dispatch import Context
+from a2m.errors import A2MError
+from router.config import load
+from router.server import Router
+
+from .stack import Stack, federation, new_owner as owner, tier_call as direct
+from .test_router_concurrency import TIERS
+
+pytestmark = pytest.mark.anyio
+NAMES = [t["name"] for t in TIERS]
+
+
+class Gate:
+    """Holds the first call to `tier` of `method` whose params satisfy `when`, until `release()`."""
+
+    def __init__(self, tier: str, method: str, when: Callable[[dict[str, Any]], bool]) -> None:
+        self.tier, self.method, self.when = tier, method, when
+        self.reached, self.released = asyncio.Event(), asyncio.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+
+class GatedClient:
+    def __init__(self, name: str, url: str, token: str | None, timeout: float, gates: list[Gate]) -> None:
+        self.name, self.gates = name, gates
+        self.client = HTTPClient(url, token=token, timeout=timeout)
+
+    async def call(self, method: str, params: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        for gate in list(self.gates):
+            if gate.tier == self.name and gate.method == method and gate.when(params):
+                self.gates.remove(gate)  # one call each
+                gate.reached.set()
+                await gate.released.wait()
+        return await self.client.call(method, params, timeout=timeout)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class InProcess:
+    """A Router over the stack's tiers whose tier calls can be held at gates."""
+
+    def __init__(self, stack: Stack) -> None:
+        config = load(str(stack.config))
+        self.gates: list[Gate] = []
+        self.router = Router(config, client_factory=lambda t: GatedClient(
+            t.name, t.url, config.service_token, t.timeout, self.gates))
+
+    def hold(self, tier: str, method: str, when: Callable[[dict[str, Any]], bool] = lambda p: True) -> Gate:
+        gate = Gate(tier, method, when)
+        self.gates.append(gate)
+        return gate
+
+    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        handler = self.router.handlers()[method]
+        return await handler(params, Context())
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with federation(tmp_path_factory.mktemp("interleave"), TIERS, mode="real") as running:
+        yield running
+
+
+@pytest.fixture
+async def inproc(stack: Stack) -> Any:
+    running = InProcess(stack)
+    await running.router.startup()
+    try:
+        yield running
+    finally:
+        for gate in running.gates:
+            gate.release()
+        await running.router.shutdown()
+
+
+async def homes(stack: Stack, me: str) -> dict[str, list[tuple[str, str]]]:
+    """id -> [(tier, content)] for every record of `me`, read from each tier server."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for name in NAMES:
+        for record in (await direct(stack, name, "memory/timeline", {"owner": me, "limit": 0}))["records"]:
+            out.setdefault(record["id"], []).append((name, record["content"]))
+    return out
+
+
+def counting(params: dict[str, Any]) -> bool:
+    """The router's query-less recall by id that counts a recall (not a fan-out read)."""
+    return "query" not in params and "id" in (params.get("where") or {})
+
+
+async def test_consolidate_waits_for_the_recalls_answered_before_it_not_for_later_ones(inproc: InProcess,
+                                                                                     stack: Stack) -> None:
+    """Under steady recall traffic the background counting never runs dry, and consolidate (and
+    session/close) waited for it to: 0.7, 2.8, then 7 s under eight recalling clients, growing.
+    It waits for the counts of the recalls answered before it began (decision 9), no more."""
+    me = owner()
+    [rid] = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the harbour ferry leaves at nine", "tier": "episodic"}]}))["ids"]
+    await inproc.call("memory/recall", {"owner": me, "query": "harbour"})  # counted at once
+    await inproc.router.drain()
+    first = inproc.hold("episodic", "memory/recall", counting)
+    await inproc.call("memory/recall", {"owner": me, "query": "harbour"})  # its count is held
+    await first.reached.wait()
+    consolidating = asyncio.create_task(inproc.call("memory/consolidate", {"owner": me}))
+    await asyncio.sleep(0.2)
+    assert not consolidating.done(), "consolidate did not wait for a recall answered before it"
+    later = inproc.hold("episodic", "memory/recall", counting)
+    await inproc.call("memory/recall", {"owner": me, "query": "harbour"})  # answered after it began
+    first.release()
+    await later.reached.wait()
+    try:
+        done = await asyncio.wait_for(consolidating, 10)
+    finally:
+        later.release()
+    assert done["promoted"] == 1, "the second recall before consolidate earned promotion"
+    assert (await homes(stack, me))[rid][0][0] == "semantic"
