@@ -14,12 +14,14 @@ store, an id another owner holds there) stays behind alone; the rest move.
 
 A move reads its records by id under the owner's lock and holds it until it
 has deleted them: every move, duplicate repair, forget and write that carries
-a key or a group takes that lock, so none lands inside another (two moves of
-one record in opposite directions, or a move and a repair, each deleting the
-other's copy, lost it; a key replaced or a group joined mid-move was deleted or
-split). Only what the destination kept under the record's own id counts as
-verified; a destination that kept a different record for the key (a newer
-revision from elsewhere) leaves the source record where it is.
+a key, a group or a client id takes that lock, so none lands inside another
+(two moves of one record in opposite directions, or a move and a repair, each
+deleting the other's copy, lost it; a key replaced or a group joined mid-move
+was deleted or split; a client id looked up mid-move, or by two writes at once,
+seemed new and was written a second time elsewhere). Only what the destination
+kept under the record's own id counts as verified; a destination that kept a
+different record for the key (a newer revision from elsewhere) leaves the
+source record where it is.
 """
 
 from __future__ import annotations
@@ -123,8 +125,9 @@ class Policy:
 
     def owner_lock(self, owner: str | None) -> asyncio.Lock:
         """Where an owner's records live changes under this lock only: moves (read, write, verify,
-        delete), forgets, and writes that carry a key or a group (locate, then write there). Taken
-        after a session's lock, never before; not reentrant, so a holder never calls `move`."""
+        delete), forgets, and writes that carry a key, a group or a client id (locate, then write
+        there). Taken after a session's lock, never before; not reentrant, so a holder never calls
+        `move`."""
         lock = self._owner_locks.get(owner)
         if lock is None:
             lock = self._owner_locks[owner] = asyncio.Lock()

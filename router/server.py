@@ -249,7 +249,9 @@ class Router(EventMethods):
                 raise A2MError(errors.READ_ONLY, f"tier {target.name} is read-only", {"tier": target.name, "index": i})
             targets.append(target)
         await self._check_width([r.embedding for r in records if r.embedding is not None])
-        if any(r.key or r.group for r in records):  # it is located, then written there: nothing may move between
+        # A key, a group or a client id is located, then written there: nothing may move between, and
+        # no other write may decide the same id is new (two writes of one id at once gave it two homes).
+        if any(r.key or r.group for r in records) or any(w.get("id") is not None for w in raw_records):
             async with self.policy.owner_lock(owner):
                 ids, by_tier = await self._write(records, raw_records, targets, owner)
         else:

@@ -131,3 +131,68 @@ async def test_consolidate_waits_for_the_recalls_answered_before_it_not_for_late
         later.release()
     assert done["promoted"] == 1, "the second recall before consolidate earned promotion"
     assert (await homes(stack, me))[rid][0][0] == "semantic"
+
+
+def names(rid: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda params: rid in [r.get("id") for r in params.get("records", ())] or \
+        rid in ((params.get("where") or {}).get("id") or ())
+
+
+async def test_a_refused_batch_leaves_nothing_behind_when_a_flush_moves_its_records_first(inproc: InProcess,
+                                                                                       stack: Stack) -> None:
+    """A batch whose semantic part is refused (an id another owner holds there) is undone by
+    forgetting what it wrote in working; a session/close that moved that record to episodic before
+    the refusal came left it there, written by a call that failed."""
+    me, other = owner(), owner()
+    await direct(stack, "semantic", "memory/remember", {"owner": other, "records": [{"id": f"{other}-x", "content": "x"}]})
+    gate = inproc.hold("semantic", "memory/remember")
+    writing = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "a note of a failed batch", "session": "q"},
+        {"id": f"{other}-x", "content": "not mine", "tier": "semantic"}]}))
+    await gate.reached.wait()
+    closing = asyncio.create_task(inproc.call("memory/session/close", {"owner": me, "session": "q"}))
+    await asyncio.sleep(0.5)
+    gate.release()
+    with pytest.raises(A2MError) as refused:
+        await writing
+    assert refused.value.code == -32005
+    await closing
+    assert await homes(stack, me) == {}
+
+
+async def test_one_client_id_written_twice_at_once_gets_one_home(inproc: InProcess, stack: Stack) -> None:
+    """Both writes looked the id up before either wrote it: working and procedural each kept one,
+    and no consolidate repairs that (they are no spill or promotion link)."""
+    me = owner()
+    rid = f"{me}-retried"
+    gate = inproc.hold("working", "memory/remember", names(rid))
+    first = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+        {"id": rid, "content": "sent once"}]}))
+    await gate.reached.wait()
+    second = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+        {"id": rid, "content": "sent again", "tier": "procedural"}]}))
+    await asyncio.sleep(0.5)
+    gate.release()
+    assert [(await first)["ids"], (await second)["ids"]] == [[rid], [rid]]
+    await inproc.call("memory/consolidate", {"owner": me})
+    assert [tier for tier, _ in (await homes(stack, me))[rid]] == ["working"]
+
+
+async def test_a_client_id_written_again_while_it_moves_is_not_written_twice(inproc: InProcess, stack: Stack) -> None:
+    """The id lookup read episodic before a flush moved the record there and working after: the id
+    seemed new and was written again, into procedural, beside the moved record."""
+    me = owner()
+    rid = f"{me}-once"
+    await inproc.call("memory/remember", {"owner": me, "records": [
+        {"id": rid, "content": "the original", "session": "m"}]})
+    gate = inproc.hold("working", "memory/timeline", names(rid))
+    retry = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+        {"id": rid, "content": "a retry", "tier": "procedural"}]}))
+    await gate.reached.wait()
+    closing = asyncio.create_task(inproc.call("memory/session/close", {"owner": me, "session": "m"}))
+    await asyncio.sleep(0.5)
+    gate.release()
+    assert (await retry)["ids"] == [rid]
+    await closing
+    await inproc.call("memory/consolidate", {"owner": me})
+    assert (await homes(stack, me))[rid] == [("episodic", "the original")]
