@@ -87,6 +87,8 @@ class Ledger:
     calls: list[Call] = field(default_factory=list)
     acked: dict[str, list[tuple[Call, dict[str, Any]]]] = field(default_factory=dict)  # id -> (write, record)
     hot_ids: set[str] = field(default_factory=set)
+    client_ids: dict[int, list[str]] = field(default_factory=dict)  # client -> the ids it chose
+    retries: set[int] = field(default_factory=set)  # id() of records sent with an id already acknowledged
     recalled: list[str] = field(default_factory=list)  # words worth recalling again
 
     def ids(self) -> list[str]:
@@ -108,6 +110,8 @@ class Clients:
             for step in range(OPS):
                 await asyncio.sleep(rng.uniform(0, 0.004))
                 method, params, refusal = self.operation(rng, n, step)
+                if method == "memory/remember":
+                    self.ledger.retries.update(id(r) for r in params["records"] if r.get("id") in self.ledger.acked)
                 call = Call(n, method, params, next(self.ledger.clock))
                 try:
                     call.answer = await router.call(method, {"owner": self.owner, **params})
@@ -142,6 +146,9 @@ class Clients:
                 out["session"] = session
             return out
 
+        if step % 7 == 3:  # every client writes this id at about the same time, each into its own tier
+            tier = NAMES[n % len(NAMES)]
+            return "memory/remember", {"records": [rec() | {"id": f"{self.owner}-twin{step}", "tier": tier}]}, None
         if roll < 0.18:
             return "memory/remember", {"records": [rec()]}, None
         if roll < 0.26:
@@ -155,9 +162,15 @@ class Clients:
             if rng.random() < 0.15:  # written twice in one batch: two revisions
                 records.append(rec(1) | {"key": key})
             return "memory/remember", {"records": records}, None
-        if roll < 0.50:  # a client id, into a tier of its own
-            tier = rng.choice(["working", "episodic", "semantic", "procedural"])
-            return "memory/remember", {"records": [rec() | {"id": f"{self.owner}-c{n}-{step}", "tier": tier}]}, None
+        if roll < 0.50:  # a client id, into a tier of its own; or one sent before, again (a retry)
+            tier = rng.choice(NAMES)
+            mine = self.ledger.client_ids.setdefault(n, [])
+            rid = rng.choice(mine) if mine and rng.random() < 0.4 else f"{self.owner}-c{n}-{step}"
+            mine.append(rid)
+            record = rec() | {"id": rid}
+            if rng.random() < 0.8:
+                record["tier"] = tier
+            return "memory/remember", {"records": [record]}, None
         if roll < 0.53:  # a batch semantic refuses (an id another owner holds there): nothing may stay
             return "memory/remember", {"records": [rec(), rec(1) | {"id": FOREIGN, "tier": "semantic"}]}, -32005
         if roll < 0.66:
@@ -226,7 +239,9 @@ def verdict(ledger: Ledger, held: dict[str, list[dict[str, Any]]], events: list[
         if must_not and rid in where:
             bad.append(f"{rid} forgotten (acknowledged) and still in {where[rid][0]}: {where[rid][1]['content']!r}")
         if rid in where and not where[rid][1].get("key"):
-            contents = {r["content"] for _, r in writes}
+            # an id sent again after it was acknowledged is kept as it is, unless it was forgotten before
+            contents = {r["content"] for w, r in writes if id(r) not in ledger.retries
+                        or any(f.start < w.end for f in killers)}
             if where[rid][1]["content"] not in contents:
                 bad.append(f"{rid} holds {where[rid][1]['content']!r}, written {contents}")
     for rid, (tier, record) in where.items():
@@ -289,7 +304,8 @@ def verdict(ledger: Ledger, held: dict[str, list[dict[str, Any]]], events: list[
         if event["kind"] == "written":
             written[event["id"]] = written.get(event["id"], 0) + 1
     for rid, writes in ledger.acked.items():
-        if written.get(rid, 0) != len(writes):
+        fresh = sum(1 for _, r in writes if not r.get("id"))  # the router chose the id: written each time
+        if not fresh <= written.get(rid, 0) <= len(writes) or not written.get(rid):
             bad.append(f"{rid}: {len(writes)} acknowledged writes, {written.get(rid, 0)} written events")
     bad += [f"written event for {rid}, never acknowledged" for rid in written if rid not in ledger.acked]
     return bad
