@@ -196,3 +196,37 @@ async def test_a_client_id_written_again_while_it_moves_is_not_written_twice(inp
     await closing
     await inproc.call("memory/consolidate", {"owner": me})
     assert (await homes(stack, me))[rid] == [("episodic", "the original")]
+
+
+async def spill_held(inproc: InProcess, me: str, first: dict[str, Any]) -> tuple[str, Gate, asyncio.Task[Any]]:
+    """`first` written to working session "s", then four more: the spill of `first` to episodic is
+    held at its write there. Returns its id, the gate, and the write whose capacity pass spills."""
+    [rid] = (await inproc.call("memory/remember", {"owner": me, "records": [first | {"session": "s"}]}))["ids"]
+    gate = inproc.hold("episodic", "memory/remember", names(rid))
+    filling = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": f"turn {i}", "session": "s"} for i in range(4)]}))
+    await gate.reached.wait()
+    return rid, gate, filling
+
+
+async def test_a_forget_acknowledged_mid_spill_is_not_undone_by_the_spill(inproc: InProcess, stack: Stack) -> None:
+    me = owner()
+    rid, gate, filling = await spill_held(inproc, me, {"content": "forget me"})
+    forgetting = asyncio.create_task(inproc.call("memory/forget", {"owner": me, "ids": [rid]}))
+    await asyncio.sleep(0.3)
+    gate.release()
+    assert (await forgetting) == {"forgotten": 1}
+    await filling
+    assert rid not in await homes(stack, me)
+
+
+async def test_a_key_replaced_mid_spill_keeps_the_new_content_in_one_place(inproc: InProcess, stack: Stack) -> None:
+    me = owner()
+    rid, gate, filling = await spill_held(inproc, me, {"content": "the old plan", "key": "plan"})
+    replacing = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the new plan", "key": "plan"}]}))
+    await asyncio.sleep(0.3)
+    gate.release()
+    assert (await replacing)["ids"] == [rid]
+    await filling
+    assert (await homes(stack, me))[rid] == [("episodic", "the new plan")]
