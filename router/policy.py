@@ -457,12 +457,14 @@ class Policy:
             except A2MError as exc:  # still queued: the next consolidate or close tries again
                 log.warning("promotion %s -> %s skipped: %s", name, target, exc)
                 continue
-            if moved and self.emit is not None:
-                await self.emit("promoted", owner, ids=moved, tier=target)
             # Still queued: what is still here and did not move (its destination refused or was down).
+            # Before the event, which can wait on a slow subscriber: a record arriving here meanwhile
+            # is queued again on arrival, and must not be dropped as "not found" after that.
             ids.difference_update(set(batch) - (found - set(moved)))
             if not ids and self.pending.get((pending_owner, name)) is ids:
                 del self.pending[(pending_owner, name)]  # an entry per owner ever promoted would only grow
+            if moved and self.emit is not None:
+                await self.emit("promoted", owner, ids=moved, tier=target)
             promoted += len(moved)
         return promoted
 

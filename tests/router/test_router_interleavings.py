@@ -230,3 +230,37 @@ async def test_a_key_replaced_mid_spill_keeps_the_new_content_in_one_place(inpro
     assert (await replacing)["ids"] == [rid]
     await filling
     assert (await homes(stack, me))[rid] == [("episodic", "the new plan")]
+
+
+async def test_a_record_arriving_while_a_promotion_is_announced_keeps_its_earned_promotion(
+        inproc: InProcess, stack: Stack) -> None:
+    """Promotion dropped from its queue the ids it had not found, after announcing what it moved; a
+    push subscriber that is slow to take the event (a stdio client) lets a spill bring one of them
+    back into episodic, already recalled often enough, in between: it was queued on arrival, then
+    dropped, and no later consolidate promoted it."""
+    me = owner()
+    [x] = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "harbour ferry", "tier": "episodic", "session": "s"}]}))["ids"]
+    [y] = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "rocket plan", "tier": "episodic"}]}))["ids"]
+    for query in ("harbour", "harbour", "rocket", "rocket"):
+        await inproc.call("memory/recall", {"owner": me, "query": query})
+        await inproc.router.policy.counted()
+    assert (await inproc.call("memory/promote", {"owner": me, "ids": [x], "tier": "working"}))["promoted"] == 1
+    announced, taken = asyncio.Event(), asyncio.Event()
+
+    async def slow(event: dict[str, Any]) -> None:
+        announced.set()
+        await taken.wait()
+
+    await inproc.router.subscribe({"owner": me, "kinds": ["promoted"]}, Context(push=slow))
+    consolidating = asyncio.create_task(inproc.call("memory/consolidate", {"owner": me}))
+    await announced.wait()  # y moved to semantic; x was not in episodic
+    await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": f"turn {i}", "session": "s"} for i in range(4)]})  # x spills back to episodic
+    assert [t for t, _ in (await homes(stack, me))[x]] == ["episodic"]
+    taken.set()
+    await consolidating
+    await inproc.call("memory/consolidate", {"owner": me})
+    held = await homes(stack, me)
+    assert (held[x][0][0], held[y][0][0]) == ("semantic", "semantic")
