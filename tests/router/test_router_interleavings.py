@@ -235,9 +235,9 @@ async def test_a_key_replaced_mid_spill_keeps_the_new_content_in_one_place(inpro
 async def test_a_record_arriving_while_a_promotion_is_announced_keeps_its_earned_promotion(
         inproc: InProcess, stack: Stack) -> None:
     """Promotion dropped from its queue the ids it had not found, after announcing what it moved; a
-    push subscriber that is slow to take the event (a stdio client) lets a spill bring one of them
-    back into episodic, already recalled often enough, in between: it was queued on arrival, then
-    dropped, and no later consolidate promoted it."""
+    push subscriber slow to take the event (a push is an awaitable; stdio's does not yield today)
+    let a spill bring one of them back into episodic, already recalled often enough, in between:
+    it was queued on arrival, then dropped, and no later consolidate promoted it."""
     me = owner()
     [x] = (await inproc.call("memory/remember", {"owner": me, "records": [
         {"content": "harbour ferry", "tier": "episodic", "session": "s"}]}))["ids"]
