@@ -116,6 +116,9 @@ class Policy:
         self._counted = 0
         self._progress = asyncio.Event()  # set (and replaced) each time `_counted` moves or a flush stops
         self.observe_move: Any = None  # (reason, source, dest, count) -> None: the router's metrics
+        # Moves begun (any owner): a read of every tier at once that overlapped one may have missed
+        # the record it carried (`placing` says whether one may be in flight now).
+        self.moves_begun = 0
 
     def lock(self, *key: Any) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -132,6 +135,11 @@ class Policy:
         if lock is None:
             lock = self._owner_locks[owner] = asyncio.Lock()
         return lock
+
+    def placing(self, owner: str | None) -> bool:
+        """Whether the owner's lock is held now (a move of its records may be in flight)."""
+        lock = self._owner_locks.get(owner)
+        return lock is not None and lock.locked()
 
     # ---- reading from a tier -------------------------------------------------
 
@@ -187,6 +195,7 @@ class Policy:
             log.info("move %s -> %s skipped: %s is down", source.name, dest.name, dest.name)
             return [], set(ids)
         async with self.owner_lock(owner):
+            self.moves_begun += 1
             records = (await self.scan(source, owner, where=where, embeddings=True) if where is not None
                        else await self.by_ids(source, owner, ids, embeddings=True))
             found = {r["id"] for r in records}

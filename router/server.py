@@ -573,6 +573,21 @@ class Router(EventMethods):
             raise invalid("key is required", field="key")
         owner = ctx.owner(params)
         asked_vectors = params.get("embeddings") is True
+        moves, busy = self.policy.moves_begun, self.policy.placing(owner)
+        best, fan = await self._fetch(key, owner, asked_vectors)
+        if best is None and (busy or self.policy.moves_begun != moves):
+            # The tiers were asked at once, so a move in flight can hide the key from all of them
+            # (its destination read before the write, its source after the delete): ask again,
+            # with no move of this owner's records in flight.
+            async with self.policy.owner_lock(owner):
+                best, fan = await self._fetch(key, owner, asked_vectors)
+        out: dict[str, Any] = {"record": None if best is None else best.to_wire(embeddings=asked_vectors)}
+        if fan.degraded:
+            out["degraded"] = fan.degraded
+        return out
+
+    async def _fetch(self, key: str, owner: str | None, asked_vectors: bool) -> tuple[Record | None, Any]:
+        """The key's record (the highest revision, then the deepest tier) and the fan-out it came from."""
         fan = await self.fed.fan_out("memory/fetch", _with_owner({"key": key, "embeddings": asked_vectors}, owner),
                                      [t for t in self.fed if t.has("keys")])
         depth = self._depth()
@@ -583,10 +598,7 @@ class Router(EventMethods):
             record = Record.from_wire(result["record"]).with_(tier=name)
             if best is None or (record.revision, depth.get(name, 0)) > (best.revision, depth.get(best.tier or "", 0)):
                 best = record
-        out: dict[str, Any] = {"record": None if best is None else best.to_wire(embeddings=asked_vectors)}
-        if fan.degraded:
-            out["degraded"] = fan.degraded
-        return out
+        return best, fan
 
     async def reinforce(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         ids = ids_param(params)

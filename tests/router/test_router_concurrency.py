@@ -126,6 +126,10 @@ class Clients:
                 if call.error is not None:
                     self.unexpected.append(f"{method} {params} -> {call.error.code} {call.error.message}")
                     continue
+                if method == "memory/fetch" and call.answer["record"] is None:
+                    if any(r.get("key") == params["key"] for c in self.ledger.calls[:-1] if c.end < call.start
+                           and c.method == "memory/remember" and c.error is None for r in c.params["records"]):
+                        self.unexpected.append(f"fetch {params['key']} found nothing after it was written")
                 if method == "memory/remember":
                     for record, rid in zip(params["records"], call.answer["ids"]):
                         self.ledger.acked.setdefault(rid, []).append((call, record))
@@ -173,6 +177,8 @@ class Clients:
             return "memory/remember", {"records": [record]}, None
         if roll < 0.53:  # a batch semantic refuses (an id another owner holds there): nothing may stay
             return "memory/remember", {"records": [rec(), rec(1) | {"id": FOREIGN, "tier": "semantic"}]}, -32005
+        if roll < 0.56:  # a hot key, once acknowledged, is never gone (it is never forgotten)
+            return "memory/fetch", {"key": rng.choice(HOT_KEYS)}, None
         if roll < 0.66:
             words = self.ledger.recalled
             if words and rng.random() < 0.6:

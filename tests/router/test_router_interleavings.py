@@ -264,3 +264,23 @@ async def test_a_record_arriving_while_a_promotion_is_announced_keeps_its_earned
     await inproc.call("memory/consolidate", {"owner": me})
     held = await homes(stack, me)
     assert (held[x][0][0], held[y][0][0]) == ("semantic", "semantic")
+
+
+async def test_a_key_moving_while_it_is_fetched_is_found(inproc: InProcess, stack: Stack) -> None:
+    """fetch asks every tier at once: episodic answered before a spill wrote the key there and
+    working after the spill deleted it, so a key that was never forgotten read as absent (an agent
+    that then writes a default replaces the real value)."""
+    me = owner()
+    await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the user is called Ada", "key": "user/name", "session": "s"}]})
+    gate = inproc.hold("working", "memory/fetch")
+    fetching = asyncio.create_task(inproc.call("memory/fetch", {"owner": me, "key": "user/name"}))
+    await gate.reached.wait()
+    await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": f"turn {i}", "session": "s"} for i in range(4)]})  # spills the key to episodic
+    held = await homes(stack, me)
+    assert [copies for copies in held.values() if copies[0][1] == "the user is called Ada"] == [
+        [("episodic", "the user is called Ada")]]
+    gate.release()
+    record = (await fetching)["record"]
+    assert record is not None and record["content"] == "the user is called Ada"
