@@ -191,6 +191,10 @@ class Clients:
         if roll < 0.72 and known:
             ids = rng.sample(known, min(len(known), rng.randint(1, 2)))
             return "memory/promote", {"ids": ids, "tier": rng.choice(["working", "episodic", "semantic"])}, None
+        if roll < 0.74:  # by selector: every cold key, or a session's records that have no key
+            if rng.random() < 0.5:
+                return "memory/forget", {"key_prefix": "cold/"}, None
+            return "memory/forget", {"where": {"session": rng.choice(["s1", "s2", "s3"]), "key": None}}, None
         if roll < 0.81 and known:
             doomed = [i for i in known if i not in self.ledger.hot_ids]
             if doomed:
@@ -234,12 +238,23 @@ def verdict(ledger: Ledger, held: dict[str, list[dict[str, Any]]], events: list[
             where[record["id"]] = (tier, record)
 
     forgets = [c for c in ledger.calls if c.method == "memory/forget" and c.error is None]
+
+    def hits(forget: Call, rid: str, record: dict[str, Any]) -> bool:
+        params = forget.params
+        if "ids" in params:
+            return rid in params["ids"]
+        if "key_prefix" in params:
+            return (record.get("key") or "").startswith(params["key_prefix"])
+        return not record.get("key") and record.get("session") == params["where"]["session"]
+
     for rid, writes in ledger.acked.items():
-        killers = [f for f in forgets if rid in f.params["ids"]]
-        # present: some write began after every forget of it had been answered
+        # which forgets may have taken it (one of its writes matched), and which surely did (all did)
+        killers = [f for f in forgets if any(hits(f, rid, r) for _, r in writes)]
+        sure = [f for f in killers if all(hits(f, rid, r) for _, r in writes)]
+        # present: some write began after every forget that may take it had been answered
         must_be = any(all(f.end < w.start for f in killers) for w, _ in writes)
-        # absent: some forget began after every write of it had been answered
-        must_not = any(all(w.end < f.start for w, _ in writes) for f in killers)
+        # absent: some forget that surely takes it began after every write of it had been answered
+        must_not = any(all(w.end < f.start for w, _ in writes) for f in sure)
         if must_be and rid not in where:
             bad.append(f"{rid} acknowledged {[(w.method, r['content']) for w, r in writes]} and lost")
         if must_not and rid in where:
