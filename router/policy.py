@@ -321,31 +321,42 @@ class Policy:
             return {"moved": 0, "dropped": 0}
         key = (tier.name, owner, session if config.per_session else None)
         async with self.lock(*key):
-            if config.per_session:
-                where = {"session": session}
-                records = (await tier.call("memory/timeline", _owner({"where": where, "limit": 0}, owner)))["records"]
-                if len(records) >= _limit(tier, "max_recall_limit", 1000):
-                    records = await self.scan(tier, owner, where=where)
-            else:
-                records = await self.scan(tier, owner)
-            excess = len(records) - capacity
-            if excess <= 0:
+            ids = await self._victims(tier, owner, session)
+            if not ids:
                 return {"moved": 0, "dropped": 0}
-            victims: list[dict[str, Any]] = []
-            for unit in weakest_first(units(records)):
-                if excess <= 0:
-                    break
-                victims.extend(unit)
-                excess -= len(unit)
-            ids = [r["id"] for r in victims]
             if config.spill_to:
                 moved = await self.move(tier, self.fed[config.spill_to], owner, ids)
                 return {"moved": len(moved), "dropped": 0}
             if config.retention == "drop":
                 async with self.owner_lock(owner):
+                    # Chosen again under the lock: a key replaced since the first read is the newest
+                    # record now (or in another session), and deleting it by id would lose that write.
+                    ids = await self._victims(tier, owner, session)
+                    if not ids:
+                        return {"moved": 0, "dropped": 0}
                     result = await tier.call("memory/forget", _owner({"ids": ids}, owner))
                 return {"moved": 0, "dropped": int(result.get("forgotten", 0))}
             return {"moved": 0, "dropped": 0}
+
+    async def _victims(self, tier: Tier, owner: str | None, session: str | None) -> list[str]:
+        """The ids of the weakest whole groups of the bucket past the tier's capacity (none: within)."""
+        config = tier.config
+        assert config.capacity is not None
+        if config.per_session:
+            where = {"session": session}
+            records = (await tier.call("memory/timeline", _owner({"where": where, "limit": 0}, owner)))["records"]
+            if len(records) >= _limit(tier, "max_recall_limit", 1000):
+                records = await self.scan(tier, owner, where=where)
+        else:
+            records = await self.scan(tier, owner)
+        excess = len(records) - config.capacity
+        victims: list[str] = []
+        for unit in weakest_first(units(records)):
+            if excess <= 0:
+                break
+            victims.extend(r["id"] for r in unit)
+            excess -= len(unit)
+        return victims
 
     async def enforce_all(self, owner: str | None, tiers: Iterable[Tier] | None = None) -> dict[str, int]:
         """Every capacity rule of every writable tier, top of the chain first."""

@@ -9,6 +9,7 @@ time. What is checked is read from the tier servers themselves.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -27,10 +28,11 @@ NAMES = [t["name"] for t in TIERS]
 
 
 class Gate:
-    """Holds the first call to `tier` of `method` whose params satisfy `when`, until `release()`."""
+    """Holds the first call to `tier` of `method` whose params satisfy `when`, until `release()`:
+    before it is sent, or (`after`) once it has been answered, before the router sees the answer."""
 
-    def __init__(self, tier: str, method: str, when: Callable[[dict[str, Any]], bool]) -> None:
-        self.tier, self.method, self.when = tier, method, when
+    def __init__(self, tier: str, method: str, when: Callable[[dict[str, Any]], bool], after: bool = False) -> None:
+        self.tier, self.method, self.when, self.after = tier, method, when, after
         self.reached, self.released = asyncio.Event(), asyncio.Event()
 
     def release(self) -> None:
@@ -43,12 +45,17 @@ class GatedClient:
         self.client = HTTPClient(url, token=token, timeout=timeout)
 
     async def call(self, method: str, params: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
-        for gate in list(self.gates):
-            if gate.tier == self.name and gate.method == method and gate.when(params):
-                self.gates.remove(gate)  # one call each
+        gate = next((g for g in self.gates if g.tier == self.name and g.method == method and g.when(params)), None)
+        if gate is not None:
+            self.gates.remove(gate)  # one call each
+            if not gate.after:
                 gate.reached.set()
                 await gate.released.wait()
-        return await self.client.call(method, params, timeout=timeout)
+        answer = await self.client.call(method, params, timeout=timeout)
+        if gate is not None and gate.after:
+            gate.reached.set()
+            await gate.released.wait()
+        return answer
 
     async def close(self) -> None:
         await self.client.close()
@@ -63,8 +70,9 @@ class InProcess:
         self.router = Router(config, client_factory=lambda t: GatedClient(
             t.name, t.url, config.service_token, t.timeout, self.gates))
 
-    def hold(self, tier: str, method: str, when: Callable[[dict[str, Any]], bool] = lambda p: True) -> Gate:
-        gate = Gate(tier, method, when)
+    def hold(self, tier: str, method: str, when: Callable[[dict[str, Any]], bool] = lambda p: True, *,
+             after: bool = False) -> Gate:
+        gate = Gate(tier, method, when, after)
         self.gates.append(gate)
         return gate
 
@@ -284,3 +292,38 @@ async def test_a_key_moving_while_it_is_fetched_is_found(inproc: InProcess, stac
     gate.release()
     record = (await fetching)["record"]
     assert record is not None and record["content"] == "the user is called Ada"
+
+
+async def test_a_key_replaced_while_its_session_is_trimmed_is_not_dropped(tmp_path: Path) -> None:
+    """retention = "drop": the capacity pass chose its victims from a read of the session taken
+    before the owner lock, then deleted them by id; a key replaced in between (now the newest record,
+    moved to another session) was deleted with the old version's id: an acknowledged write lost."""
+    tiers = [{"name": "working", "kind": "working", "capacity": 4, "per_session": True, "retention": "drop",
+              "timeout": 20.0}]
+    with federation(tmp_path, tiers, mode="real") as small:
+        inproc = InProcess(small)
+        await inproc.router.startup()
+        try:
+            me = owner()
+            [rid] = (await inproc.call("memory/remember", {"owner": me, "records": [
+                {"content": "the old plan", "key": "plan", "session": "s"}]}))["ids"]
+            await inproc.call("memory/remember", {"owner": me, "records": [
+                {"content": f"turn {i}", "session": "s"} for i in range(3)]})
+            gate = inproc.hold("working", "memory/timeline", lambda p: p.get("where") == {"session": "s"}, after=True)
+            trimming = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+                {"content": "turn 3", "session": "s"}]}))  # five: the old plan, the oldest, is to go
+            await gate.reached.wait()
+            replaced = await inproc.call("memory/remember", {"owner": me, "records": [
+                {"content": "the new plan", "key": "plan", "session": "t"}]})
+            assert replaced["ids"] == [rid]
+            gate.release()
+            await trimming
+            held = (await direct(small, "working", "memory/timeline", {"owner": me, "limit": 0}))["records"]
+            assert [(r["id"], r["content"]) for r in held if r.get("key")] == [(rid, "the new plan")]
+            await inproc.call("memory/remember", {"owner": me, "records": [{"content": "turn 4", "session": "s"}]})
+            held = (await direct(small, "working", "memory/timeline", {"owner": me, "limit": 0}))["records"]
+            assert sorted(r["content"] for r in held) == ["the new plan", "turn 1", "turn 2", "turn 3", "turn 4"]
+        finally:
+            for gate in inproc.gates:
+                gate.release()
+            await inproc.router.shutdown()
