@@ -14,12 +14,14 @@ store, an id another owner holds there) stays behind alone; the rest move.
 
 A move reads its records by id under the owner's lock and holds it until it
 has deleted them: every move, duplicate repair, forget and write that carries
-a key or a group takes that lock, so none lands inside another (two moves of
-one record in opposite directions, or a move and a repair, each deleting the
-other's copy, lost it; a key replaced or a group joined mid-move was deleted or
-split). Only what the destination kept under the record's own id counts as
-verified; a destination that kept a different record for the key (a newer
-revision from elsewhere) leaves the source record where it is.
+a key, a group or a client id takes that lock, so none lands inside another
+(two moves of one record in opposite directions, or a move and a repair, each
+deleting the other's copy, lost it; a key replaced or a group joined mid-move
+was deleted or split; a client id looked up mid-move, or by two writes at once,
+seemed new and was written a second time elsewhere). Only what the destination
+kept under the record's own id counts as verified; a destination that kept a
+different record for the key (a newer revision from elsewhere) leaves the
+source record where it is.
 """
 
 from __future__ import annotations
@@ -110,7 +112,13 @@ class Policy:
         self.pending: dict[tuple[str | None, str], set[str]] = {}  # (owner, tier) -> ids earned promotion
         self._recalls: dict[tuple[str | None, str], Counter[str]] = {}  # recalls not yet counted in the tiers
         self._flushing = False
+        self._buffered = 0  # recalls buffered since start; every one up to `_counted` is counted in its tier
+        self._counted = 0
+        self._progress = asyncio.Event()  # set (and replaced) each time `_counted` moves or a flush stops
         self.observe_move: Any = None  # (reason, source, dest, count) -> None: the router's metrics
+        # Moves begun (any owner): a read of every tier at once that overlapped one may have missed
+        # the record it carried (`placing` says whether one may be in flight now).
+        self.moves_begun = 0
 
     def lock(self, *key: Any) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -120,12 +128,18 @@ class Policy:
 
     def owner_lock(self, owner: str | None) -> asyncio.Lock:
         """Where an owner's records live changes under this lock only: moves (read, write, verify,
-        delete), forgets, and writes that carry a key or a group (locate, then write there). Taken
-        after a session's lock, never before; not reentrant, so a holder never calls `move`."""
+        delete), forgets, and writes that carry a key, a group or a client id (locate, then write
+        there). Taken after a session's lock, never before; not reentrant, so a holder never calls
+        `move`."""
         lock = self._owner_locks.get(owner)
         if lock is None:
             lock = self._owner_locks[owner] = asyncio.Lock()
         return lock
+
+    def placing(self, owner: str | None) -> bool:
+        """Whether the owner's lock is held now (a move of its records may be in flight)."""
+        lock = self._owner_locks.get(owner)
+        return lock is not None and lock.locked()
 
     # ---- reading from a tier -------------------------------------------------
 
@@ -181,6 +195,7 @@ class Policy:
             log.info("move %s -> %s skipped: %s is down", source.name, dest.name, dest.name)
             return [], set(ids)
         async with self.owner_lock(owner):
+            self.moves_begun += 1
             records = (await self.scan(source, owner, where=where, embeddings=True) if where is not None
                        else await self.by_ids(source, owner, ids, embeddings=True))
             found = {r["id"] for r in records}
@@ -306,31 +321,42 @@ class Policy:
             return {"moved": 0, "dropped": 0}
         key = (tier.name, owner, session if config.per_session else None)
         async with self.lock(*key):
-            if config.per_session:
-                where = {"session": session}
-                records = (await tier.call("memory/timeline", _owner({"where": where, "limit": 0}, owner)))["records"]
-                if len(records) >= _limit(tier, "max_recall_limit", 1000):
-                    records = await self.scan(tier, owner, where=where)
-            else:
-                records = await self.scan(tier, owner)
-            excess = len(records) - capacity
-            if excess <= 0:
+            ids = await self._victims(tier, owner, session)
+            if not ids:
                 return {"moved": 0, "dropped": 0}
-            victims: list[dict[str, Any]] = []
-            for unit in weakest_first(units(records)):
-                if excess <= 0:
-                    break
-                victims.extend(unit)
-                excess -= len(unit)
-            ids = [r["id"] for r in victims]
             if config.spill_to:
                 moved = await self.move(tier, self.fed[config.spill_to], owner, ids)
                 return {"moved": len(moved), "dropped": 0}
             if config.retention == "drop":
                 async with self.owner_lock(owner):
+                    # Chosen again under the lock: a key replaced since the first read is the newest
+                    # record now (or in another session), and deleting it by id would lose that write.
+                    ids = await self._victims(tier, owner, session)
+                    if not ids:
+                        return {"moved": 0, "dropped": 0}
                     result = await tier.call("memory/forget", _owner({"ids": ids}, owner))
                 return {"moved": 0, "dropped": int(result.get("forgotten", 0))}
             return {"moved": 0, "dropped": 0}
+
+    async def _victims(self, tier: Tier, owner: str | None, session: str | None) -> list[str]:
+        """The ids of the weakest whole groups of the bucket past the tier's capacity (none: within)."""
+        config = tier.config
+        assert config.capacity is not None
+        if config.per_session:
+            where = {"session": session}
+            records = (await tier.call("memory/timeline", _owner({"where": where, "limit": 0}, owner)))["records"]
+            if len(records) >= _limit(tier, "max_recall_limit", 1000):
+                records = await self.scan(tier, owner, where=where)
+        else:
+            records = await self.scan(tier, owner)
+        excess = len(records) - config.capacity
+        victims: list[str] = []
+        for unit in weakest_first(units(records)):
+            if excess <= 0:
+                break
+            victims.extend(r["id"] for r in unit)
+            excess -= len(unit)
+        return victims
 
     async def enforce_all(self, owner: str | None, tiers: Iterable[Tier] | None = None) -> dict[str, int]:
         """Every capacity rule of every writable tier, top of the chain first."""
@@ -385,6 +411,7 @@ class Policy:
         for name, ids in by_tier.items():
             if ids:
                 self._recalls.setdefault((owner, name), Counter()).update(ids)
+        self._buffered += 1
         if self._flushing:
             return False
         self._flushing = True
@@ -393,14 +420,29 @@ class Policy:
     async def flush_counts(self) -> None:
         try:
             while self._recalls:
-                batch, self._recalls = self._recalls, {}
+                batch, self._recalls, upto = self._recalls, {}, self._buffered
                 calls = []
                 for (owner, name), counter in batch.items():
                     for round_ in range(1, max(counter.values()) + 1):  # a record returned twice counts twice
                         calls.append(self._count(owner, name, [i for i, n in counter.items() if n >= round_]))
                 await asyncio.gather(*calls)
+                self._counted = upto
+                self._wake()
         finally:
             self._flushing = False
+            self._wake()
+
+    def _wake(self) -> None:
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    async def counted(self) -> None:
+        """Wait until the recalls buffered so far are counted in their tiers, not for the ones
+        buffered after this call: under steady recall traffic the flush never runs dry, and
+        consolidate and session/close, which wait here, waited as long as the traffic lasted."""
+        target = self._buffered
+        while self._flushing and self._counted < target:
+            await self._progress.wait()
 
     async def _count(self, owner: str | None, name: str, ids: list[str]) -> None:
         tier = self.fed[name]
@@ -435,12 +477,14 @@ class Policy:
             except A2MError as exc:  # still queued: the next consolidate or close tries again
                 log.warning("promotion %s -> %s skipped: %s", name, target, exc)
                 continue
-            if moved and self.emit is not None:
-                await self.emit("promoted", owner, ids=moved, tier=target)
             # Still queued: what is still here and did not move (its destination refused or was down).
+            # Before the event, which can wait on a slow subscriber: a record arriving here meanwhile
+            # is queued again on arrival, and must not be dropped as "not found" after that.
             ids.difference_update(set(batch) - (found - set(moved)))
             if not ids and self.pending.get((pending_owner, name)) is ids:
                 del self.pending[(pending_owner, name)]  # an entry per owner ever promoted would only grow
+            if moved and self.emit is not None:
+                await self.emit("promoted", owner, ids=moved, tier=target)
             promoted += len(moved)
         return promoted
 

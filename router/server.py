@@ -115,7 +115,7 @@ class Router(EventMethods):
         task.add_done_callback(self._tasks.discard)
 
     async def drain(self) -> None:
-        """Wait for background recall counting (consolidate does, so its promotions see every recall)."""
+        """Wait for every background task (at shutdown)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
@@ -249,7 +249,9 @@ class Router(EventMethods):
                 raise A2MError(errors.READ_ONLY, f"tier {target.name} is read-only", {"tier": target.name, "index": i})
             targets.append(target)
         await self._check_width([r.embedding for r in records if r.embedding is not None])
-        if any(r.key or r.group for r in records):  # it is located, then written there: nothing may move between
+        # A key, a group or a client id is located, then written there: nothing may move between, and
+        # no other write may decide the same id is new (two writes of one id at once gave it two homes).
+        if any(r.key or r.group for r in records) or any(w.get("id") is not None for w in raw_records):
             async with self.policy.owner_lock(owner):
                 ids, by_tier = await self._write(records, raw_records, targets, owner)
         else:
@@ -571,6 +573,21 @@ class Router(EventMethods):
             raise invalid("key is required", field="key")
         owner = ctx.owner(params)
         asked_vectors = params.get("embeddings") is True
+        moves, busy = self.policy.moves_begun, self.policy.placing(owner)
+        best, fan = await self._fetch(key, owner, asked_vectors)
+        if best is None and (busy or self.policy.moves_begun != moves):
+            # The tiers were asked at once, so a move in flight can hide the key from all of them
+            # (its destination read before the write, its source after the delete): ask again,
+            # with no move of this owner's records in flight.
+            async with self.policy.owner_lock(owner):
+                best, fan = await self._fetch(key, owner, asked_vectors)
+        out: dict[str, Any] = {"record": None if best is None else best.to_wire(embeddings=asked_vectors)}
+        if fan.degraded:
+            out["degraded"] = fan.degraded
+        return out
+
+    async def _fetch(self, key: str, owner: str | None, asked_vectors: bool) -> tuple[Record | None, Any]:
+        """The key's record (the highest revision, then the deepest tier) and the fan-out it came from."""
         fan = await self.fed.fan_out("memory/fetch", _with_owner({"key": key, "embeddings": asked_vectors}, owner),
                                      [t for t in self.fed if t.has("keys")])
         depth = self._depth()
@@ -581,10 +598,7 @@ class Router(EventMethods):
             record = Record.from_wire(result["record"]).with_(tier=name)
             if best is None or (record.revision, depth.get(name, 0)) > (best.revision, depth.get(best.tier or "", 0)):
                 best = record
-        out: dict[str, Any] = {"record": None if best is None else best.to_wire(embeddings=asked_vectors)}
-        if fan.degraded:
-            out["degraded"] = fan.degraded
-        return out
+        return best, fan
 
     async def reinforce(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         ids = ids_param(params)
@@ -639,7 +653,7 @@ class Router(EventMethods):
 
     async def consolidate(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
-        await self.drain()
+        await self.policy.counted()  # its promotions see every recall answered before it (decision 9)
         repaired = await self.policy.repair(owner)
         promoted = await self.policy.promote_pending(owner)  # earned by recall: before capacity pressure
         spilled = await self.policy.enforce_all(owner)
@@ -678,7 +692,7 @@ class Router(EventMethods):
         if not isinstance(session, str) or not session:
             raise invalid("session is required", field="session")
         owner = ctx.owner(params)
-        await self.drain()
+        await self.policy.counted()
         flushed = await self.policy.flush(owner, session)
         promoted = await self.policy.promote_pending(owner)
         spilled = await self.policy.enforce_all(owner, [t for t in self.fed if not t.config.per_session])

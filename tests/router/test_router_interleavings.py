@@ -1,0 +1,329 @@
+"""Interleavings of concurrent router calls, forced one step at a time, on real tier servers.
+
+The router runs in this process over the real tiers (Redis, PostgreSQL, Qdrant Edge, git) through
+its `client_factory` seam: each tier client can hold one chosen call at a gate until the test lets
+it go, so a race the concurrent test (test_router_concurrency.py) hits by chance happens here every
+time. What is checked is read from the tier servers themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from a2m.client import HTTPClient
+from a2m.dispatch import Context
+from a2m.errors import A2MError
+from router.config import load
+from router.server import Router
+
+from .stack import Stack, federation, new_owner as owner, tier_call as direct
+from .test_router_concurrency import TIERS
+
+pytestmark = pytest.mark.anyio
+NAMES = [t["name"] for t in TIERS]
+
+
+class Gate:
+    """Holds the first call to `tier` of `method` whose params satisfy `when`, until `release()`:
+    before it is sent, or (`after`) once it has been answered, before the router sees the answer."""
+
+    def __init__(self, tier: str, method: str, when: Callable[[dict[str, Any]], bool], after: bool = False) -> None:
+        self.tier, self.method, self.when, self.after = tier, method, when, after
+        self.reached, self.released = asyncio.Event(), asyncio.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+
+class GatedClient:
+    def __init__(self, name: str, url: str, token: str | None, timeout: float, gates: list[Gate]) -> None:
+        self.name, self.gates = name, gates
+        self.client = HTTPClient(url, token=token, timeout=timeout)
+
+    async def call(self, method: str, params: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        gate = next((g for g in self.gates if g.tier == self.name and g.method == method and g.when(params)), None)
+        if gate is not None:
+            self.gates.remove(gate)  # one call each
+            if not gate.after:
+                gate.reached.set()
+                await gate.released.wait()
+        answer = await self.client.call(method, params, timeout=timeout)
+        if gate is not None and gate.after:
+            gate.reached.set()
+            await gate.released.wait()
+        return answer
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class InProcess:
+    """A Router over the stack's tiers whose tier calls can be held at gates."""
+
+    def __init__(self, stack: Stack) -> None:
+        config = load(str(stack.config))
+        self.gates: list[Gate] = []
+        self.router = Router(config, client_factory=lambda t: GatedClient(
+            t.name, t.url, config.service_token, t.timeout, self.gates))
+
+    def hold(self, tier: str, method: str, when: Callable[[dict[str, Any]], bool] = lambda p: True, *,
+             after: bool = False) -> Gate:
+        gate = Gate(tier, method, when, after)
+        self.gates.append(gate)
+        return gate
+
+    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        handler = self.router.handlers()[method]
+        return await handler(params, Context())
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with federation(tmp_path_factory.mktemp("interleave"), TIERS, mode="real") as running:
+        yield running
+
+
+@pytest.fixture
+async def inproc(stack: Stack) -> Any:
+    running = InProcess(stack)
+    await running.router.startup()
+    try:
+        yield running
+    finally:
+        for gate in running.gates:
+            gate.release()
+        await running.router.shutdown()
+
+
+async def homes(stack: Stack, me: str) -> dict[str, list[tuple[str, str]]]:
+    """id -> [(tier, content)] for every record of `me`, read from each tier server."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for name in NAMES:
+        for record in (await direct(stack, name, "memory/timeline", {"owner": me, "limit": 0}))["records"]:
+            out.setdefault(record["id"], []).append((name, record["content"]))
+    return out
+
+
+def counting(params: dict[str, Any]) -> bool:
+    """The router's query-less recall by id that counts a recall (not a fan-out read)."""
+    return "query" not in params and "id" in (params.get("where") or {})
+
+
+async def test_consolidate_waits_for_the_recalls_answered_before_it_not_for_later_ones(inproc: InProcess,
+                                                                                     stack: Stack) -> None:
+    """Under steady recall traffic the background counting never runs dry, and consolidate (and
+    session/close) waited for it to: 0.7, 2.8, then 7 s under eight recalling clients, growing.
+    It waits for the counts of the recalls answered before it began (decision 9), no more."""
+    me = owner()
+    [rid] = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the harbour ferry leaves at nine", "tier": "episodic"}]}))["ids"]
+    await inproc.call("memory/recall", {"owner": me, "query": "harbour"})  # counted at once
+    await inproc.router.drain()
+    first = inproc.hold("episodic", "memory/recall", counting)
+    await inproc.call("memory/recall", {"owner": me, "query": "harbour"})  # its count is held
+    await first.reached.wait()
+    consolidating = asyncio.create_task(inproc.call("memory/consolidate", {"owner": me}))
+    await asyncio.sleep(0.2)
+    assert not consolidating.done(), "consolidate did not wait for a recall answered before it"
+    later = inproc.hold("episodic", "memory/recall", counting)
+    await inproc.call("memory/recall", {"owner": me, "query": "harbour"})  # answered after it began
+    first.release()
+    await later.reached.wait()
+    try:
+        done = await asyncio.wait_for(consolidating, 10)
+    finally:
+        later.release()
+    assert done["promoted"] == 1, "the second recall before consolidate earned promotion"
+    assert (await homes(stack, me))[rid][0][0] == "semantic"
+
+
+def names(rid: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda params: rid in [r.get("id") for r in params.get("records", ())] or \
+        rid in ((params.get("where") or {}).get("id") or ())
+
+
+async def test_a_refused_batch_leaves_nothing_behind_when_a_flush_moves_its_records_first(inproc: InProcess,
+                                                                                       stack: Stack) -> None:
+    """A batch whose semantic part is refused (an id another owner holds there) is undone by
+    forgetting what it wrote in working; a session/close that moved that record to episodic before
+    the refusal came left it there, written by a call that failed."""
+    me, other = owner(), owner()
+    await direct(stack, "semantic", "memory/remember", {"owner": other, "records": [{"id": f"{other}-x", "content": "x"}]})
+    gate = inproc.hold("semantic", "memory/remember")
+    writing = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "a note of a failed batch", "session": "q"},
+        {"id": f"{other}-x", "content": "not mine", "tier": "semantic"}]}))
+    await gate.reached.wait()
+    closing = asyncio.create_task(inproc.call("memory/session/close", {"owner": me, "session": "q"}))
+    await asyncio.sleep(0.5)
+    gate.release()
+    with pytest.raises(A2MError) as refused:
+        await writing
+    assert refused.value.code == -32005
+    await closing
+    assert await homes(stack, me) == {}
+
+
+async def test_one_client_id_written_twice_at_once_gets_one_home(inproc: InProcess, stack: Stack) -> None:
+    """Both writes looked the id up before either wrote it: working and procedural each kept one,
+    and no consolidate repairs that (they are no spill or promotion link)."""
+    me = owner()
+    rid = f"{me}-retried"
+    gate = inproc.hold("working", "memory/remember", names(rid))
+    first = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+        {"id": rid, "content": "sent once"}]}))
+    await gate.reached.wait()
+    second = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+        {"id": rid, "content": "sent again", "tier": "procedural"}]}))
+    await asyncio.sleep(0.5)
+    gate.release()
+    assert [(await first)["ids"], (await second)["ids"]] == [[rid], [rid]]
+    await inproc.call("memory/consolidate", {"owner": me})
+    assert [tier for tier, _ in (await homes(stack, me))[rid]] == ["working"]
+
+
+async def test_a_client_id_written_again_while_it_moves_is_not_written_twice(inproc: InProcess, stack: Stack) -> None:
+    """The id lookup read episodic before a flush moved the record there and working after: the id
+    seemed new and was written again, into procedural, beside the moved record."""
+    me = owner()
+    rid = f"{me}-once"
+    await inproc.call("memory/remember", {"owner": me, "records": [
+        {"id": rid, "content": "the original", "session": "m"}]})
+    gate = inproc.hold("working", "memory/timeline", names(rid))
+    retry = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+        {"id": rid, "content": "a retry", "tier": "procedural"}]}))
+    await gate.reached.wait()
+    closing = asyncio.create_task(inproc.call("memory/session/close", {"owner": me, "session": "m"}))
+    await asyncio.sleep(0.5)
+    gate.release()
+    assert (await retry)["ids"] == [rid]
+    await closing
+    await inproc.call("memory/consolidate", {"owner": me})
+    assert (await homes(stack, me))[rid] == [("episodic", "the original")]
+
+
+async def spill_held(inproc: InProcess, me: str, first: dict[str, Any]) -> tuple[str, Gate, asyncio.Task[Any]]:
+    """`first` written to working session "s", then four more: the spill of `first` to episodic is
+    held at its write there. Returns its id, the gate, and the write whose capacity pass spills."""
+    [rid] = (await inproc.call("memory/remember", {"owner": me, "records": [first | {"session": "s"}]}))["ids"]
+    gate = inproc.hold("episodic", "memory/remember", names(rid))
+    filling = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": f"turn {i}", "session": "s"} for i in range(4)]}))
+    await gate.reached.wait()
+    return rid, gate, filling
+
+
+async def test_a_forget_acknowledged_mid_spill_is_not_undone_by_the_spill(inproc: InProcess, stack: Stack) -> None:
+    me = owner()
+    rid, gate, filling = await spill_held(inproc, me, {"content": "forget me"})
+    forgetting = asyncio.create_task(inproc.call("memory/forget", {"owner": me, "ids": [rid]}))
+    await asyncio.sleep(0.3)
+    gate.release()
+    assert (await forgetting) == {"forgotten": 1}
+    await filling
+    assert rid not in await homes(stack, me)
+
+
+async def test_a_key_replaced_mid_spill_keeps_the_new_content_in_one_place(inproc: InProcess, stack: Stack) -> None:
+    me = owner()
+    rid, gate, filling = await spill_held(inproc, me, {"content": "the old plan", "key": "plan"})
+    replacing = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the new plan", "key": "plan"}]}))
+    await asyncio.sleep(0.3)
+    gate.release()
+    assert (await replacing)["ids"] == [rid]
+    await filling
+    assert (await homes(stack, me))[rid] == [("episodic", "the new plan")]
+
+
+async def test_a_record_arriving_while_a_promotion_is_announced_keeps_its_earned_promotion(
+        inproc: InProcess, stack: Stack) -> None:
+    """Promotion dropped from its queue the ids it had not found, after announcing what it moved; a
+    push subscriber slow to take the event (a push is an awaitable; stdio's does not yield today)
+    let a spill bring one of them back into episodic, already recalled often enough, in between:
+    it was queued on arrival, then dropped, and no later consolidate promoted it."""
+    me = owner()
+    [x] = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "harbour ferry", "tier": "episodic", "session": "s"}]}))["ids"]
+    [y] = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "rocket plan", "tier": "episodic"}]}))["ids"]
+    for query in ("harbour", "harbour", "rocket", "rocket"):
+        await inproc.call("memory/recall", {"owner": me, "query": query})
+        await inproc.router.policy.counted()
+    assert (await inproc.call("memory/promote", {"owner": me, "ids": [x], "tier": "working"}))["promoted"] == 1
+    announced, taken = asyncio.Event(), asyncio.Event()
+
+    async def slow(event: dict[str, Any]) -> None:
+        announced.set()
+        await taken.wait()
+
+    await inproc.router.subscribe({"owner": me, "kinds": ["promoted"]}, Context(push=slow))
+    consolidating = asyncio.create_task(inproc.call("memory/consolidate", {"owner": me}))
+    await announced.wait()  # y moved to semantic; x was not in episodic
+    await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": f"turn {i}", "session": "s"} for i in range(4)]})  # x spills back to episodic
+    assert [t for t, _ in (await homes(stack, me))[x]] == ["episodic"]
+    taken.set()
+    await consolidating
+    await inproc.call("memory/consolidate", {"owner": me})
+    held = await homes(stack, me)
+    assert (held[x][0][0], held[y][0][0]) == ("semantic", "semantic")
+
+
+async def test_a_key_moving_while_it_is_fetched_is_found(inproc: InProcess, stack: Stack) -> None:
+    """fetch asks every tier at once: episodic answered before a spill wrote the key there and
+    working after the spill deleted it, so a key that was never forgotten read as absent (an agent
+    that then writes a default replaces the real value)."""
+    me = owner()
+    await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the user is called Ada", "key": "user/name", "session": "s"}]})
+    gate = inproc.hold("working", "memory/fetch")
+    fetching = asyncio.create_task(inproc.call("memory/fetch", {"owner": me, "key": "user/name"}))
+    await gate.reached.wait()
+    await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": f"turn {i}", "session": "s"} for i in range(4)]})  # spills the key to episodic
+    held = await homes(stack, me)
+    assert [copies for copies in held.values() if copies[0][1] == "the user is called Ada"] == [
+        [("episodic", "the user is called Ada")]]
+    gate.release()
+    record = (await fetching)["record"]
+    assert record is not None and record["content"] == "the user is called Ada"
+
+
+async def test_a_key_replaced_while_its_session_is_trimmed_is_not_dropped(tmp_path: Path) -> None:
+    """retention = "drop": the capacity pass chose its victims from a read of the session taken
+    before the owner lock, then deleted them by id; a key replaced in between (now the newest record,
+    moved to another session) was deleted with the old version's id: an acknowledged write lost."""
+    tiers = [{"name": "working", "kind": "working", "capacity": 4, "per_session": True, "retention": "drop",
+              "timeout": 20.0}]
+    with federation(tmp_path, tiers, mode="real") as small:
+        inproc = InProcess(small)
+        await inproc.router.startup()
+        try:
+            me = owner()
+            [rid] = (await inproc.call("memory/remember", {"owner": me, "records": [
+                {"content": "the old plan", "key": "plan", "session": "s"}]}))["ids"]
+            await inproc.call("memory/remember", {"owner": me, "records": [
+                {"content": f"turn {i}", "session": "s"} for i in range(3)]})
+            gate = inproc.hold("working", "memory/timeline", lambda p: p.get("where") == {"session": "s"}, after=True)
+            trimming = asyncio.create_task(inproc.call("memory/remember", {"owner": me, "records": [
+                {"content": "turn 3", "session": "s"}]}))  # five: the old plan, the oldest, is to go
+            await gate.reached.wait()
+            replaced = await inproc.call("memory/remember", {"owner": me, "records": [
+                {"content": "the new plan", "key": "plan", "session": "t"}]})
+            assert replaced["ids"] == [rid]
+            gate.release()
+            await trimming
+            held = (await direct(small, "working", "memory/timeline", {"owner": me, "limit": 0}))["records"]
+            assert [(r["id"], r["content"]) for r in held if r.get("key")] == [(rid, "the new plan")]
+            await inproc.call("memory/remember", {"owner": me, "records": [{"content": "turn 4", "session": "s"}]})
+            held = (await direct(small, "working", "memory/timeline", {"owner": me, "limit": 0}))["records"]
+            assert sorted(r["content"] for r in held) == ["the new plan", "turn 1", "turn 2", "turn 3", "turn 4"]
+        finally:
+            for gate in inproc.gates:
+                gate.release()
+            await inproc.router.shutdown()
