@@ -32,6 +32,8 @@ from collections import Counter
 from weakref import WeakValueDictionary
 from typing import Any, Iterable, Sequence
 
+import orjson
+
 from a2m.client import Unavailable
 from a2m.embedder import Embedder, try_embed
 from a2m.errors import A2MError
@@ -42,6 +44,7 @@ from .federation import Federation, Tier
 log = logging.getLogger("a2m.router.policy")
 
 MOVE_DROP = ("tier", "score")
+MOVE_BYTES = 16 * 1024 * 1024  # JSON per move call: well under a tier's body limit (a2m.http.TIER_MAX_BODY)
 
 
 def move_form(record: dict[str, Any]) -> dict[str, Any]:
@@ -67,17 +70,23 @@ def units(records: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return out
 
 
-def batches(unit_list: list[list[dict[str, Any]]], size: int) -> list[list[list[dict[str, Any]]]]:
-    """Units packed in order into batches of at most `size` records, cut only between units (a unit
-    larger than `size` is a batch of its own, written in several calls)."""
+def batches(unit_list: list[list[dict[str, Any]]], size: int,
+            budget: int = MOVE_BYTES) -> list[list[list[dict[str, Any]]]]:
+    """Units packed in order into batches of at most `size` records and about `budget` bytes of JSON,
+    cut only between units (a unit past either is a batch of its own, written in several calls).
+
+    The bytes matter as much as the count: 500 tool outputs near `max_content_length` are hundreds of
+    megabytes, past any tier's body limit, and a refused batch is placed again one unit at a time."""
     out: list[list[list[dict[str, Any]]]] = []
-    filled = size
+    filled, weight = size, budget
     for unit in unit_list:
-        if filled + len(unit) > size:
+        heavy = sum(len(orjson.dumps(r)) for r in unit)
+        if filled + len(unit) > size or (weight + heavy > budget and filled):
             out.append([])
-            filled = 0
+            filled = weight = 0
         out[-1].append(unit)
         filled += len(unit)
+        weight += heavy
     return out
 
 

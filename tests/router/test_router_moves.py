@@ -65,6 +65,16 @@ def test_batches_are_cut_only_between_units() -> None:
         [["a"], ["b1", "b2", "b3"]], [["c"]], [["d0", "d1", "d2", "d3", "d4"]]]
 
 
+def test_batches_are_cut_by_their_json_size_too() -> None:
+    """Large records (tool outputs near max_content_length) went 500 to a call: far past a tier's body
+    limit, so each spill was refused whole and placed again one record at a time."""
+    big = [[{"id": f"r{i}", "content": "x" * 400}] for i in range(10)]
+    packed = batches(big, 500, budget=1000)
+    assert [[u[0]["id"] for u in batch] for batch in packed] == [["r0", "r1"], ["r2", "r3"], ["r4", "r5"],
+                                                                 ["r6", "r7"], ["r8", "r9"]]
+    assert [len(b) for b in batches([[{"id": "g", "content": "x" * 5000}], *big[:2]], 500, budget=1000)] == [1, 2]
+
+
 @pytest.mark.anyio
 async def test_a_move_never_deletes_a_record_the_destination_did_not_keep(stack: Stack) -> None:
     """The destination holds the key at a newer revision under another id (left by another router):
