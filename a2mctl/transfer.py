@@ -38,28 +38,23 @@ class TransferError(Exception):
 
 
 def _client(target: str, token: str | None, timeout: float) -> Any:
-    """An http(s) URL, or the command line of a server that speaks A2M over stdio (run as a child).
-
-    A bearer token is an HTTP header: a stdio server is trusted as its parent's own process, so
-    `--token` there is a mistake worth saying, not a setting to drop.
-    """
-    from a2m.client import HTTPClient, StdioClient
+    """`a2m.client.connect` (an http(s) URL, or the command line of a stdio server run as a child), with
+    the endpoint's problems said as an export or import error rather than a traceback."""
+    from a2m.client import connect
 
     from .cli import http_url_problem
 
-    if target.startswith(("http://", "https://")):
-        problem = http_url_problem(target)
-        if problem:
-            raise TransferError(problem)
-        return HTTPClient(target, token=token, timeout=timeout)
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", target):
+    http = target.startswith(("http://", "https://"))
+    if http and http_url_problem(target):
+        raise TransferError(http_url_problem(target))
+    if not http and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", target):
         raise TransferError(f"{target}: A2M is served over http:// or https://, or as a stdio command line")
-    if token is not None:
-        raise TransferError(f"--token is sent over HTTP only, and {target!r} is not an http(s) URL")
-    command = shlex.split(target)
-    if not command:
+    if not http and not shlex.split(target):
         raise TransferError("no endpoint: give an http(s) URL or the command line of a stdio A2M server")
-    return StdioClient(command, timeout=timeout)
+    try:
+        return connect(target, token=token, timeout=timeout)
+    except ValueError as exc:  # a token for a command line
+        raise TransferError(f"--token: {exc}") from None
 
 
 def _progress() -> Any:

@@ -198,7 +198,7 @@ def test_unusable_endpoints_and_files_are_named_not_raised(tmp_path: Path) -> No
         (["export", "http://127.0.0.1:99999/", str(tmp_path / "x.jsonl")], "Port out of range"),
         (["import", "http://[::1", str(good)], "Invalid IPv6 URL"),
         (["export", "no-such-a2m-command --stdio", str(tmp_path / "x.jsonl")], "no-such-a2m-command"),
-        (["import", " ".join(fixture_server_command("--stdio")), str(good), "--token", "t"], "--token is sent over HTTP"),
+        (["import", " ".join(fixture_server_command("--stdio")), str(good), "--token", "t"], "--token: a bearer token is for an http(s):// server"),
     ]
     for argv, message in cases:
         done = subprocess.run(a2m_command(*argv), cwd=ROOT, capture_output=True, text=True, timeout=60)
