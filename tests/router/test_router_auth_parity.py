@@ -774,6 +774,89 @@ async def test_the_tiers_answer_only_the_service_token(stack: Stack) -> None:
         assert reply.status_code == 401
 
 
+class Recording:
+    """A tier client that keeps every call the router makes (what the tier receives)."""
+
+    def __init__(self, url: str, name: str, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
+        self.client = HTTPClient(url, token=SERVICE, timeout=30.0)
+        self.name, self.calls = name, calls
+
+    async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        self.calls.append((self.name, method, orjson.loads(orjson.dumps(params))))
+        return await self.client.call(method, params, timeout=timeout)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+EVERY_CALL: list[tuple[str, dict[str, Any]]] = [
+    ("memory/describe", {}),
+    ("memory/remember", {"records": [{"content": f"turn {i} river", "session": "s1"} for i in range(5)]}),
+    ("memory/remember", {"records": [{"content": "keyed", "key": "user/city"}, {"content": "grouped", "group": "g1"},
+                                     {"content": "deep", "tier": "semantic", "id": "rx-1"},
+                                     {"content": "how to", "tier": "procedural", "key": "proc/a"}]}),
+    ("memory/remember", {"records": [{"content": "keyed again", "key": "user/city"}, {"content": "more", "group": "g1"},
+                                     {"content": "again", "id": "rx-1"}]}),
+    ("memory/recall", {"query": "river"}),
+    ("memory/recall", {"query": "river", "fusion": "rerank", "prompt": True}),
+    ("memory/recall", {}),
+    ("memory/timeline", {"where": {"session": "s1"}, "prompt": True}),
+    ("memory/fetch", {"key": "user/city"}),
+    ("memory/reinforce", {"ids": ["rx-1"], "amount": 0.2}),
+    ("memory/promote", {"ids": ["rx-1"], "tier": "episodic"}),
+    ("memory/session/list", {}),
+    ("memory/summarize", {"query": "river", "into": "semantic", "key": "digest"}),
+    ("memory/summarize", {"where": {"session": "s1"}}),
+    ("memory/session/close", {"session": "s1"}),
+    ("memory/consolidate", {}),
+    ("memory/events", {}),
+    ("memory/forget", {"query": "keyed"}),
+    ("memory/forget", {"ids": ["rx-1"]}),
+    ("memory/forget", {"key_prefix": ""}),
+    ("memory/forget", {"where": {"key": None}}),
+]
+
+
+async def test_every_tier_call_carries_the_principal_and_a_foreign_owner_reaches_no_tier(stack: Stack) -> None:
+    """The router in process over the same tier servers, every tier client recorded: each call of
+    every method, made as a principal, sends that principal as `owner` on every tier call (and no
+    record naming another); the same call naming another owner is -32005 before any tier call."""
+    from a2m.dispatch import Context, Dispatcher
+    from router.config import load
+    from router.server import Router
+
+    calls: list[tuple[str, str, dict[str, Any]]] = []
+    router = Router(load(stack.config, env={"A2M_SERVICE_TOKEN": SERVICE}),
+                    client_factory=lambda t: Recording(t.url, t.name, calls))
+    await router.startup()
+    try:
+        dispatcher = Dispatcher(router)
+        me = "dave-" + uuid.uuid4().hex[:6]
+        ctx = Context(principal=me, transport="http")
+        calls.clear()  # the start's own describe of each tier (its layout, no owner's data)
+        for method, params in EVERY_CALL:
+            for owner in ("eve", None):  # another owner first: refused before any tier is asked
+                sent = dict(params) if owner is None else {**params, "owner": owner}
+                before = len(calls)
+                try:
+                    await dispatcher.call(method, sent, ctx)
+                except A2MError as exc:
+                    assert owner is not None and exc.code == -32005, f"{method} {sent}: {exc}"
+                    assert len(calls) == before, f"{method} as another owner reached {calls[before:]}"
+                    continue
+                assert owner is None, f"{method} as another owner was answered"
+        await router.drain()
+        assert {method for _, method, _ in calls} >= {"memory/remember", "memory/recall", "memory/timeline",
+                                                      "memory/forget", "memory/fetch", "memory/reinforce",
+                                                      "memory/describe", "memory/session/list"}
+        for tier, method, params in calls:
+            assert params.get("owner") == me, f"{tier} got {method} {params}"
+            for record in params.get("records") or []:
+                assert record.get("owner") in (None, me), f"{tier} got {method} {params}"
+    finally:
+        await router.shutdown()
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_each_principal_sees_only_its_own_partition(stack: Stack, seed: int) -> None:
     rng = random.Random(seed)
