@@ -67,8 +67,8 @@ def _serve(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"a2m serve router: {exc}", file=sys.stderr)
             return 2
-        configured = server.http_settings()  # [auth] tokens and origins from router.toml
-        tokens = {**configured.tokens, **tokens}
+        configured = server.http_settings(tokens)  # [auth] tokens and origins from router.toml, and --token
+        tokens = dict(configured.tokens)
         origins |= configured.allowed_origins
     else:
         # Tier servers trust the router's service token to name owners; the router itself

@@ -88,12 +88,17 @@ class Router(EventMethods):
         self._dims: int | None = getattr(self.embedder, "dimensions", None)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._depths: dict[str, int] | None = None
+        self._authenticated = bool(config.tokens)  # the HTTP front door takes tokens (see http_settings)
 
     # ---- plumbing ----------------------------------------------------------------
 
-    def http_settings(self) -> HTTPSettings:
-        """Bearer tokens -> principals and allowed origins from the config (for the HTTP binding)."""
-        return HTTPSettings(allowed_origins=self.config.allowed_origins, tokens=dict(self.config.tokens))
+    def http_settings(self, tokens: Mapping[str, str] | None = None) -> HTTPSettings:
+        """Bearer tokens -> principals (the config's, and `tokens` given on the command line) and
+        allowed origins, for the HTTP binding. With any token, an HTTP call that reaches the router
+        without a principal is anonymous (the binding's discovery document, which needs none)."""
+        merged = {**self.config.tokens, **(tokens or {})}
+        self._authenticated = bool(merged)
+        return HTTPSettings(allowed_origins=self.config.allowed_origins, tokens=merged)
 
     async def startup(self) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per tier call otherwise
@@ -746,8 +751,19 @@ class Router(EventMethods):
 
     # ---- describe ---------------------------------------------------------------------------
 
+    def _anonymous(self, ctx: Context) -> bool:
+        """An HTTP call without a principal on a router that authenticates: only the discovery
+        document (`GET /.well-known/a2m-server.json`) gets here, since every POST needs a token."""
+        return self._authenticated and ctx.transport == "http" and ctx.principal is None
+
     async def describe_fields(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
+        if self._anonymous(ctx):
+            # The layout and what the federation can do, never what it holds or where it runs: the
+            # unowned partition's counts, tier URLs and errors are for a caller with a token.
+            return self._described([{**t.config.describe(), "read_only": not t.writable,
+                                     "kind": t.config.kind or next((i.get("kind") for i in (t.info or {}).get("tiers", [])), None)}
+                                    for t in self.fed], ctx, [t.metrics for t in self.fed if t.metrics is not None])
         fan = await self.fed.fan_out("memory/describe", _with_owner({}, owner), list(self.fed))
         layout = []
         metrics: set[str] | None = None
@@ -774,19 +790,26 @@ class Router(EventMethods):
                     entry["error"] = tier.last_error
             entry["url"] = tier.config.url  # for `a2m doctor`; the tiers listen privately anyway
             layout.append(entry)
-        out: dict[str, Any] = {
+        out = self._described(layout, ctx, [] if metrics is None else [metrics])
+        if fan.degraded:
+            out["degraded"] = fan.degraded
+        return out
+
+    def _described(self, layout: list[dict[str, Any]], ctx: Context, metrics: Iterable[Any]) -> dict[str, Any]:
+        """describe's capability objects around a tier layout; `metrics`: each tier's (intersected)."""
+        common: set[str] | None = None
+        for each in metrics:
+            common = set(each) if common is None else common & set(each)
+        return {
             "tiers": layout,
             "events": {"push": ctx.push is not None},
             "embeddings": {"dimensions": self.dimensions(), "metric": "cosine",
-                           "metrics": sorted(metrics if metrics is not None else {"cosine"}),
+                           "metrics": sorted(common if common is not None else {"cosine"}),
                            "model": getattr(self.embedder, "model", None)},
             "summarize": {"model": None},
             "prompt": prompts.describe(),
             "fusion": self.config.fusion.strategy,
         }
-        if fan.degraded:
-            out["degraded"] = fan.degraded
-        return out
 
 
 def build_router(config_path: str | None = None, **kwargs: Any) -> Router:

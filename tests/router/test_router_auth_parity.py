@@ -774,6 +774,53 @@ async def test_the_tiers_answer_only_the_service_token(stack: Stack) -> None:
         assert reply.status_code == 401
 
 
+def _describes(metrics: str) -> float:
+    """How many memory/describe calls a server's /metrics has counted."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("a2m_requests_total{") and 'method="memory/describe"' in line)
+
+
+async def test_the_anonymous_discovery_document_holds_no_partition_data(stack: Stack) -> None:
+    """`GET /.well-known/a2m-server.json` needs no token (protocol §8), but POST memory/describe does
+    (§7): the document must not be a way around it. It showed the live counts of the unowned
+    partition (records from before auth was turned on, say), every tier's private URL and status,
+    and each GET cost a describe of every tier."""
+    async with HTTPClient(stack.tiers["episodic"].url, token=SERVICE) as tier, \
+            httpx.AsyncClient(timeout=30.0) as web:
+        legacy = (await tier.call("memory/remember", {"records": [{"content": "unowned, from before auth"}]}))["ids"]
+        try:
+            asked = _describes((await web.get(stack.tiers["episodic"].url + "metrics")).text)
+            reply = await web.get(stack.url + ".well-known/a2m-server.json")
+            assert reply.status_code == 200
+            doc = reply.json()
+            assert doc["protocol"] == "a2m/0.1" and "memory/remember" in doc["methods"]
+            assert [t["name"] for t in doc["tiers"]] == NAMES  # the layout is discovery; its contents are not
+            for entry in doc["tiers"]:
+                assert not {"count", "url", "status", "error", "engine"} & set(entry), entry
+            assert _describes((await web.get(stack.tiers["episodic"].url + "metrics")).text) == asked
+            refused = await web.post(stack.url, json={"jsonrpc": "2.0", "id": 1, "method": "memory/describe"})
+            assert refused.status_code == 401
+            async with HTTPClient(stack.url, token=TOKEN_OF["alice"]) as alice:  # a principal's describe: all of it
+                mine = await alice.call("memory/describe", {})
+                assert all({"count", "url", "status"} <= set(t) for t in mine["tiers"])
+        finally:
+            await tier.call("memory/forget", {"ids": legacy})
+
+
+def test_a_token_given_on_the_command_line_also_makes_the_discovery_document_anonymous() -> None:
+    """`a2m serve router --token T=P` adds tokens the config does not hold: the router must know."""
+    from a2m.dispatch import Context
+    from router.config import RouterConfig, TierConfig
+    from router.server import Router
+
+    router = Router(RouterConfig(tiers=(TierConfig(name="working", url="http://127.0.0.1:9/", kind="working"),)))
+    assert not router._anonymous(Context(transport="http"))  # no tokens: a trusted front door
+    assert router.http_settings({"t": "alice"}).tokens == {"t": "alice"}
+    assert router._anonymous(Context(transport="http"))
+    assert not router._anonymous(Context(transport="http", principal="alice"))
+    assert not router._anonymous(Context(transport="stdio"))
+
+
 class Recording:
     """A tier client that keeps every call the router makes (what the tier receives)."""
 
