@@ -29,12 +29,16 @@ class Context:
     """Who is calling, over what. One per connection (stdio) or request (HTTP).
 
     `principal` is set when a transport authenticated the caller: it is then the
-    owner scope, and a different `owner` param is refused (-32005). `push` is set
-    only where the transport can carry notifications.
+    owner scope, and a different `owner` param is refused (-32005). `anonymous` is
+    set where the transport takes tokens and this caller presented none (only the
+    HTTP discovery document gets that far): it may learn what the server can do,
+    never what it holds. `push` is set only where the transport can carry
+    notifications.
     """
 
     principal: str | None = None
     transport: str = "inproc"
+    anonymous: bool = False
     push: Push | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     traceparent: str | None = None  # the caller's W3C trace context (HTTP), for `a2m.tracing`

@@ -163,7 +163,9 @@ class HTTPApp:
         elif method != "GET":
             await _respond(send, 405, b'{"error":"use GET"}', headers=[(b"allow", b"GET")])
         elif path == "/.well-known/a2m-server.json":
-            result = await self.dispatcher.call("memory/describe", {}, Context(transport="http"))
+            # No token is needed here (protocol §8): with tokens configured the caller is anonymous.
+            result = await self.dispatcher.call("memory/describe", {},
+                                                Context(transport="http", anonymous=bool(self.settings.tokens)))
             await _respond(send, 200, orjson.dumps(result))
         elif path == "/healthz":
             await _respond(send, 200, b'{"status":"ok"}')

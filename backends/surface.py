@@ -108,10 +108,12 @@ class TierServer(EventMethods):
     async def describe_fields(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
         with self.engine():
-            count = await self.store.count(owner)
+            count = None if ctx.anonymous else await self.store.count(owner)  # what it holds is for a token
             dims = await self.dimensions()
         tier: dict[str, Any] = {"name": self.name, "kind": self.kind, "count": count, "capacity": None,
                                 "engine": self.store.engine}
+        if ctx.anonymous:
+            del tier["count"], tier["engine"]
         if self.read_only:
             tier["read_only"] = True
         if "scopes" not in self.capabilities:  # no owner partitions: every caller reads the same records

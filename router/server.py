@@ -762,6 +762,12 @@ class Router(EventMethods):
 
     async def describe_fields(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
+        if ctx.anonymous:
+            # The layout and what the federation can do, never what it holds or where it runs: the
+            # unowned partition's counts, tier URLs and errors are for a caller with a token.
+            return self._described([{**t.config.describe(), "read_only": not t.writable,
+                                     "kind": t.config.kind or next((i.get("kind") for i in (t.info or {}).get("tiers", [])), None)}
+                                    for t in self.fed], ctx, [t.metrics for t in self.fed if t.metrics is not None])
         fan = await self.fed.fan_out("memory/describe", _with_owner({}, owner), list(self.fed))
         layout = []
         metrics: set[str] | None = None
@@ -788,19 +794,26 @@ class Router(EventMethods):
                     entry["error"] = tier.last_error
             entry["url"] = tier.config.url  # for `a2m doctor`; the tiers listen privately anyway
             layout.append(entry)
-        out: dict[str, Any] = {
+        out = self._described(layout, ctx, [] if metrics is None else [metrics])
+        if fan.degraded:
+            out["degraded"] = fan.degraded
+        return out
+
+    def _described(self, layout: list[dict[str, Any]], ctx: Context, metrics: Iterable[Any]) -> dict[str, Any]:
+        """describe's capability objects around a tier layout; `metrics`: each tier's (intersected)."""
+        common: set[str] | None = None
+        for each in metrics:
+            common = set(each) if common is None else common & set(each)
+        return {
             "tiers": layout,
             "events": {"push": ctx.push is not None},
             "embeddings": {"dimensions": self.dimensions(), "metric": "cosine",
-                           "metrics": sorted(metrics if metrics is not None else {"cosine"}),
+                           "metrics": sorted(common if common is not None else {"cosine"}),
                            "model": getattr(self.embedder, "model", None)},
             "summarize": {"model": None},
             "prompt": prompts.describe(),
             "fusion": self.config.fusion.strategy,
         }
-        if fan.degraded:
-            out["degraded"] = fan.degraded
-        return out
 
 
 def build_router(config_path: str | None = None, **kwargs: Any) -> Router:
