@@ -23,7 +23,7 @@ from a2m.records import Record, parse_write, supplied_history, validate_embeddin
 from a2m.summarize import summarize as extract_summary
 from a2m.text import query_terms, tokenize
 from a2m.timefmt import now
-from a2m.params import ids_param, int_param, str_param
+from a2m.params import bool_param, ids_param, int_param, str_param
 
 from .store import Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
 
@@ -139,6 +139,8 @@ class TierServer(EventMethods):
 
     def _check_tier(self, params: Mapping[str, Any], name: str = "tier") -> None:
         tier = params.get(name)
+        if tier is not None and not isinstance(tier, str):
+            raise invalid(f"{name} must be a string (a tier's name)", field=name)
         if tier is not None and tier != self.name:
             raise A2MError(errors.UNKNOWN_TIER, f"unknown tier {tier!r}; this server holds {self.name!r}",
                            {"tier": tier, "tiers": [self.name]})
@@ -304,6 +306,8 @@ class TierServer(EventMethods):
         self._check_tier(params)
         scope = self._scope(params, ctx)
         limit = self._recall_limit(params, DEFAULT_RECALL_LIMIT)
+        with_vectors = bool_param(params, "embeddings", False)
+        touch = bool_param(params, "touch", True)
         query = str_param(params, "query")
         min_score = params.get("min_score")
         if min_score is not None and (not isinstance(min_score, (int, float)) or isinstance(min_score, bool)):
@@ -317,7 +321,6 @@ class TierServer(EventMethods):
             elif query and self.embedder is not None:
                 embedded = await try_embed(self.embedder, [query])
                 vector = embedded[0] if embedded else None
-            with_vectors = params.get("embeddings") is True
             # A vector alone asks a tier that never searches by one for nothing it can rank: the newest
             # records, as the router asks it (it passes no vector to such a tier), not none.
             if not query and (vector is None or not self.store.searches_vectors):
@@ -330,7 +333,7 @@ class TierServer(EventMethods):
                                                   with_embeddings=with_vectors)
             if min_score is not None:
                 records = [r for r in records if (r.score or 0.0) >= min_score]
-            if records and not self.read_only and params.get("touch", True) is not False:
+            if records and not self.read_only and touch:
                 stamp = now()
                 await self.store.touch(scope.owner, [r.id for r in records], stamp)
                 for record in records:
@@ -342,10 +345,10 @@ class TierServer(EventMethods):
         self._check_tier(params)
         scope = self._scope(params, ctx)
         limit = self._recall_limit(params, self.limits.get("max_recall_limit") or 0)
+        with_vectors = bool_param(params, "embeddings", False)
         options = self._prompt_options(params)
         with self.engine():
-            records = await self.store.select(scope, order="desc", limit=limit or None,
-                                              with_embeddings=params.get("embeddings") is True)
+            records = await self.store.select(scope, order="desc", limit=limit or None, with_embeddings=with_vectors)
         records.reverse()
         return self._with_prompt({"records": self._wire(records, params)}, records, options, True)
 
@@ -381,6 +384,10 @@ class TierServer(EventMethods):
             raise invalid("tier is required", field="tier")
         self._check_tier(params)
         ctx.owner(params)
+        salience = params.get("salience")
+        if salience is not None and (not isinstance(salience, (int, float)) or isinstance(salience, bool)
+                                     or not 0 <= salience <= 1):
+            raise invalid("salience must be a number in [0, 1]", field="salience")
         return {"promoted": 0}  # the ids already live in the only tier here
 
     async def consolidate(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -428,10 +435,11 @@ class TierServer(EventMethods):
         if not isinstance(key, str) or not key:
             raise invalid("key is required", field="key")
         owner = ctx.owner(params)
+        with_vectors = bool_param(params, "embeddings", False)
         with self.engine():
             found = await self.store.get_keys(owner, [key])
             record = found.get(key)
-            if record is not None and params.get("embeddings") is True:
+            if record is not None and with_vectors:
                 full = await self.store.get(owner, [record.id], with_embeddings=True)
                 record = full[0] if full else record
         return {"record": None if record is None else self._wire([record], params)[0]}

@@ -600,6 +600,46 @@ async def _param_types(s: Session) -> None:
         await expect_error(s, "memory/forget", {"ids": "x"}, (-32602,), "string ids")
 
 
+@check("core", "a param of the wrong type answers -32602 naming it, on every method that takes it", writes=False)
+async def _param_type_fields(s: Session) -> None:
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        ("memory/describe", {"owner": 5}, "owner"),
+        ("memory/recall", {"query": 5}, "query"), ("memory/recall", {"limit": -1}, "limit"),
+        ("memory/recall", {"limit": 2.5}, "limit"), ("memory/recall", {"limit": True}, "limit"),
+        ("memory/recall", {"where": [1]}, "where"), ("memory/recall", {"owner": 5}, "owner"),
+        ("memory/recall", {"key_prefix": 5}, "key_prefix"), ("memory/recall", {"tier": 5}, "tier"),
+        ("memory/recall", {"embeddings": "true"}, "embeddings"), ("memory/recall", {"touch": "no"}, "touch"),
+        ("memory/timeline", {"limit": "1"}, "limit"), ("memory/timeline", {"tier": 5}, "tier"),
+        ("memory/timeline", {"embeddings": 1}, "embeddings"),
+    ]
+    if "embeddings" in s.caps:
+        cases.append(("memory/recall", {"embedding": "x"}, "embedding"))
+    if "prompt" in s.caps:
+        cases.append(("memory/recall", {"prompt": "x"}, "prompt"))
+    if not s.read_only:
+        cases += [("memory/remember", {"records": {"content": "x"}}, "records"),
+                  ("memory/remember", {"records": [{"content": "x"}], "owner": 5}, "owner"),
+                  ("memory/forget", {"ids": [5]}, "ids"), ("memory/forget", {"ids": ["x"], "tier": 5}, "tier")]
+    if "keys" in s.caps:
+        cases += [("memory/fetch", {"key": 5}, "key"), ("memory/fetch", {"key": "k", "embeddings": "yes"}, "embeddings")]
+    if "tiers" in s.caps:
+        tier = s.describe["tiers"][0]["name"]
+        cases += [("memory/promote", {"ids": ["x"], "tier": 5}, "tier"), ("memory/promote", {"tier": tier}, "ids"),
+                  ("memory/promote", {"ids": ["x"], "tier": tier, "salience": "high"}, "salience")]
+    if "salience" in s.caps:
+        cases += [("memory/reinforce", {"ids": "x"}, "ids"), ("memory/reinforce", {"ids": ["x"], "amount": "1"}, "amount")]
+    if "sessions" in s.caps:
+        cases += [("memory/session/close", {"session": 5}, "session"), ("memory/session/list", {"owner": 5}, "owner")]
+    if "events" in s.caps:
+        cases += [("memory/events", {"cursor": 5}, "cursor"), ("memory/events", {"limit": "5"}, "limit"),
+                  ("memory/events", {"kinds": "written"}, "kinds")]
+    if "summarize" in s.caps and not s.read_only:
+        cases += [("memory/summarize", {"query": "x", "into": 5}, "into"), ("memory/summarize", {"tier": 5}, "tier"),
+                  ("memory/summarize", {"query": 5}, "query"), ("memory/summarize", {"query": "x", "key": 5}, "key")]
+    for method, params, name in cases:
+        await expect_invalid(s, method, params, name, f"{method} {params}")
+
+
 def nested(levels: int, leaf: Any = 0) -> Any:
     """A JSON value `levels` containers deep (objects and arrays in turn) around `leaf`."""
     value = leaf
