@@ -272,6 +272,9 @@ class TierServer(EventMethods):
         puts: dict[tuple[str | None, str], Record] = {}
         deletes: list[str] = []
         for index, record in enumerate(records):
+            if (record.owner, record.id) in existing_ids and not supplied_history(raw[index]):
+                ids.append(record.id)  # idempotent (a retry): an existing id is returned, its key not replaced
+                continue
             slot = (record.owner, record.key) if record.key else None
             current = keyed.get(slot) if slot else None
             if current is not None:

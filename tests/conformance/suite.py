@@ -406,6 +406,18 @@ async def _idempotent(s: Session) -> None:
            f"a second write of an existing id changed it: {[r['content'] for r in records]}")
 
 
+@check("keys", "a client-supplied id is idempotent on a keyed write too: a retry replaces nothing", writes=True)
+async def _idempotent_keyed(s: Session) -> None:
+    m = s.marker()
+    rid, key = f"client-{m}", f"app/{m}/retry"
+    for content in (f"{m} first", f"{m} first", f"{m} changed"):
+        ids = await s.remember({"id": rid, "key": key, "content": content})
+        expect(ids == [rid], f"the write of existing id {rid} answered {ids}")
+    record = (await s.t.call("memory/fetch", {"key": key}))["record"]
+    expect(record is not None and record["id"] == rid and record["content"] == f"{m} first"
+           and record.get("revision") == 1, f"retries of an existing id replaced the key: {record}")
+
+
 @check("core", "recall finds what was written, ordered by descending score", writes=True)
 async def _recall(s: Session) -> None:
     m = s.marker()
