@@ -204,6 +204,9 @@ class TierServer(EventMethods):
         for i, record in enumerate(records):
             if max_len and len(record.content) > max_len:
                 raise invalid(f"records[{i}].content exceeds max_content_length ({max_len})", index=i, max=max_len)
+            if record.tier is not None and "tiers" not in self.capabilities:
+                raise A2MError(errors.CAPABILITY_NOT_SUPPORTED, f"records[{i}].tier needs the tiers capability",
+                               {"capability": "tiers", "field": "tier", "index": i})
             if record.tier is not None and record.tier != self.name:
                 raise A2MError(errors.UNKNOWN_TIER, f"records[{i}].tier {record.tier!r} is not this server's tier",
                                {"tier": record.tier, "tiers": [self.name], "index": i})
@@ -324,6 +327,8 @@ class TierServer(EventMethods):
             elif query and self.embedder is not None:
                 embedded = await try_embed(self.embedder, [query])
                 vector = embedded[0] if embedded else None
+            if limit == 0:  # no limit (no max_recall_limit declared): every record in scope
+                limit = max(await self.store.count(scope.owner), 1)
             # A vector alone asks a tier that never searches by one for nothing it can rank: the newest
             # records, as the router asks it (it passes no vector to such a tier), not none.
             if not query and (vector is None or not self.store.searches_vectors):
@@ -461,6 +466,8 @@ class TierServer(EventMethods):
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
         limit = self._recall_limit(params, 50)
         with self.engine():
+            if limit == 0:  # no limit (no max_recall_limit declared): every record in scope
+                limit = max(await self.store.count(scope.owner), 1)
             if query:
                 sources = await self.store.search(scope, text=query, vector=None, limit=limit)
             else:

@@ -568,6 +568,9 @@ async def _tier_field(s: Session) -> None:
     if "tiers" in s.caps:
         raise Skip("tiers declared")
     await expect_error(s, "memory/remember", {"records": [{"content": "x", "tier": "episodic"}]}, (-32003,), "tier field")
+    name = ((s.describe.get("tiers") or [{}])[0]).get("name") or "memory"
+    await expect_error(s, "memory/remember", {"records": [{"content": "x", "tier": name}]}, (-32003,),
+                       "tier field naming the server's own tier")
 
 
 @check("core", "fields of an undeclared capability on a record are ignored, not refused", writes=True)
