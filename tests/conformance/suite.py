@@ -1118,7 +1118,7 @@ async def _external_never_fetched(s: Session) -> None:
         found = await s.recall(query=m)
         expect(any(r.get("uri") == uri for r in found), f"the record was not recalled: {found}")
         await s.timeline(where={"m": m})
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.1)  # a fetch on write or recall would have connected by now
     finally:
         server.close()
         await server.wait_closed()
@@ -1291,8 +1291,7 @@ async def _events_push(s: Session) -> None:
     await s.t.call("memory/events/subscribe", {"kinds": ["forgotten"]})
     ids = await s.remember({"content": f"{m} filtered"})
     await s.t.call("memory/forget", {"ids": ids})
-    await s.t.call("memory/events/unsubscribe", {})
-    await asyncio.sleep(0.2)
+    await s.t.call("memory/events/unsubscribe", {})  # one pipe: what was pushed before it has arrived
     kinds = [n.get("params", {}).get("kind") for n in s.t.notifications[before:] if n.get("method") == "memory/event"]
     expect(kinds == ["forgotten"], f"subscribe with kinds [forgotten] pushed {kinds}")
 
