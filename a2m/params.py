@@ -17,6 +17,16 @@ def int_param(params: Mapping[str, Any], name: str, default: int | None) -> int 
     return value
 
 
+def bool_param(params: Mapping[str, Any], name: str, default: bool) -> bool:
+    """true or false, or `default` when absent/null: a flag sent as "false" or 0 is refused, never read as set."""
+    value = params.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(f"{name} must be true or false", field=name)
+    return value
+
+
 def str_param(params: Mapping[str, Any], name: str) -> str | None:
     value = params.get(name)
     if value is not None and not isinstance(value, str):

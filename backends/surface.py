@@ -23,7 +23,7 @@ from a2m.records import Record, parse_write, supplied_history, validate_embeddin
 from a2m.summarize import summarize as extract_summary
 from a2m.text import query_terms, tokenize
 from a2m.timefmt import now
-from a2m.params import ids_param, int_param, str_param
+from a2m.params import bool_param, ids_param, int_param, str_param
 
 from .store import Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
 
@@ -141,6 +141,8 @@ class TierServer(EventMethods):
 
     def _check_tier(self, params: Mapping[str, Any], name: str = "tier") -> None:
         tier = params.get(name)
+        if tier is not None and not isinstance(tier, str):
+            raise invalid(f"{name} must be a string (a tier's name)", field=name)
         if tier is not None and tier != self.name:
             raise A2MError(errors.UNKNOWN_TIER, f"unknown tier {tier!r}; this server holds {self.name!r}",
                            {"tier": tier, "tiers": [self.name]})
@@ -204,6 +206,9 @@ class TierServer(EventMethods):
         for i, record in enumerate(records):
             if max_len and len(record.content) > max_len:
                 raise invalid(f"records[{i}].content exceeds max_content_length ({max_len})", index=i, max=max_len)
+            if record.tier is not None and "tiers" not in self.capabilities:
+                raise A2MError(errors.CAPABILITY_NOT_SUPPORTED, f"records[{i}].tier needs the tiers capability",
+                               {"capability": "tiers", "field": "tier", "index": i})
             if record.tier is not None and record.tier != self.name:
                 raise A2MError(errors.UNKNOWN_TIER, f"records[{i}].tier {record.tier!r} is not this server's tier",
                                {"tier": record.tier, "tiers": [self.name], "index": i})
@@ -272,6 +277,9 @@ class TierServer(EventMethods):
         puts: dict[tuple[str | None, str], Record] = {}
         deletes: list[str] = []
         for index, record in enumerate(records):
+            if (record.owner, record.id) in existing_ids and not supplied_history(raw[index]):
+                ids.append(record.id)  # idempotent (a retry): an existing id is returned, its key not replaced
+                continue
             slot = (record.owner, record.key) if record.key else None
             current = keyed.get(slot) if slot else None
             if current is not None:
@@ -306,6 +314,8 @@ class TierServer(EventMethods):
         self._check_tier(params)
         scope = self._scope(params, ctx)
         limit = self._recall_limit(params, DEFAULT_RECALL_LIMIT)
+        with_vectors = bool_param(params, "embeddings", False)
+        touch = bool_param(params, "touch", True)
         query = str_param(params, "query")
         min_score = params.get("min_score")
         if min_score is not None and (not isinstance(min_score, (int, float)) or isinstance(min_score, bool)):
@@ -319,7 +329,8 @@ class TierServer(EventMethods):
             elif query and self.embedder is not None:
                 embedded = await try_embed(self.embedder, [query])
                 vector = embedded[0] if embedded else None
-            with_vectors = params.get("embeddings") is True
+            if limit == 0:  # no limit (no max_recall_limit declared): every record in scope
+                limit = max(await self.store.count(scope.owner), 1)
             # A vector alone asks a tier that never searches by one for nothing it can rank: the newest
             # records, as the router asks it (it passes no vector to such a tier), not none.
             if not query and (vector is None or not self.store.searches_vectors):
@@ -332,7 +343,7 @@ class TierServer(EventMethods):
                                                   with_embeddings=with_vectors)
             if min_score is not None:
                 records = [r for r in records if (r.score or 0.0) >= min_score]
-            if records and not self.read_only and params.get("touch", True) is not False:
+            if records and not self.read_only and touch:
                 stamp = now()
                 await self.store.touch(scope.owner, [r.id for r in records], stamp)
                 for record in records:
@@ -344,10 +355,10 @@ class TierServer(EventMethods):
         self._check_tier(params)
         scope = self._scope(params, ctx)
         limit = self._recall_limit(params, self.limits.get("max_recall_limit") or 0)
+        with_vectors = bool_param(params, "embeddings", False)
         options = self._prompt_options(params)
         with self.engine():
-            records = await self.store.select(scope, order="desc", limit=limit or None,
-                                              with_embeddings=params.get("embeddings") is True)
+            records = await self.store.select(scope, order="desc", limit=limit or None, with_embeddings=with_vectors)
         records.reverse()
         return self._with_prompt({"records": self._wire(records, params)}, records, options, True)
 
@@ -383,6 +394,10 @@ class TierServer(EventMethods):
             raise invalid("tier is required", field="tier")
         self._check_tier(params)
         ctx.owner(params)
+        salience = params.get("salience")
+        if salience is not None and (not isinstance(salience, (int, float)) or isinstance(salience, bool)
+                                     or not 0 <= salience <= 1):
+            raise invalid("salience must be a number in [0, 1]", field="salience")
         return {"promoted": 0}  # the ids already live in the only tier here
 
     async def consolidate(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -430,10 +445,11 @@ class TierServer(EventMethods):
         if not isinstance(key, str) or not key:
             raise invalid("key is required", field="key")
         owner = ctx.owner(params)
+        with_vectors = bool_param(params, "embeddings", False)
         with self.engine():
             found = await self.store.get_keys(owner, [key])
             record = found.get(key)
-            if record is not None and params.get("embeddings") is True:
+            if record is not None and with_vectors:
                 full = await self.store.get(owner, [record.id], with_embeddings=True)
                 record = full[0] if full else record
         return {"record": None if record is None else self._wire([record], params)[0]}
@@ -452,6 +468,8 @@ class TierServer(EventMethods):
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
         limit = self._recall_limit(params, 50)
         with self.engine():
+            if limit == 0:  # no limit (no max_recall_limit declared): every record in scope
+                limit = max(await self.store.count(scope.owner), 1)
             if query:
                 sources = await self.store.search(scope, text=query, vector=None, limit=limit)
             else:

@@ -27,7 +27,7 @@ from a2m.http import HTTPSettings
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
 from a2m.summarize import summarize as extract_summary
 from a2m.timefmt import now
-from a2m.params import ids_param, int_param, str_param
+from a2m.params import bool_param, ids_param, int_param, str_param
 
 from . import fusion
 from .config import RouterConfig, load
@@ -159,7 +159,9 @@ class Router(EventMethods):
     # ---- helpers ---------------------------------------------------------------------
 
     def _tier(self, name: Any, field: str = "tier") -> Tier:
-        if not isinstance(name, str) or name not in self.fed.tiers:
+        if not isinstance(name, str):
+            raise invalid(f"{field} must be a string (a tier's name)", field=field)
+        if name not in self.fed.tiers:
             raise A2MError(errors.UNKNOWN_TIER, f"unknown {field} {name!r}", {"tier": name, "tiers": self.fed.order})
         return self.fed[name]
 
@@ -439,6 +441,8 @@ class Router(EventMethods):
         tiers = self._scope_tiers(params)
         scope = self._scope_params(params, owner)
         limit = self._limit(params, DEFAULT_RECALL_LIMIT)
+        asked_vectors = bool_param(params, "embeddings", False)
+        touch = bool_param(params, "touch", True)
         query = str_param(params, "query")
         min_score = params.get("min_score")
         if min_score is not None and (not isinstance(min_score, (int, float)) or isinstance(min_score, bool)):
@@ -457,7 +461,6 @@ class Router(EventMethods):
         if not query and vector is not None and params.get("tier") is None:
             tiers = [t for t in tiers if t.searched]  # the others would answer with their newest records
         pool = limit if strategy == "rrf" else max(limit, self.config.fusion.pool)
-        asked_vectors = params.get("embeddings") is True
         base = {**scope, "touch": False, "embeddings": asked_vectors or (strategy == "rerank" and vector is not None)}
         if query:
             base["query"] = query
@@ -490,7 +493,7 @@ class Router(EventMethods):
                                   half_life_days=fc.half_life_days, depth=depth, limit=limit, min_score=min_score)
         else:
             fused = fusion.rrf(lists, k=self.config.fusion.rrf_k, depth=depth, limit=limit, min_score=min_score)
-        if fused and params.get("touch", True) is not False:
+        if fused and touch:
             by_tier: dict[str, list[str]] = {}
             for record in fused:
                 by_tier.setdefault(record.tier or "", []).append(record.id)
@@ -512,7 +515,7 @@ class Router(EventMethods):
         scope = self._scope_params(params, owner)
         limit = self._limit(params, self.limits.get("max_recall_limit") or 0)
         options = prompts.parse(params.get("prompt"))
-        asked_vectors = params.get("embeddings") is True
+        asked_vectors = bool_param(params, "embeddings", False)
         fan = await self.fed.fan_out("memory/timeline", {**scope, "limit": limit, "embeddings": asked_vectors}, tiers)
         wire = self._merge_by_time(fan.results)
         if limit:
@@ -572,7 +575,7 @@ class Router(EventMethods):
         if not isinstance(key, str) or not key:
             raise invalid("key is required", field="key")
         owner = ctx.owner(params)
-        asked_vectors = params.get("embeddings") is True
+        asked_vectors = bool_param(params, "embeddings", False)
         moves, busy = self.policy.moves_begun, self.policy.placing(owner)
         best, fan = await self._fetch(key, owner, asked_vectors)
         if best is None and (busy or self.policy.moves_begun != moves):

@@ -234,6 +234,9 @@ class Model:
         deletes: list[str] = []
         keyed: dict[str, dict[str, Any]] = {}
         for raw, rec in batch:
+            if "id" in raw and raw.get("revision") is None and rec["id"] in self.records and rec["id"] not in deletes:
+                out.append(rec["id"])  # idempotent: an existing id is returned, its key not replaced
+                continue
             key = rec["key"]
             current = keyed.get(key) or self.at_key(owner, key) if key else None
             if current is not None:

@@ -219,7 +219,8 @@ def expect_write(before: list[dict[str, Any]], records: list[dict[str, Any]], ow
                  stamp: str) -> tuple[list[str], list[dict[str, Any]], list[str]]:
     """The ids a write answers, the owner's records after it (in creation order) and the ids it writes
     (one `written` event each, in the order written): an existing id is
-    returned and nothing written; an occupied key is replaced in place (same id, revision + 1, its
+    returned and nothing written, whatever key it names (unless the write is a move or an import,
+    which carries its revision); an occupied key is replaced in place (same id, revision + 1, its
     access history and, unless the write gives one, its salience kept) and moves to its new created_at."""
     order = {r["id"]: n for n, r in enumerate(before)}
     state = {r["id"]: r for r in before}
@@ -227,13 +228,19 @@ def expect_write(before: list[dict[str, Any]], records: list[dict[str, Any]], ow
     seq = len(before)
     ids: list[str] = []
     puts: dict[str, None] = {}  # the records written, each where the batch last writes it
+    existed = set(state)  # ids held before the batch (less those a move of this batch deleted)
     for rec in records:
         new = as_written(rec, owner, stamp)
+        if rec.get("revision") is None and new["id"] in existed:
+            ids.append(new["id"])  # idempotent: an existing id is returned, its key not replaced
+            continue
         current = state.get(by_key.get(rec.get("key"), ""))
         if current is not None and rec.get("revision") is not None:  # a move or an import: the newer revision wins
             if new["revision"] < current["revision"]:
                 ids.append(current["id"])
                 continue
+            if current["id"] != new["id"]:
+                existed.discard(current["id"])
             del state[current["id"]]
             puts.pop(current["id"], None)
             replaced = state.get(new["id"])  # the record the move's id names, if another, is overwritten

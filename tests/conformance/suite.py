@@ -30,6 +30,18 @@ CAPABILITY_METHODS = {
 }
 
 
+CAPABILITIES = ("core", "tiers", "salience", "scopes", "sessions", "keys", "embeddings", "external", "events",
+                "summarize", "prompt")
+
+
+def is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_stamp(value: Any) -> bool:
+    return isinstance(value, str) and TIMESTAMP.match(value) is not None
+
+
 class CheckFailed(AssertionError):
     pass
 
@@ -112,6 +124,18 @@ async def expect_error(s: Session, method: str, params: Any, codes: tuple[int, .
     expect(code in codes, f"{what}: expected error {codes}, got {code if code is not None else 'a result'}")
 
 
+async def expect_invalid(s: Session, method: str, params: Any, field: str, what: str) -> None:
+    """-32602 whose `data.field` names the offending param (this project's convention for `data`)."""
+    try:
+        await s.t.call(method, params)
+    except RPCError as exc:
+        data = exc.error.get("data")
+        expect(exc.code == -32602 and isinstance(data, dict) and data.get("field") == field,
+               f"{what}: expected -32602 with data.field {field!r}, got {exc.code} {data}")
+        return
+    raise CheckFailed(f"{what}: expected -32602, got a result")
+
+
 # ---------------------------------------------------------------- envelope
 
 @check("envelope", "a batch (JSON array) is refused with -32600")
@@ -123,7 +147,7 @@ async def _batch(s: Session) -> None:
 @check("envelope", "malformed JSON answers -32700")
 async def _parse(s: Session) -> None:
     reply = await s.t.send_raw(b'{"jsonrpc": "2.0", "id": 1, "method": ')
-    expect(reply.get("error", {}).get("code") == -32700, f"got {reply}")
+    expect(reply.get("error", {}).get("code") == -32700 and "id" in reply and reply["id"] is None, f"got {reply}")
 
 
 @check("envelope", "a string id is echoed as the same string")
@@ -136,6 +160,26 @@ async def _id_string(s: Session) -> None:
 async def _id_number(s: Session) -> None:
     reply = await s.t.request("memory/describe", {}, id_=4711)
     expect(reply.get("id") == 4711 and isinstance(reply.get("id"), int), f"got id {reply.get('id')!r}")
+    for id_ in (0, -3, 2.5, None):
+        reply = await s.t.request("memory/describe", {}, id_=id_)
+        expect("id" in reply and reply["id"] == id_ and type(reply["id"]) is type(id_) and "result" in reply,
+               f"id {id_!r} came back as {reply.get('id', '<missing>')!r}: {reply}")
+
+
+@check("envelope", "an error response echoes the request's id")
+async def _id_on_error(s: Session) -> None:
+    for method, params, id_ in (("memory/no_such_method", {}, "err-1"), ("memory/recall", {"limit": "x"}, 77)):
+        reply = await s.t.request(method, params, id_=id_)
+        expect(reply.get("id") == id_ and "error" in reply, f"{method}: id {id_!r} came back as {reply}")
+        error = reply["error"]
+        expect(isinstance(error.get("code"), int) and isinstance(error.get("message"), str) and error["message"],
+               f"an error object needs an integer code and a message: {error}")
+
+
+@check("envelope", "params may be omitted (by-name params default to none)")
+async def _no_params(s: Session) -> None:
+    reply = await s.t.send({"jsonrpc": "2.0", "id": "bare", "method": "memory/describe"})
+    expect(reply.get("id") == "bare" and reply.get("result", {}).get("protocol") == "a2m/0.1", f"got {reply}")
 
 
 @check("envelope", "a name that is not an A2M method answers -32601")
@@ -150,11 +194,32 @@ async def _invalid_request(s: Session) -> None:
     expect(reply.get("error", {}).get("code") == -32600, f"got {reply}")
 
 
-@check("envelope", "unknown params are ignored, never rejected")
+@check("envelope", "unknown params are ignored, never rejected, by every method")
 async def _unknown_params(s: Session) -> None:
     result = await s.t.call("memory/describe", {"x_future_param": {"nested": True}})
     expect(result.get("protocol") == "a2m/0.1", "describe with an unknown param failed")
     await s.recall(query="anything", x_future_param=1)
+    extra = {"x_future_param": [1, {"a": None}]}
+    calls: list[tuple[str, dict[str, Any]]] = [("memory/timeline", {"limit": 1}), ("memory/recall", {"limit": 1})]
+    if not s.read_only:
+        m = s.marker()
+        ids = await s.remember({"content": f"{m} unknown params", "metadata": {"m": m}}, **extra)
+        calls.append(("memory/forget", {"ids": ids}))
+    if "keys" in s.caps:
+        calls.append(("memory/fetch", {"key": "x/unused"}))
+    if "sessions" in s.caps:
+        calls.append(("memory/session/list", {}))
+    if "events" in s.caps:
+        calls += [("memory/events", {}), ("memory/events/unsubscribe", {})]
+    if "tiers" in s.caps:
+        calls.append(("memory/consolidate", {}))
+    if "salience" in s.caps:
+        calls.append(("memory/reinforce", {"ids": ["x-unknown"]}))
+    for method, params in calls:
+        try:
+            await s.t.call(method, {**params, **extra})
+        except RPCError as exc:
+            raise CheckFailed(f"{method} refused an unknown param: {exc}") from None
 
 
 @check("envelope", "a notification gets no response")
@@ -168,6 +233,19 @@ async def _notification(s: Session) -> None:
         expect(reply.get("id") == "after-notification", f"a response was sent for a notification: {reply}")
 
 
+@check("envelope", "a notification that fails (unknown method, bad params) gets no response either")
+async def _notification_error(s: Session) -> None:
+    for method, params in (("memory/no_such_method", {}), ("memory/recall", {"query": 5}), ("memory/remember", {})):
+        if isinstance(s.t, HTTPTransport):
+            reply = await s.t.notify(method, params)
+            expect(reply.status == 202 and reply.body == b"", f"{method}: HTTP {reply.status} {reply.body[:80]!r}")
+        else:
+            await s.t.notify(method, params)
+    if not isinstance(s.t, HTTPTransport):
+        reply = await s.t.request("memory/describe", {}, id_="after-failed-notifications")
+        expect(reply.get("id") == "after-failed-notifications", f"a failed notification was answered: {reply}")
+
+
 # ---------------------------------------------------------------- describe
 
 @check("core", "describe names the protocol, the server, its capabilities and methods")
@@ -176,6 +254,10 @@ async def _describe(s: Session) -> None:
     expect(d.get("protocol") == "a2m/0.1", f"protocol is {d.get('protocol')!r}")
     expect(isinstance(d.get("name"), str) and d["name"], "name missing")
     expect("core" in d.get("capabilities", []), "core not declared")
+    expect(isinstance(d.get("capabilities"), list) and set(d["capabilities"]) <= set(CAPABILITIES),
+           f"capabilities must be a list of the protocol's names: {d.get('capabilities')}")
+    expect(isinstance(d.get("methods"), list) and all(isinstance(m, str) for m in d["methods"]),
+           f"methods must be a list of names: {d.get('methods')}")
     methods = set(d.get("methods", []))
     expect(set(CORE_METHODS) <= methods, f"core methods missing from methods: {set(CORE_METHODS) - methods}")
     for cap, names in CAPABILITY_METHODS.items():
@@ -208,21 +290,38 @@ async def _capability_objects(s: Session) -> None:
     if "tiers" in s.caps:
         tiers = d.get("tiers")
         expect(isinstance(tiers, list) and tiers, "tiers declared but describe.tiers missing")
+        names = [tier.get("name") for tier in tiers if isinstance(tier, dict)]
+        expect(len(names) == len(tiers) and len(set(names)) == len(names), f"tier names must be unique: {names}")
         for tier in tiers:
-            expect(isinstance(tier.get("name"), str) and isinstance(tier.get("count"), int), f"bad tier entry {tier}")
+            expect(isinstance(tier.get("name"), str) and is_count(tier.get("count")), f"bad tier entry {tier}")
             if tier.get("kind") is not None:
                 expect(tier["kind"] in ("working", "episodic", "semantic", "procedural"), f"bad kind {tier['kind']}")
+            expect(tier.get("capacity") is None or is_count(tier["capacity"]), f"capacity of {tier['name']}: {tier}")
+            for link in ("spill_to", "promote_to"):
+                expect(tier.get(link) is None or tier[link] in names, f"{link} of {tier['name']} names no tier: {tier}")
+            for flag in ("shared", "per_session"):
+                expect(tier.get(flag) is None or isinstance(tier[flag], bool), f"{flag} of {tier['name']}: {tier}")
     if "embeddings" in s.caps:
         emb = d.get("embeddings")
         expect(isinstance(emb, dict) and "dimensions" in emb and isinstance(emb.get("metric"), str),
                f"embeddings object malformed: {emb}")
+        dims = emb["dimensions"]
+        expect(dims is None or (is_count(dims) and dims > 0), f"embeddings.dimensions: {dims!r}")
+        expect(emb.get("metrics") is None or (isinstance(emb["metrics"], list)
+                                              and all(isinstance(x, str) for x in emb["metrics"])),
+               f"embeddings.metrics: {emb.get('metrics')!r}")
+        expect(emb.get("model") is None or isinstance(emb["model"], str), f"embeddings.model: {emb.get('model')!r}")
     if "events" in s.caps:
         expect(isinstance((d.get("events") or {}).get("push"), bool), "events.push missing")
     if "summarize" in s.caps:
         expect(isinstance(d.get("summarize"), dict) and "model" in d["summarize"], "summarize object missing")
+        expect(d["summarize"]["model"] is None or isinstance(d["summarize"]["model"], str), "summarize.model")
     if "prompt" in s.caps:
         p = d.get("prompt") or {}
         expect(isinstance(p.get("styles"), list) and isinstance(p.get("methods"), list), f"prompt object malformed: {p}")
+    limits = d.get("limits")
+    expect(limits is None or (isinstance(limits, dict) and all(is_count(v) and v > 0 for v in limits.values())),
+           f"limits must map names to positive integers: {limits}")
 
 
 @check("core", "declared limits are enforced", writes=True)
@@ -301,6 +400,22 @@ async def _idempotent(s: Session) -> None:
     expect(first == [rid] and again == [rid], f"ids {first} {again}")
     records = await s.timeline(where={"m": m})
     expect(len(records) == 1, f"{len(records)} records for one client id")
+    other = await s.remember({"id": rid, "content": f"{m} a retry that differs", "metadata": {"m": m}})
+    records = await s.timeline(where={"m": m})
+    expect(other == [rid] and [r["content"] for r in records] == [f"{m} once"],
+           f"a second write of an existing id changed it: {[r['content'] for r in records]}")
+
+
+@check("keys", "a client-supplied id is idempotent on a keyed write too: a retry replaces nothing", writes=True)
+async def _idempotent_keyed(s: Session) -> None:
+    m = s.marker()
+    rid, key = f"client-{m}", f"app/{m}/retry"
+    for content in (f"{m} first", f"{m} first", f"{m} changed"):
+        ids = await s.remember({"id": rid, "key": key, "content": content})
+        expect(ids == [rid], f"the write of existing id {rid} answered {ids}")
+    record = (await s.t.call("memory/fetch", {"key": key}))["record"]
+    expect(record is not None and record["id"] == rid and record["content"] == f"{m} first"
+           and record.get("revision") == 1, f"retries of an existing id replaced the key: {record}")
 
 
 @check("core", "recall finds what was written, ordered by descending score", writes=True)
@@ -326,6 +441,66 @@ async def _recall_no_query(s: Session) -> None:
     await s.remember({"content": f"{m} recent", "metadata": {"m": m}})
     found = await s.recall(where={"m": m}, limit=5)
     expect(len(found) == 1, f"recall with where and no query found {len(found)}")
+    await s.remember(*[{"content": f"{m} more {i}", "metadata": {"m": m}} for i in range(3)])
+    found = await s.recall(where={"m": m}, touch=False)
+    scores = [r.get("score") for r in found]
+    expect(len(found) == 4 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in scores)
+           and scores == sorted(scores, reverse=True), f"recall without a query: scores {scores}")
+
+
+@check("core", "min_score drops the records scored below it", writes=True)
+async def _min_score(s: Session) -> None:
+    m = s.marker()
+    await s.remember(*[{"content": f"{m} {'also ' * i}item {i}", "metadata": {"m": m}} for i in range(4)])
+    plain = await s.recall(query=m, touch=False)
+    scores = [r["score"] for r in plain]
+    expect(len(plain) == 4, f"recall for {m} found {len(plain)} of 4")
+    expect(not await s.recall(query=m, touch=False, min_score=scores[0] + 1), "min_score above every score kept records")
+    everything = await s.recall(query=m, touch=False, min_score=scores[-1] - 1)
+    expect(len(everything) == 4, f"min_score below every score dropped records: {len(everything)} of 4")
+    if scores[0] > scores[-1]:
+        threshold = (scores[0] + scores[-1]) / 2
+        kept = await s.recall(query=m, touch=False, min_score=threshold)
+        expect(kept and all(r["score"] >= threshold for r in kept) and len(kept) < 4,
+               f"min_score {threshold}: kept scores {[r['score'] for r in kept]} of {scores}")
+    await expect_invalid(s, "memory/recall", {"query": m, "min_score": "0.5"}, "min_score", "string min_score")
+
+
+@check("core", "limit 0 is no limit (up to max_recall_limit where one is declared)", writes=True)
+async def _limit_zero(s: Session) -> None:
+    m = s.marker()
+    n = 13  # more than any default page (recall's is commonly 10)
+    cap = (s.describe.get("limits") or {}).get("max_recall_limit")
+    if cap and cap < n:
+        raise Skip(f"max_recall_limit {cap} is below {n}")
+    await s.remember(*[{"content": f"{m} row {i}", "metadata": {"m": m}} for i in range(n)])
+    expect(len(await s.recall(query=m, limit=0, touch=False)) == n, "recall with a query and limit 0")
+    expect(len(await s.recall(where={"m": m}, limit=0, touch=False)) == n, "recall without a query and limit 0")
+    expect(len(await s.timeline(where={"m": m}, limit=0)) == n, "timeline with limit 0")
+    expect(len(await s.timeline(where={"m": m})) == n, "timeline without limit")
+
+
+@check("core", "records carry RFC 3339 timestamps; only recall results carry a score", writes=True)
+async def _record_form(s: Session) -> None:
+    m = s.marker()
+    await s.remember({"content": f"{m} shaped", "metadata": {"m": m}, "key": f"{m}/shaped"})
+    recalled = await s.recall(query=m)
+    timeline = await s.timeline(where={"m": m})
+    expect(len(recalled) == 1 and len(timeline) == 1, f"recall {len(recalled)}, timeline {len(timeline)}")
+    expect(isinstance(recalled[0].get("score"), (int, float)), f"a recall result without a score: {recalled[0]}")
+    expect("score" not in timeline[0], f"a timeline record carries a score: {timeline[0]}")
+    records = recalled + timeline
+    if "keys" in s.caps:
+        fetched = (await s.t.call("memory/fetch", {"key": f"{m}/shaped"}))["record"]
+        expect(fetched is not None and "score" not in fetched, f"a fetched record carries a score: {fetched}")
+        records.append(fetched)
+    for r in records:
+        for name in ("id", "content", "created_at"):
+            expect(isinstance(r.get(name), str), f"record field {name} is not a string: {r}")
+        expect(is_stamp(r["created_at"]), f"created_at {r['created_at']!r}")
+        expect(isinstance(r.get("metadata"), dict), f"metadata is not an object: {r}")
+        if "salience" in s.caps:
+            expect(r.get("accessed_at") is None or is_stamp(r["accessed_at"]), f"accessed_at {r.get('accessed_at')!r}")
 
 
 @check("core", "timeline is ascending by created_at; with limit, the most recent, still ascending", writes=True)
@@ -367,6 +542,25 @@ async def _forget(s: Session) -> None:
     expect([r["id"] for r in left] == ids[2:], "wrong records forgotten")
     await expect_error(s, "memory/forget", {}, (-32602,), "forget with no selector")
     expect(len(await s.timeline(where={"m": m})) == 1, "forget with no selector deleted something")
+    unknown = await s.t.call("memory/forget", {"ids": [f"never-{m}"]})
+    expect(unknown.get("forgotten") == 0, f"forgetting an unknown id: {unknown}")
+
+
+@check("core", "forget by where or by query removes exactly the matching records", writes=True)
+async def _forget_selectors(s: Session) -> None:
+    m, other = s.marker(), s.marker()
+    await s.remember({"content": f"{m} red", "metadata": {"m": m, "color": "red"}},
+                     {"content": f"{m} blue", "metadata": {"m": m, "color": "blue"}},
+                     {"content": f"{m} {other} green", "metadata": {"m": m, "color": "green"}},
+                     {"content": f"{m} plain", "metadata": {"m": m, "color": "none"}})
+    gone = await s.t.call("memory/forget", {"where": {"m": m, "color": ["red", "blue"]}})
+    expect(gone.get("forgotten") == 2, f"forget by where: {gone}")
+    expect(sorted(r["metadata"]["color"] for r in await s.timeline(where={"m": m})) == ["green", "none"],
+           "forget by where removed the wrong records")
+    gone = await s.t.call("memory/forget", {"query": other})
+    expect(gone.get("forgotten") == 1, f"forget by query: {gone}")
+    expect([r["metadata"]["color"] for r in await s.timeline(where={"m": m})] == ["none"],
+           "forget by query removed the wrong records")
 
 
 @check("core", "a tier on a record without the tiers capability answers -32003", writes=True)
@@ -374,6 +568,42 @@ async def _tier_field(s: Session) -> None:
     if "tiers" in s.caps:
         raise Skip("tiers declared")
     await expect_error(s, "memory/remember", {"records": [{"content": "x", "tier": "episodic"}]}, (-32003,), "tier field")
+    name = ((s.describe.get("tiers") or [{}])[0]).get("name") or "memory"
+    await expect_error(s, "memory/remember", {"records": [{"content": "x", "tier": name}]}, (-32003,),
+                       "tier field naming the server's own tier")
+
+
+@check("core", "fields of an undeclared capability on a record are ignored, not refused", writes=True)
+async def _undeclared_fields(s: Session) -> None:
+    fields = {"keys": {"key": "app/x/ignored"}, "sessions": {"session": "ignored-session"},
+              "external": {"uri": "http://127.0.0.1:9/ignored", "media_type": "text/plain"},
+              "salience": {"salience": 0.9}, "embeddings": {"embedding": [0.5, 0.25]}}
+    undeclared = {cap: extra for cap, extra in fields.items() if cap not in s.caps}
+    if not undeclared:
+        raise Skip("every capability with record fields is declared")
+    m = s.marker()
+    for cap, extra in undeclared.items():
+        try:
+            await s.remember({"content": f"{m} {cap}", "metadata": {"m": m}, **extra})
+        except RPCError as exc:
+            raise CheckFailed(f"a record with {cap} fields ({cap} undeclared) was refused: {exc}") from None
+    expect(len(await s.timeline(where={"m": m})) == len(undeclared), "a record with undeclared fields was lost")
+
+
+@check("tiers", "a record, recall, timeline or forget naming an unknown tier answers -32002", writes=True)
+async def _unknown_tier(s: Session) -> None:
+    m = s.marker()
+    unknown = f"no-such-tier-{m}"
+    await expect_error(s, "memory/remember", {"records": [{"content": f"{m} lost", "metadata": {"m": m},
+                                                           "tier": unknown}]}, (-32002,), "remember into an unknown tier")
+    expect(not await s.timeline(where={"m": m}), "a record for an unknown tier was written")
+    await expect_error(s, "memory/recall", {"query": m, "tier": unknown}, (-32002,), "recall of an unknown tier")
+    await expect_error(s, "memory/timeline", {"tier": unknown}, (-32002,), "timeline of an unknown tier")
+    await expect_error(s, "memory/forget", {"ids": ["x"], "tier": unknown}, (-32002,), "forget in an unknown tier")
+    ids = await s.remember({"content": f"{m} placed", "metadata": {"m": m}})
+    tier = (await s.timeline(where={"m": m}))[0]["tier"]
+    expect([r["id"] for r in await s.recall(query=m, tier=tier)] == ids, f"recall in its own tier {tier!r}")
+    expect([r["id"] for r in await s.timeline(where={"m": m}, tier=tier)] == ids, f"timeline of its tier {tier!r}")
 
 
 @check("core", "wrong param types answer -32602", writes=False)
@@ -383,6 +613,46 @@ async def _param_types(s: Session) -> None:
     await expect_error(s, "memory/timeline", {"where": "x"}, (-32602,), "string where")
     if not s.read_only:
         await expect_error(s, "memory/forget", {"ids": "x"}, (-32602,), "string ids")
+
+
+@check("core", "a param of the wrong type answers -32602 naming it, on every method that takes it", writes=False)
+async def _param_type_fields(s: Session) -> None:
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        ("memory/describe", {"owner": 5}, "owner"),
+        ("memory/recall", {"query": 5}, "query"), ("memory/recall", {"limit": -1}, "limit"),
+        ("memory/recall", {"limit": 2.5}, "limit"), ("memory/recall", {"limit": True}, "limit"),
+        ("memory/recall", {"where": [1]}, "where"), ("memory/recall", {"owner": 5}, "owner"),
+        ("memory/recall", {"key_prefix": 5}, "key_prefix"), ("memory/recall", {"tier": 5}, "tier"),
+        ("memory/recall", {"embeddings": "true"}, "embeddings"), ("memory/recall", {"touch": "no"}, "touch"),
+        ("memory/timeline", {"limit": "1"}, "limit"), ("memory/timeline", {"tier": 5}, "tier"),
+        ("memory/timeline", {"embeddings": 1}, "embeddings"),
+    ]
+    if "embeddings" in s.caps:
+        cases.append(("memory/recall", {"embedding": "x"}, "embedding"))
+    if "prompt" in s.caps:
+        cases.append(("memory/recall", {"prompt": "x"}, "prompt"))
+    if not s.read_only:
+        cases += [("memory/remember", {"records": {"content": "x"}}, "records"),
+                  ("memory/remember", {"records": [{"content": "x"}], "owner": 5}, "owner"),
+                  ("memory/forget", {"ids": [5]}, "ids"), ("memory/forget", {"ids": ["x"], "tier": 5}, "tier")]
+    if "keys" in s.caps:
+        cases += [("memory/fetch", {"key": 5}, "key"), ("memory/fetch", {"key": "k", "embeddings": "yes"}, "embeddings")]
+    if "tiers" in s.caps:
+        tier = s.describe["tiers"][0]["name"]
+        cases += [("memory/promote", {"ids": ["x"], "tier": 5}, "tier"), ("memory/promote", {"tier": tier}, "ids"),
+                  ("memory/promote", {"ids": ["x"], "tier": tier, "salience": "high"}, "salience")]
+    if "salience" in s.caps:
+        cases += [("memory/reinforce", {"ids": "x"}, "ids"), ("memory/reinforce", {"ids": ["x"], "amount": "1"}, "amount")]
+    if "sessions" in s.caps:
+        cases += [("memory/session/close", {"session": 5}, "session"), ("memory/session/list", {"owner": 5}, "owner")]
+    if "events" in s.caps:
+        cases += [("memory/events", {"cursor": 5}, "cursor"), ("memory/events", {"limit": "5"}, "limit"),
+                  ("memory/events", {"kinds": "written"}, "kinds")]
+    if "summarize" in s.caps and not s.read_only:
+        cases += [("memory/summarize", {"query": "x", "into": 5}, "into"), ("memory/summarize", {"tier": 5}, "tier"),
+                  ("memory/summarize", {"query": 5}, "query"), ("memory/summarize", {"query": "x", "key": 5}, "key")]
+    for method, params, name in cases:
+        await expect_invalid(s, method, params, name, f"{method} {params}")
 
 
 def nested(levels: int, leaf: Any = 0) -> Any:
@@ -472,6 +742,8 @@ async def _read_only(s: Session) -> None:
         raise Skip("server accepts writes")
     await expect_error(s, "memory/forget", {"ids": ["x"]}, (-32004,), "forget on a read-only server")
     await expect_error(s, "memory/remember", {"records": [{"content": "x"}]}, (-32004,), "remember again")
+    for method, params in (("memory/remember", {}), ("memory/remember", {"records": "x"}), ("memory/forget", {})):
+        await expect_error(s, method, params, (-32004,), f"{method} {params} on a read-only server (always -32004)")
     if "summarize" in s.caps:
         await expect_error(s, "memory/summarize", {"query": "x"}, (-32004,), "summarize on a read-only server")
     await s.recall(query="anything")
@@ -487,6 +759,31 @@ async def _scopes(s: Session) -> None:
     expect(await s.recall(query=m, owner=f"alice-{s.run}"), "the owner cannot recall its own record")
     expect(not await s.recall(query=m, owner=f"bob-{s.run}"), "another owner recalled the record")
     expect(not await s.timeline(where={"m": m}, owner=f"bob-{s.run}"), "another owner saw it in timeline")
+
+
+@check("scopes", "records carry the owner that wrote them", writes=True)
+async def _scopes_owner_field(s: Session) -> None:
+    m = s.marker()
+    alice = f"alice-{s.run}"
+    await s.remember({"content": f"{m} owned", "metadata": {"m": m}}, owner=alice)
+    records = await s.timeline(where={"m": m}, owner=alice) + await s.recall(query=m, owner=alice)
+    expect(len(records) == 2 and all(r.get("owner") == alice for r in records),
+           f"owner field: {[r.get('owner') for r in records]}")
+
+
+@check("scopes", "a key is unique per owner: the same key under two owners is two records", writes=True,
+       needs=("scopes", "keys"))
+async def _scopes_keys(s: Session) -> None:
+    m = s.marker()
+    key = f"app/{m}/shared-key"
+    alice, bob = f"alice-{s.run}", f"bob-{s.run}"
+    first = await s.remember({"content": f"{m} alice's value", "key": key}, owner=alice)
+    second = await s.remember({"content": f"{m} bob's value", "key": key}, owner=bob)
+    expect(first != second, "one owner's key write replaced another owner's record")
+    for owner, content in ((alice, f"{m} alice's value"), (bob, f"{m} bob's value")):
+        record = (await s.t.call("memory/fetch", {"key": key, "owner": owner}))["record"]
+        expect(record is not None and record["content"] == content and record.get("revision") == 1,
+               f"{owner}'s key holds {record}")
 
 
 @check("scopes", "a client id used by one owner never overwrites another owner's record", writes=True)
@@ -538,10 +835,30 @@ async def _sessions(s: Session) -> None:
     expect(closed.get("closed") == session and isinstance(closed.get("flushed"), int), f"close result {closed}")
     after = await s.recall(query=m, limit=20)
     expect(sum(1 for r in after if r.get("session") == session) == 3, "closing a session destroyed records")
+    for name in ("moved", "promoted", "dropped", "summarized"):
+        expect(is_count(closed.get(name)), f"session/close lacks the consolidate field {name}: {closed}")
+    expect(isinstance(closed.get("counts"), dict) and all(is_count(n) for n in closed["counts"].values()),
+           f"session/close counts: {closed.get('counts')}")
     unknown = await s.t.call("memory/session/close", {"session": f"never-{m}"})
     expect(unknown.get("closed") == f"never-{m}", f"unknown session close: {unknown}")
     await expect_error(s, "memory/session/close", {}, (-32602,), "close without session")
     await expect_error(s, "memory/session/close", {"session": ""}, (-32602,), "close with empty session")
+
+
+@check("sessions", "session/list entries are named sessions; records without a session are in none", writes=True)
+async def _session_list_shape(s: Session) -> None:
+    m = s.marker()
+    await s.remember({"content": f"{m} no session", "metadata": {"m": m}},
+                     {"content": f"{m} in one", "metadata": {"m": m}, "session": f"s-{m}"})
+    listed = (await s.t.call("memory/session/list", {}))["sessions"]
+    expect(isinstance(listed, list) and listed, f"session/list: {listed}")
+    for entry in listed:
+        expect(isinstance(entry.get("session"), str) and entry["session"], f"an entry that names no session: {entry}")
+        expect(is_count(entry.get("records")), f"records of {entry}")
+        for stamp in ("opened_at", "touched_at"):
+            expect(entry.get(stamp) is None or is_stamp(entry[stamp]), f"{stamp} of {entry}")
+    mine = [e for e in listed if e["session"] == f"s-{m}"]
+    expect(len(mine) == 1 and mine[0]["records"] == 1, f"the session's entry: {mine}")
 
 
 # ---------------------------------------------------------------- keys
@@ -562,6 +879,7 @@ async def _keys(s: Session) -> None:
     expect(missing.get("record") is None, "an unused key must give null")
     await expect_error(s, "memory/fetch", {}, (-32602,), "fetch without key")
     await expect_error(s, "memory/fetch", {"key": ""}, (-32602,), "fetch with empty key")
+    await expect_error(s, "memory/fetch", {"key": 42}, (-32602,), "fetch with a numeric key")
 
 
 @check("keys", "key_prefix scopes recall, timeline and forget", writes=True)
@@ -610,7 +928,41 @@ async def _tiers(s: Session) -> None:
     for name in ("moved", "promoted", "dropped", "summarized"):
         expect(isinstance(result.get(name), int), f"consolidate lacks {name}: {result}")
     expect(isinstance(result.get("counts"), dict), "consolidate lacks counts")
+    expect(all(isinstance(t, str) and is_count(n) for t, n in result["counts"].items()),
+           f"consolidate counts must map tier names to counts: {result['counts']}")
     expect(await s.recall(query=m), "consolidate lost a record")
+
+
+@check("tiers", "promote of unknown ids, or of ids already in the tier, counts nothing and is no error", writes=True)
+async def _promote_noop(s: Session) -> None:
+    m = s.marker()
+    ids = await s.remember({"content": f"{m} stays", "metadata": {"m": m}})
+    tier = (await s.timeline(where={"m": m}))[0]["tier"]
+    for asked in ([f"unknown-{m}"], ids, ids + [f"unknown-{m}"]):
+        result = await s.t.call("memory/promote", {"ids": asked, "tier": tier})
+        expect(result.get("promoted") == 0, f"promote {asked} to {tier!r}, where they are or are not: {result}")
+    expect([r["tier"] for r in await s.timeline(where={"m": m})] == [tier], "a no-op promote moved the record")
+    await expect_error(s, "memory/promote", {"ids": ids}, (-32602,), "promote without a tier")
+
+
+@check("tiers", "promote moves records to another tier: counted, shown there, one promoted event", writes=True)
+async def _promote_move(s: Session) -> None:
+    m = s.marker()
+    ids = await s.remember({"content": f"{m} moves", "metadata": {"m": m}})
+    source = (await s.timeline(where={"m": m}))[0]["tier"]
+    tiers = [t for t in s.describe.get("tiers") or [] if t.get("name") != source and not t.get("read_only")
+             and t.get("kind") in ("episodic", "semantic")]
+    if not tiers:
+        raise Skip("one writable tier: nowhere to promote to")
+    dest = tiers[0]["name"]
+    head = (await s.t.call("memory/events", {}))["cursor"] if "events" in s.caps else None
+    result = await s.t.call("memory/promote", {"ids": ids + [f"unknown-{m}"], "tier": dest})
+    expect(result.get("promoted") == 1, f"promote to {dest}: {result}")
+    expect([r["tier"] for r in await s.timeline(where={"m": m})] == [dest], f"the record is not in {dest}")
+    if head is not None:
+        events = (await s.t.call("memory/events", {"cursor": head, "kinds": ["promoted"]}))["events"]
+        expect(len(events) == 1 and events[0].get("ids") == ids and events[0].get("tier") == dest,
+               f"promoted events: {events}")
 
 
 @check("tiers", "where tier: the tier a record is read from matches it; any other tier name matches nothing",
@@ -640,6 +992,23 @@ async def _salience(s: Session) -> None:
            f"salience fields missing: {record}")
 
 
+@check("salience", "a recall counts as an access (access_count, accessed_at); touch: false does not (extension)",
+       writes=True)
+async def _touch(s: Session) -> None:
+    m = s.marker()
+    await s.remember({"content": f"{m} looked at", "metadata": {"m": m}})
+    await s.recall(query=m, touch=False)
+    record = (await s.timeline(where={"m": m}))[0]
+    expect(record["access_count"] == 0 and record["accessed_at"] is None, f"touch: false touched {record}")
+    await s.recall(query=m)
+    for _ in range(40):  # a federation may count recalls in the background
+        record = (await s.timeline(where={"m": m}))[0]
+        if record["access_count"]:
+            break
+        await asyncio.sleep(0.05)
+    expect(record["access_count"] == 1 and is_stamp(record["accessed_at"]), f"a recall did not count: {record}")
+
+
 @check("salience", "access_count beyond 2**53 - 1 is refused with -32602 (move/import extension)", writes=True)
 async def _access_count_range(s: Session) -> None:
     m = s.marker()
@@ -667,6 +1036,34 @@ async def _embeddings(s: Session) -> None:
     got = full[0].get("embedding") if full else None
     expect(isinstance(got, list) and len(got) == dims and all(abs(a - b) < 1e-6 for a, b in zip(got, vector)),
            "vector not returned verbatim")
+    dimensions = (await s.t.call("memory/describe", {})).get("embeddings", {}).get("dimensions")
+    expect(dimensions == dims, f"describe says dimensions {dimensions!r} after {dims}-wide vectors were written")
+
+
+@check("embeddings", "embeddings: true returns the vectors from recall and fetch too, and only then", writes=True)
+async def _embeddings_everywhere(s: Session) -> None:
+    m = s.marker()
+    dims = s.dims()
+    vector = [round((dims - i) / (dims + 1), 6) for i in range(dims)]
+    key = f"{m}/vector"
+    await s.remember({"content": f"{m} carries a vector", "embedding": vector, "metadata": {"m": m}, "key": key})
+
+    def same(record: dict[str, Any] | None) -> bool:
+        got = (record or {}).get("embedding")
+        return isinstance(got, list) and len(got) == dims and all(abs(a - b) < 1e-6 for a, b in zip(got, vector))
+
+    # (Not by `embedding` alone: a federation may leave tiers that never rank by vector out of that.)
+    for params in ({"query": m}, {"where": {"m": m}}):
+        plain = await s.recall(**params, touch=False)
+        expect(len(plain) == 1 and plain[0].get("embedding") is None, f"recall {list(params)} without embeddings: true")
+        full = await s.recall(**params, touch=False, embeddings=True)
+        expect(len(full) == 1 and same(full[0]), f"recall {list(params)} with embeddings: true: {full}")
+    if "keys" in s.caps:
+        plain_record = (await s.t.call("memory/fetch", {"key": key}))["record"]
+        expect(plain_record is not None and plain_record.get("embedding") is None, "fetch without embeddings: true")
+        full_record = (await s.t.call("memory/fetch", {"key": key, "embeddings": True}))["record"]
+        expect(same(full_record), f"fetch with embeddings: true: {full_record}")
+    await expect_error(s, "memory/recall", {"embedding": vector + [0.5]}, (-32008,), "a query vector of the wrong width")
 
 
 @check("embeddings", "a vector of the wrong width answers -32008 and writes nothing", writes=True)
@@ -703,6 +1100,31 @@ async def _external(s: Session) -> None:
            f"external fields lost: {records}")
 
 
+@check("external", "a uri is never dereferenced: not on write, recall or in the background", writes=True)
+async def _external_never_fetched(s: Session) -> None:
+    hits: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hits.append(await reader.read(200))
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        m = s.marker()
+        uri = f"http://127.0.0.1:{port}/{m}/report.pdf"
+        await s.remember({"content": f"{m} a report", "uri": uri, "media_type": "application/pdf",
+                          "metadata": {"m": m}}, {"content": "", "uri": uri + "?only=uri", "metadata": {"m": m}})
+        found = await s.recall(query=m)
+        expect(any(r.get("uri") == uri for r in found), f"the record was not recalled: {found}")
+        await s.timeline(where={"m": m})
+        await asyncio.sleep(0.1)  # a fetch on write or recall would have connected by now
+    finally:
+        server.close()
+        await server.wait_closed()
+    expect(not hits, f"the server fetched the uri: {hits[:1]}")
+
+
 # ---------------------------------------------------------------- events
 
 @check("events", "no cursor means from now; polls deliver each event once, in order", writes=True)
@@ -723,6 +1145,84 @@ async def _events(s: Session) -> None:
 async def _events_reset(s: Session) -> None:
     result = await s.t.call("memory/events", {"cursor": "not-a-cursor-of-this-server"})
     expect(result.get("reset") is True and isinstance(result.get("cursor"), str), f"foreign cursor: {result}")
+
+
+@check("events", "a reset continues from the oldest retained event; the next poll is no reset", writes=True)
+async def _events_reset_continues(s: Session) -> None:
+    owner = f"events-{s.marker()}" if "scopes" in s.caps else None
+    scoped = {"owner": owner} if owner else {}
+    m = s.marker()
+    ids = await s.remember({"content": f"{m} one"}, {"content": f"{m} two"}, **scoped)
+    seen: list[Any] = []
+    result = await s.t.call("memory/events", {"cursor": f"foreign-{m}", **scoped})
+    expect(result.get("reset") is True, f"a foreign cursor: {result}")
+    for _ in range(50):  # page on from the oldest retained event
+        seen += [e.get("id") for e in result["events"] if e.get("kind") == "written"]
+        if not result.get("more"):
+            break
+        result = await s.t.call("memory/events", {"cursor": result["cursor"], **scoped})
+        expect(not result.get("reset"), f"a poll from a cursor the server gave reset: {result}")
+    expect(seen[-2:] == ids, f"a reset poll did not continue from the oldest retained event: {seen[-4:]} vs {ids}")
+    after = await s.t.call("memory/events", {"cursor": result["cursor"], **scoped})
+    expect(not after.get("reset") and after.get("events") == [], f"the poll after a reset: {after}")
+
+
+@check("events", "written events carry the record's id, tier, session, key and revision", writes=True)
+async def _events_written_fields(s: Session) -> None:
+    head = (await s.t.call("memory/events", {}))["cursor"]
+    m = s.marker()
+    record: dict[str, Any] = {"content": f"{m} described"}
+    if "sessions" in s.caps:
+        record["session"] = f"s-{m}"
+    if "keys" in s.caps:
+        record["key"] = f"{m}/described"
+    ids = await s.remember(record)
+    if "keys" in s.caps:
+        await s.remember({**record, "content": f"{m} described again"})
+    written = [e for e in (await s.t.call("memory/events", {"cursor": head, "kinds": ["written"]}))["events"]
+               if e.get("id") in ids]
+    expect(len(written) == (2 if "keys" in s.caps else 1), f"written events {written}")
+    tier = (await s.timeline(where={"id": ids[0]}))[0].get("tier")
+    for n, event in enumerate(written, 1):
+        expect(is_stamp(event.get("at")), f"event at {event.get('at')!r}")
+        if "tiers" in s.caps:
+            expect(event.get("tier") == tier, f"written event tier {event.get('tier')!r}, the record is in {tier!r}")
+        if "sessions" in s.caps:
+            expect(event.get("session") == f"s-{m}", f"written event session: {event}")
+        if "keys" in s.caps:
+            expect(event.get("key") == f"{m}/described" and event.get("revision") == n, f"written event key: {event}")
+
+
+@check("events", "session/close is one session_closed event; consolidate's event carries its counts", writes=True,
+       needs=("events", "sessions", "tiers"))
+async def _events_session_closed(s: Session) -> None:
+    m = s.marker()
+    await s.remember({"content": f"{m} talk", "session": f"s-{m}"})
+    head = (await s.t.call("memory/events", {}))["cursor"]
+    await s.t.call("memory/session/close", {"session": f"s-{m}"})
+    events = (await s.t.call("memory/events", {"cursor": head}))["events"]
+    closed = [e for e in events if e.get("kind") == "session_closed"]
+    expect(len(closed) == 1 and closed[0].get("session") == f"s-{m}", f"session_closed events: {events}")
+    head = (await s.t.call("memory/events", {}))["cursor"]
+    await s.t.call("memory/consolidate", {})
+    events = (await s.t.call("memory/events", {"cursor": head, "kinds": ["consolidated"]}))["events"]
+    expect(len(events) == 1 and all(is_count(events[0].get(n)) for n in ("moved", "promoted", "dropped", "summarized")),
+           f"consolidated event: {events}")
+
+
+@check("events", "with scopes, an owner's events reach only that owner", writes=True, needs=("events", "scopes"))
+async def _events_scoped(s: Session) -> None:
+    m = s.marker()
+    alice, bob = f"alice-{m}", f"bob-{m}"
+    heads = {o: (await s.t.call("memory/events", {"owner": o}))["cursor"] for o in (alice, bob)}
+    ids = await s.remember({"content": f"{m} alice only"}, owner=alice)
+    await s.t.call("memory/forget", {"ids": ids, "owner": alice})
+    mine = (await s.t.call("memory/events", {"owner": alice, "cursor": heads[alice]}))["events"]
+    theirs = (await s.t.call("memory/events", {"owner": bob, "cursor": heads[bob]}))["events"]
+    expect([e["kind"] for e in mine] == ["written", "forgotten"], f"the owner's events: {mine}")
+    expect(theirs == [], f"another owner saw {theirs}")
+    crossed = await s.t.call("memory/events", {"owner": bob, "cursor": heads[alice]})
+    expect(not any(e.get("id") in ids for e in crossed["events"]), "another owner's cursor showed the owner's events")
 
 
 @check("events", "a cursor with non-ASCII digits gives reset: true", writes=False)
@@ -765,6 +1265,8 @@ async def _events_more(s: Session) -> None:
 async def _events_http(s: Session) -> None:
     expect((s.describe.get("events") or {}).get("push") is False, "push must be false over HTTP")
     await expect_error(s, "memory/events/subscribe", {}, (-32003,), "subscribe over HTTP")
+    off = await s.t.call("memory/events/unsubscribe", {})
+    expect(off == {"subscribed": False}, f"unsubscribe over HTTP (never subscribed) is a no-op: {off}")
 
 
 @check("events", "over stdio, subscribe pushes memory/event notifications", transport="stdio", writes=True)
@@ -778,10 +1280,25 @@ async def _events_push(s: Session) -> None:
     pushed = [n for n in s.t.notifications if n.get("method") == "memory/event"
               and n.get("params", {}).get("id") in ids]
     expect(len(pushed) == 1, f"expected one pushed written event, got {len(pushed)}")
+    expect(pushed[0].get("jsonrpc") == "2.0" and "id" not in pushed[0] and pushed[0]["params"].get("kind") == "written",
+           f"a pushed event is a memory/event notification: {pushed[0]}")
     off = await s.t.call("memory/events/unsubscribe", {})
     expect(off.get("subscribed") is False, f"unsubscribe: {off}")
     again = await s.t.call("memory/events/unsubscribe", {})
     expect(again.get("subscribed") is False, "unsubscribe when not subscribed must be a no-op")
+    before = len(s.t.notifications)
+    await s.remember({"content": f"{m} not pushed"})
+    await s.t.call("memory/events/subscribe", {"kinds": ["forgotten"]})
+    ids = await s.remember({"content": f"{m} filtered"})
+    await s.t.call("memory/forget", {"ids": ids})
+    await s.t.call("memory/events/unsubscribe", {})  # one pipe: what was pushed before it has arrived
+    kinds = [n.get("params", {}).get("kind") for n in s.t.notifications[before:] if n.get("method") == "memory/event"]
+    expect(kinds == ["forgotten"], f"subscribe with kinds [forgotten] pushed {kinds}")
+
+
+@check("events", "over stdio, describe says push: true", transport="stdio")
+async def _events_push_declared(s: Session) -> None:
+    expect((s.describe.get("events") or {}).get("push") is True, f"events: {s.describe.get('events')}")
 
 
 # ---------------------------------------------------------------- prompt
@@ -800,6 +1317,20 @@ async def _prompt(s: Session) -> None:
     expect(isinstance(tl.get("prompt"), str), "timeline prompt missing")
     await expect_error(s, "memory/recall", {"query": m, "prompt": {"method": "model", "model": "no-such-model"}},
                        (-32602,), "unoffered prompt model")
+    offered = (s.describe.get("prompt") or {}).get("methods") or []
+    for method in ("template", "model", "none"):
+        if method not in offered:
+            await expect_error(s, "memory/recall", {"query": m, "prompt": {"method": method}}, (-32602,),
+                               f"unoffered prompt method {method}")
+    if "template" in offered:
+        default = await s.t.call("memory/recall", {"query": m, "touch": False, "prompt": {}})
+        expect(isinstance(default.get("prompt"), str) and m in default["prompt"], "the default prompt method")
+    trimmed = await s.t.call("memory/recall", {"query": m, "touch": False, "prompt": {"style": "facts", "budget": 12}})
+    expect([r["id"] for r in trimmed["records"]] == [r["id"] for r in plain["records"]], "a budget changed the records")
+    contents = {r["id"]: r["content"] for r in trimmed["records"]}
+    kept = trimmed.get("prompt_ids", [])
+    expect(set(kept) < set(contents) and all(contents[i] in trimmed["prompt"] for i in kept),
+           f"a budget must drop whole records: {kept} of {list(contents)}, prompt {trimmed.get('prompt')!r}")
 
 
 # ---------------------------------------------------------------- summarize
@@ -816,6 +1347,31 @@ async def _summarize(s: Session) -> None:
            and isinstance(result.get("written"), int), f"summarize result {result}")
     still = await s.recall(query=m, limit=10)
     expect(set(ids) <= {r["id"] for r in still}, "summarize deleted its sources")
+
+
+@check("summarize", "summarize at a key replaces what is there; unknown ids read nothing; unknown into is -32002",
+       writes=True)
+async def _summarize_key(s: Session) -> None:
+    m = s.marker()
+    nothing = await s.t.call("memory/summarize", {"ids": [f"unknown-{m}"]})
+    expect(nothing.get("read") == 0 and nothing.get("written") == 0 and nothing.get("records") == [],
+           f"summarize of unknown ids: {nothing}")
+    ids = await s.remember({"content": f"{m} moved to Lisbon in March 2024."},
+                           {"content": f"{m} works as a translator for a Dutch firm."})
+    await expect_error(s, "memory/summarize", {"ids": ids, "into": f"no-such-tier-{m}"}, (-32002,), "into an unknown tier")
+    key = f"summaries/{m}"
+    first = await s.t.call("memory/summarize", {"ids": ids, "key": key})
+    if first.get("written") == 0:
+        raise Skip("the server declined to summarize")
+    expect(first.get("written") == 1 and len(first.get("records", [])) == 1, f"summarize at a key: {first}")
+    summary = first["records"][0]
+    expect(summary.get("key") == key and "score" not in summary, f"the written summary: {summary}")
+    second = await s.t.call("memory/summarize", {"ids": ids, "key": key})
+    expect([r["id"] for r in second.get("records", [])] == [summary["id"]], f"a second summary at {key}: {second}")
+    if "keys" in s.caps:
+        fetched = (await s.t.call("memory/fetch", {"key": key}))["record"]
+        expect(fetched is not None and fetched["id"] == summary["id"] and fetched.get("revision") == 2,
+               f"the key holds {fetched}")
 
 
 # ---------------------------------------------------------------- HTTP rules
@@ -851,9 +1407,12 @@ async def _http_version(s: Session) -> None:
 @check("http", "protocol errors are 200 with an error object", transport="http")
 async def _http_errors_200(s: Session) -> None:
     assert isinstance(s.t, HTTPTransport)
-    reply = await s.t.post(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "memory/recall",
-                                       "params": {"tier": "no-such-tier"}}).encode())
-    expect(reply.status == 200 and "error" in reply.json() or "result" in reply.json(), f"status {reply.status}")
+    for method, params, code in (("memory/recall", {"tier": "no-such-tier"}, -32002 if "tiers" in s.caps else None),
+                                  ("memory/no_such_method", {}, -32601), ("memory/recall", {"limit": "x"}, -32602)):
+        reply = await s.t.post(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode())
+        expect(reply.status == 200, f"{method} {params}: HTTP {reply.status}")
+        error = reply.json().get("error") or {}
+        expect(code is None or error.get("code") == code, f"{method} {params}: {reply.body[:160]!r}")
 
 
 @check("http", "GET /.well-known/a2m-server.json serves describe", transport="http")
@@ -863,6 +1422,9 @@ async def _http_well_known(s: Session) -> None:
     expect(reply.status == 200, f"well-known gave {reply.status}")
     doc = reply.json()
     expect(doc.get("protocol") == "a2m/0.1" and "capabilities" in doc, f"well-known body {doc}")
+    expect(doc["capabilities"] == s.describe["capabilities"] and doc.get("methods") == s.describe.get("methods"),
+           "the well-known document and memory/describe disagree")
+    expect("events" not in s.caps or doc.get("events", {}).get("push") is False, f"well-known events {doc.get('events')}")
 
 
 # ---------------------------------------------------------------- stdio rules
@@ -871,6 +1433,21 @@ async def _http_well_known(s: Session) -> None:
 async def _stdio_clean(s: Session) -> None:
     assert isinstance(s.t, StdioTransport)
     await s.t.call("memory/describe", {})
+    expect(not s.t.bad_lines, f"non-JSON on stdout: {s.t.bad_lines[:3]}")
+    strays = [n for n in s.t.notifications if n.get("jsonrpc") != "2.0" or n.get("method") != "memory/event"]
+    expect(not strays, f"a server sends no requests and no notification but memory/event: {strays[:2]}")
+
+
+@check("stdio", "line breaks inside strings never break the one-message-per-line framing", transport="stdio",
+       writes=True)
+async def _stdio_newlines(s: Session) -> None:
+    assert isinstance(s.t, StdioTransport)
+    m = s.marker()
+    content = f"{m} line one\nline two\r\nthree\u2028four\u2029five\u0085six"
+    await s.remember({"content": content, "metadata": {"m": m, "note": "a\nb"}})
+    records = await s.timeline(where={"m": m})
+    expect([r["content"] for r in records] == [content] and records[0]["metadata"]["note"] == "a\nb",
+           f"content with line breaks came back as {[r['content'] for r in records]!r}")
     expect(not s.t.bad_lines, f"non-JSON on stdout: {s.t.bad_lines[:3]}")
 
 

@@ -63,6 +63,19 @@ async def test_read_only_fixture_is_conformant() -> None:
 
 
 @pytest.mark.anyio
+async def test_core_only_fixture_without_limits_is_conformant() -> None:
+    """Every other capability undeclared, and no limits: gating (-32003 for each capability's methods and for
+    a record's `tier`), ignored record fields and `limit: 0` meaning no limit are checked here."""
+    results = await run_stdio(fixture_server_command("--stdio", "--capabilities", "", "--no-limits"))
+    assert not failures(results), failures(results)
+    passed = {r.name for r in results if r.outcome == "pass"}
+    assert {"every method of an undeclared capability answers -32003, never -32601",
+            "a tier on a record without the tiers capability answers -32003",
+            "fields of an undeclared capability on a record are ignored, not refused",
+            "limit 0 is no limit (up to max_recall_limit where one is declared)"} <= passed
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("broken, expected", [
     ("order", "timeline is ascending by created_at"),
     ("gating", "every method of an undeclared capability answers -32003"),

@@ -30,9 +30,11 @@ async def run_stdio(command: list[str], env: dict[str, str] | None = None) -> li
     transport = StdioTransport(shlex.join(command), env)
     await transport.start()
     try:
-        return await run(transport, echo=None)
+        results = await run(transport, echo=None)
     finally:
         await transport.close()
+    assert transport.exit_code == 0, "closing stdin must end the router cleanly"
+    return results
 
 
 @pytest.mark.anyio

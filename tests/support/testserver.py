@@ -2,7 +2,9 @@
 
 Extra switches make deliberately broken servers for the suite's self-test:
 `--broken order` (timeline newest-first) and `--broken gating` (answers -32601
-for a declared-off capability instead of -32003).
+for a declared-off capability instead of -32003). `--capabilities a,b` declares
+only those (and core), `--no-limits` no limits: the rules for undeclared
+capabilities and for `limit: 0` without `max_recall_limit` then apply.
 """
 
 from __future__ import annotations
@@ -35,10 +37,15 @@ def main() -> None:
     parser.add_argument("--read-only", action="store_true")
     parser.add_argument("--name", default="memory")
     parser.add_argument("--kind", default="episodic", choices=["working", "episodic", "semantic", "procedural"])
+    parser.add_argument("--capabilities", help="declare only these (comma-separated; core is always declared)")
+    parser.add_argument("--no-limits", action="store_true", help="declare no limits")
     args = parser.parse_args()
     store = BrokenStore() if args.broken == "order" else MemoryStore()
     caps = CAPABILITIES - {"summarize"} if args.broken == "gating" else CAPABILITIES
-    server = TierServer(store, name=args.name, kind=args.kind, capabilities=caps, read_only=args.read_only)
+    if args.capabilities is not None:
+        caps = frozenset({"core", *filter(None, args.capabilities.split(","))})
+    server = TierServer(store, name=args.name, kind=args.kind, capabilities=caps, read_only=args.read_only,
+                        limits={} if args.no_limits else None)
     dispatcher = (GatingBrokenDispatcher if args.broken == "gating" else Dispatcher)(server)
     log_to_stderr()
     if args.stdio:
