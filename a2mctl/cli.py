@@ -65,6 +65,18 @@ def _port(text: str) -> int:
     return port
 
 
+def reachable_from_network(host: str) -> bool:
+    """Whether binding `host` listens beyond this machine (a name other than localhost counts as reachable)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return True
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -177,6 +189,11 @@ def _serve(args: argparse.Namespace) -> int:
         asyncio.run(serve_stdio(Dispatcher(server), lifespan=server))
         return 0
     from a2m.http import HTTPApp, run
+
+    if not tokens and reachable_from_network(args.host):
+        print(f"a2m serve {args.what}: warning: {args.host} is reachable from the network and no bearer token is "
+              "set, so any caller may name any owner (protocol §7); set --token (router.toml [auth] tokens) or "
+              "A2M_SERVICE_TOKEN, or bind 127.0.0.1", file=sys.stderr, flush=True)
 
     def listening(url: str) -> None:
         # Whatever the log level (uvicorn's own line is at info), and on stderr: the port may have

@@ -34,3 +34,11 @@ def test_the_port_from_the_environment_is_checked_too() -> None:
     done = subprocess.run(a2m_command("serve", "working"), cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "A2M_PORT": "65536"})
     assert done.returncode == 2 and "not 65536" in done.stderr
+
+
+def test_a_host_reachable_from_the_network_is_told_apart_from_loopback() -> None:
+    """`a2m serve` warns when it listens beyond this machine with no token (anyone could name any owner)."""
+    from a2mctl.cli import reachable_from_network
+
+    assert not any(map(reachable_from_network, ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "LOCALHOST"]))
+    assert all(map(reachable_from_network, ["0.0.0.0", "::", "10.0.0.5", "memory.internal"]))
