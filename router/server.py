@@ -804,19 +804,26 @@ class Router(EventMethods):
 
     def _described(self, layout: list[dict[str, Any]], ctx: Context, metrics: Iterable[Any]) -> dict[str, Any]:
         """describe's capability objects around a tier layout; `metrics`: each tier's (intersected)."""
-        common: set[str] | None = None
-        for each in metrics:
-            common = set(each) if common is None else common & set(each)
+        metric, common = shared_metrics(metrics)
         return {
             "tiers": layout,
             "events": {"push": ctx.push is not None},
-            "embeddings": {"dimensions": self.dimensions(), "metric": "cosine",
-                           "metrics": sorted(common if common is not None else {"cosine"}),
+            "embeddings": {"dimensions": self.dimensions(), "metric": metric, "metrics": common,
                            "model": getattr(self.embedder, "model", None)},
             "summarize": {"model": None},
             "prompt": prompts.describe(),
             "fusion": self.config.fusion.strategy,
         }
+
+
+def shared_metrics(per_tier: Iterable[Iterable[str]]) -> tuple[str | None, list[str]]:
+    """(the metric a vector query is ranked by, the metrics every store can do): cosine where every
+    store can (the router's rerank scores by it too), else one they share; none when a mounted store
+    ranks its own way. No store with vectors: cosine."""
+    common: set[str] = {"cosine"}
+    for index, each in enumerate(per_tier):
+        common = set(each) if index == 0 else common & set(each)
+    return ("cosine" if "cosine" in common else min(common, default=None)), sorted(common)
 
 
 def build_router(config_path: str | None = None, **kwargs: Any) -> Router:

@@ -98,3 +98,13 @@ def test_limit_and_min_score_cut_the_fused_order_without_reordering_it() -> None
         cut = full[2][1]
         assert [(r.id, r.score) for r in fuse(min_score=cut)] == [p for p in full if p[1] >= cut], name
         assert [(r.id, r.score) for r in fuse(min_score=cut, limit=1)] == full[:1], name
+
+
+def test_describe_names_the_metric_every_store_shares() -> None:
+    """`embeddings.metric` said cosine even where a mounted store ranks by dot product only."""
+    from router.server import shared_metrics
+
+    assert shared_metrics([]) == ("cosine", ["cosine"])
+    assert shared_metrics([["cosine", "dot"], ["cosine"]]) == ("cosine", ["cosine"])
+    assert shared_metrics([["dot"], ["cosine", "dot"]]) == ("dot", ["dot"])
+    assert shared_metrics([["dot"], ["cosine"]]) == (None, [])
