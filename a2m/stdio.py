@@ -15,6 +15,8 @@ from typing import Any
 
 from .dispatch import Context, Dispatcher, dumps
 
+log = logging.getLogger("a2m.stdio")
+
 MAX_LINE = 64 * 1024 * 1024
 
 
@@ -102,12 +104,24 @@ async def serve_stdio(dispatcher: Dispatcher, lifespan: Any = None) -> None:
     if not os.get_blocking(out.fileno()):
         os.set_blocking(out.fileno(), True)
     lock = asyncio.Lock()
+    gone = False  # stdout was closed by the reader: nobody hears a reply any more, so stop
+
+    async def send(line: bytes) -> None:
+        nonlocal gone
+        async with lock:
+            if gone:
+                return
+            try:
+                out.write(line)
+                out.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                gone = True
+                log.info("stdout was closed: stopping")
+                # The interpreter flushes stdout again at exit: point it at /dev/null so that is quiet too.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
 
     async def write(obj: dict[str, Any]) -> None:
-        line = dumps(obj) + b"\n"
-        async with lock:
-            out.write(line)
-            out.flush()
+        await send(dumps(obj) + b"\n")
 
     async def push(event: dict[str, Any]) -> None:
         await write({"jsonrpc": "2.0", "method": "memory/event", "params": event})
@@ -122,15 +136,13 @@ async def serve_stdio(dispatcher: Dispatcher, lifespan: Any = None) -> None:
             except LineTooLong:  # answered once; the whole line was skipped, none of it runs
                 await write({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "message too large"}})
                 continue
-            if not line:
+            if not line or gone:
                 break
             if not line.strip():
                 continue
             response = await dispatcher.handle_bytes(line, ctx)
             if response is not None:
-                async with lock:
-                    out.write(response + b"\n")
-                    out.flush()
+                await send(response + b"\n")
     finally:
         if lifespan is not None:
             await lifespan.shutdown()

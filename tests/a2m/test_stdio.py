@@ -5,6 +5,7 @@ Redis), and the line reader on its own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import time
@@ -124,3 +125,32 @@ def test_stdin_may_be_a_regular_file(tmp_path: Path) -> None:
     lines = [orjson.loads(line) for line in done.stdout.splitlines()]
     assert [m.get("id", m.get("method")) for m in lines] == [1, "memory/event", 2, 3]
     assert lines[3]["result"]["records"][0]["content"] == "x"
+
+
+def test_a_reader_that_closes_stdout_stops_the_server_quietly() -> None:
+    """`a2m serve … --stdio | head -1`: the reader went away, so the next reply cannot be written. The
+    server ended with a BrokenPipeError traceback and exit status 1; it stops, and says why on stderr."""
+    proc = subprocess.Popen(fixture_server_command("--stdio"), cwd=ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    describe = b'{"jsonrpc":"2.0","id":1,"method":"memory/describe"}\n'
+    try:
+        proc.stdin.write(describe)
+        proc.stdin.flush()
+        assert orjson.loads(proc.stdout.readline())["id"] == 1
+        proc.stdout.close()  # the reader is gone
+        for _ in range(5):  # the next reply finds stdout closed, and the server stops reading
+            try:
+                proc.stdin.write(describe)
+                proc.stdin.flush()
+            except BrokenPipeError:
+                break
+            time.sleep(0.1)
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+        assert proc.wait(30) == 0
+        stderr = proc.stderr.read().decode()
+        assert "Traceback" not in stderr and "stdout was closed" in stderr, stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
