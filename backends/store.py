@@ -20,6 +20,15 @@ Contract every Store honours (the store tests in tests/backends check it):
   (`StoreIdTaken`) and a put whose key another live record holds, unless that
   record is deleted in the same write (`StoreConflict`): the surface's reads
   before the write cannot see what another replica writes meanwhile.
+- `write` checks, in the same step, what the surface resolved the batch
+  against (`expect`: id -> the revision it saw, 0 for "absent") and raises
+  `StoreConflict` when a put's or delete's id no longer matches: a keyed
+  replace resolved before a forget must not write the forgotten id back, two
+  replacements must not both write revision n + 1, and of two first writes of
+  one client id only one is written. A put named in `keep` takes the listed
+  fields (`access_count`, `accessed_at`, `salience`) from the record it
+  replaces as stored at the write, so touches and reinforces that landed
+  after the surface read it are kept.
 
 Optional, for a store whose writes land somewhere other than its reads show
 (procedural behind its review gate): `write_owners(ids)` and
@@ -32,7 +41,7 @@ them, so the store's own key-replacing methods can hold it too (decision 61).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence
+from typing import Collection, Literal, Mapping, Protocol, Sequence
 
 from a2m.filters import Scope
 from a2m.records import Record
@@ -58,7 +67,8 @@ class StoreIdTaken(StoreRejected):
 
 class StoreConflict(Exception):
     """What the surface resolved a batch against changed before it was written: another writer (a
-    replica on the same engine) took one of its keys. The surface resolves the batch again."""
+    replica on the same engine, or a concurrent call on this server) took one of its keys, wrote or
+    forgot one of its ids, or replaced its record. The surface resolves the batch again."""
 
 
 @dataclass(slots=True)
@@ -83,9 +93,12 @@ class Store(Protocol):
     async def ping(self) -> None:
         """Raise StoreUnavailable when the engine does not answer."""
 
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), *,
+                    expect: Mapping[str, int] | None = None,
+                    keep: Mapping[str, Collection[str]] | None = None) -> None:
         """Atomically upsert `puts` by id and delete the ids in `deletes` (owner is in each record;
-        deletes name ids whose owner the surface already checked)."""
+        deletes name ids whose owner the surface already checked). `expect` and `keep`: see above;
+        an id in neither is written unconditionally, as before."""
 
     async def get(self, owner: str | None, ids: Sequence[str], *, with_embeddings: bool = False) -> list[Record]:
         """The records with these ids in this owner's partition; unknown ids are left out."""

@@ -34,7 +34,7 @@ import re
 import time
 from datetime import datetime
 from math import exp
-from typing import Any, Awaitable, Callable, Iterator, Literal, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Collection, Iterator, Literal, Mapping, Sequence, TypeVar
 
 import orjson
 import psycopg
@@ -526,16 +526,26 @@ class PostgresStore:
 
     # -- writes ------------------------------------------------------------------------------------
 
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), *,
+                    expect: Mapping[str, int] | None = None,
+                    keep: Mapping[str, Collection[str]] | None = None) -> None:
         if not puts and not deletes:
             return
         keyed = [(r.owner, r.key) for r in puts if r.key is not None]
         if len(set(keyed)) < len(keyed):  # the batch itself, not another writer (a StoreConflict below)
             raise StoreRejected("two records of one batch hold the same key")
         widths = {len(r.embedding) for r in puts if r.embedding is not None}
+        expect, keep = dict(expect or {}), dict(keep or {})
+        # Ids that must be there as the surface saw them, or whose statistics the puts take as stored:
+        # locked (in id order, as every such write locks them) until the commit, so a forget, a
+        # replace, a touch or a reinforce on another connection waits for this write or went before it.
+        locked = sorted({i for i, revision in expect.items() if revision} | set(keep))
 
         async def work(conn: AsyncConnection) -> int | None:
             async with conn.transaction():
+                rows = puts
+                if locked:
+                    rows = await self._as_resolved(conn, puts, locked, expect, keep)
                 dims = await self._dimensions(conn, fresh=bool(widths))
                 if widths and dims is None:
                     first = next(r.embedding for r in puts if r.embedding is not None)
@@ -560,18 +570,23 @@ class PostgresStore:
                     f"INSERT INTO records ({columns}) VALUES ({marks}) ON CONFLICT (id) DO UPDATE SET {_UPDATE_SET}"
                     + (", embedding = EXCLUDED.embedding" if vectors else "")
                     + ", seq = nextval('records_seq') WHERE records.owner IS NOT DISTINCT FROM EXCLUDED.owner"
+                    # the revision the surface resolved the put against (0: none, so never; NULL: any)
+                    + " AND (%s::bigint IS NULL OR records.revision = %s::bigint)"
                 )
                 # A generator: executemany pipelines each row as it is made, so PostgreSQL inserts the
                 # first rows while Python tokenizes and packs the next ones.
-                rows = (self._row(r, vectors) for r in puts)
+                values = (self._row(r, vectors) + (expect.get(r.id),) * 2 for r in rows)
                 async with conn.cursor() as cur:
-                    await cur.executemany(sql, rows)
-                    if cur.rowcount != len(puts):  # the upsert's WHERE kept another owner's row
+                    await cur.executemany(sql, values)
+                    if cur.rowcount != len(puts):  # the upsert's WHERE kept another owner's row, or a row
+                        # written since the surface found the id free
                         held = await conn.execute("SELECT id, owner FROM records WHERE id = ANY(%s::text[])",
                                                   [[r.id for r in puts]])
                         owners = dict(await held.fetchall())
-                        raise StoreIdTaken(next((r.id for r in puts if r.id in owners and owners[r.id] != r.owner),
-                                                puts[0].id))
+                        taken = next((r.id for r in puts if r.id in owners and owners[r.id] != r.owner), None)
+                        if taken is not None:
+                            raise StoreIdTaken(taken)
+                        raise StoreConflict("an id of this batch was written since it was resolved")
             return dims
 
         dims = await self._run(work)
@@ -580,6 +595,31 @@ class PostgresStore:
             self._first_unindexed = self._first_unindexed or now
             self._last_vector_write = now
             self._schedule_index()
+
+    @staticmethod
+    async def _as_resolved(conn: AsyncConnection, puts: Sequence[Record], locked: Sequence[str],
+                           expect: Mapping[str, int], keep: Mapping[str, Collection[str]]) -> Sequence[Record]:
+        """Lock `locked`, check each is at the revision `expect` names, and give the puts in `keep`
+        the statistics stored now. Raises StoreConflict (the transaction rolls back) when one changed."""
+        cur = await conn.execute(
+            f"SELECT id, owner, revision, access_count, {_CANONICAL_TS.format('accessed_at')}, salience "
+            "FROM records WHERE id = ANY(%s::text[]) ORDER BY id FOR UPDATE", [list(locked)])
+        found = {row[0]: row for row in await cur.fetchall()}
+        owners = {r.id: r.owner for r in puts}
+        for record_id in locked:
+            row, revision = found.get(record_id), expect.get(record_id)
+            if revision and (row is None or row[2] != revision
+                             or (record_id in owners and row[1] != owners[record_id])):
+                raise StoreConflict(f"record {record_id!r} changed since this batch was resolved")
+        out = []
+        for record in puts:
+            row = found.get(record.id)
+            fields = keep.get(record.id, ())
+            if fields and row is not None and row[1] == record.owner:
+                stored = {"access_count": row[3], "accessed_at": row[4], "salience": row[5]}
+                record = record.with_(**{name: stored[name] for name in fields})
+            out.append(record)
+        return out
 
     @staticmethod
     def _row(r: Record, vectors: bool) -> tuple[Any, ...]:

@@ -44,7 +44,7 @@ import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Collection, Literal, Mapping, Protocol, Sequence
 
 import anyio
 
@@ -460,8 +460,11 @@ class SemanticStore:
 
     # writes
 
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), *,
+                    expect: Mapping[str, int] | None = None,
+                    keep: Mapping[str, Collection[str]] | None = None) -> None:
         async with self._write_lock:
+            puts = await self._as_resolved(puts, deletes, expect or {}, keep or {})
             width = self._dims
             for index, record in enumerate(puts):
                 if record.embedding is None:
@@ -490,6 +493,39 @@ class SemanticStore:
             put_ids = {p.pid for p in points}
             gone = [pid for pid in dict.fromkeys(point_id(i) for i in deletes) if pid not in put_ids]
             await self._guard(self._engine.write(points, gone))
+
+    async def _as_resolved(self, puts: Sequence[Record], deletes: Sequence[str], expect: Mapping[str, int],
+                           keep: Mapping[str, Collection[str]]) -> Sequence[Record]:
+        """Under the write lock (touch and reinforce take it too): each id in `expect` is as the
+        surface resolved the batch (absent for 0, this owner's at that revision otherwise), else
+        StoreConflict; the puts in `keep` take those statistics as stored now."""
+        wanted = [i for i in dict.fromkeys([*(r.id for r in puts), *deletes]) if i in expect or i in keep]
+        if not wanted:
+            return puts
+        stored = {p["id"]: p for p in await self._guard(self._engine.retrieve([point_id(i) for i in wanted],
+                                                                             with_embedding=False))}
+        owners = {r.id: r.owner for r in puts}
+        for record_id in wanted:
+            if record_id not in expect:
+                continue
+            payload, revision = stored.get(record_id), expect[record_id]
+            if revision == 0:
+                if payload is not None and (record_id not in owners
+                                            or payload.get("part") == partition(owners[record_id])):
+                    raise StoreConflict(f"record {record_id!r} was written since this batch was resolved")
+                continue  # another owner's: refused as StoreIdTaken by _check_homes
+            if payload is None or int(payload.get("revision", 1)) != revision or (
+                    record_id in owners and payload.get("part") != partition(owners[record_id])):
+                raise StoreConflict(f"record {record_id!r} changed since this batch was resolved")
+        out = []
+        for record in puts:
+            payload, fields = stored.get(record.id), keep.get(record.id, ())
+            if fields and payload is not None and payload.get("part") == partition(record.owner):
+                now = {"access_count": int(payload.get("access_count") or 0),
+                       "accessed_at": payload.get("accessed_at"), "salience": _salience(payload)}
+                record = record.with_(**{name: now[name] for name in fields})
+            out.append(record)
+        return out
 
     async def _check_homes(self, puts: Sequence[Record], deletes: Sequence[str]) -> None:
         """Under the write lock, before anything changes: no put may take an id another owner holds

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable, Literal, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Collection, Literal, Mapping, Sequence
 from urllib.parse import quote, unquote
 
 import anyio
@@ -93,8 +93,11 @@ end
 """
 
 # ARGV: P, nputs, ndeletes, batch width ('' if no vector),
-#       per put: id o s session-name g key score json sal ac aa emb  (12)
-#       per delete: id expected-member ('' = unconditional)            (2)
+#       per put: id o s session-name g key score json sal ac aa emb expect keep  (14)
+#       per delete: id expected-member expect                                     (3)
+# expected-member: '' = unconditional. expect: '' = unconditional, 0 = the id must not exist, n = it
+# must be this owner's at revision n. keep: '' = the put's statistics, 'a' = access_count and
+# accessed_at as stored, 'as' = those and salience.
 # Deletes run before puts, so a batch may delete one id and put another in its place.
 _WRITE = _LIB + """
 local n, d, width = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
@@ -104,39 +107,63 @@ if width ~= '' then
     return redis.error_reply('A2M-REJECT embedding has ' .. width .. ' dimensions, the store holds ' .. stored)
   end
 end
+-- Whether id is as the caller resolved it (see `expect` above); o = nil: any owner (a delete's id
+-- was checked to be the caller's when the batch was resolved).
+local function as_expected(id, o, expect)
+  if expect == '' then return true end
+  local h = redis.call('HMGET', P .. ':r:' .. id, 'o', 'j')
+  if expect == '0' then return not h[1] end
+  if not h[1] or (o and h[1] ~= o) then return false end
+  return cjson.decode(h[2])['revision'] == tonumber(expect)
+end
 -- Checked before anything changes: a put's id held by another owner, or its key held by another
--- live record not deleted here, means the caller resolved the batch against a store that has
--- since changed (another writer, another replica): nothing is written.
+-- live record not deleted here, or an id not as the caller resolved it, means the caller resolved
+-- the batch against a store that has since changed (another writer, another replica, a forget or
+-- a replace on this one): nothing is written.
 local deleted = {}
-local i = 5 + 12 * n
+local i = 5 + 14 * n
 for _ = 1, d do
   deleted[ARGV[i]] = true
-  i = i + 2
+  if not as_expected(ARGV[i], nil, ARGV[i + 2]) then
+    return redis.error_reply('A2M-CONFLICT ' .. ARGV[i])
+  end
+  i = i + 3
 end
 i = 5
 for _ = 1, n do
-  local id, o, k = ARGV[i], ARGV[i + 1], ARGV[i + 5]
+  local id, o, k, expect = ARGV[i], ARGV[i + 1], ARGV[i + 5], ARGV[i + 12]
   local held = redis.call('HGET', P .. ':r:' .. id, 'o')
   if held and held ~= o then return redis.error_reply('A2M-TAKEN ' .. id) end
+  if (expect == '0' and held) or (expect ~= '0' and expect ~= '' and not as_expected(id, o, expect)) then
+    return redis.error_reply('A2M-CONFLICT ' .. id)
+  end
   if k ~= '!' then
     local holder = redis.call('HGET', P .. ':o:' .. o .. ':k', string.sub(k, 2))
     if holder and holder ~= id and not deleted[holder] then
       return redis.error_reply('A2M-CONFLICT ' .. string.sub(k, 2))
     end
   end
-  i = i + 12
+  i = i + 14
 end
 local removed = 0
-i = 5 + 12 * n
+i = 5 + 14 * n
 for _ = 1, d do
   removed = removed + unindex(ARGV[i], ARGV[i + 1])
-  i = i + 2
+  i = i + 3
 end
 i = 5
 for _ = 1, n do
   local id, o, s, sname, g, k = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   local score, j, sal, ac, aa, e = ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11]
-  i = i + 12
+  local keep = ARGV[i + 13]
+  i = i + 14
+  if keep ~= '' then  -- touches and reinforces since the caller read the record are kept
+    local h = redis.call('HMGET', P .. ':r:' .. id, 'o', 'ac', 'aa', 'sal')
+    if h[1] == o then
+      ac, aa = h[2], h[3] or ''
+      if keep == 'as' then sal = h[4] end
+    end
+  end
   unindex(id, nil)
   local m = string.format('%016d', redis.call('INCR', P .. ':seq')) .. id
   local rk = P .. ':r:' .. id
@@ -498,23 +525,30 @@ class RedisStore:
 
     # -- writes ------------------------------------------------------------
 
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
-        await self._write_batch(puts, [(i, "") for i in deletes])
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), *,
+                    expect: Mapping[str, int] | None = None,
+                    keep: Mapping[str, Collection[str]] | None = None) -> None:
+        await self._write_batch(puts, [(i, "") for i in deletes], expect or {}, keep or {})
 
-    async def _write_batch(self, puts: Sequence[Record], deletes: Sequence[tuple[str, str | bytes]]) -> int:
+    async def _write_batch(self, puts: Sequence[Record], deletes: Sequence[tuple[str, str | bytes]],
+                           expect: Mapping[str, int] | None = None,
+                           keep: Mapping[str, Collection[str]] | None = None) -> int:
         if not puts and not deletes:
             return 0
+        expect, keep = expect or {}, keep or {}
         args: list[Any] = []
         width = ""
         for record in puts:
             args.extend(self._put_args(record))
+            kept = keep.get(record.id, ())
+            args.extend((expect.get(record.id, ""), ("a" if kept else "") + ("s" if "salience" in kept else "")))
             if record.embedding is not None:
                 size = str(len(record.embedding))
                 if width and size != width:
                     raise StoreRejected(f"embeddings of {width} and {size} dimensions in one batch")
                 width = size
         for record_id, member in deletes:
-            args.extend((record_id, member))
+            args.extend((record_id, member, expect.get(record_id, "")))
         return int(await self._eval(self._write, [len(puts), len(deletes), width, *args]))
 
     async def delete(self, scope: Scope) -> int:
