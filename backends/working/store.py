@@ -65,6 +65,7 @@ _MS = timedelta(milliseconds=1)
 _MUTABLE = ("salience", "access_count", "accessed_at", "embedding")
 _TERMS_HELD = 65_536  # records whose BM25 terms a server keeps for recall; past this it starts over
 _HOLD_ATTEMPTS = 3  # reads of a recall's unheld members before it ranks only those held
+_DELETE_ATTEMPTS = 8  # reads again of records a forget found re-put (in place) between its read and its delete
 
 _LIB = """
 local P = ARGV[1]
@@ -553,9 +554,23 @@ class RedisStore:
 
     async def delete(self, scope: Scope) -> int:
         found = await self._scan(scope, order="asc", limit=None, with_embeddings=False)
-        # Conditional on the index member: a record re-put since the read is a new
-        # version that may be out of scope, so it is left alone.
-        return await self._write_batch((), [(r.id, m) for m, r in found])
+        removed = 0
+        for _ in range(_DELETE_ATTEMPTS):
+            if not found:
+                break
+            # Conditional on the index member: a record re-put since the read is a new version
+            # that may be out of scope, so it is left alone...
+            gone = await self._write_batch((), [(r.id, m) for m, r in found])
+            removed += gone
+            if gone == len(found):
+                break
+            # ...unless it is in scope still: a forget must not miss a record that a keyed replace
+            # re-put in place (same id, new member) between its read and its delete.
+            members = {m for m, _ in found}
+            ids = dict.fromkeys(r.id for _, r in found)
+            flat = await self._eval(self._fetch, [_enc(scope.owner), "0", "ids", *ids])
+            found = [(m, r) for m, r in self._records(flat) if m not in members and matches(r, scope)]
+        return removed
 
     async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
         if ids:

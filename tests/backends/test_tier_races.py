@@ -118,6 +118,22 @@ async def test_the_second_of_two_first_writes_of_one_client_id_writes_nothing(
     assert [(r["content"], r["access_count"]) for r in held] == [(writes[first], 1)]
 
 
+async def test_a_working_forget_takes_a_record_replaced_in_place_after_it_read_it(
+        servers: dict[str, TierServer], hold: Callable[..., Gate]) -> None:
+    """The forget deletes what it read only if unchanged (a new version may have left its scope); a
+    replace in the same session in between used to make it skip the record: forgotten 0, and the
+    record, in scope all along, stayed."""
+    server, me = servers["working"], owner()
+    [first] = await remember(server, me, [{"key": "user/city", "content": "Rome", "session": "s"}])
+    gate = hold(server.store, "_scan", after=True)
+    forget = asyncio.create_task(call(server, "memory/forget", {"owner": me, "where": {"session": "s"}}))
+    await gate.reached()
+    assert await remember(server, me, [{"key": "user/city", "content": "Milan", "session": "s"}]) == [first]
+    gate.release()
+    assert await asyncio.wait_for(forget, 20) == {"forgotten": 1}
+    assert await fetch(server, me, "user/city") is None
+
+
 @pytest.mark.parametrize("tier", REPLICATED)
 async def test_two_replicas_replacing_one_key_at_once_write_two_revisions(
         servers: dict[str, TierServer], tier: str, hold: Callable[..., Gate]) -> None:
