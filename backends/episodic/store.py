@@ -489,6 +489,15 @@ class PostgresStore:
                 return result
             except (StoreRejected, StoreUnavailable):
                 raise
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
+                    psycopg.errors.TransactionRollback) as error:
+                # A deadlock (a forget's DELETE and a batch's upsert locking rows in other orders) or a
+                # serialization failure: PostgreSQL rolled the whole statement or transaction back, so
+                # it is run again, as a caller would; not an unavailable engine.
+                if attempt + 1 < attempts:
+                    await asyncio.sleep(0.005 * (attempt + 1))
+                    continue
+                raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
             except psycopg.errors.UniqueViolation as error:
                 if getattr(error.diag, "constraint_name", None) == "records_owner_key":  # another writer took a key
                     raise StoreConflict(str(error).splitlines()[0]) from error

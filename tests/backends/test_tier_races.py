@@ -134,6 +134,23 @@ async def test_a_working_forget_takes_a_record_replaced_in_place_after_it_read_i
     assert await fetch(server, me, "user/city") is None
 
 
+async def test_an_episodic_forget_that_deadlocks_with_a_write_is_run_again(servers: dict[str, TierServer]) -> None:
+    """PostgreSQL aborts one of two statements that lock rows in opposite orders; the forget's was
+    answered -32603 "unavailable" (a down tier to the router) though nothing was wrong with either."""
+    import psycopg
+
+    server, me = servers["episodic"], owner()
+    a, b = await remember(server, me, [{"content": "one", "session": "s"}, {"content": "two", "session": "s"}])
+    async with await psycopg.AsyncConnection.connect(server.store.dsn) as other:  # type: ignore[attr-defined]
+        await other.execute("SET deadlock_timeout = '30s'")  # the forget's session finds the deadlock
+        await other.execute("UPDATE records SET salience = 0.9 WHERE id = %s", [b])  # holds b
+        forget = asyncio.create_task(call(server, "memory/forget", {"owner": me, "where": {"session": "s"}}))
+        await asyncio.sleep(0.3)  # the DELETE holds a and waits for b
+        await other.execute("UPDATE records SET salience = 0.9 WHERE id = %s", [a])  # waits for a: a cycle
+        await other.commit()
+    assert await asyncio.wait_for(forget, 20) == {"forgotten": 2}
+
+
 @pytest.mark.parametrize("tier", REPLICATED)
 async def test_two_replicas_replacing_one_key_at_once_write_two_revisions(
         servers: dict[str, TierServer], tier: str, hold: Callable[..., Gate]) -> None:
