@@ -403,6 +403,9 @@ class SemanticStore:
         # One writer at a time: read-modify-write (touch, reinforce), the lazily fixed
         # vector width and the sequence counter must not interleave.
         self._write_lock = anyio.Lock()
+        # Set while a write that puts some records and deletes others (a move replacing a key's
+        # holder) is between its two engine updates: reads wait for it, so none sees both records.
+        self._split: anyio.Event | None = None
 
     # lifecycle
 
@@ -492,7 +495,21 @@ class SemanticStore:
             await self._check_homes(puts, deletes)
             put_ids = {p.pid for p in points}
             gone = [pid for pid in dict.fromkeys(point_id(i) for i in deletes) if pid not in put_ids]
-            await self._guard(self._engine.write(points, gone))
+            if not (points and gone):
+                await self._guard(self._engine.write(points, gone))
+                return
+            self._split = done = anyio.Event()
+            try:
+                await self._guard(self._engine.write(points, gone))
+            finally:
+                self._split = None
+                done.set()
+
+    async def _settled(self) -> None:
+        """Wait while a write is half applied (see `_split`)."""
+        split = self._split
+        if split is not None:
+            await split.wait()
 
     async def _as_resolved(self, puts: Sequence[Record], deletes: Sequence[str], expect: Mapping[str, int],
                            keep: Mapping[str, Collection[str]]) -> Sequence[Record]:
@@ -590,12 +607,14 @@ class SemanticStore:
         return [p for p in payloads if p.get("part") == part]
 
     async def get(self, owner: str | None, ids: Sequence[str], *, with_embeddings: bool = False) -> list[Record]:
+        await self._settled()
         by_id = {p["id"]: p for p in await self._own(owner, ids, with_embedding=with_embeddings)}
         return [from_payload(by_id[i], with_embedding=with_embeddings) for i in dict.fromkeys(ids) if i in by_id]
 
     async def owners(self, ids: Sequence[str]) -> dict[str, str | None]:
         if not ids:
             return {}
+        await self._settled()
         payloads = await self._guard(self._engine.retrieve(list(dict.fromkeys(point_id(i) for i in ids)),
                                                            with_embedding=False))
         return {p["id"]: (None if p.get("part") == "n" else str(p.get("part", ""))[2:]) for p in payloads}
@@ -603,6 +622,7 @@ class SemanticStore:
     async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
         if not keys:
             return {}
+        await self._settled()
         wanted = tuple(dict.fromkeys(keys))
         must: list[Cond] = [Match("part", partition(owner)),
                             AnyOf("key", wanted) if len(wanted) > 1 else Match("key", wanted[0])]
@@ -623,6 +643,7 @@ class SemanticStore:
         limit: int | None = None,
         with_embeddings: bool = False,
     ) -> list[Record]:
+        await self._settled()
         try:
             must = scope_conditions(scope)
         except _Impossible:
@@ -664,6 +685,7 @@ class SemanticStore:
     ) -> list[Record]:
         if limit <= 0:
             return []
+        await self._settled()
         sparse = query_sparse(text) if text else None
         dense = [float(x) for x in vector] if vector is not None else None
         if dense is not None:
@@ -704,6 +726,7 @@ class SemanticStore:
         return out
 
     async def sessions(self, owner: str | None) -> list[SessionInfo]:
+        await self._settled()
         payloads = await self._guard(self._engine.scroll(
             [Match("part", partition(owner)), Not((Empty("session"),))],
             fields=["session", "created_at", "accessed_at"]))
@@ -719,6 +742,7 @@ class SemanticStore:
         return sorted(infos.values(), key=lambda i: (i.opened_at or "", i.session))
 
     async def count(self, owner: str | None) -> int:
+        await self._settled()
         return await self._guard(self._engine.count([Match("part", partition(owner))]))
 
     async def dimensions(self) -> int | None:

@@ -187,3 +187,23 @@ async def test_a_move_resolved_before_a_newer_revision_landed_on_another_replica
     assert await asyncio.wait_for(move, 20) == [first]
     held = await fetch(one, me, "user/city")
     assert held is not None and (held["id"], held["content"], held["revision"]) == (first, "Milan", 3)
+
+
+async def test_a_semantic_read_during_a_replace_by_another_id_sees_one_record_for_the_key(
+        servers: dict[str, TierServer], hold: Callable[..., Gate]) -> None:
+    """Qdrant Edge applies a write's puts and its deletes as two updates, in a worker thread; a read
+    between them showed the key's old and new record both (a move's write half done)."""
+    server, me = servers["semantic"], owner()
+    [first] = await remember(server, me, [{"key": "user/city", "content": "Rome"}])
+    gate = hold(server.store._engine, "_update", skip=1)  # type: ignore[attr-defined]  # the deletes
+    move = asyncio.create_task(remember(server, me, [{"id": f"{me}-moved", "key": "user/city", "content": "Naples",
+                                                      "revision": 2, "created_at": "2026-01-01T00:00:00.000Z"}]))
+    await gate.reached()
+    reads = [asyncio.create_task(call(server, method, {"owner": me, **params})) for method, params in (
+        ("memory/timeline", {}), ("memory/recall", {"touch": False}), ("memory/recall", {"query": "Rome Naples"}))]
+    await asyncio.sleep(0.05)
+    gate.release()
+    assert await asyncio.wait_for(move, 20) == [f"{me}-moved"]
+    for read in reads:
+        assert [r["id"] for r in (await read)["records"]] == [f"{me}-moved"]
+    assert first != f"{me}-moved"
