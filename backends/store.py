@@ -55,6 +55,15 @@ class StoreRejected(Exception):
     """The engine cannot store this input (e.g. a NUL byte PostgreSQL refuses): answered `-32602`."""
 
 
+class StoreWidthMismatch(StoreRejected):
+    """A put's embedding is not as wide as the tier's (fixed by the first stored vector, maybe by a
+    concurrent write the surface's check before the write could not see): answered `-32008`."""
+
+    def __init__(self, expected: int, got: int) -> None:
+        super().__init__(f"embeddings here have {expected} dimensions, not {got}")
+        self.expected, self.got = expected, got
+
+
 class StoreIdTaken(StoreRejected):
     """A put's id is held by another owner: ids are global, so it is refused, never overwritten.
     The engine checks it in the same atomic step as the write (the surface's check before it can be

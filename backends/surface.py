@@ -25,7 +25,7 @@ from a2m.text import query_terms, tokenize
 from a2m.timefmt import now
 from a2m.params import ids_param, int_param, str_param
 
-from .store import Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
+from .store import Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable, StoreWidthMismatch
 
 log = logging.getLogger("a2m.tier")
 
@@ -102,6 +102,10 @@ class TierServer(EventMethods):
         except StoreUnavailable as exc:
             raise A2MError(errors.INTERNAL_ERROR, f"tier {self.name} ({self.store.engine}) unavailable: {exc}",
                            {"tier": self.name, "engine": self.store.engine}) from exc
+        except StoreWidthMismatch as exc:
+            self._dims = exc.expected
+            raise A2MError(errors.EMBEDDING_MISMATCH, f"embeddings here have {exc.expected} dimensions",
+                           {"expected": exc.expected, "got": [exc.got]}) from exc
         except StoreRejected as exc:
             raise invalid(f"tier {self.name} cannot store this input: {exc}", tier=self.name) from exc
 

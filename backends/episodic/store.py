@@ -50,7 +50,8 @@ from a2m.records import Record
 from a2m.text import BM25_B, BM25_K1, detect_language, fold, query_terms, tokenize, tokenize_once
 from a2m.timefmt import format_ts, normalize_ts, to_epoch
 from backends.settings import TierSettings
-from backends.store import SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
+from backends.store import (SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
+                            StoreWidthMismatch)
 
 from . import schema
 from .embedded import EmbeddedPostgres
@@ -563,7 +564,7 @@ class PostgresStore:
                     built_now = self.vector_search == "hnsw" and self.index_quiet_s <= 0
                     dims = await schema.ensure_embedding(conn, len(first), index=self.hnsw if built_now else None)
                 if widths and widths != {dims}:
-                    raise StoreRejected(f"embedding width {sorted(widths - {dims})} differs from the tier's {dims}")
+                    raise StoreWidthMismatch(dims, min(widths - {dims}))
                 if deletes:
                     await conn.execute("DELETE FROM records WHERE id = ANY(%s::text[])", [list(deletes)])
                     self._sizes.clear()

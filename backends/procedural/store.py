@@ -63,7 +63,8 @@ from a2m.records import Record
 from a2m.text import BM25, squash
 from backends.children import die_with_parent
 from backends.settings import TierSettings
-from backends.store import SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
+from backends.store import (SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
+                            StoreWidthMismatch)
 
 from . import files
 
@@ -675,7 +676,13 @@ class GitStore:
                 old_record = tree.records.get(record_id)
                 remove(record_id)
                 verbs.append(f"forget {_label(old_record) if old_record else record_id}")
+        width = self._dimensions
         for record in puts:
+            if record.embedding is not None:  # the surface checked the width it knew; a write since may have fixed it
+                if width is None:
+                    width = len(record.embedding)
+                elif len(record.embedding) != width:
+                    raise StoreWidthMismatch(width, len(record.embedding))
             path = files.record_path(record)  # validates the key
             self._check_path_length(path, record)
             if record.id in paths:  # ids are global: a put never takes over another owner's record

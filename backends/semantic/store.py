@@ -52,7 +52,8 @@ from a2m.filters import RECORD_FIELDS, Scope, matches
 from a2m.records import Record
 from a2m.text import sparse_vector, squash, term_id, tokenize
 from a2m.timefmt import to_epoch
-from backends.store import SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
+from backends.store import (SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
+                            StoreWidthMismatch)
 
 log = logging.getLogger("a2m.semantic")
 
@@ -469,14 +470,13 @@ class SemanticStore:
         async with self._write_lock:
             puts = await self._as_resolved(puts, deletes, expect or {}, keep or {})
             width = self._dims
-            for index, record in enumerate(puts):
+            for record in puts:
                 if record.embedding is None:
                     continue
                 if width is None:
                     width = len(record.embedding)
                 elif len(record.embedding) != width:
-                    raise StoreRejected(
-                        f"records[{index}].embedding has {len(record.embedding)} dimensions, the store holds {width}")
+                    raise StoreWidthMismatch(width, len(record.embedding))
             points = [
                 PointData(
                     pid=point_id(r.id),
@@ -692,7 +692,7 @@ class SemanticStore:
             if self._dims is None:
                 dense = None  # no stored vector to compare with: rank lexically
             elif len(dense) != self._dims:
-                raise StoreRejected(f"query vector has {len(dense)} dimensions, the store holds {self._dims}")
+                raise StoreWidthMismatch(self._dims, len(dense))
         if dense is None and sparse is None:
             return []
         try:

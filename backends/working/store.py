@@ -52,11 +52,13 @@ from a2m.records import Record
 from a2m.text import HeldTerms, rank, tokenize
 from a2m.timefmt import format_ts
 from backends.settings import TierSettings
-from backends.store import SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
+from backends.store import (SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
+                            StoreWidthMismatch)
 
 from .embedded import RedisServer
 
 _REJECT = "A2M-REJECT"
+_WIDTH = "A2M-WIDTH"  # an embedding not as wide as the store's: the store's width, the put's
 _TAKEN = "A2M-TAKEN"  # an id another owner holds
 _CONFLICT = "A2M-CONFLICT"  # a key another writer took since the batch was resolved
 _POLL_S = 0.5  # how stale the embedded child's liveness may be on the happy path
@@ -105,7 +107,7 @@ local n, d, width = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 if width ~= '' then
   local stored = redis.call('GET', P .. ':dims')
   if stored and stored ~= width then
-    return redis.error_reply('A2M-REJECT embedding has ' .. width .. ' dimensions, the store holds ' .. stored)
+    return redis.error_reply('A2M-WIDTH ' .. stored .. ' ' .. width)
   end
 end
 -- Whether id is as the caller resolved it (see `expect` above); o = nil: any owner (a delete's id
@@ -484,6 +486,9 @@ class RedisStore:
             return await command()
         except ResponseError as exc:
             text = str(exc)
+            if _WIDTH in text:
+                expected, got = text.split(_WIDTH, 1)[1].split()[:2]
+                raise StoreWidthMismatch(int(expected), int(got)) from None
             if _REJECT in text:
                 raise StoreRejected(text.split(_REJECT, 1)[1].strip()) from None
             if _TAKEN in text:

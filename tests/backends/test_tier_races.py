@@ -5,10 +5,13 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator
 
 import pytest
 
+from backends.serve import build
+from backends.settings import TierSettings
 from backends.surface import TierServer
 from tests.support.inprocess import owner
 from tests.support.races import REPLICATED, TIERS, Gate, call, tier_servers
@@ -207,3 +210,23 @@ async def test_a_semantic_read_during_a_replace_by_another_id_sees_one_record_fo
     for read in reads:
         assert [r["id"] for r in (await read)["records"]] == [f"{me}-moved"]
     assert first != f"{me}-moved"
+
+
+@pytest.mark.parametrize("label", ONE_SERVER)
+async def test_first_vectors_of_different_widths_at_once_fix_one_width(label: str, tmp_path: Path) -> None:
+    """Each write found no width yet and passed the surface's check. The procedural tier stored all
+    three widths (vectors of the others are never found by a vector recall and cannot move to
+    episodic); the other tiers refused the losers with -32602, where the protocol says -32008."""
+    engine, options = TIERS[label]
+    server = build(engine, TierSettings(name=engine, data_dir=tmp_path / label, options=dict(options)))
+    await server.startup()
+    try:
+        replies = await asyncio.gather(*(call(server, "memory/remember", {"records": [
+            {"content": f"{width} wide", "embedding": [1.0] * width}]}) for width in (3, 4, 5)))
+        assert sum("ids" in reply for reply in replies) == 1, replies
+        assert sorted(reply.get("error", 0) for reply in replies) == [-32008, -32008, 0], replies
+        held = (await call(server, "memory/timeline", {"embeddings": True}))["records"]
+        assert len(held) == 1 and (await call(server, "memory/describe", {}))["embeddings"]["dimensions"] == len(
+            held[0]["embedding"])
+    finally:
+        await server.shutdown()
