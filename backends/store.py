@@ -144,8 +144,10 @@ class Store(Protocol):
     async def delete(self, scope: Scope) -> int:
         """Delete every record in scope; return how many."""
 
-    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
-        """access_count += 1 and accessed_at = at for each id (missing ids ignored)."""
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> Mapping[str, int] | None:
+        """access_count += 1 and accessed_at = at for each id (missing ids ignored); returns id ->
+        access_count after this touch, so that a recall shows its own count when other recalls touch
+        the same record at once (None: the surface shows one more than it read)."""
 
     async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
         """salience = min(1, salience + amount) (max(0, ...) for negative); return how many existed."""

@@ -358,9 +358,9 @@ class TierServer(EventMethods):
                 records = [r for r in records if (r.score or 0.0) >= min_score]
             if records and not self.read_only and params.get("touch", True) is not False:
                 stamp = now()
-                await self.store.touch(scope.owner, [r.id for r in records], stamp)
-                for record in records:
-                    record.access_count += 1
+                counts = await self.store.touch(scope.owner, [r.id for r in records], stamp) or {}
+                for record in records:  # the count this touch made, not the one read before it
+                    record.access_count = counts.get(record.id, record.access_count + 1)
                     record.accessed_at = stamp
         return self._with_prompt({"records": self._wire(records, params)}, records, options, False)
 

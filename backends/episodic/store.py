@@ -644,18 +644,20 @@ class PostgresStore:
             row += (None if r.embedding is None else Vector(r.embedding),)
         return row
 
-    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> dict[str, int]:
         if not ids:
-            return
+            return {}
         scope, params = scope_sql(Scope(owner=owner, ids=list(ids)))
 
-        async def work(conn: AsyncConnection) -> None:
-            await conn.execute(
-                f"UPDATE records SET access_count = access_count + 1, accessed_at = %s::timestamptz WHERE {scope}",
+        async def work(conn: AsyncConnection) -> dict[str, int]:
+            cur = await conn.execute(
+                f"UPDATE records SET access_count = access_count + 1, accessed_at = %s::timestamptz WHERE {scope} "
+                "RETURNING id, access_count",
                 [at, *params],
             )
+            return {row[0]: int(row[1]) for row in await cur.fetchall()}
 
-        await self._run(work)
+        return await self._run(work)
 
     async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
         if not ids:

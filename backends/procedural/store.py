@@ -1061,9 +1061,10 @@ class GitStore:
                 ids.append(record.id)
         return ids
 
-    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> dict[str, int]:
         pool = self._visible.by_owner.get(owner, {})
         changed = False
+        counts: dict[str, int] = {}
         for record_id in ids:
             record = pool.get(record_id)
             if record is None:
@@ -1076,9 +1077,11 @@ class GitStore:
                 )
                 self._pending_access.pop(record_id, None)  # the proposed record counts it too: main's again
             self._access[record_id] = (updated.access_count, at)
+            counts[record_id] = updated.access_count
             changed = True
         if changed:
             self._mark_dirty()
+        return counts
 
     async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
         """Change the salience of the records as they are when the reinforce commits, and nothing else.

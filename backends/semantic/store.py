@@ -576,14 +576,16 @@ class SemanticStore:
                 await self._guard(self._engine.delete(doomed))
             return len(doomed)
 
-    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> dict[str, int]:
         async with self._write_lock:
+            counts = {p["id"]: int(p.get("access_count") or 0) + 1 for p in await self._own(owner, ids)}
             groups: dict[int, list[str]] = {}
-            for p in await self._own(owner, ids):
-                groups.setdefault(int(p.get("access_count") or 0) + 1, []).append(point_id(p["id"]))
+            for record_id, n in counts.items():
+                groups.setdefault(n, []).append(point_id(record_id))
             if groups:
                 await self._guard(self._engine.set_payload(
                     [(pids, {"access_count": n, "accessed_at": at}) for n, pids in groups.items()]))
+            return counts
 
     async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
         async with self._write_lock:

@@ -245,15 +245,17 @@ out[#out + 1] = '[' .. table.concat(bodies, ',') .. ']'
 return out
 """
 
-# ARGV: P, owner, at, ids...
+# ARGV: P, owner, at, ids...  Returns id, access_count after the touch, for each id touched.
 _TOUCH = """
 local P, o, at = ARGV[1], ARGV[2], ARGV[3]
 local tch = P .. ':o:' .. o .. ':tch'
+local out = {}
 for x = 4, #ARGV do
   local rk = P .. ':r:' .. ARGV[x]
   local h = redis.call('HMGET', rk, 'o', 's')
   if h[1] == o then
-    redis.call('HINCRBY', rk, 'ac', 1)
+    out[#out + 1] = ARGV[x]
+    out[#out + 1] = redis.call('HINCRBY', rk, 'ac', 1)
     redis.call('HSET', rk, 'aa', at)
     if h[2] ~= '!' then
       local last = redis.call('HGET', tch, h[2])
@@ -261,7 +263,7 @@ for x = 4, #ARGV do
     end
   end
 end
-return 0
+return out
 """
 
 # ARGV: P, owner, amount, ids...  salience = clamp(salience + amount) in doubles, like Python.
@@ -577,9 +579,11 @@ class RedisStore:
             found = [(m, r) for m, r in self._records(flat) if m not in members and matches(r, scope)]
         return removed
 
-    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
-        if ids:
-            await self._eval(self._touch, [_enc(owner), at, *ids])
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> dict[str, int]:
+        if not ids:
+            return {}
+        flat = await self._eval(self._touch, [_enc(owner), at, *ids])
+        return {flat[x].decode(): int(flat[x + 1]) for x in range(0, len(flat), 2)}
 
     async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
         unique = list(dict.fromkeys(ids))

@@ -230,3 +230,23 @@ async def test_first_vectors_of_different_widths_at_once_fix_one_width(label: st
             held[0]["embedding"])
     finally:
         await server.shutdown()
+
+
+@pytest.mark.parametrize("label", ONE_SERVER)
+async def test_two_recalls_of_one_record_at_once_each_show_the_count_they_made(
+        servers: dict[str, TierServer], label: str, hold: Callable[..., Gate]) -> None:
+    """Both recalls read access_count 0 before either touched the record; both answered 1 though it
+    was 2. The router counts a recall twice with two such calls at once and promotes on the count
+    they answer (decision 9): the record that reached promote_after was never queued."""
+    server, me = servers[label], owner()
+    [first] = await remember(server, me, [{"content": "recalled twice", "session": "s"}])
+    gate = hold(server.store, "touch", calls=2)
+    recalls = [asyncio.create_task(call(server, "memory/recall", {"owner": me, "where": {"id": [first]}}))
+               for _ in range(2)]
+    await gate.reached(2)
+    gate.release(0)
+    gate.release(1)
+    answers = [await asyncio.wait_for(recall, 20) for recall in recalls]
+    assert sorted([r["access_count"] for r in answer["records"]] for answer in answers) == [[1], [2]]
+    held = (await call(server, "memory/timeline", {"owner": me}))["records"]
+    assert [r["access_count"] for r in held] == [2]

@@ -26,8 +26,8 @@ touch (by id, and by query) and ones that do not, reinforces, fetches. Invariant
    forget of an id answered returns that id;
 5. revisions never repeat within one id across acknowledged plain writes (the `written` events);
 6. a record's `access_count` is the number of touching recalls that returned its id (plus what a
-   move carried), and its salience 0.5 + 0.01 per answered reinforce, for every id no forget could
-   have deleted and recreated meanwhile;
+   move carried), each of those recalls showed a count of its own (1, 2, ... n), and its salience is
+   0.5 + 0.01 per answered reinforce, for every id no forget could have deleted and recreated meanwhile;
 7. a move that answered another id wrote nothing; an id two owners wrote at once is one owner's.
 """
 
@@ -314,11 +314,11 @@ async def check(servers: Sequence[TierServer], work: Workload) -> list[str]:
                     bad.append(f"{op.kind} at {op.inv} returned {record['id']} (rev {record['revision']}, "
                                f"{record['content']!r}), forgotten by the forget answered at {f.ack}")
 
-    touches: dict[tuple[str, str], int] = {}
+    touches: dict[tuple[str, str], list[int]] = {}  # the access_count each touching recall showed
     for op in log.ops:
         if op.kind.startswith("recall") and op.ok and op.params.get("touch", True) is not False:
             for record in _read_records(op):
-                touches[(op.owner, record["id"])] = touches.get((op.owner, record["id"]), 0) + 1
+                touches.setdefault((op.owner, record["id"]), []).append(record["access_count"])
     reinforced: dict[tuple[str, str], int] = {}
     for op in log.ops:
         if op.kind == "reinforce" and op.ok and op.result and op.result["reinforced"] == 1:
@@ -452,10 +452,13 @@ async def _check_owner(server: TierServer, index: int, owner: str, records: list
             moved = any(x.record.get("id") == record["id"] and "revision" in x.record for x in writes.values())
             if moved and not carried:
                 carried = 7
-            expected = carried + touches.get((owner, record["id"]), 0)
+            shown = sorted(touches.get((owner, record["id"]), []))
+            expected = carried + len(shown)
             if record["access_count"] != expected:
                 bad.append(f"{where}: {record['id']} ({key}) access_count {record['access_count']}, "
                            f"{expected} touches answered")
+            elif shown != list(range(carried + 1, expected + 1)):  # each recall shows the count it made
+                bad.append(f"{where}: {record['id']} ({key}) recalls showed access counts {shown}")
             salience = 0.5 + AMOUNT * reinforced.get((owner, record["id"]), 0)
             if not math.isclose(record["salience"], min(1.0, salience), abs_tol=1e-9):
                 bad.append(f"{where}: {record['id']} ({key}) salience {record['salience']}, expected {salience}")

@@ -101,9 +101,12 @@ class MemoryStore:
         return len(doomed)
 
     async def touch(self, owner, ids, at):  # type: ignore[no-untyped-def]
+        counts = {}
         for record in await self.get(owner, ids, with_embeddings=True):
             seq, _ = self.records[record.id]
             self.records[record.id] = (seq, record.with_(access_count=record.access_count + 1, accessed_at=at))
+            counts[record.id] = record.access_count + 1
+        return counts
 
     async def reinforce(self, owner, ids, amount):  # type: ignore[no-untyped-def]
         found = await self.get(owner, ids, with_embeddings=True)
