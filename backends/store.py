@@ -20,6 +20,15 @@ Contract every Store honours (the store tests in tests/backends check it):
   (`StoreIdTaken`) and a put whose key another live record holds, unless that
   record is deleted in the same write (`StoreConflict`): the surface's reads
   before the write cannot see what another replica writes meanwhile.
+- `write` checks, in the same step, what the surface resolved the batch
+  against (`expect`: id -> the revision it saw, 0 for "absent") and raises
+  `StoreConflict` when a put's or delete's id no longer matches: a keyed
+  replace resolved before a forget must not write the forgotten id back, two
+  replacements must not both write revision n + 1, and of two first writes of
+  one client id only one is written. A put named in `keep` takes the listed
+  fields (`access_count`, `accessed_at`, `salience`) from the record it
+  replaces as stored at the write, so touches and reinforces that landed
+  after the surface read it are kept.
 
 Optional, for a store whose writes land somewhere other than its reads show
 (procedural behind its review gate): `write_owners(ids)` and
@@ -32,7 +41,7 @@ them, so the store's own key-replacing methods can hold it too (decision 61).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence
+from typing import Collection, Literal, Mapping, Protocol, Sequence
 
 from a2m.filters import Scope
 from a2m.records import Record
@@ -44,6 +53,15 @@ class StoreUnavailable(Exception):
 
 class StoreRejected(Exception):
     """The engine cannot store this input (e.g. a NUL byte PostgreSQL refuses): answered `-32602`."""
+
+
+class StoreWidthMismatch(StoreRejected):
+    """A put's embedding is not as wide as the tier's (fixed by the first stored vector, maybe by a
+    concurrent write the surface's check before the write could not see): answered `-32008`."""
+
+    def __init__(self, expected: int, got: int) -> None:
+        super().__init__(f"embeddings here have {expected} dimensions, not {got}")
+        self.expected, self.got = expected, got
 
 
 class StoreIdTaken(StoreRejected):
@@ -58,7 +76,8 @@ class StoreIdTaken(StoreRejected):
 
 class StoreConflict(Exception):
     """What the surface resolved a batch against changed before it was written: another writer (a
-    replica on the same engine) took one of its keys. The surface resolves the batch again."""
+    replica on the same engine, or a concurrent call on this server) took one of its keys, wrote or
+    forgot one of its ids, or replaced its record. The surface resolves the batch again."""
 
 
 @dataclass(slots=True)
@@ -83,9 +102,12 @@ class Store(Protocol):
     async def ping(self) -> None:
         """Raise StoreUnavailable when the engine does not answer."""
 
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), *,
+                    expect: Mapping[str, int] | None = None,
+                    keep: Mapping[str, Collection[str]] | None = None) -> None:
         """Atomically upsert `puts` by id and delete the ids in `deletes` (owner is in each record;
-        deletes name ids whose owner the surface already checked)."""
+        deletes name ids whose owner the surface already checked). `expect` and `keep`: see above;
+        an id in neither is written unconditionally, as before."""
 
     async def get(self, owner: str | None, ids: Sequence[str], *, with_embeddings: bool = False) -> list[Record]:
         """The records with these ids in this owner's partition; unknown ids are left out."""
@@ -122,8 +144,10 @@ class Store(Protocol):
     async def delete(self, scope: Scope) -> int:
         """Delete every record in scope; return how many."""
 
-    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
-        """access_count += 1 and accessed_at = at for each id (missing ids ignored)."""
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> Mapping[str, int] | None:
+        """access_count += 1 and accessed_at = at for each id (missing ids ignored); returns id ->
+        access_count after this touch, so that a recall shows its own count when other recalls touch
+        the same record at once (None: the surface shows one more than it read)."""
 
     async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
         """salience = min(1, salience + amount) (max(0, ...) for negative); return how many existed."""

@@ -25,7 +25,7 @@ from a2m.text import query_terms, tokenize
 from a2m.timefmt import now
 from a2m.params import bool_param, ids_param, int_param, str_param
 
-from .store import Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
+from .store import Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable, StoreWidthMismatch
 
 log = logging.getLogger("a2m.tier")
 
@@ -102,6 +102,10 @@ class TierServer(EventMethods):
         except StoreUnavailable as exc:
             raise A2MError(errors.INTERNAL_ERROR, f"tier {self.name} ({self.store.engine}) unavailable: {exc}",
                            {"tier": self.name, "engine": self.store.engine}) from exc
+        except StoreWidthMismatch as exc:
+            self._dims = exc.expected
+            raise A2MError(errors.EMBEDDING_MISMATCH, f"embeddings here have {exc.expected} dimensions",
+                           {"expected": exc.expected, "got": [exc.got]}) from exc
         except StoreRejected as exc:
             raise invalid(f"tier {self.name} cannot store this input: {exc}", tier=self.name) from exc
 
@@ -229,9 +233,9 @@ class TierServer(EventMethods):
         """Resolve the batch (`_resolve`) and write it; resolved again when the engine finds that what
         it was resolved against changed meanwhile (another replica wrote one of its keys)."""
         for attempt in range(1, WRITE_ATTEMPTS + 1):
-            ids, puts, deletes = await self._resolve(records, raw)
+            ids, puts, deletes, expect, keep = await self._resolve(records, raw)
             try:
-                await self.store.write(puts, deletes)
+                await self.store.write(puts, deletes, expect=expect, keep=keep)
                 return ids, puts
             except StoreIdTaken as exc:
                 index = next((i for i, r in enumerate(records) if r.id == exc.record_id), None)
@@ -252,8 +256,12 @@ class TierServer(EventMethods):
             record.embedding = vector
         await self._check_width([v for v in vectors if v is not None])
 
-    async def _resolve(self, records: list[Record], raw: list[Any]) -> tuple[list[str], list[Record], list[str]]:
-        """Turn a validated batch into puts and deletes: idempotent ids, keys replaced in place."""
+    async def _resolve(self, records: list[Record], raw: list[Any]) -> tuple[
+            list[str], list[Record], list[str], dict[str, int], dict[str, tuple[str, ...]]]:
+        """Turn a validated batch into puts and deletes: idempotent ids, keys replaced in place; and
+        what the engine must find at the write for them to stand (`expect`: id -> the stored revision
+        they replace, 0 for an id they create) and the statistics a replacement keeps from the
+        stored record (`keep`), so a concurrent forget, replace, touch or reinforce is not undone."""
         by_owner: dict[str | None, list[Record]] = {}
         for record in records:
             by_owner.setdefault(record.owner, []).append(record)
@@ -273,6 +281,10 @@ class TierServer(EventMethods):
             if keys:
                 for key, record in (await keys_of(owner, keys)).items():
                     keyed[(owner, key)] = record
+        stored = {record.id: record.revision for record in keyed.values()}  # as the engine holds them now
+        replaced: set[str] = set()  # stored ids a plain write replaces: their statistics are the engine's
+        moved: set[str] = set()  # ids a move writes: its statistics stand
+        salience_given: set[str] = set()  # ids a record of the batch gives a salience
         ids: list[str] = []
         puts: dict[tuple[str | None, str], Record] = {}
         deletes: list[str] = []
@@ -291,12 +303,16 @@ class TierServer(EventMethods):
                         deletes.append(current.id)
                         existing_ids.discard((record.owner, current.id))  # a later record of the batch may write it anew
                         puts.pop((record.owner, current.id), None)
+                    moved.add(record.id)
                 else:
                     keep = raw[index].get("salience") is None
                     record = record.with_(
                         id=current.id, revision=current.revision + 1, access_count=current.access_count,
                         accessed_at=current.accessed_at, salience=current.salience if keep else record.salience,
                     )
+                    replaced.add(record.id)
+                    if not keep:
+                        salience_given.add(record.id)
             elif (record.owner, record.id) in existing_ids or (record.owner, record.id) in puts:
                 ids.append(record.id)  # idempotent: the id exists, no second record
                 continue
@@ -308,7 +324,17 @@ class TierServer(EventMethods):
             if slot:
                 keyed[slot] = record
             ids.append(record.id)
-        return ids, list(puts.values()), deletes
+        expect = {record_id: stored[record_id] for record_id in deletes if record_id in stored}
+        keep_fields: dict[str, tuple[str, ...]] = {}
+        for record in puts.values():
+            if record.id in stored:
+                expect[record.id] = stored[record.id]
+                if record.id in replaced and record.id not in moved:
+                    keep_fields[record.id] = ("access_count", "accessed_at") + (
+                        () if record.id in salience_given else ("salience",))
+            elif record.id not in held:
+                expect[record.id] = 0
+        return ids, list(puts.values()), deletes, expect, keep_fields
 
     async def recall(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         self._check_tier(params)
@@ -345,9 +371,9 @@ class TierServer(EventMethods):
                 records = [r for r in records if (r.score or 0.0) >= min_score]
             if records and not self.read_only and touch:
                 stamp = now()
-                await self.store.touch(scope.owner, [r.id for r in records], stamp)
-                for record in records:
-                    record.access_count += 1
+                counts = await self.store.touch(scope.owner, [r.id for r in records], stamp) or {}
+                for record in records:  # the count this touch made, not the one read before it
+                    record.access_count = counts.get(record.id, record.access_count + 1)
                     record.accessed_at = stamp
         return self._with_prompt({"records": self._wire(records, params)}, records, options, False)
 

@@ -72,7 +72,7 @@ class ReadOnlyStore:
     written (the surface refuses writes with -32004 before they get here), keeps no A2M keys or
     sessions, and keeps no access statistics of someone else's data (decision 8)."""
 
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), **conditions: Any) -> None:
         raise StoreRejected("this corpus is read-only")
 
     async def delete(self, scope: Scope) -> int:

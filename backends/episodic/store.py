@@ -34,7 +34,7 @@ import re
 import time
 from datetime import datetime
 from math import exp
-from typing import Any, Awaitable, Callable, Iterator, Literal, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Collection, Iterator, Literal, Mapping, Sequence, TypeVar
 
 import orjson
 import psycopg
@@ -50,7 +50,8 @@ from a2m.records import Record
 from a2m.text import BM25_B, BM25_K1, detect_language, fold, query_terms, tokenize, tokenize_once
 from a2m.timefmt import format_ts, normalize_ts, to_epoch
 from backends.settings import TierSettings
-from backends.store import SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
+from backends.store import (SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
+                            StoreWidthMismatch)
 
 from . import schema
 from .embedded import EmbeddedPostgres
@@ -489,6 +490,15 @@ class PostgresStore:
                 return result
             except (StoreRejected, StoreUnavailable):
                 raise
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
+                    psycopg.errors.TransactionRollback) as error:
+                # A deadlock (a forget's DELETE and a batch's upsert locking rows in other orders) or a
+                # serialization failure: PostgreSQL rolled the whole statement or transaction back, so
+                # it is run again, as a caller would; not an unavailable engine.
+                if attempt + 1 < attempts:
+                    await asyncio.sleep(0.005 * (attempt + 1))
+                    continue
+                raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
             except psycopg.errors.UniqueViolation as error:
                 if getattr(error.diag, "constraint_name", None) == "records_owner_key":  # another writer took a key
                     raise StoreConflict(str(error).splitlines()[0]) from error
@@ -526,16 +536,26 @@ class PostgresStore:
 
     # -- writes ------------------------------------------------------------------------------------
 
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), *,
+                    expect: Mapping[str, int] | None = None,
+                    keep: Mapping[str, Collection[str]] | None = None) -> None:
         if not puts and not deletes:
             return
         keyed = [(r.owner, r.key) for r in puts if r.key is not None]
         if len(set(keyed)) < len(keyed):  # the batch itself, not another writer (a StoreConflict below)
             raise StoreRejected("two records of one batch hold the same key")
         widths = {len(r.embedding) for r in puts if r.embedding is not None}
+        expect, keep = dict(expect or {}), dict(keep or {})
+        # Ids that must be there as the surface saw them, or whose statistics the puts take as stored:
+        # locked (in id order, as every such write locks them) until the commit, so a forget, a
+        # replace, a touch or a reinforce on another connection waits for this write or went before it.
+        locked = sorted({i for i, revision in expect.items() if revision} | set(keep))
 
         async def work(conn: AsyncConnection) -> int | None:
             async with conn.transaction():
+                rows = puts
+                if locked:
+                    rows = await self._as_resolved(conn, puts, locked, expect, keep)
                 dims = await self._dimensions(conn, fresh=bool(widths))
                 if widths and dims is None:
                     first = next(r.embedding for r in puts if r.embedding is not None)
@@ -544,7 +564,7 @@ class PostgresStore:
                     built_now = self.vector_search == "hnsw" and self.index_quiet_s <= 0
                     dims = await schema.ensure_embedding(conn, len(first), index=self.hnsw if built_now else None)
                 if widths and widths != {dims}:
-                    raise StoreRejected(f"embedding width {sorted(widths - {dims})} differs from the tier's {dims}")
+                    raise StoreWidthMismatch(dims, min(widths - {dims}))
                 if deletes:
                     await conn.execute("DELETE FROM records WHERE id = ANY(%s::text[])", [list(deletes)])
                     self._sizes.clear()
@@ -560,18 +580,23 @@ class PostgresStore:
                     f"INSERT INTO records ({columns}) VALUES ({marks}) ON CONFLICT (id) DO UPDATE SET {_UPDATE_SET}"
                     + (", embedding = EXCLUDED.embedding" if vectors else "")
                     + ", seq = nextval('records_seq') WHERE records.owner IS NOT DISTINCT FROM EXCLUDED.owner"
+                    # the revision the surface resolved the put against (0: none, so never; NULL: any)
+                    + " AND (%s::bigint IS NULL OR records.revision = %s::bigint)"
                 )
                 # A generator: executemany pipelines each row as it is made, so PostgreSQL inserts the
                 # first rows while Python tokenizes and packs the next ones.
-                rows = (self._row(r, vectors) for r in puts)
+                values = (self._row(r, vectors) + (expect.get(r.id),) * 2 for r in rows)
                 async with conn.cursor() as cur:
-                    await cur.executemany(sql, rows)
-                    if cur.rowcount != len(puts):  # the upsert's WHERE kept another owner's row
+                    await cur.executemany(sql, values)
+                    if cur.rowcount != len(puts):  # the upsert's WHERE kept another owner's row, or a row
+                        # written since the surface found the id free
                         held = await conn.execute("SELECT id, owner FROM records WHERE id = ANY(%s::text[])",
                                                   [[r.id for r in puts]])
                         owners = dict(await held.fetchall())
-                        raise StoreIdTaken(next((r.id for r in puts if r.id in owners and owners[r.id] != r.owner),
-                                                puts[0].id))
+                        taken = next((r.id for r in puts if r.id in owners and owners[r.id] != r.owner), None)
+                        if taken is not None:
+                            raise StoreIdTaken(taken)
+                        raise StoreConflict("an id of this batch was written since it was resolved")
             return dims
 
         dims = await self._run(work)
@@ -580,6 +605,31 @@ class PostgresStore:
             self._first_unindexed = self._first_unindexed or now
             self._last_vector_write = now
             self._schedule_index()
+
+    @staticmethod
+    async def _as_resolved(conn: AsyncConnection, puts: Sequence[Record], locked: Sequence[str],
+                           expect: Mapping[str, int], keep: Mapping[str, Collection[str]]) -> Sequence[Record]:
+        """Lock `locked`, check each is at the revision `expect` names, and give the puts in `keep`
+        the statistics stored now. Raises StoreConflict (the transaction rolls back) when one changed."""
+        cur = await conn.execute(
+            f"SELECT id, owner, revision, access_count, {_CANONICAL_TS.format('accessed_at')}, salience "
+            "FROM records WHERE id = ANY(%s::text[]) ORDER BY id FOR UPDATE", [list(locked)])
+        found = {row[0]: row for row in await cur.fetchall()}
+        owners = {r.id: r.owner for r in puts}
+        for record_id in locked:
+            row, revision = found.get(record_id), expect.get(record_id)
+            if revision and (row is None or row[2] != revision
+                             or (record_id in owners and row[1] != owners[record_id])):
+                raise StoreConflict(f"record {record_id!r} changed since this batch was resolved")
+        out = []
+        for record in puts:
+            row = found.get(record.id)
+            fields = keep.get(record.id, ())
+            if fields and row is not None and row[1] == record.owner:
+                stored = {"access_count": row[3], "accessed_at": row[4], "salience": row[5]}
+                record = record.with_(**{name: stored[name] for name in fields})
+            out.append(record)
+        return out
 
     @staticmethod
     def _row(r: Record, vectors: bool) -> tuple[Any, ...]:
@@ -594,18 +644,20 @@ class PostgresStore:
             row += (None if r.embedding is None else Vector(r.embedding),)
         return row
 
-    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> dict[str, int]:
         if not ids:
-            return
+            return {}
         scope, params = scope_sql(Scope(owner=owner, ids=list(ids)))
 
-        async def work(conn: AsyncConnection) -> None:
-            await conn.execute(
-                f"UPDATE records SET access_count = access_count + 1, accessed_at = %s::timestamptz WHERE {scope}",
+        async def work(conn: AsyncConnection) -> dict[str, int]:
+            cur = await conn.execute(
+                f"UPDATE records SET access_count = access_count + 1, accessed_at = %s::timestamptz WHERE {scope} "
+                "RETURNING id, access_count",
                 [at, *params],
             )
+            return {row[0]: int(row[1]) for row in await cur.fetchall()}
 
-        await self._run(work)
+        return await self._run(work)
 
     async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
         if not ids:

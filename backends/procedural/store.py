@@ -48,7 +48,7 @@ from collections import defaultdict
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterable, Literal, Sequence
+from typing import Any, AsyncIterator, Collection, Iterable, Literal, Mapping, Sequence
 
 import anyio
 import git
@@ -63,7 +63,8 @@ from a2m.records import Record
 from a2m.text import BM25, squash
 from backends.children import die_with_parent
 from backends.settings import TierSettings
-from backends.store import SessionInfo, StoreIdTaken, StoreRejected, StoreUnavailable
+from backends.store import (SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
+                            StoreWidthMismatch)
 
 from . import files
 
@@ -536,18 +537,50 @@ class GitStore:
         """The branch writes land on: `proposed` behind the review gate, main otherwise."""
         return self._proposed if self._proposed is not None else self._visible.tree
 
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), *, message: str | None = None) -> None:
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), *, message: str | None = None,
+                    expect: Mapping[str, int] | None = None,
+                    keep: Mapping[str, Collection[str]] | None = None) -> None:
         if not puts and not deletes:
             return
         async with self._lock:
-            await self._write_locked(puts, deletes, message)
+            if expect or keep:
+                puts = self._as_resolved(puts, deletes, expect or {}, keep or {})
+            await self._write_locked(puts, deletes, message, live_access={i for i, f in (keep or {}).items()
+                                                                          if "access_count" in f})
+
+    def _as_resolved(self, puts: Sequence[Record], deletes: Sequence[str], expect: Mapping[str, int],
+                     keep: Mapping[str, Collection[str]]) -> Sequence[Record]:
+        """On the branch writes land on, under the writer lock (a forget and a reinforce take it
+        too): each id in `expect` is as the surface resolved the batch (absent for 0, this owner's
+        at that revision otherwise), else StoreConflict; the puts in `keep` take the salience and
+        access statistics held now (a touch during the commit is taken again after it)."""
+        target = self._target()
+        owners = {r.id: r.owner for r in puts}
+        for record_id in dict.fromkeys([*owners, *deletes]):
+            if record_id not in expect:
+                continue
+            held = target.records.get(record_id)
+            if expect[record_id] == 0:
+                if held is not None and held.owner == owners.get(record_id, held.owner):
+                    raise StoreConflict(f"record {record_id!r} was written since this batch was resolved")
+            elif held is None or held.revision != expect[record_id] or held.owner != owners.get(record_id, held.owner):
+                raise StoreConflict(f"record {record_id!r} changed since this batch was resolved")
+        out = []
+        for record in puts:
+            held, fields = target.records.get(record.id), keep.get(record.id, ())
+            if fields and held is not None and held.owner == record.owner:
+                record = record.with_(**{name: getattr(held, name) for name in fields})
+            out.append(record)
+        return out
 
     async def _write_locked(
         self, puts: Sequence[Record], deletes: Sequence[str], message: str | None, *, keep_access: bool = False,
+        live_access: Collection[str] = (),
     ) -> None:
         """`write` for a caller that holds `self._lock`, so what it read to build `puts` is still current.
 
-        `keep_access`: the puts do not change access statistics (a reinforce). `touch` does not
+        `keep_access`: the puts do not change access statistics (a reinforce); `live_access`: the
+        ids of puts that keep those of the record they replace (a keyed replace). `touch` does not
         take the lock, so recalls counted while the commit runs in its thread would be undone by
         the counts the puts were built with; the record's counts at the end of the commit are kept.
         """
@@ -556,8 +589,9 @@ class GitStore:
         if not plan.files and not plan.removed:
             return
         await self._commit(plan)
-        if keep_access:
-            plan.puts = [(self._with_live_access(record), path, seq) for record, path, seq in plan.puts]
+        if keep_access or live_access:
+            plan.puts = [(self._with_live_access(record) if keep_access or record.id in live_access else record,
+                          path, seq) for record, path, seq in plan.puts]
         for record, _, _ in plan.puts:
             # The sidecar is keyed by id, and an id can be forgotten and written again: a put sets
             # the statistics it carries, none included, or a restart would revive the old counts.
@@ -642,7 +676,13 @@ class GitStore:
                 old_record = tree.records.get(record_id)
                 remove(record_id)
                 verbs.append(f"forget {_label(old_record) if old_record else record_id}")
+        width = self._dimensions
         for record in puts:
+            if record.embedding is not None:  # the surface checked the width it knew; a write since may have fixed it
+                if width is None:
+                    width = len(record.embedding)
+                elif len(record.embedding) != width:
+                    raise StoreWidthMismatch(width, len(record.embedding))
             path = files.record_path(record)  # validates the key
             self._check_path_length(path, record)
             if record.id in paths:  # ids are global: a put never takes over another owner's record
@@ -1021,9 +1061,10 @@ class GitStore:
                 ids.append(record.id)
         return ids
 
-    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> dict[str, int]:
         pool = self._visible.by_owner.get(owner, {})
         changed = False
+        counts: dict[str, int] = {}
         for record_id in ids:
             record = pool.get(record_id)
             if record is None:
@@ -1036,9 +1077,11 @@ class GitStore:
                 )
                 self._pending_access.pop(record_id, None)  # the proposed record counts it too: main's again
             self._access[record_id] = (updated.access_count, at)
+            counts[record_id] = updated.access_count
             changed = True
         if changed:
             self._mark_dirty()
+        return counts
 
     async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
         """Change the salience of the records as they are when the reinforce commits, and nothing else.

@@ -44,7 +44,7 @@ import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Collection, Literal, Mapping, Protocol, Sequence
 
 import anyio
 
@@ -52,7 +52,8 @@ from a2m.filters import RECORD_FIELDS, Scope, matches
 from a2m.records import Record
 from a2m.text import sparse_vector, squash, term_id, tokenize
 from a2m.timefmt import to_epoch
-from backends.store import SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
+from backends.store import (SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
+                            StoreWidthMismatch)
 
 log = logging.getLogger("a2m.semantic")
 
@@ -403,6 +404,9 @@ class SemanticStore:
         # One writer at a time: read-modify-write (touch, reinforce), the lazily fixed
         # vector width and the sequence counter must not interleave.
         self._write_lock = anyio.Lock()
+        # Set while a write that puts some records and deletes others (a move replacing a key's
+        # holder) is between its two engine updates: reads wait for it, so none sees both records.
+        self._split: anyio.Event | None = None
 
     # lifecycle
 
@@ -460,17 +464,19 @@ class SemanticStore:
 
     # writes
 
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), *,
+                    expect: Mapping[str, int] | None = None,
+                    keep: Mapping[str, Collection[str]] | None = None) -> None:
         async with self._write_lock:
+            puts = await self._as_resolved(puts, deletes, expect or {}, keep or {})
             width = self._dims
-            for index, record in enumerate(puts):
+            for record in puts:
                 if record.embedding is None:
                     continue
                 if width is None:
                     width = len(record.embedding)
                 elif len(record.embedding) != width:
-                    raise StoreRejected(
-                        f"records[{index}].embedding has {len(record.embedding)} dimensions, the store holds {width}")
+                    raise StoreWidthMismatch(width, len(record.embedding))
             points = [
                 PointData(
                     pid=point_id(r.id),
@@ -489,7 +495,54 @@ class SemanticStore:
             await self._check_homes(puts, deletes)
             put_ids = {p.pid for p in points}
             gone = [pid for pid in dict.fromkeys(point_id(i) for i in deletes) if pid not in put_ids]
-            await self._guard(self._engine.write(points, gone))
+            if not (points and gone):
+                await self._guard(self._engine.write(points, gone))
+                return
+            self._split = done = anyio.Event()
+            try:
+                await self._guard(self._engine.write(points, gone))
+            finally:
+                self._split = None
+                done.set()
+
+    async def _settled(self) -> None:
+        """Wait while a write is half applied (see `_split`)."""
+        split = self._split
+        if split is not None:
+            await split.wait()
+
+    async def _as_resolved(self, puts: Sequence[Record], deletes: Sequence[str], expect: Mapping[str, int],
+                           keep: Mapping[str, Collection[str]]) -> Sequence[Record]:
+        """Under the write lock (touch and reinforce take it too): each id in `expect` is as the
+        surface resolved the batch (absent for 0, this owner's at that revision otherwise), else
+        StoreConflict; the puts in `keep` take those statistics as stored now."""
+        wanted = [i for i in dict.fromkeys([*(r.id for r in puts), *deletes]) if i in expect or i in keep]
+        if not wanted:
+            return puts
+        stored = {p["id"]: p for p in await self._guard(self._engine.retrieve([point_id(i) for i in wanted],
+                                                                             with_embedding=False))}
+        owners = {r.id: r.owner for r in puts}
+        for record_id in wanted:
+            if record_id not in expect:
+                continue
+            payload, revision = stored.get(record_id), expect[record_id]
+            if revision == 0:
+                if payload is not None and (record_id not in owners
+                                            or payload.get("part") == partition(owners[record_id])):
+                    raise StoreConflict(f"record {record_id!r} was written since this batch was resolved")
+                continue  # another owner's: refused as StoreIdTaken by _check_homes
+            if payload is None or int(payload.get("revision", 1)) != revision or (
+                    record_id in owners and payload.get("part") != partition(owners[record_id])):
+                raise StoreConflict(f"record {record_id!r} changed since this batch was resolved")
+        out = []
+        for record in puts:
+            payload, fields = stored.get(record.id), keep.get(record.id, ())
+            if fields and payload is not None and payload.get("part") == partition(record.owner):
+                now = {"access_count": int(payload.get("access_count") or 0),
+                       "accessed_at": payload.get("accessed_at"), "salience": _salience(payload)}
+                record = record.with_(**{name: now[name] for name in fields})
+            out.append(record)
+        return out
 
     async def _check_homes(self, puts: Sequence[Record], deletes: Sequence[str]) -> None:
         """Under the write lock, before anything changes: no put may take an id another owner holds
@@ -523,14 +576,16 @@ class SemanticStore:
                 await self._guard(self._engine.delete(doomed))
             return len(doomed)
 
-    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> dict[str, int]:
         async with self._write_lock:
+            counts = {p["id"]: int(p.get("access_count") or 0) + 1 for p in await self._own(owner, ids)}
             groups: dict[int, list[str]] = {}
-            for p in await self._own(owner, ids):
-                groups.setdefault(int(p.get("access_count") or 0) + 1, []).append(point_id(p["id"]))
+            for record_id, n in counts.items():
+                groups.setdefault(n, []).append(point_id(record_id))
             if groups:
                 await self._guard(self._engine.set_payload(
                     [(pids, {"access_count": n, "accessed_at": at}) for n, pids in groups.items()]))
+            return counts
 
     async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
         async with self._write_lock:
@@ -554,12 +609,14 @@ class SemanticStore:
         return [p for p in payloads if p.get("part") == part]
 
     async def get(self, owner: str | None, ids: Sequence[str], *, with_embeddings: bool = False) -> list[Record]:
+        await self._settled()
         by_id = {p["id"]: p for p in await self._own(owner, ids, with_embedding=with_embeddings)}
         return [from_payload(by_id[i], with_embedding=with_embeddings) for i in dict.fromkeys(ids) if i in by_id]
 
     async def owners(self, ids: Sequence[str]) -> dict[str, str | None]:
         if not ids:
             return {}
+        await self._settled()
         payloads = await self._guard(self._engine.retrieve(list(dict.fromkeys(point_id(i) for i in ids)),
                                                            with_embedding=False))
         return {p["id"]: (None if p.get("part") == "n" else str(p.get("part", ""))[2:]) for p in payloads}
@@ -567,6 +624,7 @@ class SemanticStore:
     async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:
         if not keys:
             return {}
+        await self._settled()
         wanted = tuple(dict.fromkeys(keys))
         must: list[Cond] = [Match("part", partition(owner)),
                             AnyOf("key", wanted) if len(wanted) > 1 else Match("key", wanted[0])]
@@ -587,6 +645,7 @@ class SemanticStore:
         limit: int | None = None,
         with_embeddings: bool = False,
     ) -> list[Record]:
+        await self._settled()
         try:
             must = scope_conditions(scope)
         except _Impossible:
@@ -628,13 +687,14 @@ class SemanticStore:
     ) -> list[Record]:
         if limit <= 0:
             return []
+        await self._settled()
         sparse = query_sparse(text) if text else None
         dense = [float(x) for x in vector] if vector is not None else None
         if dense is not None:
             if self._dims is None:
                 dense = None  # no stored vector to compare with: rank lexically
             elif len(dense) != self._dims:
-                raise StoreRejected(f"query vector has {len(dense)} dimensions, the store holds {self._dims}")
+                raise StoreWidthMismatch(self._dims, len(dense))
         if dense is None and sparse is None:
             return []
         try:
@@ -668,6 +728,7 @@ class SemanticStore:
         return out
 
     async def sessions(self, owner: str | None) -> list[SessionInfo]:
+        await self._settled()
         payloads = await self._guard(self._engine.scroll(
             [Match("part", partition(owner)), Not((Empty("session"),))],
             fields=["session", "created_at", "accessed_at"]))
@@ -683,6 +744,7 @@ class SemanticStore:
         return sorted(infos.values(), key=lambda i: (i.opened_at or "", i.session))
 
     async def count(self, owner: str | None) -> int:
+        await self._settled()
         return await self._guard(self._engine.count([Match("part", partition(owner))]))
 
     async def dimensions(self) -> int | None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable, Literal, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Collection, Literal, Mapping, Sequence
 from urllib.parse import quote, unquote
 
 import anyio
@@ -52,11 +52,13 @@ from a2m.records import Record
 from a2m.text import HeldTerms, rank, tokenize
 from a2m.timefmt import format_ts
 from backends.settings import TierSettings
-from backends.store import SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable
+from backends.store import (SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
+                            StoreWidthMismatch)
 
 from .embedded import RedisServer
 
 _REJECT = "A2M-REJECT"
+_WIDTH = "A2M-WIDTH"  # an embedding not as wide as the store's: the store's width, the put's
 _TAKEN = "A2M-TAKEN"  # an id another owner holds
 _CONFLICT = "A2M-CONFLICT"  # a key another writer took since the batch was resolved
 _POLL_S = 0.5  # how stale the embedded child's liveness may be on the happy path
@@ -65,6 +67,7 @@ _MS = timedelta(milliseconds=1)
 _MUTABLE = ("salience", "access_count", "accessed_at", "embedding")
 _TERMS_HELD = 65_536  # records whose BM25 terms a server keeps for recall; past this it starts over
 _HOLD_ATTEMPTS = 3  # reads of a recall's unheld members before it ranks only those held
+_DELETE_ATTEMPTS = 8  # reads again of records a forget found re-put (in place) between its read and its delete
 
 _LIB = """
 local P = ARGV[1]
@@ -93,50 +96,77 @@ end
 """
 
 # ARGV: P, nputs, ndeletes, batch width ('' if no vector),
-#       per put: id o s session-name g key score json sal ac aa emb  (12)
-#       per delete: id expected-member ('' = unconditional)            (2)
+#       per put: id o s session-name g key score json sal ac aa emb expect keep  (14)
+#       per delete: id expected-member expect                                     (3)
+# expected-member: '' = unconditional. expect: '' = unconditional, 0 = the id must not exist, n = it
+# must be this owner's at revision n. keep: '' = the put's statistics, 'a' = access_count and
+# accessed_at as stored, 'as' = those and salience.
 # Deletes run before puts, so a batch may delete one id and put another in its place.
 _WRITE = _LIB + """
 local n, d, width = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 if width ~= '' then
   local stored = redis.call('GET', P .. ':dims')
   if stored and stored ~= width then
-    return redis.error_reply('A2M-REJECT embedding has ' .. width .. ' dimensions, the store holds ' .. stored)
+    return redis.error_reply('A2M-WIDTH ' .. stored .. ' ' .. width)
   end
 end
+-- Whether id is as the caller resolved it (see `expect` above); o = nil: any owner (a delete's id
+-- was checked to be the caller's when the batch was resolved).
+local function as_expected(id, o, expect)
+  if expect == '' then return true end
+  local h = redis.call('HMGET', P .. ':r:' .. id, 'o', 'j')
+  if expect == '0' then return not h[1] end
+  if not h[1] or (o and h[1] ~= o) then return false end
+  return cjson.decode(h[2])['revision'] == tonumber(expect)
+end
 -- Checked before anything changes: a put's id held by another owner, or its key held by another
--- live record not deleted here, means the caller resolved the batch against a store that has
--- since changed (another writer, another replica): nothing is written.
+-- live record not deleted here, or an id not as the caller resolved it, means the caller resolved
+-- the batch against a store that has since changed (another writer, another replica, a forget or
+-- a replace on this one): nothing is written.
 local deleted = {}
-local i = 5 + 12 * n
+local i = 5 + 14 * n
 for _ = 1, d do
   deleted[ARGV[i]] = true
-  i = i + 2
+  if not as_expected(ARGV[i], nil, ARGV[i + 2]) then
+    return redis.error_reply('A2M-CONFLICT ' .. ARGV[i])
+  end
+  i = i + 3
 end
 i = 5
 for _ = 1, n do
-  local id, o, k = ARGV[i], ARGV[i + 1], ARGV[i + 5]
+  local id, o, k, expect = ARGV[i], ARGV[i + 1], ARGV[i + 5], ARGV[i + 12]
   local held = redis.call('HGET', P .. ':r:' .. id, 'o')
   if held and held ~= o then return redis.error_reply('A2M-TAKEN ' .. id) end
+  if (expect == '0' and held) or (expect ~= '0' and expect ~= '' and not as_expected(id, o, expect)) then
+    return redis.error_reply('A2M-CONFLICT ' .. id)
+  end
   if k ~= '!' then
     local holder = redis.call('HGET', P .. ':o:' .. o .. ':k', string.sub(k, 2))
     if holder and holder ~= id and not deleted[holder] then
       return redis.error_reply('A2M-CONFLICT ' .. string.sub(k, 2))
     end
   end
-  i = i + 12
+  i = i + 14
 end
 local removed = 0
-i = 5 + 12 * n
+i = 5 + 14 * n
 for _ = 1, d do
   removed = removed + unindex(ARGV[i], ARGV[i + 1])
-  i = i + 2
+  i = i + 3
 end
 i = 5
 for _ = 1, n do
   local id, o, s, sname, g, k = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   local score, j, sal, ac, aa, e = ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11]
-  i = i + 12
+  local keep = ARGV[i + 13]
+  i = i + 14
+  if keep ~= '' then  -- touches and reinforces since the caller read the record are kept
+    local h = redis.call('HMGET', P .. ':r:' .. id, 'o', 'ac', 'aa', 'sal')
+    if h[1] == o then
+      ac, aa = h[2], h[3] or ''
+      if keep == 'as' then sal = h[4] end
+    end
+  end
   unindex(id, nil)
   local m = string.format('%016d', redis.call('INCR', P .. ':seq')) .. id
   local rk = P .. ':r:' .. id
@@ -215,15 +245,17 @@ out[#out + 1] = '[' .. table.concat(bodies, ',') .. ']'
 return out
 """
 
-# ARGV: P, owner, at, ids...
+# ARGV: P, owner, at, ids...  Returns id, access_count after the touch, for each id touched.
 _TOUCH = """
 local P, o, at = ARGV[1], ARGV[2], ARGV[3]
 local tch = P .. ':o:' .. o .. ':tch'
+local out = {}
 for x = 4, #ARGV do
   local rk = P .. ':r:' .. ARGV[x]
   local h = redis.call('HMGET', rk, 'o', 's')
   if h[1] == o then
-    redis.call('HINCRBY', rk, 'ac', 1)
+    out[#out + 1] = ARGV[x]
+    out[#out + 1] = redis.call('HINCRBY', rk, 'ac', 1)
     redis.call('HSET', rk, 'aa', at)
     if h[2] ~= '!' then
       local last = redis.call('HGET', tch, h[2])
@@ -231,7 +263,7 @@ for x = 4, #ARGV do
     end
   end
 end
-return 0
+return out
 """
 
 # ARGV: P, owner, amount, ids...  salience = clamp(salience + amount) in doubles, like Python.
@@ -456,6 +488,9 @@ class RedisStore:
             return await command()
         except ResponseError as exc:
             text = str(exc)
+            if _WIDTH in text:
+                expected, got = text.split(_WIDTH, 1)[1].split()[:2]
+                raise StoreWidthMismatch(int(expected), int(got)) from None
             if _REJECT in text:
                 raise StoreRejected(text.split(_REJECT, 1)[1].strip()) from None
             if _TAKEN in text:
@@ -498,34 +533,57 @@ class RedisStore:
 
     # -- writes ------------------------------------------------------------
 
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
-        await self._write_batch(puts, [(i, "") for i in deletes])
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), *,
+                    expect: Mapping[str, int] | None = None,
+                    keep: Mapping[str, Collection[str]] | None = None) -> None:
+        await self._write_batch(puts, [(i, "") for i in deletes], expect or {}, keep or {})
 
-    async def _write_batch(self, puts: Sequence[Record], deletes: Sequence[tuple[str, str | bytes]]) -> int:
+    async def _write_batch(self, puts: Sequence[Record], deletes: Sequence[tuple[str, str | bytes]],
+                           expect: Mapping[str, int] | None = None,
+                           keep: Mapping[str, Collection[str]] | None = None) -> int:
         if not puts and not deletes:
             return 0
+        expect, keep = expect or {}, keep or {}
         args: list[Any] = []
         width = ""
         for record in puts:
             args.extend(self._put_args(record))
+            kept = keep.get(record.id, ())
+            args.extend((expect.get(record.id, ""), ("a" if kept else "") + ("s" if "salience" in kept else "")))
             if record.embedding is not None:
                 size = str(len(record.embedding))
                 if width and size != width:
                     raise StoreRejected(f"embeddings of {width} and {size} dimensions in one batch")
                 width = size
         for record_id, member in deletes:
-            args.extend((record_id, member))
+            args.extend((record_id, member, expect.get(record_id, "")))
         return int(await self._eval(self._write, [len(puts), len(deletes), width, *args]))
 
     async def delete(self, scope: Scope) -> int:
         found = await self._scan(scope, order="asc", limit=None, with_embeddings=False)
-        # Conditional on the index member: a record re-put since the read is a new
-        # version that may be out of scope, so it is left alone.
-        return await self._write_batch((), [(r.id, m) for m, r in found])
+        removed = 0
+        for _ in range(_DELETE_ATTEMPTS):
+            if not found:
+                break
+            # Conditional on the index member: a record re-put since the read is a new version
+            # that may be out of scope, so it is left alone...
+            gone = await self._write_batch((), [(r.id, m) for m, r in found])
+            removed += gone
+            if gone == len(found):
+                break
+            # ...unless it is in scope still: a forget must not miss a record that a keyed replace
+            # re-put in place (same id, new member) between its read and its delete.
+            members = {m for m, _ in found}
+            ids = dict.fromkeys(r.id for _, r in found)
+            flat = await self._eval(self._fetch, [_enc(scope.owner), "0", "ids", *ids])
+            found = [(m, r) for m, r in self._records(flat) if m not in members and matches(r, scope)]
+        return removed
 
-    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> None:
-        if ids:
-            await self._eval(self._touch, [_enc(owner), at, *ids])
+    async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> dict[str, int]:
+        if not ids:
+            return {}
+        flat = await self._eval(self._touch, [_enc(owner), at, *ids])
+        return {flat[x].decode(): int(flat[x + 1]) for x in range(0, len(flat), 2)}
 
     async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
         unique = list(dict.fromkeys(ids))

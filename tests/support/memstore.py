@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Literal, Sequence
+from typing import Collection, Literal, Mapping, Sequence
 
 from a2m.filters import Scope, matches
 from a2m.records import Record
 from a2m.text import rank
-from backends.store import SessionInfo
+from backends.store import SessionInfo, StoreConflict, StoreIdTaken
 
 CAPABILITIES = frozenset({"core", "tiers", "salience", "scopes", "sessions", "keys", "embeddings",
                           "external", "events", "prompt", "summarize"})
@@ -35,7 +35,25 @@ class MemoryStore:
     def _copy(self, record: Record, with_embeddings: bool) -> Record:
         return record.with_(metadata=dict(record.metadata), embedding=record.embedding if with_embeddings else None)
 
-    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = ()) -> None:
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), *,
+                    expect: Mapping[str, int] | None = None,
+                    keep: Mapping[str, Collection[str]] | None = None) -> None:
+        owners = {r.id: r.owner for r in puts}
+        for record_id, revision in (expect or {}).items():
+            held = self.records.get(record_id, (0, None))[1]
+            if revision == 0 and held is not None and held.owner != owners.get(record_id, held.owner):
+                raise StoreIdTaken(record_id)
+            if (held is not None) if revision == 0 else (
+                    held is None or held.revision != revision or held.owner != owners.get(record_id, held.owner)):
+                raise StoreConflict(record_id)
+        kept = []
+        for record in puts:
+            held = self.records.get(record.id, (0, None))[1]
+            fields = (keep or {}).get(record.id, ())
+            if fields and held is not None and held.owner == record.owner:
+                record = record.with_(**{name: getattr(held, name) for name in fields})
+            kept.append(record)
+        puts = kept
         for record_id in deletes:
             self.records.pop(record_id, None)
         for record in puts:
@@ -83,9 +101,12 @@ class MemoryStore:
         return len(doomed)
 
     async def touch(self, owner, ids, at):  # type: ignore[no-untyped-def]
+        counts = {}
         for record in await self.get(owner, ids, with_embeddings=True):
             seq, _ = self.records[record.id]
             self.records[record.id] = (seq, record.with_(access_count=record.access_count + 1, accessed_at=at))
+            counts[record.id] = record.access_count + 1
+        return counts
 
     async def reinforce(self, owner, ids, amount):  # type: ignore[no-untyped-def]
         found = await self.get(owner, ids, with_embeddings=True)
