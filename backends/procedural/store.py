@@ -73,6 +73,7 @@ log = logging.getLogger("a2m.procedural")
 PROPOSED = "proposed"
 _FILE_MODE = 0o100644
 _FLUSH_EVERY_S = 1.0
+LOCK_WAIT_S = 2.0  # how long a starting store waits for a dead predecessor's lock (`_hold`)
 
 
 def _actor(spec: Any, default: git.Actor) -> git.Actor:
@@ -397,17 +398,27 @@ class GitStore:
     def _hold(self, git_dir: Path) -> None:
         """One store per repository, held before recovery touches anything: a second one would reset
         the first's working tree at open and, committing the tree it holds in memory, drop the records
-        the first committed since. A flock, so the death of the process releases it."""
+        the first committed since. A flock, so the death of the process releases it.
+
+        Asked again for up to `LOCK_WAIT_S`: a server restarted right after a kill -9 can find the lock
+        held for a moment longer by a git child of the dead one, forked but not yet exec'd (the lock's
+        descriptor closes at exec), which a loaded machine stretches to tens of milliseconds."""
         state = git_dir / "a2m"
         state.mkdir(exist_ok=True)
         fd = os.open(state / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreUnavailable(
-                f"another process has the procedural repository {self.path} open "
-                "(a second server on this data directory or repository?)") from None
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                os.close(fd)
+                raise StoreUnavailable(
+                    f"another process has the procedural repository {self.path} open "
+                    "(a second server on this data directory or repository?)") from None
         self._lock_fd = fd
 
     def _release(self) -> None:
