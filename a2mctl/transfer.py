@@ -45,8 +45,9 @@ def _client(target: str, token: str | None, timeout: float) -> Any:
     from .cli import http_url_problem
 
     http = target.startswith(("http://", "https://"))
-    if http and http_url_problem(target):
-        raise TransferError(http_url_problem(target))
+    problem = http_url_problem(target) if http else None
+    if problem:
+        raise TransferError(problem)
     if not http and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", target):
         raise TransferError(f"{target}: A2M is served over http:// or https://, or as a stdio command line")
     if not http and not shlex.split(target):

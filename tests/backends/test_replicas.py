@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import pytest
 
-from a2m.dispatch import Context, Dispatcher
-from backends.serve import build
-from backends.settings import TierSettings
 from backends.surface import TierServer
+from tests.support.races import call, tier_servers
 
 pytestmark = pytest.mark.anyio
 
-TIERS = ("working", "episodic", "semantic", "procedural")
+TIERS = ("working", "episodic", "semantic", "procedural")  # each in tests.support.races.TIERS too
 
 
 @pytest.fixture(scope="module")
@@ -32,26 +29,8 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="module")
 async def servers(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, TierServer]]:
     """One server per tier, plus `working2` and `episodic2`: replicas on the first ones' engines."""
-    data = tmp_path_factory.mktemp("replicas")
-    out: dict[str, TierServer] = {}
-    try:
-        for name in TIERS:
-            out[name] = build(name, TierSettings(name=name, data_dir=Path(data) / name))
-            await out[name].startup()
-        engines = {"working": out["working"].store.server.url, "episodic": out["episodic"].store.dsn}  # type: ignore[attr-defined]
-        for name, url in engines.items():
-            out[name + "2"] = build(name, TierSettings(name=name, data_dir=Path(data) / f"{name}2", url=url))
-            await out[name + "2"].startup()
+    async with tier_servers(tmp_path_factory.mktemp("replicas")) as out:
         yield out
-    finally:
-        for server in reversed(list(out.values())):
-            await server.shutdown()
-
-
-async def call(server: TierServer, method: str, params: dict[str, Any]) -> dict[str, Any]:
-    reply = await Dispatcher(server).handle({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, Context())
-    assert reply is not None
-    return {"error": reply["error"]["code"]} if "error" in reply else reply["result"]
 
 
 def owner() -> str:
@@ -67,7 +46,7 @@ async def test_an_id_two_owners_write_at_once_is_one_owners_and_the_other_is_ref
         replies = await asyncio.gather(*(call(server, "memory/remember", {"owner": who, "records": [
             {"id": record_id, "content": f"{who}'s record {n}"}]}) for who in (a, b)))
         won = [who for who, reply in zip((a, b), replies) if "ids" in reply]
-        assert len(won) == 1 and {"error": -32005} in replies, replies
+        assert len(won) == 1 and -32005 in [r.get("error") for r in replies], replies
         loser = b if won == [a] else a
         kept = (await call(server, "memory/timeline", {"owner": won[0]}))["records"]
         assert [(r["id"], r["content"]) for r in kept] == [(record_id, f"{won[0]}'s record {n}")]

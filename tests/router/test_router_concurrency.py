@@ -44,19 +44,13 @@ from a2m.client import HTTPClient
 from a2m.errors import A2MError
 
 from .stack import Stack, federation
+from .test_router_parity import CAPACITY, PROMOTE_AFTER
+from .test_router_parity import TIERS as PARITY_TIERS
 
 pytestmark = pytest.mark.anyio
 
-CAPACITY = 4
-PROMOTE_AFTER = 2
-TIERS = [
-    {"name": "working", "kind": "working", "capacity": CAPACITY, "per_session": True, "spill_to": "episodic",
-     "timeout": 20.0},
-    {"name": "episodic", "kind": "episodic", "spill_to": "semantic", "promote_to": "semantic",
-     "promote_after": PROMOTE_AFTER, "timeout": 20.0},
-    {"name": "semantic", "kind": "semantic", "timeout": 20.0},
-    {"name": "procedural", "kind": "procedural", "timeout": 20.0},
-]
+# The parity test's layout (capacity 4, promote after 2), with room for many clients' calls queued at once.
+TIERS = [{**tier, "timeout": 20.0} for tier in PARITY_TIERS]
 NAMES = [t["name"] for t in TIERS]
 
 SEEDS = [int(s) for s in os.environ.get("CONC_SEEDS", "1,2,3").split(",")]
