@@ -67,6 +67,7 @@ RECENCY_SECONDS = 30 * 86400.0
 LEXICAL_MATCHES = 1000  # full-text matches ranked by BM25; past this, the best by ts_rank
 SCOPE_COUNT_CAP = 10_000  # a scope's size is counted up to this (the IDF saturates; see EXACT_SCAN_ROWS)
 NEIGHBOURS, NEIGHBOUR_HITS, NEIGHBOUR_WEIGHT = 2, 20, 0.25
+PREPARE_WHEN_ASKED = 2**62  # psycopg's prepare threshold: never by count, only with prepare=True
 EXACT_SCAN_ROWS = SCOPE_COUNT_CAP  # a vector recall over a scope this small reads every row
 INDEX_DEFER_MAX_S = 60.0  # the longest the first index build waits for vector writes to pause
 DOWN_WAIT_S = 0.5  # how long a call waits for a connection while PostgreSQL is known to be down
@@ -184,20 +185,22 @@ def scope_sql(scope: Scope) -> tuple[str, list[Any]]:
             if any(o is None for o in options):
                 ors.append(f"{column} IS NULL")
             if kind == "text":
-                values = [o for o in options if isinstance(o, str) and "\x00" not in o]
-                if values:
-                    ors.append(f"{column} = ANY(%s::text[])")
-                    params.append(values)
+                values: list[Any] = [o for o in options if isinstance(o, str) and "\x00" not in o]
+                cast = "text"
             elif kind == "number":
-                values = [o for o in options if isinstance(o, (int, float)) and not isinstance(o, bool)]
-                if values:
-                    ors.append(f"{column}::float8 = ANY(%s::float8[])")
-                    params.append([float(v) for v in values])
+                values = [float(o) for o in options if isinstance(o, (int, float)) and not isinstance(o, bool)]
+                column, cast = f"{column}::float8", "float8"
             else:
                 values = [o for o in options if isinstance(o, str) and _canonical_ts(o)]
-                if values:
-                    ors.append(f"{column} = ANY(%s::timestamptz[])")
-                    params.append(values)
+                cast = "timestamptz"
+            # One value as "=": PostgreSQL can then reuse a prepared plan for it (it keeps planning
+            # "= ANY($1)" anew, not knowing the array's length).
+            if len(values) == 1:
+                ors.append(f"{column} = %s::{cast}")
+                params.append(values[0])
+            elif values:
+                ors.append(f"{column} = ANY(%s::{cast}[])")
+                params.append(values)
         elif "\x00" in name:  # no record has this metadata key: it is absent, which only null matches
             if any(o is None for o in options):
                 ors.append("TRUE")
@@ -377,10 +380,11 @@ class PostgresStore:
         await register_vector_async(conn)
         set_json_loads(orjson.loads, conn)
         await conn.execute(f"SET hnsw.ef_search = {self.ef_search:d}")
-        # psycopg prepares a statement after 5 runs, and PostgreSQL then may switch to a generic
-        # plan that cannot see the tsquery or the vector: a text recall went from 13 to 80 ms.
-        # Plan each execution for its own parameters (parsing is still saved).
-        await conn.execute("SET plan_cache_mode = force_custom_plan")
+        # A statement is prepared only where asked (`prepare=True`), for a statement whose best plan
+        # does not depend on its values; any other is planned for its own parameters each time: a
+        # generic plan cannot see the tsquery or the vector (a text recall went from 13 to 80 ms
+        # when psycopg prepared it after its fifth run). Decision 20.
+        conn.prepare_threshold = PREPARE_WHEN_ASKED
         if self.iterative_scan not in ("off", "relaxed_order", "strict_order"):
             raise ValueError(f"iterative_scan must be off, relaxed_order or strict_order, not {self.iterative_scan!r}")
         await conn.execute(f"SET hnsw.iterative_scan = {self.iterative_scan}")
@@ -571,8 +575,8 @@ class PostgresStore:
                 if not puts:
                     return dims
                 vectors = dims is not None
-                # An INSERT's plan does not depend on its values: planned once for the batch, not per
-                # row (the connection forces a custom plan per execution for recalls, decision 20).
+                # An INSERT's plan does not depend on its values: executemany prepares it, and it is
+                # planned once for the batch (PostgreSQL would plan its first five rows each).
                 await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
                 columns = _INSERT_COLUMNS + (", embedding" if vectors else "")
                 marks = ", ".join(["%s"] * 16 + ["string_to_array(%s, ' ')"] + (["%s"] if vectors else []))
@@ -778,7 +782,8 @@ class PostgresStore:
                 by_id = await self._relevance(conn, condition, scope_params, words, text or "",
                                               similar, query_vector, dims, size)
                 best = sorted(by_id, key=by_id.__getitem__, reverse=True)[:pool]
-                cur = await conn.execute(f"SELECT {columns} FROM records WHERE id = ANY(%s::text[])", [best])
+                cur = await conn.execute(f"SELECT {columns} FROM records WHERE id = ANY(%s::text[])", [best],
+                                         prepare=True)  # the primary key, whatever the ids
                 rows = await cur.fetchall()
                 relevance = [by_id[row[0]] for row in rows]
             return _blend(rows, relevance, embed, limit)
@@ -817,13 +822,17 @@ class PostgresStore:
         """
         condition, scope_params = scope_sql(scope)
         distance = self._distance(dims)
-        if self.vector_search == "hnsw" and await self._fits_exact_scan(conn, scope, condition, scope_params):
+        walk = self.vector_search == "hnsw"
+        if walk and await self._fits_exact_scan(conn, scope, condition, scope_params):
+            walk = False
             distance = f"({distance}) + 0"  # HNSW serves only ORDER BY the bare operator: "+ 0" is the same order
         # ORDER BY the output column, not the expression again: PostgreSQL then computes each distance
         # once (twice read every embedding twice: 3.5 vs 2.1 ms over an owner's 1,000 rows).
+        # A scan of the scope's rows has one best plan whatever the values, so it is prepared
+        # (planning was 0.2 of its 0.5 ms); whether a graph walk pays depends on the filter's values.
         cur = await conn.execute(f"SELECT {columns}, {distance} AS d FROM records "
                                  f"WHERE {condition} AND embedding IS NOT NULL ORDER BY d LIMIT %s",
-                                 [query, *scope_params, pool])
+                                 [query, *scope_params, pool], prepare=not walk)
         rows = await cur.fetchall()
         rows.sort(key=lambda row: row[-1])  # an iterative index scan in relaxed order may return a few out of order
         return rows
@@ -865,7 +874,7 @@ class PostgresStore:
             if missing:
                 cur = await conn.execute(
                     f"SELECT id, {self._distance(dims)} FROM records WHERE id = ANY(%s) AND embedding IS NOT NULL",
-                    [query, missing])
+                    [query, missing], prepare=True)
                 similar = similar | {row[0]: 1.0 - float(row[1]) for row in await cur.fetchall()}
             span = (high - low) or 1.0
             for i, sim in similar.items():
@@ -885,6 +894,7 @@ class PostgresStore:
                 f"SELECT c.id, n.id FROM records c CROSS JOIN LATERAL (({side('<', 'DESC')}) UNION ALL "
                 f"({side('>', 'ASC')})) n WHERE c.id = ANY(%s)",
                 [*scope_params, *scope_params, lenders],
+                prepare=True,  # the primary key, then the session index in its order: planning was half its time
             )
             for lender, neighbour in await cur.fetchall():
                 final[neighbour] = final.get(neighbour, 0.0) + NEIGHBOUR_WEIGHT * fused[lender]

@@ -305,6 +305,36 @@ async def test_bm25_statistics_are_computed_once_per_recall(server: str) -> None
     assert max(n["Actual Rows"] for n in found) == 300  # every match was scored
 
 
+async def test_only_statements_whose_plan_ignores_their_values_are_prepared(server: str) -> None:
+    """Decision 20: an exact scan of a small scope, a read by primary key and the session-neighbour
+    lookup are prepared (planning was 0.2 of an exact scan's 0.5 ms); a full-text query never is,
+    however often it runs, since a generic plan cannot see its tsquery (a recall went 13 -> 80 ms)."""
+    dsn = _fresh_database(server)
+    store = PostgresStore(_settings(dsn, pool_min=1, pool_max=1))  # one connection: its statements are visible
+    await store.open()
+    try:
+        await store.write([rec(i, "a", content=f"release {i} of the deploy train", session=f"s{i % 3}",
+                               embedding=[1.0, float(i % 7), 0.5]) for i in range(60)])
+        for _ in range(8):
+            assert await store.search(Scope(owner="a", where={"session": "s1"}), text=None,
+                                      vector=[1.0, 2.0, 0.5], limit=5)
+            assert await store.search(Scope(owner="a"), text="deploy release", vector=None, limit=5)
+            assert await store.search(Scope(owner="a"), text="deploy train", vector=[1.0, 2.0, 0.5], limit=5)
+
+        async def prepared(conn: psycopg.AsyncConnection) -> list[tuple[str, int, int]]:
+            cur = await conn.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+            return await cur.fetchall()
+
+        statements = await store._run(prepared)
+    finally:
+        await store.close()
+    assert not any("tsquery" in sql for sql, _, _ in statements)
+    exact = [s for s in statements if "+ 0" in s[0] and '"session" = $' in s[0]]  # one value: "=", not ANY
+    assert exact and exact[0][1] > 0  # PostgreSQL went on to the generic plan
+    assert any("CROSS JOIN LATERAL" in sql for sql, _, _ in statements)  # the neighbours
+    assert any(sql.startswith("SELECT id, content") and "id = ANY" in sql for sql, _, _ in statements)
+
+
 async def test_rows_written_before_the_terms_column_get_them_and_rank_the_same(store: PostgresStore,
                                                                               server: str) -> None:
     """Schema 2 stores each record's terms; schema 4 gives a row from schema 1 (terms NULL) its terms,
