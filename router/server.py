@@ -500,18 +500,11 @@ class Router(EventMethods):
                 out["embedding"] = vector
             return out
 
-        parsed: dict[str, list[Record]] = {}
-
-        def arrived(name: str, result: dict[str, Any]) -> None:
-            parsed[name] = self._records(result, name)
-            if strategy == "rerank" and query:
-                fusion.prepare(parsed[name])  # while the slower tiers still work
-
-        fan = await self.fed.fan_out("memory/recall", {}, tiers, per_tier=per_tier, arrived=arrived)
+        tokenize = strategy == "rerank" and bool(query)
+        fan, lists = await self._settled(owner, tiers, lambda: self._ask_recall(tiers, per_tier, tokenize))
         for error in fan.errors.values():
             if error.code == errors.EMBEDDING_MISMATCH:  # the caller's vector, not the tier, is at fault
                 raise error
-        lists = {name: parsed[name] for name in fan.results}  # tier order, not arrival order: ties are stable
         depth = self._depth()
         if not query and vector is None:
             fused = fusion.recency(lists, depth, limit=limit, min_score=min_score)
@@ -537,6 +530,21 @@ class Router(EventMethods):
             result.update(prompts.render(fused, options, ordered_by_time=False))
         return result
 
+    async def _ask_recall(self, tiers: list[Tier], per_tier: Callable[[Tier], dict[str, Any]],
+                          tokenize: bool) -> tuple[FanOut, dict[str, list[Record]]]:
+        """One fan-out of a recall: each tier's records, parsed (and for rerank, tokenized) as its
+        reply arrives, while the slower tiers still work; in tier order, not arrival order (ties
+        are then stable)."""
+        parsed: dict[str, list[Record]] = {}
+
+        def arrived(name: str, result: dict[str, Any]) -> None:
+            parsed[name] = self._records(result, name)
+            if tokenize:
+                fusion.prepare(parsed[name])
+
+        fan = await self.fed.fan_out("memory/recall", {}, tiers, per_tier=per_tier, arrived=arrived)
+        return fan, {name: parsed[name] for name in fan.results}
+
     async def timeline(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
         tiers = self._scope_tiers(params)
@@ -544,7 +552,8 @@ class Router(EventMethods):
         limit = self._limit(params, self.limits.get("max_recall_limit") or 0)
         options = prompts.parse(params.get("prompt"))
         asked_vectors = bool_param(params, "embeddings", False)
-        fan = await self.fed.fan_out("memory/timeline", {**scope, "limit": limit, "embeddings": asked_vectors}, tiers)
+        asked = {**scope, "limit": limit, "embeddings": asked_vectors}
+        fan = await self._settled(owner, tiers, lambda: self.fed.fan_out("memory/timeline", asked, tiers))
         wire = self._merge_by_time(fan.results)
         if limit:
             wire = wire[-limit:]
@@ -694,8 +703,9 @@ class Router(EventMethods):
 
     async def session_list(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
-        fan = await self.fed.fan_out("memory/session/list", _with_owner({}, owner),
-                                     [t for t in self.fed if t.has("sessions")])
+        tiers = [t for t in self.fed if t.has("sessions")]
+        fan = await self._settled(owner, tiers, lambda: self.fed.fan_out("memory/session/list",
+                                                                           _with_owner({}, owner), tiers))
         merged: dict[str, dict[str, Any]] = {}
         for name in self.fed.order:
             for entry in (fan.results.get(name) or {}).get("sessions", []):
