@@ -45,6 +45,7 @@ log = logging.getLogger("a2m.router.policy")
 
 MOVE_DROP = ("tier", "score")
 MOVE_BYTES = 16 * 1024 * 1024  # JSON per move call: well under a tier's body limit (a2m.http.TIER_MAX_BODY)
+MOVE_SLOTS = 256  # owners hashed into this many move counters: bounded memory; a collision costs a read one retry
 
 
 def move_form(record: dict[str, Any]) -> dict[str, Any]:
@@ -125,9 +126,8 @@ class Policy:
         self._counted = 0
         self._progress = asyncio.Event()  # set (and replaced) each time `_counted` moves or a flush stops
         self.observe_move: Any = None  # (reason, source, dest, count) -> None: the router's metrics
-        # Moves begun (any owner): a read of every tier at once that overlapped one may have missed
-        # the record it carried (`placing` says whether one may be in flight now).
-        self.moves_begun = 0
+        # Source deletes begun by moves, per owner slot (`moves_seen`).
+        self._deletes = [0] * MOVE_SLOTS
 
     def lock(self, *key: Any) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -145,10 +145,19 @@ class Policy:
             lock = self._owner_locks[owner] = asyncio.Lock()
         return lock
 
-    def placing(self, owner: str | None) -> bool:
-        """Whether the owner's lock is held now (a move of its records may be in flight)."""
-        lock = self._owner_locks.get(owner)
-        return lock is not None and lock.locked()
+    def moves_seen(self, owner: str | None) -> int:
+        """How many source deletes moves of `owner`'s records have begun (shared with the owners
+        hashed to the same slot). A read that asks several tiers at once can miss a moving record
+        only when the move's delete was sent while the read was out: it asked the destination
+        before the write (which precedes the delete), and the source after the delete. So a read
+        that finds this number unchanged across its fan-out missed nothing, at the cost of two
+        list lookups; one that finds it changed asks again (`Router._settled`)."""
+        return self._deletes[hash(owner) % MOVE_SLOTS]
+
+    def _deleting(self, owner: str | None) -> None:
+        """Count a move's source delete before it is sent (`moves_seen`): counted after, a read
+        answered between the delete and its reply would not see it."""
+        self._deletes[hash(owner) % MOVE_SLOTS] += 1
 
     # ---- reading from a tier -------------------------------------------------
 
@@ -204,7 +213,6 @@ class Policy:
             log.info("move %s -> %s skipped: %s is down", source.name, dest.name, dest.name)
             return [], set(ids)
         async with self.owner_lock(owner):
-            self.moves_begun += 1
             records = (await self.scan(source, owner, where=where, embeddings=True) if where is not None
                        else await self.by_ids(source, owner, ids, embeddings=True))
             found = {r["id"] for r in records}
@@ -244,6 +252,7 @@ class Policy:
             placed, stop = await self._place(source, dest, owner, batch, size)
             verified = [w["id"] for unit in placed for w in unit]
             if verified:
+                self._deleting(owner)
                 try:
                     await source.call("memory/forget", _owner({"ids": verified}, owner))
                 except A2MError as exc:  # a duplicate now, repaired by the next consolidate

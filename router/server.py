@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from a2m import errors, prompt as prompts
 from a2m.capabilities import CAPABILITIES
@@ -31,13 +31,19 @@ from a2m.params import bool_param, ids_param, int_param, str_param
 
 from . import fusion
 from .config import RouterConfig, load
-from .federation import Federation, Tier
+from .federation import FanOut, Federation, Tier
 from .policy import Policy
 
 log = logging.getLogger("a2m.router")
 
 DEFAULT_RECALL_LIMIT = 10
 SCOPE_PARAMS = ("where", "key_prefix", "after", "before")
+T = TypeVar("T")
+
+
+def _anything(answer: Any) -> bool:
+    """Any answer may lack a moving record (a recall cannot tell what it did not see)."""
+    return True
 
 
 def _with_owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
@@ -215,6 +221,28 @@ class Router(EventMethods):
         parse_scope(params, owner)
         out = {name: params[name] for name in SCOPE_PARAMS if params.get(name) is not None}
         return _with_owner(out, owner)
+
+    async def _settled(self, owner: str | None, tiers: Sequence[Tier], read: Callable[[], Awaitable[T]],
+                       missed: Callable[[T], bool] = _anything) -> T:
+        """`read`'s answer (it asks `tiers` at once) with no record of `owner`'s missed for moving.
+
+        A move writes its destination, then deletes its source: a read that asked the destination
+        before the write and the source after the delete saw neither copy. That needs the delete
+        to have been sent while the read was out (`Policy.moves_seen`), which the read checks
+        after its answer rather than by taking a lock: reads are the hot path, and one that no
+        move overlapped pays two list lookups. If one was and `missed(answer)` says the answer
+        may lack something, the read is asked again; if a move overlapped that one too, once more
+        under the owner lock, where none is in flight. A record seen in both tiers (between write
+        and delete) is the callers' to dedupe by id, as they do."""
+        if len(tiers) < 2:
+            return await read()  # one tier: a record that left it is gone from what it covers
+        for _ in range(2):
+            seen = self.policy.moves_seen(owner)
+            answer = await read()
+            if self.policy.moves_seen(owner) == seen or not missed(answer):
+                return answer
+        async with self.policy.owner_lock(owner):
+            return await read()
 
     @staticmethod
     def _records(result: Mapping[str, Any], tier: str) -> list[Record]:
@@ -472,18 +500,11 @@ class Router(EventMethods):
                 out["embedding"] = vector
             return out
 
-        parsed: dict[str, list[Record]] = {}
-
-        def arrived(name: str, result: dict[str, Any]) -> None:
-            parsed[name] = self._records(result, name)
-            if strategy == "rerank" and query:
-                fusion.prepare(parsed[name])  # while the slower tiers still work
-
-        fan = await self.fed.fan_out("memory/recall", {}, tiers, per_tier=per_tier, arrived=arrived)
+        tokenize = strategy == "rerank" and bool(query)
+        fan, lists = await self._settled(owner, tiers, lambda: self._ask_recall(tiers, per_tier, tokenize))
         for error in fan.errors.values():
             if error.code == errors.EMBEDDING_MISMATCH:  # the caller's vector, not the tier, is at fault
                 raise error
-        lists = {name: parsed[name] for name in fan.results}  # tier order, not arrival order: ties are stable
         depth = self._depth()
         if not query and vector is None:
             fused = fusion.recency(lists, depth, limit=limit, min_score=min_score)
@@ -509,6 +530,21 @@ class Router(EventMethods):
             result.update(prompts.render(fused, options, ordered_by_time=False))
         return result
 
+    async def _ask_recall(self, tiers: list[Tier], per_tier: Callable[[Tier], dict[str, Any]],
+                          tokenize: bool) -> tuple[FanOut, dict[str, list[Record]]]:
+        """One fan-out of a recall: each tier's records, parsed (and for rerank, tokenized) as its
+        reply arrives, while the slower tiers still work; in tier order, not arrival order (ties
+        are then stable)."""
+        parsed: dict[str, list[Record]] = {}
+
+        def arrived(name: str, result: dict[str, Any]) -> None:
+            parsed[name] = self._records(result, name)
+            if tokenize:
+                fusion.prepare(parsed[name])
+
+        fan = await self.fed.fan_out("memory/recall", {}, tiers, per_tier=per_tier, arrived=arrived)
+        return fan, {name: parsed[name] for name in fan.results}
+
     async def timeline(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
         tiers = self._scope_tiers(params)
@@ -516,7 +552,8 @@ class Router(EventMethods):
         limit = self._limit(params, self.limits.get("max_recall_limit") or 0)
         options = prompts.parse(params.get("prompt"))
         asked_vectors = bool_param(params, "embeddings", False)
-        fan = await self.fed.fan_out("memory/timeline", {**scope, "limit": limit, "embeddings": asked_vectors}, tiers)
+        asked = {**scope, "limit": limit, "embeddings": asked_vectors}
+        fan = await self._settled(owner, tiers, lambda: self.fed.fan_out("memory/timeline", asked, tiers))
         wire = self._merge_by_time(fan.results)
         if limit:
             wire = wire[-limit:]
@@ -576,23 +613,19 @@ class Router(EventMethods):
             raise invalid("key is required", field="key")
         owner = ctx.owner(params)
         asked_vectors = bool_param(params, "embeddings", False)
-        moves, busy = self.policy.moves_begun, self.policy.placing(owner)
-        best, fan = await self._fetch(key, owner, asked_vectors)
-        if best is None and (busy or self.policy.moves_begun != moves):
-            # The tiers were asked at once, so a move in flight can hide the key from all of them
-            # (its destination read before the write, its source after the delete): ask again,
-            # with no move of this owner's records in flight.
-            async with self.policy.owner_lock(owner):
-                best, fan = await self._fetch(key, owner, asked_vectors)
+        keyed = [t for t in self.fed if t.has("keys")]
+        best, fan = await self._settled(owner, keyed, lambda: self._fetch(key, owner, asked_vectors, keyed),
+                                        missed=lambda found: found[0] is None)  # a key found is no miss
         out: dict[str, Any] = {"record": None if best is None else best.to_wire(embeddings=asked_vectors)}
         if fan.degraded:
             out["degraded"] = fan.degraded
         return out
 
-    async def _fetch(self, key: str, owner: str | None, asked_vectors: bool) -> tuple[Record | None, Any]:
+    async def _fetch(self, key: str, owner: str | None, asked_vectors: bool,
+                     tiers: list[Tier]) -> tuple[Record | None, FanOut]:
         """The key's record (the highest revision, then the deepest tier) and the fan-out it came from."""
         fan = await self.fed.fan_out("memory/fetch", _with_owner({"key": key, "embeddings": asked_vectors}, owner),
-                                     [t for t in self.fed if t.has("keys")])
+                                     tiers)
         depth = self._depth()
         best: Record | None = None
         for name, result in fan.results.items():
@@ -670,8 +703,9 @@ class Router(EventMethods):
 
     async def session_list(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
-        fan = await self.fed.fan_out("memory/session/list", _with_owner({}, owner),
-                                     [t for t in self.fed if t.has("sessions")])
+        tiers = [t for t in self.fed if t.has("sessions")]
+        fan = await self._settled(owner, tiers, lambda: self.fed.fan_out("memory/session/list",
+                                                                           _with_owner({}, owner), tiers))
         merged: dict[str, dict[str, Any]] = {}
         for name in self.fed.order:
             for entry in (fan.results.get(name) or {}).get("sessions", []):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import pytest
 
@@ -327,3 +327,155 @@ async def test_a_key_replaced_while_its_session_is_trimmed_is_not_dropped(tmp_pa
             for gate in inproc.gates:
                 gate.release()
             await inproc.router.shutdown()
+
+
+# ---- reads that fan out while a record moves --------------------------------------------------
+# A move writes the destination, reads it back, then deletes the source. A read of every tier at
+# once can ask the destination before the write and the source after the delete: the record is in
+# neither answer. Here working's call of the read is held until a move of the record to episodic has
+# run, and episodic's is answered (empty) before that move begins.
+
+
+def fanned(method: str) -> Callable[[dict[str, Any]], bool]:
+    """The read's own call to a tier, not a move's or a recall count's (those select by id or session)."""
+    if method == "memory/recall":
+        return lambda params: "query" in params
+    if method == "memory/timeline":
+        return lambda params: "where" not in params
+    return lambda params: True
+
+
+async def held(gate: Gate, reading: asyncio.Task[Any]) -> bool:
+    """Wait until `gate` holds a call or `reading` has finished (it asked no more: False)."""
+    waiting = asyncio.ensure_future(gate.reached.wait())
+    await asyncio.wait([waiting, reading], return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    return gate.reached.is_set()
+
+
+async def across(reading: asyncio.Task[Any], source: Gate, dest: Gate,
+                 move: Callable[[], Awaitable[Any]]) -> bool:
+    """Let `dest` answer, run `move`, then let `source` be asked: the read misses what `move` moved.
+    False when `reading` finished without asking (no read left to hold)."""
+    if not await held(source, reading):
+        return False
+    await dest.reached.wait()
+    dest.release()
+    await asyncio.wait_for(move(), 20)  # a read holding the owner lock while held would block it: fail, not hang
+    source.release()
+    return True
+
+
+def gates(inproc: InProcess, method: str, reads: int = 1) -> list[tuple[Gate, Gate]]:
+    """(working's call held before it is sent, episodic's held once answered), for `reads` reads in a row."""
+    return [(inproc.hold("working", method, fanned(method)),
+             inproc.hold("episodic", method, fanned(method), after=True)) for _ in range(reads)]
+
+
+async def write_turns(inproc: InProcess, me: str, session: str, n: int, start: int = 0) -> None:
+    """`n` more turns to `session`: past working's capacity, its oldest records spill."""
+    await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": f"turn {i}", "session": session} for i in range(start, start + n)]})
+
+
+async def test_a_record_spilled_while_it_is_recalled_is_found(inproc: InProcess, stack: Stack) -> None:
+    """recall asks every tier at once: a record spilled from working to episodic between episodic's
+    answer and working's was in neither, and the recall left it out (once found, once only)."""
+    me = owner()
+    [rid] = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the harbour ferry leaves at nine", "session": "s"}]}))["ids"]
+    [(source, dest)] = gates(inproc, "memory/recall")
+    reading = asyncio.create_task(inproc.call("memory/recall", {"owner": me, "query": "harbour"}))
+    assert await across(reading, source, dest, lambda: write_turns(inproc, me, "s", 4))
+    assert [t for t, _ in (await homes(stack, me))[rid]] == ["episodic"]
+    assert [r["id"] for r in (await reading)["records"]] == [rid]
+
+
+async def test_a_record_spilled_while_the_timeline_is_read_is_found(inproc: InProcess, stack: Stack) -> None:
+    """timeline asks every tier at once, as recall does: the spilled record was missing from the replay."""
+    me = owner()
+    [rid] = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the first turn", "session": "s"}]}))["ids"]
+    [(source, dest)] = gates(inproc, "memory/timeline")
+    reading = asyncio.create_task(inproc.call("memory/timeline", {"owner": me}))
+    assert await across(reading, source, dest, lambda: write_turns(inproc, me, "s", 4))
+    assert [t for t, _ in (await homes(stack, me))[rid]] == ["episodic"]
+    records = (await reading)["records"]
+    assert [r["content"] for r in records] == ["the first turn"] + [f"turn {i}" for i in range(4)]
+    assert records[0]["id"] == rid and records[0]["tier"] == "episodic"
+
+
+async def test_a_session_flushed_while_sessions_are_listed_is_listed(inproc: InProcess, stack: Stack) -> None:
+    """session/list asks every tier at once: a session/close that moved the whole session to episodic
+    in between left the session out of the list (each tier counted it where it was not)."""
+    me = owner()
+    await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": f"line {i}", "session": "s"} for i in range(2)]})
+    [(source, dest)] = gates(inproc, "memory/session/list")
+    reading = asyncio.create_task(inproc.call("memory/session/list", {"owner": me}))
+    assert await across(reading, source, dest,
+                        lambda: inproc.call("memory/session/close", {"owner": me, "session": "s"}))
+    assert {t for copies in (await homes(stack, me)).values() for t, _ in copies} == {"episodic"}
+    sessions = (await reading)["sessions"]
+    assert [(e["session"], e["records"], e["tiers"]) for e in sessions] == [("s", 2, {"episodic": 2})]
+
+
+async def test_a_recall_that_moves_overlap_twice_is_answered_under_the_owner_lock(inproc: InProcess,
+                                                                                 stack: Stack) -> None:
+    """The read asked again once a move overlapped it, and a second move overlapped that: it then
+    asks with no move of the owner's records in flight (under the owner lock), and misses neither."""
+    me = owner()
+    ids = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the harbour ferry leaves at nine", "session": "s"},
+        {"content": "the harbour closes at dusk", "session": "s"}]}))["ids"]
+    await write_turns(inproc, me, "s", 2)  # at capacity: each further turn spills the oldest record
+    (source, dest), (again, again_dest) = gates(inproc, "memory/recall", reads=2)
+    reading = asyncio.create_task(inproc.call("memory/recall", {"owner": me, "query": "harbour"}))
+    assert await across(reading, source, dest, lambda: write_turns(inproc, me, "s", 1, 2))
+    if not await across(reading, again, again_dest, lambda: write_turns(inproc, me, "s", 1, 3)):
+        await write_turns(inproc, me, "s", 1, 3)  # it did not ask again: the second move comes after it
+    assert [t for rid in ids for t, _ in (await homes(stack, me))[rid]] == ["episodic", "episodic"]
+    assert sorted(r["id"] for r in (await reading)["records"]) == sorted(ids)
+
+
+async def test_a_move_counts_for_a_read_from_when_its_delete_is_sent(inproc: InProcess, stack: Stack) -> None:
+    """The read was answered after the source deleted the record but before the delete's reply
+    reached the router: a move that counted its delete on the reply looked, to the read, as if it
+    had not happened yet."""
+    me = owner()
+    [rid] = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the harbour ferry leaves at nine", "session": "s"}]}))["ids"]
+    [(source, dest)] = gates(inproc, "memory/recall")
+    deleted = inproc.hold("working", "memory/forget", lambda p: rid in p.get("ids", ()), after=True)
+    reading = asyncio.create_task(inproc.call("memory/recall", {"owner": me, "query": "harbour"}))
+    await asyncio.gather(source.reached.wait(), dest.reached.wait())
+    dest.release()
+    filling = asyncio.create_task(write_turns(inproc, me, "s", 4))
+    await deleted.reached.wait()  # written to episodic, deleted from working, the reply held
+    source.release()
+    try:
+        found = [r["id"] for r in (await asyncio.wait_for(reading, 20))["records"]]
+    finally:
+        deleted.release()
+        await filling
+    assert found == [rid]
+
+
+@pytest.mark.parametrize("method", ["memory/recall", "memory/timeline"])
+async def test_a_record_in_both_tiers_mid_move_is_read_once(inproc: InProcess, stack: Stack, method: str) -> None:
+    """Between a move's verified write and its delete the record is in both tiers: a read then
+    returns it once, the destination's copy (the one fetch returns and repair keeps)."""
+    me = owner()
+    [rid] = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the harbour ferry leaves at nine", "session": "s"}]}))["ids"]
+    gate = inproc.hold("working", "memory/forget", lambda p: rid in p.get("ids", ()))
+    filling = asyncio.create_task(write_turns(inproc, me, "s", 4))
+    await gate.reached.wait()
+    try:
+        assert [t for t, _ in (await homes(stack, me))[rid]] == ["working", "episodic"]
+        params = {"owner": me, "query": "harbour"} if method == "memory/recall" else {"owner": me}
+        found = [r for r in (await inproc.call(method, params))["records"] if r["id"] == rid]
+        assert [r["tier"] for r in found] == ["episodic"]
+    finally:
+        gate.release()
+        await filling
