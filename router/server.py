@@ -644,8 +644,10 @@ class Router(EventMethods):
             amount = 0.1
         if not isinstance(amount, (int, float)) or isinstance(amount, bool) or not -1 <= amount <= 1:
             raise invalid("amount must be a number in [-1, 1]", field="amount")
-        fan = await self.fed.fan_out("memory/reinforce", _with_owner({"ids": ids, "amount": amount}, owner),
-                                     [t for t in self.fed if t.writable and t.has("salience")], skip_down=False)
+        async with self.policy.owner_lock(owner):  # not between a move's read and its delete: the raise would
+            # land on the copy the move deletes (decision 70)
+            fan = await self.fed.fan_out("memory/reinforce", _with_owner({"ids": ids, "amount": amount}, owner),
+                                         [t for t in self.fed if t.writable and t.has("salience")], skip_down=False)
         total = sum(int(r.get("reinforced", 0)) for r in fan.results.values())
         return {"reinforced": min(total, len(set(ids)))}
 

@@ -228,6 +228,21 @@ async def test_a_forget_acknowledged_mid_spill_is_not_undone_by_the_spill(inproc
     assert rid not in await homes(stack, me)
 
 
+async def test_a_reinforce_acknowledged_mid_spill_is_kept_by_the_moved_copy(inproc: InProcess,
+                                                                             stack: Stack) -> None:
+    """The spill had read the record and was writing it to episodic when the reinforce came: applied
+    to the working copy the spill then deletes, the acknowledged raise was lost."""
+    me = owner()
+    rid, gate, filling = await spill_held(inproc, me, {"content": "raise me", "salience": 0.5})
+    reinforcing = asyncio.create_task(inproc.call("memory/reinforce", {"owner": me, "ids": [rid], "amount": 0.25}))
+    await asyncio.sleep(0.3)
+    gate.release()
+    assert (await reinforcing) == {"reinforced": 1}
+    await filling
+    [record] = (await inproc.call("memory/recall", {"owner": me, "where": {"id": rid}}))["records"]
+    assert record["tier"] == "episodic" and record["salience"] == pytest.approx(0.75)
+
+
 async def test_a_key_replaced_mid_spill_keeps_the_new_content_in_one_place(inproc: InProcess, stack: Stack) -> None:
     me = owner()
     rid, gate, filling = await spill_held(inproc, me, {"content": "the old plan", "key": "plan"})
