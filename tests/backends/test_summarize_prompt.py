@@ -161,3 +161,58 @@ async def test_a_budgeted_recall_prompt_keeps_the_best_hits_in_any_style(
                                                  "prompt": {"style": style, "budget": 16}})
         assert result["records"][0]["content"].startswith("the zeppelin"), result["records"]
         assert result["prompt_ids"] == [result["records"][0]["id"]], style
+
+
+# ---- summarize: statement by statement ------------------------------------------------------------
+
+LINES = ("Meeting notes\nAnna booked 3 rooms for the offsite\nMarco pays the deposit of 400 euros\n"
+         + " ".join(["then another open point was discussed at length"] * 40))  # one sentence > 1200 chars
+
+
+@pytest.mark.parametrize("tier", ["episodic", "semantic"])
+async def test_an_earlier_summary_among_the_sources_adds_nothing(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A summary is an ordinary record, so a later summary of the same selection reads it too. Its
+    sentences are the sources' own and are kept once: the next summary is the same text, not the
+    text twice. Before, sentences ended by a line break (lists, notes) and the cut pieces of an
+    over-long sentence were glued into new sentences, so each summary repeated the one before."""
+    d, me = tiers[tier], owner()
+    await call(d, "memory/remember", {"owner": me, "records": [{"content": LINES, "role": "user"}]})
+    first = await call(d, "memory/summarize", {"owner": me, "tier": tier})
+    assert first["written"] == 1 and first["read"] == 1
+    text = first["records"][0]["content"]
+    assert "Anna booked 3 rooms for the offsite" in text and "400 euros" in text and len(text) <= 1200
+    assert "then another open point" in text  # a cut piece of the long sentence fits too
+    for read in (2, 3):
+        again = await call(d, "memory/summarize", {"owner": me, "tier": tier})
+        assert again["read"] == read and again["records"][0]["content"] == text
+    solo = await call(d, "memory/summarize", {"owner": me, "ids": [first["records"][0]["id"]]})
+    assert solo["records"][0]["content"] == text  # a summary of a summary is itself
+
+
+MARKDOWN = """# Plan for 3 May
+
+- Book 2 rooms at the Hotel Roma
+- Call Anna before noon
+
+```python
+print(42)
+```
+
+---
+| who | paid |
+|-----|------|
+| Marco | 40 |
+"""
+
+
+@pytest.mark.parametrize("tier", ["episodic", "semantic"])
+async def test_a_summary_of_markdown_keeps_its_lines_not_its_fences(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """Markdown and code are summarised line by line, each line kept whole and on a line of its
+    own; a line that only frames or rules (a code fence, `---`, a table's `|---|`) carries nothing
+    and is left out, so a summary never holds half a code fence."""
+    d, me = tiers[tier], owner()
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [{"content": MARKDOWN}]}))["ids"]
+    result = await call(d, "memory/summarize", {"owner": me, "ids": ids})
+    lines = result["records"][0]["content"].split("\n")
+    assert lines == ["# Plan for 3 May", "- Book 2 rooms at the Hotel Roma", "- Call Anna before noon",
+                     "print(42)", "| who | paid |", "| Marco | 40 |"], lines
