@@ -497,11 +497,20 @@ class TierServer(EventMethods):
             if limit == 0:  # no limit (no max_recall_limit declared): every record in scope
                 limit = max(await self.store.count(scope.owner), 1)
             if query:
-                sources = await self.store.search(scope, text=query, vector=None, limit=limit)
+                found = await self.store.search(scope, text=query, vector=None, limit=limit)
+                # Told in the order they were written, as timeline replays them: records written in
+                # one call share their created_at, and a ranking says nothing of their order.
+                sources = await self.store.select(Scope(owner=scope.owner, ids=[r.id for r in found]),
+                                                  order="asc", limit=len(found)) if found else []
             else:
-                sources = await self.store.select(scope, order="desc", limit=limit)
+                sources = await self.store.select(scope, order="desc", limit=limit)  # the newest `limit`
+                sources.reverse()
         if key:  # the summary this call replaces is no source of its own next revision
             sources = [r for r in sources if not (r.key == key and "summary_of" in (r.metadata or {}))]
+            held = next((r for r in sources if r.key == key), None)
+            if held is not None:  # writing there would replace, so delete, one of the sources
+                raise invalid(f"key {key!r} holds {held.id}, one of the records summarised; a summary never "
+                              "replaces its sources: choose another key", field="key", id=held.id)
         text = extract_summary(sources)
         if not text:
             return {"records": [], "read": len(sources), "written": 0}

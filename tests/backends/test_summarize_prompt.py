@@ -165,6 +165,48 @@ async def test_a_budgeted_recall_prompt_keeps_the_best_hits_in_any_style(
 
 # ---- summarize: statement by statement ------------------------------------------------------------
 
+@pytest.mark.parametrize("tier", ["episodic", "semantic"])
+async def test_a_summary_keeps_the_order_a_batch_was_written_in(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """Records written in one call share their `created_at`; the summary still tells them in the
+    order they were written (as timeline replays them), whichever selector read them, and
+    `summary_of` lists them in that order too."""
+    d, me = tiers[tier], owner()
+    said = ["Anna arrived in Rome on 1 May.", "Marco arrived in Milan on 2 May.", "Luca arrived in Turin on 3 May.",
+            "Sara arrived in Parma on 4 May.", "Ugo arrived in Pisa on 5 May."]
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [{"content": c} for c in said]}))["ids"]
+    timeline = await call(d, "memory/timeline", {"owner": me})
+    assert [r["id"] for r in timeline["records"]] == ids  # what "the order they were written" means here
+    for selector in ({"ids": ids}, {"ids": ids[::-1]}, {"tier": tier}, {"query": "arrived"}):
+        result = await call(d, "memory/summarize", {"owner": me, **selector, "limit": 5})
+        assert result["written"] == 1 and result["read"] == 5, (selector, result)
+        summary = result["records"][0]
+        assert summary["content"] == " ".join(said), selector
+        assert summary["metadata"]["summary_of"] == ids, selector
+        await call(d, "memory/forget", {"owner": me, "ids": [summary["id"]]})
+
+
+@pytest.mark.parametrize("tier", ["episodic", "semantic"])
+async def test_a_summary_never_replaces_a_source_held_at_its_key(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """`key` names where the summary is written, replacing what is there; when what is there is one
+    of the records being summarised, writing would delete a source (its content replaced by the
+    summary, and the summary listing itself in `summary_of`). That call is refused (-32602, naming
+    `key`) and changes nothing; a record at the key that is not a source is still replaced."""
+    d, me = tiers[tier], owner()
+    held = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "The city is Rome since 2020.", "key": "app/city"}]}))["ids"]
+    other = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "Anna moved there on 3 May 2021."}]}))["ids"]
+    for selector in ({"ids": held + other}, {"query": "Rome city"}, {"key_prefix": "app/"}, {"tier": tier}):
+        assert await call(d, "memory/summarize", {"owner": me, **selector, "key": "app/city"}) == {"error": -32602}
+    fetched = (await call(d, "memory/fetch", {"owner": me, "key": "app/city"}))["record"]
+    assert (fetched["id"], fetched["content"], fetched["revision"]) == (held[0], "The city is Rome since 2020.", 1)
+    assert len((await call(d, "memory/timeline", {"owner": me}))["records"]) == 2
+    # not a source (only `other` is read): the key's record is replaced, as the protocol says
+    result = await call(d, "memory/summarize", {"owner": me, "ids": other, "key": "app/city"})
+    assert result["written"] == 1 and result["records"][0]["id"] == held[0]
+    assert result["records"][0]["revision"] == 2 and result["records"][0]["metadata"]["summary_of"] == other
+
+
 LINES = ("Meeting notes\nAnna booked 3 rooms for the offsite\nMarco pays the deposit of 400 euros\n"
          + " ".join(["then another open point was discussed at length"] * 40))  # one sentence > 1200 chars
 
