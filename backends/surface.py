@@ -188,7 +188,8 @@ class TierServer(EventMethods):
         return result
 
     def _prompt_options(self, params: Mapping[str, Any]) -> dict[str, Any] | None:
-        if params.get("prompt") in (None, False):
+        value = params.get("prompt")
+        if value is None or value is False:  # not `in (None, False)`: 0 == False, and 0 is no prompt option
             return None
         if "prompt" not in self.capabilities:
             return None  # fields of undeclared capabilities are ignored

@@ -258,3 +258,66 @@ async def test_a_summary_of_markdown_keeps_its_lines_not_its_fences(tiers: dict[
     lines = result["records"][0]["content"].split("\n")
     assert lines == ["# Plan for 3 May", "- Book 2 rooms at the Hotel Roma", "- Call Anna before noon",
                      "print(42)", "| who | paid |", "| Marco | 40 |"], lines
+
+
+# ---- prompt: statement by statement --------------------------------------------------------------
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_prompt_options_given_as_null_take_their_defaults(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A null option is an option not given, as everywhere else in A2M (`budget: null`, `cite: null`
+    already were); `method: null` and `style: null` answered -32602."""
+    d, me = tiers[tier], owner()
+    await call(d, "memory/remember", {"owner": me, "records": [{"content": "a plain fact", "role": "user"}]})
+    plain = await call(d, "memory/timeline", {"owner": me, "prompt": True})
+    nulls = await call(d, "memory/timeline", {"owner": me, "prompt": {
+        "method": None, "style": None, "model": None, "budget": None, "cite": None}})
+    assert nulls["prompt"] == plain["prompt"] == "user: a plain fact"
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_prompt_zero_is_refused_as_every_server_refuses_it(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """`prompt` is true, false, null or an object: `0` (or `0.0`) is refused with -32602, as the router
+    refuses it, not read as false."""
+    d, me = tiers[tier], owner()
+    for method in ("memory/recall", "memory/timeline"):
+        for value in (0, 0.0, 1, ""):
+            assert await call(d, method, {"owner": me, "prompt": value}) == {"error": -32602}, (method, value)
+
+
+CJK_TURNS = [f"第{i}回の会議は東京で開かれ、田中さんが案件を報告しました。" * 2 for i in range(1, 7)]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_budget_counts_cjk_text_as_a_model_does(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A budget is in approximate tokens. Four characters make about one token in English, but a
+    Chinese or Japanese character is about one token on its own: counting it as a quarter let a
+    budgeted prompt of CJK text run to four times its budget."""
+    d, me = tiers[tier], owner()
+    for content in CJK_TURNS:
+        await call(d, "memory/remember", {"owner": me, "records": [{"content": content, "role": "user"}]})
+    budget = 120
+    result = await call(d, "memory/timeline", {"owner": me, "prompt": {"budget": budget}})
+    wide = sum(not ch.isascii() for ch in result["prompt"])
+    assert 0 < wide <= budget, (wide, result["prompt_ids"])
+    assert len(result["prompt_ids"]) == 2  # each turn is 56 characters: two fit in 120 tokens
+    english = await call(d, "memory/timeline", {"owner": me, "prompt": {"budget": 10_000}})
+    assert len(english["prompt_ids"]) == 6
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_prompt_shows_a_reference_record_by_its_uri_and_leaves_out_empty_ones(
+        tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A record may be only a reference (`uri`, empty content): the prompt names the reference (never
+    fetching it) rather than an empty line; a record with no text and no reference adds nothing,
+    so it takes no line and is not among `prompt_ids`."""
+    d, me = tiers[tier], owner()
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "", "uri": "s3://bucket/plan\n.png", "media_type": "image/png", "role": "user"},
+        {"content": "   ", "role": "assistant"},
+        {"content": "the plan is attached", "role": "user"}]}))["ids"]
+    for style, first in (("transcript", "user: s3://bucket/plan .png (image/png)"),
+                         ("facts", "- s3://bucket/plan .png (image/png)")):
+        result = await call(d, "memory/timeline", {"owner": me, "prompt": {"style": style}})
+        assert len(result["records"]) == 3
+        assert result["prompt_ids"] == [ids[0], ids[2]], style
+        assert result["prompt"].split("\n")[0] == first, result["prompt"]
