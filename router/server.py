@@ -745,6 +745,10 @@ class Router(EventMethods):
         partial = {"degraded": read["degraded"]} if read.get("degraded") else {}  # a tier left out, as a read says
         if key:  # the summary this call replaces is no source of its own next revision
             sources = [r for r in sources if not (r.get("key") == key and "summary_of" in (r.get("metadata") or {}))]
+            held = next((r["id"] for r in sources if r.get("key") == key), None)
+            if held is not None:  # writing there would replace, so delete, one of the sources
+                raise invalid(f"key {key!r} holds {held}, one of the records summarised; a summary never "
+                              "replaces its sources: choose another key", field="key", id=held)
         records = [Record.from_wire(r) for r in sources]
         text = extract_summary(records)
         if not text:
