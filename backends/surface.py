@@ -33,6 +33,7 @@ DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000,
 WRITE_ATTEMPTS = 4  # a batch is resolved again this often when another replica changes its keys meanwhile
 DEFAULT_RECALL_LIMIT = 10
 FORGET_BY_QUERY_LIMIT = 1000
+SUMMARY_CHARS = 1200  # the length of a summary, or this server's max_content_length when that is lower
 
 
 class TierServer(EventMethods):
@@ -512,7 +513,8 @@ class TierServer(EventMethods):
             if held is not None:  # writing there would replace, so delete, one of the sources
                 raise invalid(f"key {key!r} holds {held.id}, one of the records summarised; a summary never "
                               "replaces its sources: choose another key", field="key", id=held.id)
-        text = extract_summary(sources)
+        max_len = self.limits.get("max_content_length")
+        text = extract_summary(sources, max_chars=min(SUMMARY_CHARS, max_len) if max_len else SUMMARY_CHARS)
         if not text:
             return {"records": [], "read": len(sources), "written": 0}
         record: dict[str, Any] = {"content": text, "role": "memory",

@@ -321,3 +321,26 @@ async def test_a_prompt_shows_a_reference_record_by_its_uri_and_leaves_out_empty
         assert len(result["records"]) == 3
         assert result["prompt_ids"] == [ids[0], ids[2]], style
         assert result["prompt"].split("\n")[0] == first, result["prompt"]
+
+
+async def test_a_summary_fits_the_servers_own_content_limit(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A tier that declares a `max_content_length` below the summary's length still summarises: the
+    summary is made to fit, instead of the server refusing its own write with an error about
+    `records[0].content`, a param the caller never sent."""
+    from backends.serve import build
+    from backends.settings import TierSettings
+
+    server = build("semantic", TierSettings(name="semantic", data_dir=tmp_path / "semantic"),
+                   limits={"max_records_per_call": 100, "max_content_length": 60, "max_recall_limit": 100})
+    await server.startup()
+    try:
+        d, me = Dispatcher(server), owner()
+        assert (await call(d, "memory/describe", {"owner": me}))["limits"]["max_content_length"] == 60
+        ids = (await call(d, "memory/remember", {"owner": me, "records": [
+            {"content": "Anna met Marco in Rome on 3 May 2023."},
+            {"content": "Marco paid 42 euros for the dinner."}]}))["ids"]
+        result = await call(d, "memory/summarize", {"owner": me, "ids": ids})
+        assert result["written"] == 1, result
+        assert 0 < len(result["records"][0]["content"]) <= 60
+    finally:
+        await server.shutdown()
