@@ -102,8 +102,11 @@ def _line(record: Record, style: str, cite: bool) -> str:
     return f"- {text}{tag}"
 
 
-def render(records: Sequence[Record], options: dict[str, Any], *, ordered_by_time: bool) -> dict[str, Any]:
-    """`{prompt, prompt_ids}` for `records`. `ordered_by_time` says whether they come from timeline."""
+def render(records: Sequence[Record], options: dict[str, Any], *, ordered_by_time: bool,
+           written: Sequence[str] | None = None) -> dict[str, Any]:
+    """`{prompt, prompt_ids}` for `records`. `ordered_by_time` says whether they come from timeline;
+    `written`, for a recall, their ids in the order they were written (as timeline would show them:
+    records written in one call share their `created_at`), which a transcript follows."""
     if options["method"] == "none":
         return {"prompt": "", "prompt_ids": []}
     style = options["style"]
@@ -112,7 +115,8 @@ def render(records: Sequence[Record], options: dict[str, Any], *, ordered_by_tim
     records = [r for r in records if _text(r)]  # a record with nothing to show is not in the prompt
     rank = {id(r): i for i, r in enumerate(records)}  # a recall's relevance order
     if style == "transcript" and not ordered_by_time:
-        records = sorted(records, key=lambda r: r.created_at)
+        place = {record_id: i for i, record_id in enumerate(written or ())}
+        records = sorted(records, key=lambda r: (r.created_at, place.get(r.id, 0)))
     units = [(unit, [_line(r, style, options["cite"]) for r in unit]) for unit in _units(records, style)]
     budget = options["budget"]
     if budget is not None:

@@ -183,10 +183,20 @@ class TierServer(EventMethods):
         return [r.to_wire(embeddings=embeddings, tier=self.name) for r in records]
 
     def _with_prompt(self, result: dict[str, Any], records: Sequence[Record], options: dict[str, Any] | None,
-                     ordered_by_time: bool) -> dict[str, Any]:
+                     ordered_by_time: bool, written: Sequence[str] | None = None) -> dict[str, Any]:
         if options is not None:
-            result.update(prompts.render(records, options, ordered_by_time=ordered_by_time))
+            result.update(prompts.render(records, options, ordered_by_time=ordered_by_time, written=written))
         return result
+
+    async def _written_order(self, owner: str | None, records: Sequence[Record],
+                             options: dict[str, Any] | None) -> list[str] | None:
+        """For a recall's transcript prompt: the records' ids in the order they were written, which
+        their `created_at` alone does not tell for records written in one call."""
+        if options is None or options["style"] != "transcript" or options["method"] == "none" or len(records) < 2:
+            return None
+        ordered = await self.store.select(Scope(owner=owner, ids=[r.id for r in records]), order="asc",
+                                          limit=len(records))
+        return [r.id for r in ordered]
 
     def _prompt_options(self, params: Mapping[str, Any]) -> dict[str, Any] | None:
         value = params.get("prompt")
@@ -377,7 +387,8 @@ class TierServer(EventMethods):
                 for record in records:  # the count this touch made, not the one read before it
                     record.access_count = counts.get(record.id, record.access_count + 1)
                     record.accessed_at = stamp
-        return self._with_prompt({"records": self._wire(records, params)}, records, options, False)
+            written = await self._written_order(scope.owner, records, options)
+        return self._with_prompt({"records": self._wire(records, params)}, records, options, False, written)
 
     async def timeline(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         self._check_tier(params)

@@ -344,3 +344,23 @@ async def test_a_summary_fits_the_servers_own_content_limit(tmp_path) -> None:  
         assert 0 < len(result["records"][0]["content"]) <= 60
     finally:
         await server.shutdown()
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_recall_transcript_shows_turns_written_together_in_the_order_written(
+        tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A question and its answer written in one call share their `created_at`; a transcript of a
+    recall showed them in rank order (the answer, the better hit, first). It shows them as timeline
+    replays them; the facts style keeps the rank order."""
+    d, me = tiers[tier], owner()
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "which city is the capital of Italy?", "role": "user"},
+        {"content": "Rome: Rome is the capital city of Italy, and Rome is large.", "role": "assistant"}]}))["ids"]
+    result = await call(d, "memory/recall", {"owner": me, "query": "Rome capital city", "touch": False,
+                                             "prompt": {"style": "transcript"}})
+    assert [r["id"] for r in result["records"]] == ids[::-1]  # the answer is the better hit
+    assert result["prompt_ids"] == ids
+    assert result["prompt"].split("\n")[0].startswith("user: which city")
+    facts = await call(d, "memory/recall", {"owner": me, "query": "Rome capital city", "touch": False,
+                                            "prompt": {"style": "facts"}})
+    assert facts["prompt_ids"] == ids[::-1]
