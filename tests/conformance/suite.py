@@ -650,7 +650,12 @@ async def _param_type_fields(s: Session) -> None:
                   ("memory/events", {"kinds": "written"}, "kinds")]
     if "summarize" in s.caps and not s.read_only:
         cases += [("memory/summarize", {"query": "x", "into": 5}, "into"), ("memory/summarize", {"tier": 5}, "tier"),
-                  ("memory/summarize", {"query": 5}, "query"), ("memory/summarize", {"query": "x", "key": 5}, "key")]
+                  ("memory/summarize", {"query": 5}, "query"), ("memory/summarize", {"query": "x", "key": 5}, "key"),
+                  ("memory/summarize", {"ids": "x"}, "ids"), ("memory/summarize", {"ids": [5]}, "ids"),
+                  ("memory/summarize", {"query": "x", "limit": -1}, "limit"),
+                  ("memory/summarize", {"query": "x", "limit": 1.5}, "limit"),
+                  ("memory/summarize", {"where": [1]}, "where"), ("memory/summarize", {"key_prefix": 5}, "key_prefix"),
+                  ("memory/summarize", {"query": "x", "owner": 5}, "owner")]
     for method, params, name in cases:
         await expect_invalid(s, method, params, name, f"{method} {params}")
 
