@@ -506,20 +506,25 @@ class TierServer(EventMethods):
         if scope.is_empty_selector() and not query and params.get("tier") is None and not params.get("where"):
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
         limit = self._recall_limit(params, 50)
+
+        def replaced(record: Record) -> bool:  # the summary this call replaces: no source of its next revision
+            return record.key == key and "summary_of" in (record.metadata or {})
+
         with self.engine():
             if limit == 0:  # no limit (no max_recall_limit declared): every record in scope
                 limit = max(await self.store.count(scope.owner), 1)
+            wanted = limit + 1 if key else limit  # room for the summary at `key`, which takes no source's place
             if query:
-                found = await self.store.search(scope, text=query, vector=None, limit=limit)
+                found = [r for r in await self.store.search(scope, text=query, vector=None, limit=wanted)
+                         if not (key and replaced(r))][:limit]
                 # Told in the order they were written, as timeline replays them: records written in
                 # one call share their created_at, and a ranking says nothing of their order.
                 sources = await self.store.select(Scope(owner=scope.owner, ids=[r.id for r in found]),
                                                   order="asc", limit=len(found)) if found else []
             else:
-                sources = await self.store.select(scope, order="desc", limit=limit)  # the newest `limit`
-                sources.reverse()
-        if key:  # the summary this call replaces is no source of its own next revision
-            sources = [r for r in sources if not (r.key == key and "summary_of" in (r.metadata or {}))]
+                newest = await self.store.select(scope, order="desc", limit=wanted)
+                sources = [r for r in newest if not (key and replaced(r))][:limit][::-1]
+        if key:
             held = next((r for r in sources if r.key == key), None)
             if held is not None:  # writing there would replace, so delete, one of the sources
                 raise invalid(f"key {key!r} holds {held.id}, one of the records summarised; a summary never "

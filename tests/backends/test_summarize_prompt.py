@@ -364,3 +364,24 @@ async def test_a_recall_transcript_shows_turns_written_together_in_the_order_wri
     facts = await call(d, "memory/recall", {"owner": me, "query": "Rome capital city", "touch": False,
                                             "prompt": {"style": "facts"}})
     assert facts["prompt_ids"] == ids[::-1]
+
+
+@pytest.mark.parametrize("tier", ["episodic", "semantic"])
+async def test_a_running_summary_takes_no_place_of_a_source_within_limit(
+        tiers: dict[str, Dispatcher], tier: str) -> None:
+    """`limit` bounds the records summarised; the summary already at `key` is no source, so it takes
+    none of those places. Before, the previous summary (the newest record, or the best hit of a
+    query) was read and then left out: a repeated call summarised fewer records, or declined."""
+    d, me = tiers[tier], owner()
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "Anna flew to Rome on 3 May 2023."}, {"content": "Marco met Anna in Rome on 4 May."}]}))["ids"]
+    for selector, limit in (({"tier": tier}, 1), ({"tier": tier}, 2), ({"query": "Anna Rome"}, 2)):
+        key = f"digest/{limit}/{'query' in selector}"
+        results = [await call(d, "memory/summarize", {"owner": me, **selector, "limit": limit, "key": key})
+                   for _ in range(3)]
+        for revision, result in enumerate(results, 1):
+            assert (result["read"], result["written"]) == (limit, 1), (selector, limit, result)
+            summary = result["records"][0]
+            assert summary["revision"] == revision and summary["content"] == results[0]["records"][0]["content"]
+            assert set(summary["metadata"]["summary_of"]) <= set(ids)
+        await call(d, "memory/forget", {"owner": me, "ids": [results[0]["records"][0]["id"]]})

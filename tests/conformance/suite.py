@@ -1443,6 +1443,26 @@ async def _summarize_source_at_key(s: Session) -> None:
         expect(ids[1] in held, f"summarize {params} deleted a source")
 
 
+@check("summarize", "a summary at a key takes no source's place within limit: repeated, it reads as many records",
+       writes=True, needs=("summarize", "keys"))
+async def _summarize_key_limit(s: Session) -> None:
+    m = s.marker()
+    prefix = f"notes/{m}/"
+    ids = await s.remember({"content": f"{m} Anna flew to Rome on 3 May.", "key": prefix + "a"},
+                           {"content": f"{m} Marco met her there on 4 May.", "key": prefix + "b"})
+    texts = []
+    for revision in (1, 2, 3):
+        result = await s.t.call("memory/summarize", {"key_prefix": prefix, "limit": 2, "key": prefix + "digest"})
+        if result.get("written") == 0 and revision == 1:
+            raise Skip("the server declined to summarize")
+        expect(result.get("read") == 2 and result.get("written") == 1,
+               f"summary {revision} at {prefix}digest of the two newest other records: {result}")
+        texts.append(result["records"][0]["content"])
+    expect(len(set(texts)) == 1, f"the same sources gave different summaries: {texts}")
+    still = {r["id"] for r in await s.timeline(key_prefix=prefix)}
+    expect(set(ids) <= still, "summarize deleted its sources")
+
+
 @check("summarize", "a summary is the caller's ordinary record, readable at once; limit bounds what is read; "
                     "a key_prefix alone is a selector", writes=True)
 async def _summarize_record(s: Session) -> None:
