@@ -2,9 +2,11 @@
 
 Only the `template` method is offered (and `none`): a client never triggers
 inference it did not ask for. Rendering never changes which records a call
-returns. `budget` is in approximate tokens (4 characters each) and trimming
-drops whole records — in `transcript` style whole groups, so a tool call is
-never shown without its result.
+returns. `budget` is in approximate tokens — four ASCII characters each, and one
+for every other character (a CJK character is about a token on its own) — and
+trimming drops whole records — in `transcript` style whole groups, so a tool call
+is never shown without its result. A record with no text is shown by its `uri`
+(never fetched) when it has one, and otherwise not at all.
 """
 
 from __future__ import annotations
@@ -30,12 +32,16 @@ def parse(value: Any) -> dict[str, Any] | None:
         return {"method": "template", "style": "auto", "budget": None, "cite": False}
     if not isinstance(value, dict):
         raise invalid("prompt must be true or an object", field="prompt")
-    method = value.get("method", "template")
+    method = value.get("method")
+    if method is None:  # a null option is an option not given, as `budget` and `cite` read it
+        method = "template"
     if method not in METHODS:
         raise invalid(f"prompt method {method!r} is not offered here; offered: {list(METHODS)}", field="prompt.method")
     if value.get("model") is not None:
         raise invalid("no prompt model is offered by this server", field="prompt.model")
-    style = value.get("style", "auto")
+    style = value.get("style")
+    if style is None:
+        style = "auto"
     if style not in STYLES:
         raise invalid(f"prompt style must be one of {list(STYLES)}", field="prompt.style")
     budget = value.get("budget")
@@ -70,24 +76,47 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def _line(record: Record, style: str, cite: bool) -> str:
+def _text(record: Record) -> str:
+    """What a record says: its content, or for a reference (empty content, a `uri`) the reference."""
     text = _flat(record.content)
+    if not text and record.uri:
+        text = _flat(record.uri) + (f" ({_flat(record.media_type)})" if record.media_type else "")
+    return text
+
+
+def _tokens(lines: Sequence[str]) -> int:
+    """Approximate tokens: ASCII text about four characters a token, any other character one."""
+    ascii_chars = wide = 0
+    for line in lines:
+        n = len(line.encode("ascii", "ignore"))
+        ascii_chars += n + 1  # and its line break
+        wide += len(line) - n
+    return ascii_chars // 4 + wide + 1
+
+
+def _line(record: Record, style: str, cite: bool) -> str:
+    text = _text(record)
     tag = f" [{_flat(record.id)}]" if cite else ""
     if style == "transcript":
         return f"{_flat(record.role or '') or 'memory'}: {text}{tag}"
     return f"- {text}{tag}"
 
 
-def render(records: Sequence[Record], options: dict[str, Any], *, ordered_by_time: bool) -> dict[str, Any]:
-    """`{prompt, prompt_ids}` for `records`. `ordered_by_time` says whether they come from timeline."""
+def render(records: Sequence[Record], options: dict[str, Any], *, ordered_by_time: bool,
+           written: Sequence[str] | None = None) -> dict[str, Any]:
+    """`{prompt, prompt_ids}` for `records`. `ordered_by_time` says whether they come from timeline;
+    `written`, for a recall, their ids in the order they were written (as timeline would show them:
+    records written in one call share their `created_at`), which a transcript follows."""
     if options["method"] == "none":
         return {"prompt": "", "prompt_ids": []}
     style = options["style"]
     if style == "auto":
         style = "transcript" if ordered_by_time else "facts"
+    records = [r for r in records if _text(r)]  # a record with nothing to show is not in the prompt
     rank = {id(r): i for i, r in enumerate(records)}  # a recall's relevance order
     if style == "transcript" and not ordered_by_time:
-        records = sorted(records, key=lambda r: r.created_at)
+        place = {record_id: i for i, record_id in enumerate(written or ())}
+        records = sorted(records, key=lambda r: (r.created_at, place.get(r.id, 0)))
     units = [(unit, [_line(r, style, options["cite"]) for r in unit]) for unit in _units(records, style)]
     budget = options["budget"]
     if budget is not None:
@@ -100,7 +129,7 @@ def render(records: Sequence[Record], options: dict[str, Any], *, ordered_by_tim
         kept: set[int] = set()
         used = 0
         for u in priority:
-            cost = sum(len(line) + 1 for line in units[u][1]) // 4 + 1
+            cost = _tokens(units[u][1])
             if used + cost > budget:
                 if ordered_by_time and style == "transcript":
                     break

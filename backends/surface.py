@@ -33,6 +33,7 @@ DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000,
 WRITE_ATTEMPTS = 4  # a batch is resolved again this often when another replica changes its keys meanwhile
 DEFAULT_RECALL_LIMIT = 10
 FORGET_BY_QUERY_LIMIT = 1000
+SUMMARY_CHARS = 1200  # the length of a summary, or this server's max_content_length when that is lower
 
 
 class TierServer(EventMethods):
@@ -182,13 +183,24 @@ class TierServer(EventMethods):
         return [r.to_wire(embeddings=embeddings, tier=self.name) for r in records]
 
     def _with_prompt(self, result: dict[str, Any], records: Sequence[Record], options: dict[str, Any] | None,
-                     ordered_by_time: bool) -> dict[str, Any]:
+                     ordered_by_time: bool, written: Sequence[str] | None = None) -> dict[str, Any]:
         if options is not None:
-            result.update(prompts.render(records, options, ordered_by_time=ordered_by_time))
+            result.update(prompts.render(records, options, ordered_by_time=ordered_by_time, written=written))
         return result
 
+    async def _written_order(self, owner: str | None, records: Sequence[Record],
+                             options: dict[str, Any] | None) -> list[str] | None:
+        """For a recall's transcript prompt: the records' ids in the order they were written, which
+        their `created_at` alone does not tell for records written in one call."""
+        if options is None or options["style"] != "transcript" or options["method"] == "none" or len(records) < 2:
+            return None
+        ordered = await self.store.select(Scope(owner=owner, ids=[r.id for r in records]), order="asc",
+                                          limit=len(records))
+        return [r.id for r in ordered]
+
     def _prompt_options(self, params: Mapping[str, Any]) -> dict[str, Any] | None:
-        if params.get("prompt") in (None, False):
+        value = params.get("prompt")
+        if value is None or value is False:  # not `in (None, False)`: 0 == False, and 0 is no prompt option
             return None
         if "prompt" not in self.capabilities:
             return None  # fields of undeclared capabilities are ignored
@@ -375,7 +387,8 @@ class TierServer(EventMethods):
                 for record in records:  # the count this touch made, not the one read before it
                     record.access_count = counts.get(record.id, record.access_count + 1)
                     record.accessed_at = stamp
-        return self._with_prompt({"records": self._wire(records, params)}, records, options, False)
+            written = await self._written_order(scope.owner, records, options)
+        return self._with_prompt({"records": self._wire(records, params)}, records, options, False, written)
 
     async def timeline(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         self._check_tier(params)
@@ -493,16 +506,31 @@ class TierServer(EventMethods):
         if scope.is_empty_selector() and not query and params.get("tier") is None and not params.get("where"):
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
         limit = self._recall_limit(params, 50)
+
+        def replaced(record: Record) -> bool:  # the summary this call replaces: no source of its next revision
+            return record.key == key and "summary_of" in (record.metadata or {})
+
         with self.engine():
             if limit == 0:  # no limit (no max_recall_limit declared): every record in scope
                 limit = max(await self.store.count(scope.owner), 1)
+            wanted = limit + 1 if key else limit  # room for the summary at `key`, which takes no source's place
             if query:
-                sources = await self.store.search(scope, text=query, vector=None, limit=limit)
+                found = [r for r in await self.store.search(scope, text=query, vector=None, limit=wanted)
+                         if not (key and replaced(r))][:limit]
+                # Told in the order they were written, as timeline replays them: records written in
+                # one call share their created_at, and a ranking says nothing of their order.
+                sources = await self.store.select(Scope(owner=scope.owner, ids=[r.id for r in found]),
+                                                  order="asc", limit=len(found)) if found else []
             else:
-                sources = await self.store.select(scope, order="desc", limit=limit)
-        if key:  # the summary this call replaces is no source of its own next revision
-            sources = [r for r in sources if not (r.key == key and "summary_of" in (r.metadata or {}))]
-        text = extract_summary(sources)
+                newest = await self.store.select(scope, order="desc", limit=wanted)
+                sources = [r for r in newest if not (key and replaced(r))][:limit][::-1]
+        if key:
+            held = next((r for r in sources if r.key == key), None)
+            if held is not None:  # writing there would replace, so delete, one of the sources
+                raise invalid(f"key {key!r} holds {held.id}, one of the records summarised; a summary never "
+                              "replaces its sources: choose another key", field="key", id=held.id)
+        max_len = self.limits.get("max_content_length")
+        text = extract_summary(sources, max_chars=min(SUMMARY_CHARS, max_len) if max_len else SUMMARY_CHARS)
         if not text:
             return {"records": [], "read": len(sources), "written": 0}
         record: dict[str, Any] = {"content": text, "role": "memory",

@@ -773,14 +773,22 @@ class Router(EventMethods):
             named = where.get("id", scope.ids)
             named = [named] if isinstance(named, str) else named if isinstance(named, list) else []
             asked["where"] = {**where, "id": [i for i in scope.ids if i in named]}
+        cap = self.limits.get("max_recall_limit")
+        wanted = limit + 1 if key and limit and (not cap or limit < cap) else limit  # room for the summary at key
         if query:
-            read = await self.recall(asked | {"limit": limit, "touch": False}, ctx)
+            read = await self.recall(asked | {"limit": wanted, "touch": False}, ctx)
         else:
-            read = await self.timeline(asked | {"limit": limit}, ctx)
+            read = await self.timeline(asked | {"limit": wanted}, ctx)
         sources = read["records"]
         partial = {"degraded": read["degraded"]} if read.get("degraded") else {}  # a tier left out, as a read says
-        if key:  # the summary this call replaces is no source of its own next revision
+        if key:  # the summary this call replaces is no source of its own next revision, nor takes one's place
             sources = [r for r in sources if not (r.get("key") == key and "summary_of" in (r.get("metadata") or {}))]
+            if limit and len(sources) > limit:
+                sources = sources[:limit] if query else sources[-limit:]  # the best hits; the newest records
+            held = next((r["id"] for r in sources if r.get("key") == key), None)
+            if held is not None:  # writing there would replace, so delete, one of the sources
+                raise invalid(f"key {key!r} holds {held}, one of the records summarised; a summary never "
+                              "replaces its sources: choose another key", field="key", id=held)
         records = [Record.from_wire(r) for r in sources]
         text = extract_summary(records)
         if not text:

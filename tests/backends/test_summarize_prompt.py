@@ -161,3 +161,227 @@ async def test_a_budgeted_recall_prompt_keeps_the_best_hits_in_any_style(
                                                  "prompt": {"style": style, "budget": 16}})
         assert result["records"][0]["content"].startswith("the zeppelin"), result["records"]
         assert result["prompt_ids"] == [result["records"][0]["id"]], style
+
+
+# ---- summarize: statement by statement ------------------------------------------------------------
+
+@pytest.mark.parametrize("tier", ["episodic", "semantic"])
+async def test_a_summary_keeps_the_order_a_batch_was_written_in(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """Records written in one call share their `created_at`; the summary still tells them in the
+    order they were written (as timeline replays them), whichever selector read them, and
+    `summary_of` lists them in that order too."""
+    d, me = tiers[tier], owner()
+    said = ["Anna arrived in Rome on 1 May.", "Marco arrived in Milan on 2 May.", "Luca arrived in Turin on 3 May.",
+            "Sara arrived in Parma on 4 May.", "Ugo arrived in Pisa on 5 May."]
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [{"content": c} for c in said]}))["ids"]
+    timeline = await call(d, "memory/timeline", {"owner": me})
+    assert [r["id"] for r in timeline["records"]] == ids  # what "the order they were written" means here
+    for selector in ({"ids": ids}, {"ids": ids[::-1]}, {"tier": tier}, {"query": "arrived"}):
+        result = await call(d, "memory/summarize", {"owner": me, **selector, "limit": 5})
+        assert result["written"] == 1 and result["read"] == 5, (selector, result)
+        summary = result["records"][0]
+        assert summary["content"] == " ".join(said), selector
+        assert summary["metadata"]["summary_of"] == ids, selector
+        await call(d, "memory/forget", {"owner": me, "ids": [summary["id"]]})
+
+
+@pytest.mark.parametrize("tier", ["episodic", "semantic"])
+async def test_a_summary_never_replaces_a_source_held_at_its_key(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """`key` names where the summary is written, replacing what is there; when what is there is one
+    of the records being summarised, writing would delete a source (its content replaced by the
+    summary, and the summary listing itself in `summary_of`). That call is refused (-32602, naming
+    `key`) and changes nothing; a record at the key that is not a source is still replaced."""
+    d, me = tiers[tier], owner()
+    held = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "The city is Rome since 2020.", "key": "app/city"}]}))["ids"]
+    other = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "Anna moved there on 3 May 2021."}]}))["ids"]
+    for selector in ({"ids": held + other}, {"query": "Rome city"}, {"key_prefix": "app/"}, {"tier": tier}):
+        assert await call(d, "memory/summarize", {"owner": me, **selector, "key": "app/city"}) == {"error": -32602}
+    fetched = (await call(d, "memory/fetch", {"owner": me, "key": "app/city"}))["record"]
+    assert (fetched["id"], fetched["content"], fetched["revision"]) == (held[0], "The city is Rome since 2020.", 1)
+    assert len((await call(d, "memory/timeline", {"owner": me}))["records"]) == 2
+    # not a source (only `other` is read): the key's record is replaced, as the protocol says
+    result = await call(d, "memory/summarize", {"owner": me, "ids": other, "key": "app/city"})
+    assert result["written"] == 1 and result["records"][0]["id"] == held[0]
+    assert result["records"][0]["revision"] == 2 and result["records"][0]["metadata"]["summary_of"] == other
+
+
+LINES = ("Meeting notes\nAnna booked 3 rooms for the offsite\nMarco pays the deposit of 400 euros\n"
+         + " ".join(["then another open point was discussed at length"] * 40))  # one sentence > 1200 chars
+
+
+@pytest.mark.parametrize("tier", ["episodic", "semantic"])
+async def test_an_earlier_summary_among_the_sources_adds_nothing(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A summary is an ordinary record, so a later summary of the same selection reads it too. Its
+    sentences are the sources' own and are kept once: the next summary is the same text, not the
+    text twice. Before, sentences ended by a line break (lists, notes) and the cut pieces of an
+    over-long sentence were glued into new sentences, so each summary repeated the one before."""
+    d, me = tiers[tier], owner()
+    await call(d, "memory/remember", {"owner": me, "records": [{"content": LINES, "role": "user"}]})
+    first = await call(d, "memory/summarize", {"owner": me, "tier": tier})
+    assert first["written"] == 1 and first["read"] == 1
+    text = first["records"][0]["content"]
+    assert "Anna booked 3 rooms for the offsite" in text and "400 euros" in text and len(text) <= 1200
+    assert "then another open point" in text  # a cut piece of the long sentence fits too
+    for read in (2, 3):
+        again = await call(d, "memory/summarize", {"owner": me, "tier": tier})
+        assert again["read"] == read and again["records"][0]["content"] == text
+    solo = await call(d, "memory/summarize", {"owner": me, "ids": [first["records"][0]["id"]]})
+    assert solo["records"][0]["content"] == text  # a summary of a summary is itself
+
+
+MARKDOWN = """# Plan for 3 May
+
+- Book 2 rooms at the Hotel Roma
+- Call Anna before noon
+
+```python
+print(42)
+```
+
+---
+| who | paid |
+|-----|------|
+| Marco | 40 |
+"""
+
+
+@pytest.mark.parametrize("tier", ["episodic", "semantic"])
+async def test_a_summary_of_markdown_keeps_its_lines_not_its_fences(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """Markdown and code are summarised line by line, each line kept whole and on a line of its
+    own; a line that only frames or rules (a code fence, `---`, a table's `|---|`) carries nothing
+    and is left out, so a summary never holds half a code fence."""
+    d, me = tiers[tier], owner()
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [{"content": MARKDOWN}]}))["ids"]
+    result = await call(d, "memory/summarize", {"owner": me, "ids": ids})
+    lines = result["records"][0]["content"].split("\n")
+    assert lines == ["# Plan for 3 May", "- Book 2 rooms at the Hotel Roma", "- Call Anna before noon",
+                     "print(42)", "| who | paid |", "| Marco | 40 |"], lines
+
+
+# ---- prompt: statement by statement --------------------------------------------------------------
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_prompt_options_given_as_null_take_their_defaults(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A null option is an option not given, as everywhere else in A2M (`budget: null`, `cite: null`
+    already were); `method: null` and `style: null` answered -32602."""
+    d, me = tiers[tier], owner()
+    await call(d, "memory/remember", {"owner": me, "records": [{"content": "a plain fact", "role": "user"}]})
+    plain = await call(d, "memory/timeline", {"owner": me, "prompt": True})
+    nulls = await call(d, "memory/timeline", {"owner": me, "prompt": {
+        "method": None, "style": None, "model": None, "budget": None, "cite": None}})
+    assert nulls["prompt"] == plain["prompt"] == "user: a plain fact"
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_prompt_zero_is_refused_as_every_server_refuses_it(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """`prompt` is true, false, null or an object: `0` (or `0.0`) is refused with -32602, as the router
+    refuses it, not read as false."""
+    d, me = tiers[tier], owner()
+    for method in ("memory/recall", "memory/timeline"):
+        for value in (0, 0.0, 1, ""):
+            assert await call(d, method, {"owner": me, "prompt": value}) == {"error": -32602}, (method, value)
+
+
+CJK_TURNS = [f"第{i}回の会議は東京で開かれ、田中さんが案件を報告しました。" * 2 for i in range(1, 7)]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_budget_counts_cjk_text_as_a_model_does(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A budget is in approximate tokens. Four characters make about one token in English, but a
+    Chinese or Japanese character is about one token on its own: counting it as a quarter let a
+    budgeted prompt of CJK text run to four times its budget."""
+    d, me = tiers[tier], owner()
+    for content in CJK_TURNS:
+        await call(d, "memory/remember", {"owner": me, "records": [{"content": content, "role": "user"}]})
+    budget = 120
+    result = await call(d, "memory/timeline", {"owner": me, "prompt": {"budget": budget}})
+    wide = sum(not ch.isascii() for ch in result["prompt"])
+    assert 0 < wide <= budget, (wide, result["prompt_ids"])
+    assert len(result["prompt_ids"]) == 2  # each turn is 56 characters: two fit in 120 tokens
+    english = await call(d, "memory/timeline", {"owner": me, "prompt": {"budget": 10_000}})
+    assert len(english["prompt_ids"]) == 6
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_prompt_shows_a_reference_record_by_its_uri_and_leaves_out_empty_ones(
+        tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A record may be only a reference (`uri`, empty content): the prompt names the reference (never
+    fetching it) rather than an empty line; a record with no text and no reference adds nothing,
+    so it takes no line and is not among `prompt_ids`."""
+    d, me = tiers[tier], owner()
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "", "uri": "s3://bucket/plan\n.png", "media_type": "image/png", "role": "user"},
+        {"content": "   ", "role": "assistant"},
+        {"content": "the plan is attached", "role": "user"}]}))["ids"]
+    for style, first in (("transcript", "user: s3://bucket/plan .png (image/png)"),
+                         ("facts", "- s3://bucket/plan .png (image/png)")):
+        result = await call(d, "memory/timeline", {"owner": me, "prompt": {"style": style}})
+        assert len(result["records"]) == 3
+        assert result["prompt_ids"] == [ids[0], ids[2]], style
+        assert result["prompt"].split("\n")[0] == first, result["prompt"]
+
+
+async def test_a_summary_fits_the_servers_own_content_limit(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A tier that declares a `max_content_length` below the summary's length still summarises: the
+    summary is made to fit, instead of the server refusing its own write with an error about
+    `records[0].content`, a param the caller never sent."""
+    from backends.serve import build
+    from backends.settings import TierSettings
+
+    server = build("semantic", TierSettings(name="semantic", data_dir=tmp_path / "semantic"),
+                   limits={"max_records_per_call": 100, "max_content_length": 60, "max_recall_limit": 100})
+    await server.startup()
+    try:
+        d, me = Dispatcher(server), owner()
+        assert (await call(d, "memory/describe", {"owner": me}))["limits"]["max_content_length"] == 60
+        ids = (await call(d, "memory/remember", {"owner": me, "records": [
+            {"content": "Anna met Marco in Rome on 3 May 2023."},
+            {"content": "Marco paid 42 euros for the dinner."}]}))["ids"]
+        result = await call(d, "memory/summarize", {"owner": me, "ids": ids})
+        assert result["written"] == 1, result
+        assert 0 < len(result["records"][0]["content"]) <= 60
+    finally:
+        await server.shutdown()
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_recall_transcript_shows_turns_written_together_in_the_order_written(
+        tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A question and its answer written in one call share their `created_at`; a transcript of a
+    recall showed them in rank order (the answer, the better hit, first). It shows them as timeline
+    replays them; the facts style keeps the rank order."""
+    d, me = tiers[tier], owner()
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "which city is the capital of Italy?", "role": "user"},
+        {"content": "Rome: Rome is the capital city of Italy, and Rome is large.", "role": "assistant"}]}))["ids"]
+    result = await call(d, "memory/recall", {"owner": me, "query": "Rome capital city", "touch": False,
+                                             "prompt": {"style": "transcript"}})
+    assert [r["id"] for r in result["records"]] == ids[::-1]  # the answer is the better hit
+    assert result["prompt_ids"] == ids
+    assert result["prompt"].split("\n")[0].startswith("user: which city")
+    facts = await call(d, "memory/recall", {"owner": me, "query": "Rome capital city", "touch": False,
+                                            "prompt": {"style": "facts"}})
+    assert facts["prompt_ids"] == ids[::-1]
+
+
+@pytest.mark.parametrize("tier", ["episodic", "semantic"])
+async def test_a_running_summary_takes_no_place_of_a_source_within_limit(
+        tiers: dict[str, Dispatcher], tier: str) -> None:
+    """`limit` bounds the records summarised; the summary already at `key` is no source, so it takes
+    none of those places. Before, the previous summary (the newest record, or the best hit of a
+    query) was read and then left out: a repeated call summarised fewer records, or declined."""
+    d, me = tiers[tier], owner()
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "Anna flew to Rome on 3 May 2023."}, {"content": "Marco met Anna in Rome on 4 May."}]}))["ids"]
+    for selector, limit in (({"tier": tier}, 1), ({"tier": tier}, 2), ({"query": "Anna Rome"}, 2)):
+        key = f"digest/{limit}/{'query' in selector}"
+        results = [await call(d, "memory/summarize", {"owner": me, **selector, "limit": limit, "key": key})
+                   for _ in range(3)]
+        for revision, result in enumerate(results, 1):
+            assert (result["read"], result["written"]) == (limit, 1), (selector, limit, result)
+            summary = result["records"][0]
+            assert summary["revision"] == revision and summary["content"] == results[0]["records"][0]["content"]
+            assert set(summary["metadata"]["summary_of"]) <= set(ids)
+        await call(d, "memory/forget", {"owner": me, "ids": [results[0]["records"][0]["id"]]})

@@ -650,7 +650,12 @@ async def _param_type_fields(s: Session) -> None:
                   ("memory/events", {"kinds": "written"}, "kinds")]
     if "summarize" in s.caps and not s.read_only:
         cases += [("memory/summarize", {"query": "x", "into": 5}, "into"), ("memory/summarize", {"tier": 5}, "tier"),
-                  ("memory/summarize", {"query": 5}, "query"), ("memory/summarize", {"query": "x", "key": 5}, "key")]
+                  ("memory/summarize", {"query": 5}, "query"), ("memory/summarize", {"query": "x", "key": 5}, "key"),
+                  ("memory/summarize", {"ids": "x"}, "ids"), ("memory/summarize", {"ids": [5]}, "ids"),
+                  ("memory/summarize", {"query": "x", "limit": -1}, "limit"),
+                  ("memory/summarize", {"query": "x", "limit": 1.5}, "limit"),
+                  ("memory/summarize", {"where": [1]}, "where"), ("memory/summarize", {"key_prefix": 5}, "key_prefix"),
+                  ("memory/summarize", {"query": "x", "owner": 5}, "owner")]
     for method, params, name in cases:
         await expect_invalid(s, method, params, name, f"{method} {params}")
 
@@ -1333,6 +1338,52 @@ async def _prompt(s: Session) -> None:
            f"a budget must drop whole records: {kept} of {list(contents)}, prompt {trimmed.get('prompt')!r}")
 
 
+@check("prompt", "a bad prompt option answers -32602 naming it, on recall and timeline; a null option is its default",
+       writes=True)
+async def _prompt_options(s: Session) -> None:
+    m = s.marker()
+    await s.remember({"content": f"{m} drinks coffee", "role": "user", "metadata": {"m": m}})
+    bad: list[tuple[Any, str]] = [(0, "prompt"), (1, "prompt"), ("true", "prompt"), ([], "prompt"),
+                                  ({"style": f"no-such-style-{m}"}, "prompt.style"),
+                                  ({"budget": -1}, "prompt.budget"), ({"budget": 1.5}, "prompt.budget"),
+                                  ({"budget": True}, "prompt.budget"), ({"budget": "10"}, "prompt.budget"),
+                                  ({"cite": "false"}, "prompt.cite")]
+    for method in ("memory/recall", "memory/timeline"):
+        for value, name in bad:
+            await expect_invalid(s, method, {"where": {"m": m}, "prompt": value}, name, f"{method} prompt {value!r}")
+        given = await s.t.call(method, {"where": {"m": m}, "touch": False, "prompt": True})
+        nulls = await s.t.call(method, {"where": {"m": m}, "touch": False, "prompt": {
+            "method": None, "style": None, "model": None, "budget": None, "cite": None}})
+        expect(nulls.get("prompt") == given.get("prompt") and m in given.get("prompt", ""),
+               f"{method}: null prompt options gave {nulls.get('prompt')!r}, not the defaults' {given.get('prompt')!r}")
+
+
+@check("prompt", "a timeline prompt never changes the records; its ids are records shown, in their order; "
+                 "a budget drops whole records", writes=True)
+async def _prompt_timeline(s: Session) -> None:
+    m = s.marker()
+    for i in range(4):
+        await s.remember({"content": f"{m} turn {'abcd'[i]} of a long enough conversation", "role": "user",
+                          "metadata": {"m": m}})
+    plain = await s.timeline(where={"m": m})
+    for prompt in (True, {"style": "facts"}, {"style": "transcript", "cite": True}, {"budget": 20}, {"budget": 0},
+                   {"style": "facts", "budget": 25}):
+        result = await s.t.call("memory/timeline", {"where": {"m": m}, "prompt": prompt})
+        order = [r["id"] for r in plain]
+        expect([r["id"] for r in result["records"]] == order, f"timeline with prompt {prompt} changed the records")
+        shown = result.get("prompt_ids")
+        expect(isinstance(result.get("prompt"), str) and isinstance(shown, list)
+               and shown == [i for i in order if i in shown],
+               f"prompt {prompt}: prompt_ids {shown} are not records of the result in their order")
+        contents = {r["id"]: r["content"] for r in plain}
+        expect(all(contents[i] in result["prompt"] for i in shown),
+               f"prompt {prompt}: a record shown only in part: {result['prompt']!r}")
+        if isinstance(prompt, dict) and prompt.get("budget") is not None:
+            expect(len(shown) < len(plain), f"prompt {prompt}: a budget of {prompt['budget']} kept every record")
+        else:  # the default method renders every record it is given
+            expect(len(shown) == len(plain), f"prompt {prompt} without a budget left records out: {shown}")
+
+
 # ---------------------------------------------------------------- summarize
 
 @check("summarize", "summarize needs a selector, writes a summary and never deletes sources", writes=True)
@@ -1372,6 +1423,90 @@ async def _summarize_key(s: Session) -> None:
         fetched = (await s.t.call("memory/fetch", {"key": key}))["record"]
         expect(fetched is not None and fetched["id"] == summary["id"] and fetched.get("revision") == 2,
                f"the key holds {fetched}")
+
+
+@check("summarize", "summarize never deletes a source, not even one at the key it is asked to write",
+       writes=True, needs=("summarize", "keys"))
+async def _summarize_source_at_key(s: Session) -> None:
+    m = s.marker()
+    key = f"app/{m}/city"
+    ids = await s.remember({"content": f"{m} lives in Rome since 2020.", "key": key, "metadata": {"m": m}},
+                           {"content": f"{m} moved there on 3 May 2021.", "metadata": {"m": m}})
+    for params in ({"ids": ids}, {"where": {"m": m}}, {"query": m}):
+        try:
+            await s.t.call("memory/summarize", {**params, "key": key})
+        except RPCError as exc:
+            expect(exc.code == -32602, f"summarize {params} at a source's key: error {exc.code}")
+        held = {r["id"]: r for r in await s.timeline(where={"m": m})}
+        expect(held.get(ids[0], {}).get("content") == f"{m} lives in Rome since 2020.",
+               f"summarize {params} at {key} replaced the source there: {held.get(ids[0])}")
+        expect(ids[1] in held, f"summarize {params} deleted a source")
+
+
+@check("summarize", "a summary at a key takes no source's place within limit: repeated, it reads as many records",
+       writes=True, needs=("summarize", "keys"))
+async def _summarize_key_limit(s: Session) -> None:
+    m = s.marker()
+    prefix = f"notes/{m}/"
+    ids = await s.remember({"content": f"{m} Anna flew to Rome on 3 May.", "key": prefix + "a"},
+                           {"content": f"{m} Marco met her there on 4 May.", "key": prefix + "b"})
+    texts = []
+    for revision in (1, 2, 3):
+        result = await s.t.call("memory/summarize", {"key_prefix": prefix, "limit": 2, "key": prefix + "digest"})
+        if result.get("written") == 0 and revision == 1:
+            raise Skip("the server declined to summarize")
+        expect(result.get("read") == 2 and result.get("written") == 1,
+               f"summary {revision} at {prefix}digest of the two newest other records: {result}")
+        texts.append(result["records"][0]["content"])
+    expect(len(set(texts)) == 1, f"the same sources gave different summaries: {texts}")
+    still = {r["id"] for r in await s.timeline(key_prefix=prefix)}
+    expect(set(ids) <= still, "summarize deleted its sources")
+
+
+@check("summarize", "a summary is the caller's ordinary record, readable at once; limit bounds what is read; "
+                    "a key_prefix alone is a selector", writes=True)
+async def _summarize_record(s: Session) -> None:
+    m = s.marker()
+    ids = await s.remember(*[{"content": f"{m} visited Lisbon on {d} March 2024.", "metadata": {"m": m}}
+                             for d in (3, 4, 5)])
+    nothing = await s.t.call("memory/summarize", {"key_prefix": f"none/{m}/"})
+    expect((nothing.get("read"), nothing.get("written"), nothing.get("records")) == (0, 0, []),
+           f"summarize of an empty key_prefix: {nothing}")
+    limited = await s.t.call("memory/summarize", {"where": {"m": m}, "limit": 2})
+    expect(limited.get("read") == 2, f"summarize with limit 2 read {limited.get('read')}")
+    writable = [t["name"] for t in s.describe.get("tiers") or [] if not t.get("read_only")]
+    into = {"into": writable[0]} if "tiers" in s.caps and writable else {}
+    result = await s.t.call("memory/summarize", {"where": {"m": m}, **into})
+    expect(result.get("read") == 3, f"summarize of three records read {result.get('read')}")
+    if result.get("written") == 0:
+        raise Skip("the server declined to summarize")
+    expect(result.get("written") == 1 and len(result.get("records", [])) == 1, f"summarize: {result}")
+    summary = result["records"][0]
+    expect(isinstance(summary.get("id"), str) and isinstance(summary.get("content"), str)
+           and is_stamp(summary.get("created_at")) and "score" not in summary, f"the summary record: {summary}")
+    if into:
+        expect(summary.get("tier") == into["into"], f"summary into {into['into']} landed in {summary.get('tier')}")
+    found = await s.timeline(where={"id": summary["id"]})
+    expect([r["id"] for r in found] == [summary["id"]], "the summary is not readable right after summarize returns")
+    still = {r["id"] for r in await s.timeline(where={"m": m})}
+    expect(set(ids) <= still, "summarize deleted its sources")
+    if "scopes" in s.caps:
+        stranger = f"stranger-{m}"
+        expect(not await s.timeline(where={"id": summary["id"]}, owner=stranger), "another owner sees the summary")
+
+
+@check("scopes", "a summary never reads another owner's records", writes=True, needs=("scopes", "summarize"))
+async def _summarize_owner(s: Session) -> None:
+    m = s.marker()
+    alice, carol = f"alice-{m}", f"carol-{m}"
+    ids = await s.remember({"content": f"{m} alice met Bruno in Oslo on 9 May.", "metadata": {"m": m}},
+                           {"content": f"{m} alice paid 300 crowns.", "metadata": {"m": m}}, owner=alice)
+    for params in ({"ids": ids}, {"query": m}, {"where": {"m": m}}, {"where": {"m": m, "owner": alice}}):
+        result = await s.t.call("memory/summarize", {**params, "owner": carol})
+        expect((result.get("read"), result.get("written"), result.get("records")) == (0, 0, []),
+               f"{carol} summarising {params} read {alice}'s records: {result}")
+    expect(len(await s.timeline(where={"m": m}, owner=alice)) == 2, "another owner's summarize changed the records")
+    expect(not await s.timeline(where={"m": m}, owner=carol), "a summary was written for an owner with no records")
 
 
 # ---------------------------------------------------------------- HTTP rules
