@@ -536,6 +536,8 @@ class Checker:
         elif self.concurrent and isinstance(plan, int) and plan == -32005 and "error" not in answer and not any(
                 rec.get("owner", p) != p for rec in params["records"]):
             plan = self.plan_write(p, params["records"], foreign=False)  # it moved away meanwhile
+        if isinstance(plan, dict) and plan.get("refusable") and answer.get("error") == -32602:
+            plan = -32602
         if isinstance(plan, int):
             assert answer.get("error") == plan, f"want error {plan}: {where}"
             await self.settle(p, where, changed=False)
@@ -718,9 +720,14 @@ class Checker:
         held = self.model.by_key(p, key) if key else None
         if key:  # the summary this call replaces is no source of its own next revision
             sources = [r for r in sources if not (r["key"] == key and "summary_of" in r["metadata"])]
+        read = sources[-50:] if len(sources) > 50 else sources
+        if held and any(r["id"] == held["id"] for r in read):
+            return -32602  # writing at the key would replace, so delete, one of the sources
         if held and params.get("into") and held["tier"] != params["into"]:
             return -32602 if sources else {"sources": sources, "held": held}
-        return {"sources": sources[-50:] if len(sources) > 50 else sources, "held": held}
+        # A query reads a hit's session neighbours too (decision 21): the key's record may be read then.
+        refusable = bool(held and params.get("query") and "summary_of" not in held["metadata"])
+        return {"sources": read, "held": held, "refusable": refusable}
 
     async def summarized(self, p: str, params: dict[str, Any], plan: dict[str, Any], answer: dict[str, Any],
                          where: str) -> None:

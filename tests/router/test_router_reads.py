@@ -127,7 +127,8 @@ async def test_summarize_into_a_tier_does_not_land_where_its_key_lives(stack: St
     me = owner()
     async with HTTPClient(stack.url) as router:
         ids = (await router.call("memory/remember", {"owner": me, "records": [
-            {"content": "met Anna in Rome on 3 May 2023", "key": "sum/1"}]}))["ids"]
+            {"content": "met Anna in Rome on 3 May 2023"}, {"content": "an earlier digest", "key": "sum/1"}]}))["ids"]
+        ids = ids[:1]  # the key holds no source: a summary never replaces one of its sources
         with pytest.raises(A2MError) as refused:
             await router.call("memory/summarize", {"owner": me, "ids": ids, "into": "episodic", "key": "sum/1"})
         assert refused.value.code == -32602 and refused.value.data["tier"] == "working"
