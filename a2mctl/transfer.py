@@ -22,7 +22,7 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO, Any, AsyncIterator, Iterator, Sequence
+from typing import IO, AbstractSet, Any, AsyncIterator, Iterator, Sequence
 
 import orjson
 
@@ -161,16 +161,31 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
             cap = _recall_cap(described)
             page = min(page, cap) if cap else page
             progress = _progress()
+            # The owner each record carries, once its partition is in the file. An endpoint may answer
+            # one partition for two passes: under a principal's bearer token every call is that
+            # principal's (protocol §7), so the unowned pass reads what `--owner <principal>` reads;
+            # a server without scopes, or a shared corpus, gives every owner the same records.
+            done: set[str | None] = set()
             with _output(file) as out, progress if not quiet else contextlib.nullcontext():
-                for owner in owners:
+                for owner in dict.fromkeys(owners):
+                    if owner is not None and owner in done:
+                        continue  # an earlier pass was answered with this owner's records
                     counts = {t.get("name"): int(t.get("count") or 0)
                               for t in (await _describe(client, owner)).get("tiers") or []}
+                    answered: set[str | None] = set()
                     for tier in tiers:
                         total = counts.get(tier) if tier is not None else sum(counts.values()) or None
                         label = f"export {tier or described.get('name') or url}" + (f" ({owner})" if owner else "")
                         task = None if quiet else progress.add_task(label, total=total)
                         written += await _export_stream(client, out, tier=tier, owner=owner, embeddings=embeddings,
-                                                        page=page, cap=cap, progress=None if quiet else progress, task=task)
+                                                        page=page, cap=cap, progress=None if quiet else progress,
+                                                        task=task, skip=done, answered=answered)
+                    if owner is None and answered - {None}:
+                        others = ", ".join(repr(o) for o in sorted(answered - {None}))
+                        print(f"a2m export: the endpoint answers the unowned pass with the records of {others} "
+                              "(a token's principal is the owner scope of every call); they are in the file "
+                              "once, and the unowned partition cannot be read with this token", file=sys.stderr)
+                    done |= answered | ({owner} if owner is not None else set())
     except TransferError as exc:
         print(f"a2m export: {exc}", file=sys.stderr)
         return 1
@@ -186,19 +201,25 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
 
 
 async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner: str | None, embeddings: bool,
-                         page: int, cap: int | None, progress: Any, task: Any) -> int:
+                         page: int, cap: int | None, progress: Any, task: Any, skip: AbstractSet[str | None] = frozenset(),
+                         answered: set[str | None] | None = None) -> int:
+    """One (tier, owner) stream into `out`, oldest first; records of an owner in `skip` (already in
+    the file) are left out. The owners the endpoint answered with are added to `answered`."""
     # Spool pages (newest first) to a temporary file, then copy them out oldest first.
     offsets: list[tuple[int, int]] = []
     count = 0
     with tempfile.TemporaryFile() as spool:
-        async for records in pages_backwards(client, tier=tier, owner=owner, embeddings=embeddings, page=page,
-                                                 cap=cap):
+        async for page_records in pages_backwards(client, tier=tier, owner=owner, embeddings=embeddings, page=page,
+                                                  cap=cap):
+            if answered is not None:
+                answered.update(r.get("owner") for r in page_records)
+            records = [r for r in page_records if r.get("owner") not in skip]
             blob = b"".join(orjson.dumps(_clean(r, embeddings)) + b"\n" for r in records)
             offsets.append((spool.tell(), len(blob)))
             spool.write(blob)
             count += len(records)
             if progress is not None:
-                progress.advance(task, len(records))
+                progress.advance(task, len(page_records))
         for start, size in reversed(offsets):
             spool.seek(start)
             out.write(spool.read(size))
