@@ -251,9 +251,40 @@ def _os_error(exc: OSError) -> str:
     return f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
 
 
-def _written(sent: int) -> str:
-    return (f" ({sent} records before it were written; importing the file again skips them)" if sent
-            else " (nothing was written)")
+def _span(first: int, last: int) -> str:
+    return f"line {first}" if first == last else f"lines {first}-{last}"
+
+
+class _Written:
+    """How far an import got, said by file line: what a second run skips, or where it should start."""
+
+    def __init__(self, file: str, url: str) -> None:
+        self.file, self.url = file, url
+        self.records = 0  # records in batches the endpoint answered
+        self.through = 0  # the file line of the last of them
+        self.without_id = 0  # of them, those with no id: a second import writes them again
+        self.in_flight: tuple[int, int] | None = None  # a batch sent and not answered: written or not
+
+    def __str__(self) -> str:
+        if not self.records and self.in_flight is None:
+            return "nothing was written"
+        said = []
+        if self.records:
+            said.append(f"{_span(1, self.through)} ({self.records} record{'' if self.records == 1 else 's'}) "
+                        "were written")
+        after = self.through + 1
+        if self.in_flight is not None:
+            said.append(f"the batch of {_span(*self.in_flight)} was being written and may have been")
+            after = self.in_flight[1] + 1
+        said[-1] += f", line {after} and after were not"
+        if not self.without_id:
+            said.append("importing the file again skips them (by id)")
+        else:
+            resume = self.in_flight[0] if self.in_flight is not None else self.through + 1
+            how = f" (tail -n +{resume} {shlex.quote(self.file)} | a2m import {self.url} -)" if self.file != "-" else ""
+            said.append(f"{self.without_id} of the records written have no id, so importing the file again "
+                        f"would write those twice: import from line {resume} on{how}")
+        return "; ".join(said)
 
 
 def _refused(file: str, lines: list[int], exc: Any) -> str:
@@ -268,11 +299,13 @@ def _refused(file: str, lines: list[int], exc: Any) -> str:
     return f"{file}:{lines[0]}-{lines[-1]}: {exc.message}; this batch was not written"
 
 
-def _count_lines(file: str) -> int | None:
+def _check_file(file: str) -> int | None:
+    """The number of records in `file`, every line read and checked first: a broken line (a backup
+    cut short) then stops the import before its first write. Standard input is read once, as it
+    is imported (None)."""
     if file == "-":
         return None
-    with open(file, "rb") as handle:
-        return sum(1 for line in handle if line.strip())
+    return sum(1 for _ in _read_lines(file))
 
 
 def _prepare(record: dict[str, Any], tiers: set[str], keep_tier: bool) -> dict[str, Any]:
@@ -284,11 +317,13 @@ def _prepare(record: dict[str, Any], tiers: set[str], keep_tier: bool) -> dict[s
 
 async def import_(url: str, file: str, token: str | None = None, batch: int = 500, quiet: bool = False) -> int:
     """Write the records of a JSON Lines export to `url` in `memory/remember` batches."""
+    from a2m.client import Unavailable
     from a2m.errors import A2MError
 
-    sent = kept = 0
+    kept = 0
+    done = _Written(file, url)
     try:
-        total = _count_lines(file)
+        total = _check_file(file)
         async with _client(url, token, 120.0) as client:
             described = await _describe(client)
             tiers = {t.get("name") for t in described.get("tiers") or [] if t.get("name")}
@@ -305,17 +340,24 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                 owner: str | None = None
 
                 async def flush() -> None:
-                    nonlocal sent, kept
+                    nonlocal kept
                     if not pending:
                         return
                     params: dict[str, Any] = {"records": pending}
                     if owner is not None:
                         params["owner"] = owner
+                    done.in_flight = (lines[0], lines[-1])
                     try:
                         ids = (await client.call("memory/remember", params))["ids"]
+                    except Unavailable:
+                        raise  # no answer: the batch may have been written (done.in_flight says which)
                     except A2MError as exc:
+                        done.in_flight = None  # refused: a batch is written whole or not at all
                         raise TransferError(_refused(file, lines, exc)) from None
-                    sent += len(pending)
+                    done.in_flight = None
+                    done.records += len(pending)
+                    done.through = lines[-1]
+                    done.without_id += sum(1 for r in pending if "id" not in r)
                     kept += sum(1 for r, i in zip(pending, ids) if "id" in r and r["id"] != i)
                     if not quiet:
                         progress.advance(task, len(pending))
@@ -336,15 +378,15 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                         batch_ids.add(record["id"])
                 await flush()
     except TransferError as exc:
-        print(f"a2m import: {exc}{_written(sent)}", file=sys.stderr)
+        print(f"a2m import: {exc}; {done}", file=sys.stderr)
         return 1
     except A2MError as exc:
-        print(f"a2m import: {url}: {exc.message}{_written(sent)}", file=sys.stderr)
+        print(f"a2m import: {url}: {exc.message}; {done}", file=sys.stderr)
         return 1
     except OSError as exc:  # the file cannot be read, or a stdio server's command cannot be run
-        print(f"a2m import: {_os_error(exc)}{_written(sent)}", file=sys.stderr)
+        print(f"a2m import: {_os_error(exc)}; {done}", file=sys.stderr)
         return 1
     if not quiet:
         note = f"; {kept} kept a newer record already at their key" if kept else ""
-        print(f"imported {sent} records into {url}{note}", file=sys.stderr)
+        print(f"imported {done.records} records into {url}{note}", file=sys.stderr)
     return 0

@@ -148,7 +148,7 @@ async def test_a_refused_batch_is_reported_at_its_file_line(two_fixture_servers:
     assert await transfer.import_(two_fixture_servers[0], str(dump), batch=2, quiet=True) == 1
     message = capsys.readouterr().err
     assert f"{dump}:4: created_at must be" in message and "lines 3-4" in message
-    assert "2 records before it were written" in message
+    assert "lines 1-2 (2 records) were written, line 3 and after were not" in message
     async with HTTPClient(two_fixture_servers[0]) as client:
         assert [r["content"] for r in (await client.call("memory/timeline", {}))["records"]] == ["line 1", "line 2"]
 

@@ -1,0 +1,97 @@
+"""`a2m export` / `a2m import` as an operator meets them when something is wrong: a bad line in a
+backup, an import cut short, an endpoint that wants a token or takes no writes. Each failure says
+what happened and what was written, and never leaves a half-imported file the operator cannot
+finish."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any, Iterator
+
+import orjson
+import pytest
+
+from a2m.client import HTTPClient
+from a2mctl import transfer
+from tests.support.procs import ROOT, a2m_command, free_port, http_server
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def working(tmp_path: Path) -> Iterator[str]:
+    """The Redis-backed working tier server, alone."""
+    port = free_port()
+    with http_server(a2m_command("serve", "working", "--port", str(port), "--data", str(tmp_path / "w")), port) as url:
+        yield url
+
+
+def _write(path: Path, records: list[Any]) -> Path:
+    path.write_bytes(b"".join((r if isinstance(r, bytes) else orjson.dumps(r)) + b"\n" for r in records))
+    return path
+
+
+def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(a2m_command(*args), cwd=ROOT, capture_output=True, timeout=120, input=stdin)
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+async def _contents(url: str, **params: Any) -> list[str]:
+    async with HTTPClient(url) as client:
+        return [r["content"] for r in (await client.call("memory/timeline", {"limit": 0, **params}))["records"]]
+
+
+@pytest.mark.anyio
+async def test_a_malformed_line_in_a_file_stops_the_import_before_anything_is_written(
+        working: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A backup cut short (a disk that filled, an export piped through a command that died) ends in a
+    broken line: the import reads the whole file before its first write, so it refuses it whole, at
+    that line, and the target is as it was."""
+    good = [{"id": f"r{i}", "content": f"record {i}", "created_at": f"2026-01-01T00:00:00.00{i}Z"} for i in range(7)]
+    dump = _write(tmp_path / "dump.jsonl", [*good, b'{"id": "r7", "content": "record'])
+    assert await transfer.import_(working, str(dump), batch=3, quiet=True) == 1
+    err = capsys.readouterr().err
+    assert f"{dump}:8: not JSON" in err and "nothing was written" in err, err
+    assert await _contents(working) == []
+    not_a_record = _write(tmp_path / "other.jsonl", [*good, {"text": "no content"}])
+    assert await transfer.import_(working, str(not_a_record), batch=3, quiet=True) == 1
+    err = capsys.readouterr().err
+    assert f"{not_a_record}:8: not an A2M record" in err and "nothing was written" in err, err
+    assert await _contents(working) == []
+
+
+@pytest.mark.anyio
+async def test_a_malformed_line_on_stdin_says_which_lines_were_written(working: str, tmp_path: Path) -> None:
+    """Standard input cannot be read twice: what was written before the bad line is said by line, so
+    the rest can be imported from the line after it."""
+    good = [{"id": f"r{i}", "content": f"record {i}", "created_at": f"2026-01-01T00:00:00.00{i}Z"} for i in range(7)]
+    dump = _write(tmp_path / "dump.jsonl", [*good, b"{oops", {"id": "r8", "content": "record 8"}])
+    done = _cli("import", working, "-", "--batch", "3", stdin=dump.read_bytes())
+    assert done.returncode == 1
+    assert "-:8: not JSON" in done.stderr, done.stderr
+    # Two batches (lines 1-6) went in; line 7 was waiting for its batch and was not written.
+    assert "lines 1-6 (6 records) were written, line 7 and after were not" in done.stderr, done.stderr
+    assert await _contents(working) == [f"record {i}" for i in range(6)]
+
+
+@pytest.mark.anyio
+async def test_an_import_refused_midway_says_how_to_finish_it(working: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Records with ids are skipped by a second import (an existing id is an idempotent write); records
+    without one would be written twice, so the message says where to resume instead of promising that."""
+    with_ids = [{"id": f"r{i}", "content": f"record {i}"} for i in range(5)]
+    with_ids[3]["created_at"] = "yesterday"
+    dump = _write(tmp_path / "ids.jsonl", with_ids)
+    assert await transfer.import_(working, str(dump), batch=2, quiet=True) == 1
+    err = capsys.readouterr().err
+    assert f"{dump}:4: created_at" in err and "lines 1-2 (2 records) were written" in err, err
+    assert "importing the file again skips them" in err, err
+
+    no_ids = [{"content": f"plain {i}"} for i in range(5)]
+    no_ids[3]["salience"] = 7
+    plain = _write(tmp_path / "plain.jsonl", no_ids)
+    assert await transfer.import_(working, str(plain), batch=2, quiet=True) == 1
+    err = capsys.readouterr().err
+    assert "lines 1-2 (2 records) were written" in err, err
+    assert "skips them" not in err and "have no id" in err and "from line 3" in err, err
