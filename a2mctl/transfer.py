@@ -15,6 +15,7 @@ them): importing it reproduces the timeline exactly.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -144,6 +145,12 @@ def _output(file: str) -> Iterator[IO[bytes]]:
     os.replace(partial, path)
 
 
+def _export_left(file: str, written: int) -> str:
+    if file != "-":
+        return f"{file} was not written"
+    return f"what went to standard output ({written} records) is incomplete" if written else "nothing was written"
+
+
 async def export(url: str, file: str, token: str | None = None, embeddings: bool = False,
                  owners: Sequence[str | None] = (None,), quiet: bool = False, page: int = PAGE) -> int:
     """Write every record reachable at `url` (for each owner in `owners`) to `file` as JSON Lines."""
@@ -186,6 +193,9 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
                               "(a token's principal is the owner scope of every call); they are in the file "
                               "once, and the unowned partition cannot be read with this token", file=sys.stderr)
                     done |= answered | ({owner} if owner is not None else set())
+    except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task, then raises KeyboardInterrupt
+        print(f"a2m export: interrupted; {_export_left(file, written)}", file=sys.stderr)
+        raise
     except TransferError as exc:
         print(f"a2m export: {exc}", file=sys.stderr)
         return 1
@@ -377,6 +387,9 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                     if isinstance(record.get("id"), str):
                         batch_ids.add(record["id"])
                 await flush()
+    except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task, then raises KeyboardInterrupt
+        print(f"a2m import: interrupted; {done}", file=sys.stderr)
+        raise
     except TransferError as exc:
         print(f"a2m import: {exc}; {done}", file=sys.stderr)
         return 1

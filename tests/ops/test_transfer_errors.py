@@ -95,3 +95,41 @@ async def test_an_import_refused_midway_says_how_to_finish_it(working: str, tmp_
     err = capsys.readouterr().err
     assert "lines 1-2 (2 records) were written" in err, err
     assert "skips them" not in err and "have no id" in err and "from line 3" in err, err
+
+
+@pytest.mark.anyio
+async def test_ctrl_c_stops_an_import_with_a_statement_and_a_second_run_finishes_it(working: str,
+                                                                                  tmp_path: Path) -> None:
+    """Ctrl-C mid-import: no traceback, exit status 130, what was written said by line; the same
+    command again writes the rest and nothing twice."""
+    import signal
+    import time
+
+    n = 20_000
+    dump = _write(tmp_path / "big.jsonl", [{"id": f"r{i:05d}", "content": f"record {i}",
+                                            "created_at": f"2026-01-01T00:{i // 60000:02d}:{i // 1000 % 60:02d}.{i % 1000:03d}Z"}
+                                           for i in range(n)])
+    proc = subprocess.Popen(a2m_command("import", working, str(dump), "--batch", "50"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        async with HTTPClient(working) as client:
+            deadline = time.monotonic() + 60
+            while (await client.call("memory/describe", {}))["tiers"][0]["count"] < 500:
+                assert proc.poll() is None and time.monotonic() < deadline, "the import ended before it was stopped"
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = err.decode()
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and "a2m import: interrupted" in text, text
+    assert "were written" in text and "importing the file again skips them" in text, text
+    async with HTTPClient(working) as client:
+        assert 0 < (await client.call("memory/describe", {}))["tiers"][0]["count"] < n
+    again = _cli("import", working, str(dump), "--batch", "500")
+    assert again.returncode == 0, again.stderr
+    async with HTTPClient(working) as client:
+        assert (await client.call("memory/describe", {}))["tiers"][0]["count"] == n
