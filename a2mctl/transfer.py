@@ -59,6 +59,41 @@ def _client(target: str, token: str | None, timeout: float) -> Any:
         raise TransferError(f"--token: {exc}") from None
 
 
+def _scope_problem(exc: Any, named: str) -> str | None:
+    """-32005 for an owner the caller's bearer token does not grant (`named` says where it came from)."""
+    from a2m import errors
+
+    data = exc.data if isinstance(exc.data, dict) else {}
+    if exc.code != errors.SCOPE_DENIED or "index" in data or not isinstance(data.get("owner"), str):
+        return None  # (an id another owner holds names the record's index)
+    return (f"{named.format(data['owner'])}: this bearer token's principal is another owner, and a token reads "
+            f"and writes only its own principal's records (protocol §7): use a token of {data['owner']!r}")
+
+
+def endpoint_problem(url: str, exc: Any, token: str | None) -> str:
+    """An endpoint's refusal or absence as one line naming it once and what to change: a missing or
+    wrong bearer token (HTTP 401), a token of another principal (-32005), nothing listening."""
+    from a2m.client import Unavailable
+
+    data = exc.data if isinstance(exc.data, dict) else {}
+    if isinstance(exc, Unavailable) and data.get("status") == 401:
+        return (f"{url} does not accept this bearer token (HTTP 401): give --token one of its tokens" if token
+                else f"{url} needs a bearer token: give --token (HTTP 401)")
+    scope = _scope_problem(exc, "--owner {!r}")
+    if scope:
+        return f"{url}: {scope}"
+    if isinstance(exc, Unavailable):
+        cause = exc.__cause__
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__
+        if isinstance(cause, ConnectionRefusedError):
+            return f"{url}: connection refused: nothing listens there (is the server running?)"
+        if isinstance(cause, OSError) and cause.strerror:
+            return f"{url}: unreachable: {cause.strerror}"
+        return exc.message if url in exc.message else f"{url}: {exc.message}"
+    return f"{url}: {exc.message}"
+
+
 def _progress() -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -197,10 +232,12 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
         print(f"a2m export: interrupted; {_export_left(file, written)}", file=sys.stderr)
         raise
     except TransferError as exc:
-        print(f"a2m export: {exc}", file=sys.stderr)
+        left = f"; {_export_left(file, written)}" if file == "-" and written else ""
+        print(f"a2m export: {exc}{left}", file=sys.stderr)
         return 1
     except A2MError as exc:
-        print(f"a2m export: {url}: {exc.message}", file=sys.stderr)
+        left = f"; {_export_left(file, written)}" if file == "-" and written else ""
+        print(f"a2m export: {endpoint_problem(url, exc, token)}{left}", file=sys.stderr)
         return 1
     except OSError as exc:  # the output cannot be written, or a stdio server's command cannot be run
         print(f"a2m export: {_os_error(exc)}", file=sys.stderr)
@@ -305,8 +342,10 @@ def _refused(file: str, lines: list[int], exc: Any) -> str:
         index = int(named.group(1))
     if isinstance(index, int) and 0 <= index < len(lines):
         message = re.sub(rf"^records\[{index}\](\.|:\s*)?", "", exc.message)  # the line says which record
-        return f"{file}:{lines[index]}: {message}; its batch (lines {lines[0]}-{lines[-1]}) was not written"
-    return f"{file}:{lines[0]}-{lines[-1]}: {exc.message}; this batch was not written"
+        return f"{file}:{lines[index]}: {message}; its batch ({_span(lines[0], lines[-1])}) was not written"
+    said = _scope_problem(exc, "the records belong to {!r}") or exc.message
+    where = str(lines[0]) if lines[0] == lines[-1] else f"{lines[0]}-{lines[-1]}"
+    return f"{file}:{where}: {said}; this batch was not written"
 
 
 def _check_file(file: str) -> int | None:
@@ -394,7 +433,7 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
         print(f"a2m import: {exc}; {done}", file=sys.stderr)
         return 1
     except A2MError as exc:
-        print(f"a2m import: {url}: {exc.message}; {done}", file=sys.stderr)
+        print(f"a2m import: {endpoint_problem(url, exc, token)}; {done}", file=sys.stderr)
         return 1
     except OSError as exc:  # the file cannot be read, or a stdio server's command cannot be run
         print(f"a2m import: {_os_error(exc)}; {done}", file=sys.stderr)

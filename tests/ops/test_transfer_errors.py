@@ -133,3 +133,50 @@ async def test_ctrl_c_stops_an_import_with_a_statement_and_a_second_run_finishes
     assert again.returncode == 0, again.stderr
     async with HTTPClient(working) as client:
         assert (await client.call("memory/describe", {}))["tiers"][0]["count"] == n
+
+
+@pytest.mark.anyio
+async def test_token_and_endpoint_problems_are_said_with_their_fix(tmp_path: Path) -> None:
+    """A missing or wrong bearer token (HTTP 401), a token of another principal (-32005), an endpoint
+    that is not there: one line each, naming the endpoint once and what to change."""
+    from tests.router.stack import federation
+
+    tiers = [{"name": "working", "kind": "working"}, {"name": "procedural", "kind": "procedural"}]
+    top = {"auth": {"tokens": {"tok-alice": "alice", "tok-bob": "bob"}}}
+    with federation(tmp_path, tiers, mode="real", top=top) as stack:
+        async with HTTPClient(stack.url, token="tok-alice") as client:
+            await client.call("memory/remember", {"records": [{"content": "alice's note"}]})
+        dump = tmp_path / "alice.jsonl"
+        assert _cli("export", stack.url, str(dump), "--token", "tok-alice").returncode == 0
+        out = str(tmp_path / "x.jsonl")
+        for argv, said in [
+            (["export", stack.url, out], "needs a bearer token: give --token"),
+            (["import", stack.url, str(dump)], "needs a bearer token: give --token"),
+            (["export", stack.url, out, "--token", "nope"], "does not accept this bearer token"),
+            (["import", stack.url, str(dump), "--token", "nope"], "does not accept this bearer token"),
+            (["export", stack.url, out, "--token", "tok-alice", "--owner", "bob"],
+             "--owner 'bob': this bearer token's principal is another owner"),
+            (["import", stack.url, str(dump), "--token", "tok-bob"],
+             "the records belong to 'alice': this bearer token's principal is another owner"),
+            (["doctor", stack.url], "needs a bearer token: give --token"),
+            (["doctor", stack.url, "--token", "nope"], "does not accept this bearer token"),
+        ]:
+            done = _cli(*argv)
+            text = done.stdout + done.stderr
+            assert done.returncode in (1, 2) and said in text and "Traceback" not in text, (argv, text)
+            assert text.count(stack.url) <= 1, (argv, text)  # the endpoint named once
+        assert not Path(out).exists()
+        async with HTTPClient(stack.url, token="tok-bob") as client:
+            assert (await client.call("memory/timeline", {}))["records"] == []
+
+        # A tier gone mid-export: what already went to standard output is said to be incomplete.
+        stack.tiers["procedural"].kill()
+        done = _cli("export", stack.url, "-", "--token", "tok-alice")
+        assert done.returncode == 1 and len(done.stdout.splitlines()) == 1, done
+        assert "procedural did not answer" in done.stderr and "standard output (1 records) is incomplete" in done.stderr
+
+    port = free_port()
+    for verb, target in (("export", out), ("import", str(dump))):
+        done = _cli(verb, f"http://127.0.0.1:{port}/", target)
+        assert done.returncode == 1 and "connection refused" in done.stderr.lower(), done.stderr
+        assert done.stderr.count(f"127.0.0.1:{port}") == 1, done.stderr
