@@ -360,7 +360,7 @@ def _check_file(file: str) -> int | None:
 def _prepare(record: dict[str, Any], tiers: set[str], keep_tier: bool) -> dict[str, Any]:
     out = {k: v for k, v in record.items() if k != "score" and v is not None}
     if not keep_tier or out.get("tier") not in tiers:
-        out.pop("tier", None)  # the target has no tier of that name: let it place the record
+        out.pop("tier", None)  # the target has no writable tier of that name: let it place the record
     return out
 
 
@@ -375,7 +375,16 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
         total = _check_file(file)
         async with _client(url, token, 120.0) as client:
             described = await _describe(client)
-            tiers = {t.get("name") for t in described.get("tiers") or [] if t.get("name")}
+            listed = [t for t in described.get("tiers") or [] if t.get("name")]
+            # A record keeps its tier where the target has a writable one of that name; one the target
+            # mounts read-only (a corpus) cannot take it, so the target places it: where the corpus
+            # already holds it, as an existing id (nothing written), else in writable memory.
+            tiers = {t["name"] for t in listed if not t.get("read_only")}
+            if listed and not tiers:
+                mounted = ", ".join(t["name"] for t in listed)
+                raise TransferError(f"{url} takes no writes: tier{'s' if len(listed) > 1 else ''} {mounted} "
+                                    f"{'are' if len(listed) > 1 else 'is'} read-only (mounted, not stored "
+                                    "there); import into a writable endpoint")
             keep_tier = "tiers" in (described.get("capabilities") or [])
             cap = (described.get("limits") or {}).get("max_records_per_call")
             size = max(1, min(batch, int(cap)) if cap else batch)

@@ -180,3 +180,31 @@ async def test_token_and_endpoint_problems_are_said_with_their_fix(tmp_path: Pat
         done = _cli(verb, f"http://127.0.0.1:{port}/", target)
         assert done.returncode == 1 and "connection refused" in done.stderr.lower(), done.stderr
         assert done.stderr.count(f"127.0.0.1:{port}") == 1, done.stderr
+
+
+@pytest.mark.anyio
+async def test_records_of_a_read_only_tier_import_and_a_read_only_endpoint_is_refused_up_front(tmp_path: Path) -> None:
+    """A record that names a tier the target mounts read-only (a file exported from the corpus's
+    server itself, or a backup made before export left such tiers out) is placed by the target: the
+    corpus it mounts already holds its own records (an existing id, nothing written), and a record
+    it does not hold lands in writable memory, as decision 53 says a corpus's records are copied.
+    An endpoint whose every tier is read-only is refused before the first write, saying so."""
+    from tests.router.stack import federation, tier_call
+
+    tiers = [{"name": "working", "kind": "working"}, {"name": "kb", "kind": "semantic", "read_only": True}]
+    handbook = {"id": "hb-1", "content": "the handbook", "created_at": "2025-01-01T00:00:00.000Z"}
+    dump = _write(tmp_path / "kb.jsonl", [
+        {**handbook, "tier": "kb"}, {"id": "hb-2", "content": "a page the target's corpus lacks", "tier": "kb"},
+        {"id": "n-1", "content": "my note", "tier": "working"}])
+    with federation(tmp_path, tiers, mode="real") as stack:
+        await tier_call(stack, "kb", "memory/remember", {"records": [handbook]})
+        assert await transfer.import_(stack.url, str(dump), quiet=True) == 0
+        assert sorted(await _contents(stack.url, tier="working")) == ["a page the target's corpus lacks", "my note"]
+        assert await _contents(stack.url, tier="kb") == ["the handbook"]
+
+    only = tmp_path / "only"
+    only.mkdir()
+    with federation(only, [{"name": "kb", "kind": "semantic", "read_only": True}], mode="real") as stack:
+        done = _cli("import", stack.url, str(dump))
+        assert done.returncode == 1 and "takes no writes: tier kb is read-only" in done.stderr, done.stderr
+        assert "nothing was written" in done.stderr and "Traceback" not in done.stderr
