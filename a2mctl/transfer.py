@@ -208,6 +208,7 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
             # principal's (protocol §7), so the unowned pass reads what `--owner <principal>` reads;
             # a server without scopes, or a shared corpus, gives every owner the same records.
             done: set[str | None] = set()
+            empty: list[str] = []  # named owners the endpoint holds no record of
             with _output(file) as out, progress if not quiet else contextlib.nullcontext():
                 for owner in dict.fromkeys(owners):
                     if owner is not None and owner in done:
@@ -228,6 +229,11 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
                               "(a token's principal is the owner scope of every call); they are in the file "
                               "once, and the unowned partition cannot be read with this token", file=sys.stderr)
                     done |= answered | ({owner} if owner is not None else set())
+                    if owner is not None and not answered:
+                        empty.append(owner)
+            if empty:  # A2M cannot list owners: a misspelt one would otherwise pass for an empty partition
+                print(f"a2m export: {', '.join(f'--owner {o!r}' for o in empty)}: no records here "
+                      "(is the name right?)", file=sys.stderr)
     except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task, then raises KeyboardInterrupt
         print(f"a2m export: interrupted; {_export_left(file, written)}", file=sys.stderr)
         raise
@@ -243,7 +249,8 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
         print(f"a2m export: {_os_error(exc)}", file=sys.stderr)
         return 1
     if not quiet:
-        print(f"exported {written} records to {file}", file=sys.stderr)
+        print(f"exported {written} record{'' if written == 1 else 's'} to "
+              f"{'standard output' if file == '-' else file}", file=sys.stderr)
     return 0
 
 

@@ -208,3 +208,15 @@ async def test_records_of_a_read_only_tier_import_and_a_read_only_endpoint_is_re
         done = _cli("import", stack.url, str(dump))
         assert done.returncode == 1 and "takes no writes: tier kb is read-only" in done.stderr, done.stderr
         assert "nothing was written" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.anyio
+async def test_an_owner_with_no_records_is_named_and_stdout_is_called_so(working: str, tmp_path: Path) -> None:
+    """A2M cannot list owners, so a misspelt --owner backs up nothing for the owner meant: the export
+    says which named owner it found nothing for. The count line names standard output as such."""
+    async with HTTPClient(working) as client:
+        await client.call("memory/remember", {"records": [{"content": "alice's note"}], "owner": "alice"})
+    done = _cli("export", working, "-", "--owner", "alice", "--owner", "alcie")
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr
+    assert "--owner 'alcie': no records" in done.stderr and "'alice': no records" not in done.stderr, done.stderr
+    assert "exported 1 record to standard output" in done.stderr, done.stderr
