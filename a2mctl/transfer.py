@@ -20,6 +20,7 @@ import contextlib
 import os
 import re
 import shlex
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -166,6 +167,14 @@ def _output(file: str) -> Iterator[IO[bytes]]:
         sys.stdout.buffer.flush()
         return
     path = Path(file)
+    if not _regular(file):  # a pipe (`>(gzip > dump.jsonl.gz)`) or a device: written as it comes
+        try:
+            handle = open(path, "wb")
+        except OSError as exc:
+            raise TransferError(f"cannot write {file}: {exc.strerror}") from None
+        with handle:
+            yield handle
+        return
     partial = path.with_name(path.name + ".partial")
     try:
         handle = open(partial, "wb")
@@ -359,9 +368,17 @@ def _check_file(file: str) -> int | None:
     """The number of records in `file`, every line read and checked first: a broken line (a backup
     cut short) then stops the import before its first write. Standard input is read once, as it
     is imported (None)."""
-    if file == "-":
-        return None
+    if file == "-" or not _regular(file):
+        return None  # a pipe (`<(zcat dump.jsonl.gz)`) or a device is read once too
     return sum(1 for _ in _read_lines(file))
+
+
+def _regular(file: str) -> bool:
+    """Whether `file` is a regular file (or does not exist yet): not a pipe, socket or device."""
+    try:
+        return stat.S_ISREG(os.stat(file).st_mode)
+    except FileNotFoundError:
+        return True
 
 
 def _prepare(record: dict[str, Any], tiers: set[str], keep_tier: bool) -> dict[str, Any]:

@@ -32,8 +32,8 @@ def _write(path: Path, records: list[Any]) -> Path:
     return path
 
 
-def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(a2m_command(*args), cwd=ROOT, capture_output=True, timeout=120, input=stdin)
+def _cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(a2m_command(*args), cwd=ROOT, capture_output=True, timeout=timeout, input=stdin)
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
@@ -220,3 +220,39 @@ async def test_an_owner_with_no_records_is_named_and_stdout_is_called_so(working
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr
     assert "--owner 'alcie': no records" in done.stderr and "'alice': no records" not in done.stderr, done.stderr
     assert "exported 1 record to standard output" in done.stderr, done.stderr
+
+
+@pytest.mark.anyio
+async def test_a_pipe_is_a_file_too(working: str, tmp_path: Path) -> None:
+    """`a2m import URL <(zcat dump.jsonl.gz)` and `a2m export URL >(gzip > dump.jsonl.gz)` hand the
+    command a named pipe: it can be read once and cannot be replaced by a finished file. The import
+    used to read it through to count its lines and then import nothing (exit 0); the export wrote a
+    regular file beside it and renamed that over the pipe, so the reader never saw a byte."""
+    import os
+    import threading
+
+    records = [{"id": f"r{i}", "content": f"record {i}", "created_at": f"2026-01-01T00:00:00.00{i}Z"} for i in range(5)]
+    pipe = tmp_path / "in.fifo"
+    os.mkfifo(pipe)
+
+    def feed() -> None:
+        with open(pipe, "wb") as handle:
+            handle.write(b"".join(orjson.dumps(r) + b"\n" for r in records))
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    done = _cli("import", working, str(pipe), timeout=30)
+    writer.join(10)
+    assert done.returncode == 0 and "imported 5 records" in done.stderr, done.stderr
+    assert await _contents(working) == [r["content"] for r in records]
+
+    out = tmp_path / "out.fifo"
+    os.mkfifo(out)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(out.read_bytes()), daemon=True)
+    reader.start()
+    done = _cli("export", working, str(out), timeout=30)
+    reader.join(10)
+    assert done.returncode == 0, done.stderr
+    assert [orjson.loads(line)["id"] for line in got[0].splitlines()] == [r["id"] for r in records]
+    assert out.is_fifo() and not (tmp_path / "out.fifo.partial").exists()
