@@ -396,6 +396,9 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
     kept = 0
     done = _Written(file, url)
     try:
+        if file == "-" and sys.stdin.isatty():
+            raise TransferError("standard input is a terminal: pipe the export in "
+                                f"(a2m import {url} - < dump.jsonl), or name the file")
         total = _check_file(file)
         async with _client(url, token, 120.0) as client:
             described = await _describe(client)

@@ -256,3 +256,19 @@ async def test_a_pipe_is_a_file_too(working: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert [orjson.loads(line)["id"] for line in got[0].splitlines()] == [r["id"] for r in records]
     assert out.is_fifo() and not (tmp_path / "out.fifo.partial").exists()
+
+
+def test_an_import_from_a_terminal_says_what_it_expects() -> None:
+    """`a2m import URL -` typed without a pipe waited for records to be typed in, with a progress bar
+    at 0 and no word: it now says to pipe the export in, before it connects."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(a2m_command("import", f"http://127.0.0.1:{free_port()}/", "-"), cwd=ROOT,
+                              stdin=follower, capture_output=True, text=True, timeout=30)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert done.returncode == 1 and "standard input is a terminal" in done.stderr, done.stderr
