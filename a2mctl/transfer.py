@@ -31,6 +31,7 @@ import orjson
 from a2m import paging
 
 PAGE = 1000  # the protocol's usual max_recall_limit
+BATCH_BYTES = 8 * 1024 * 1024  # JSON per import call: half the 16 MiB any server here takes at its front door
 WIRE_FIELDS = ("id", "content", "created_at", "role", "metadata", "group", "tier", "salience", "access_count",
                "accessed_at", "owner", "session", "key", "revision", "uri", "media_type")
 
@@ -424,8 +425,10 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                 batch_ids: set[str] = set()
                 owner: str | None = None
 
+                pending_bytes = 0  # their JSON (a request over the endpoint's body limit is refused, 413)
+
                 async def flush() -> None:
-                    nonlocal kept
+                    nonlocal kept, pending_bytes
                     if not pending:
                         return
                     params: dict[str, Any] = {"records": pending}
@@ -449,15 +452,20 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                     pending.clear()
                     lines.clear()
                     batch_ids.clear()
+                    pending_bytes = 0
 
                 for number, record in _read_lines(file):
                     # An id seen again (a record the export caught in two tiers, mid-move) starts a
                     # new batch: one batch may not put an id in two tiers, while a later batch finds
                     # it written and keeps it (an existing id is an idempotent write).
-                    if record.get("owner") != owner or len(pending) >= size or record.get("id") in batch_ids:
+                    prepared = _prepare(record, tiers, keep_tier)
+                    weight = len(orjson.dumps(prepared)) + 1
+                    if (record.get("owner") != owner or len(pending) >= size or record.get("id") in batch_ids
+                            or pending_bytes + weight > BATCH_BYTES):
                         await flush()
                         owner = record.get("owner")
-                    pending.append(_prepare(record, tiers, keep_tier))
+                    pending.append(prepared)
+                    pending_bytes += weight
                     lines.append(number)
                     if isinstance(record.get("id"), str):
                         batch_ids.add(record["id"])

@@ -272,3 +272,19 @@ def test_an_import_from_a_terminal_says_what_it_expects() -> None:
         os.close(follower)
         os.close(leader)
     assert done.returncode == 1 and "standard input is a terminal" in done.stderr, done.stderr
+
+
+@pytest.mark.anyio
+async def test_batches_are_cut_by_size_as_well_as_by_count(tmp_path: Path) -> None:
+    """A backup of large records (documents, long transcripts) filled a 500-record batch past the
+    router's 16 MiB request limit: the import stopped at its first batch with a 413 and left the
+    operator to guess a --batch. Batches are now cut at a byte budget too."""
+    from tests.router.stack import federation
+
+    big = "x" * 600_000
+    records = [{"id": f"doc-{i}", "content": f"{i} {big}"} for i in range(40)]  # 24 MB in all
+    dump = _write(tmp_path / "docs.jsonl", records)
+    with federation(tmp_path, [{"name": "working", "kind": "working", "timeout": 30.0}], mode="real") as stack:
+        assert await transfer.import_(stack.url, str(dump), quiet=True) == 0
+        async with HTTPClient(stack.url) as client:
+            assert (await client.call("memory/describe", {}))["tiers"][0]["count"] == 40
