@@ -11,6 +11,12 @@ Paging walks backwards through `timeline` (`a2m.paging` says how). Pages are
 spooled to a temporary file and written out oldest first, so the file is in
 creation order (and, within one millisecond, in the order the source returns
 them): importing it reproduces the timeline exactly.
+
+Import reads a regular file through once before its first write, so a broken
+line changes nothing; standard input and pipes are read once, as they come.
+Whatever stops an import (a refused batch, an endpoint gone, Ctrl-C) is said
+with the file lines that were written: records with ids are skipped by a second
+run (an existing id is an idempotent write).
 """
 
 from __future__ import annotations
@@ -110,8 +116,9 @@ async def _describe(client: Any, owner: str | None = None) -> dict[str, Any]:
 
 def _tier_names(described: dict[str, Any]) -> tuple[list[str | None], list[str]]:
     """Per-tier paging where the endpoint has several tiers (a router), one stream otherwise; and the
-    read-only tiers left out. A read-only tier is mounted, not stored (a corpus): no import could write
-    its records back, so having them in the file would make the whole backup unrestorable."""
+    read-only tiers left out. A read-only tier is mounted, not stored (a corpus): its records are
+    restored by mounting it again, it may be large and someone else's, and no import can write them
+    back into it (decision 53)."""
     tiers = [t for t in described.get("tiers") or [] if t.get("name")]
     if len(tiers) <= 1:
         return [None], []  # one server, read-only or not: its records are what was asked for
