@@ -158,7 +158,7 @@ def _complete(result: dict[str, Any], tier: str | None) -> None:
     lacks a tier is worse than none."""
     if result.get("degraded"):
         raise TransferError(f"{tier or 'the endpoint'}: tiers {', '.join(result['degraded'])} did not answer; "
-                            "nothing was written, export again when they are back")
+                            "export again when they are back")
 
 
 def _clean(record: dict[str, Any], embeddings: bool) -> dict[str, Any]:
@@ -175,7 +175,7 @@ def _output(file: str) -> Iterator[IO[bytes]]:
         sys.stdout.buffer.flush()
         return
     path = Path(file)
-    if not _regular(file):  # a pipe (`>(gzip > dump.jsonl.gz)`) or a device: written as it comes
+    if _stream(file):  # a pipe (`>(gzip > dump.jsonl.gz)`) or a device: written as it comes
         try:
             handle = open(path, "wb")
         except OSError as exc:
@@ -198,9 +198,11 @@ def _output(file: str) -> Iterator[IO[bytes]]:
 
 
 def _export_left(file: str, written: int) -> str:
-    if file != "-":
+    """What a stopped export leaves: a file is not written at all; a stream may hold a part."""
+    if not _stream(file):
         return f"{file} was not written"
-    return f"what went to standard output ({written} records) is incomplete" if written else "nothing was written"
+    where = "standard output" if file == "-" else file
+    return f"what went to {where} ({written} records) is incomplete" if written else "nothing was written"
 
 
 async def export(url: str, file: str, token: str | None = None, embeddings: bool = False,
@@ -209,6 +211,7 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
     from a2m.errors import A2MError
 
     written = 0
+    opened = False  # the output was opened: a stop after this says what became of it
     try:
         async with _client(url, token, 60.0) as client:
             described = await _describe(client)
@@ -227,6 +230,7 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
             done: set[str | None] = set()
             empty: list[str] = []  # named owners the endpoint holds no record of
             with _output(file) as out, progress if not quiet else contextlib.nullcontext():
+                opened = True
                 for owner in dict.fromkeys(owners):
                     if owner is not None and owner in done:
                         continue  # an earlier pass was answered with this owner's records
@@ -255,11 +259,11 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
         print(f"a2m export: interrupted; {_export_left(file, written)}", file=sys.stderr)
         raise
     except TransferError as exc:
-        left = f"; {_export_left(file, written)}" if file == "-" and written else ""
+        left = f"; {_export_left(file, written)}" if opened else ""
         print(f"a2m export: {exc}{left}", file=sys.stderr)
         return 1
     except A2MError as exc:
-        left = f"; {_export_left(file, written)}" if file == "-" and written else ""
+        left = f"; {_export_left(file, written)}" if opened else ""
         print(f"a2m export: {endpoint_problem(url, exc, token)}{left}", file=sys.stderr)
         return 1
     except OSError as exc:  # the output cannot be written, or a stdio server's command cannot be run
@@ -376,17 +380,21 @@ def _check_file(file: str) -> int | None:
     """The number of records in `file`, every line read and checked first: a broken line (a backup
     cut short) then stops the import before its first write. Standard input is read once, as it
     is imported (None)."""
-    if file == "-" or not _regular(file):
+    if _stream(file):
         return None  # a pipe (`<(zcat dump.jsonl.gz)`) or a device is read once too
     return sum(1 for _ in _read_lines(file))
 
 
-def _regular(file: str) -> bool:
-    """Whether `file` is a regular file (or does not exist yet): not a pipe, socket or device."""
-    try:
-        return stat.S_ISREG(os.stat(file).st_mode)
-    except FileNotFoundError:
+def _stream(file: str) -> bool:
+    """Whether `file` is standard input/output or a path to a pipe, socket or terminal: read once,
+    written as it comes, never renamed over."""
+    if file == "-":
         return True
+    try:
+        mode = os.stat(file).st_mode
+    except OSError:
+        return False  # not there yet (an export's new file), or said when it is opened
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
 
 
 def _prepare(record: dict[str, Any], tiers: set[str], keep_tier: bool) -> dict[str, Any]:

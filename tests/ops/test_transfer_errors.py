@@ -174,6 +174,16 @@ async def test_token_and_endpoint_problems_are_said_with_their_fix(tmp_path: Pat
         done = _cli("export", stack.url, "-", "--token", "tok-alice")
         assert done.returncode == 1 and len(done.stdout.splitlines()) == 1, done
         assert "procedural did not answer" in done.stderr and "standard output (1 records) is incomplete" in done.stderr
+        import os
+        import threading
+
+        pipe = tmp_path / "out.fifo"
+        os.mkfifo(pipe)
+        reader = threading.Thread(target=pipe.read_bytes, daemon=True)
+        reader.start()
+        done = _cli("export", stack.url, str(pipe), "--token", "tok-alice", timeout=30)
+        reader.join(10)
+        assert done.returncode == 1 and f"what went to {pipe} (1 records) is incomplete" in done.stderr, done.stderr
 
     port = free_port()
     for verb, target in (("export", out), ("import", str(dump))):
