@@ -123,12 +123,12 @@ async def doctor(url: str, token: str | None = None) -> int:
     try:
         summary, reports = await check(url, token)
     except Unavailable as exc:
-        if _token_refused(exc):
-            from .transfer import endpoint_problem
+        from .transfer import endpoint_problem, unreachable_reason
 
+        if _token_refused(exc):
             console.print(f"[red]✗ {escape(endpoint_problem(url, exc, token))}[/]")
         else:
-            console.print(f"[red]✗ {escape(url)} is unreachable:[/] {escape(exc.message)}")
+            console.print(f"[red]✗ {escape(url)} is unreachable:[/] {escape(unreachable_reason(exc, url))}")
         return 2
     title = f"{summary.get('name') or summary['url']} at {summary['url']}"
     table = Table(title=title, title_justify="left")

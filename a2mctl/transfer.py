@@ -91,15 +91,24 @@ def endpoint_problem(url: str, exc: Any, token: str | None) -> str:
     if scope:
         return f"{url}: {scope}"
     if isinstance(exc, Unavailable):
-        cause = exc.__cause__
-        while cause is not None and not isinstance(cause, OSError):
-            cause = cause.__cause__
-        if isinstance(cause, ConnectionRefusedError):
-            return f"{url}: connection refused: nothing listens there (is the server running?)"
-        if isinstance(cause, OSError) and cause.strerror:
-            return f"{url}: unreachable: {cause.strerror}"
-        return exc.message if url in exc.message else f"{url}: {exc.message}"
+        return f"{url}: unreachable: {unreachable_reason(exc, url)}"
     return f"{url}: {exc.message}"
+
+
+def unreachable_reason(exc: Any, url: str) -> str:
+    """Why a client's `Unavailable` has no answer, without the URL its message repeats."""
+    cause = exc.__cause__
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused: nothing listens there (is the server running?)"
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror
+    message = str(exc.message)
+    for prefix in (f"{url} unreachable: ", f"{url.rstrip('/') + '/'} unreachable: ", f"{url} "):
+        if message.startswith(prefix):
+            return message[len(prefix):]
+    return message
 
 
 def _progress() -> Any:
