@@ -222,11 +222,14 @@ def _doctor(args: argparse.Namespace) -> int:
 def _transfer(args: argparse.Namespace) -> int:
     from . import transfer
 
-    if args.command == "export":
-        owners = ([None] if args.unowned or not args.owner else []) + (args.owner or [])
-        return asyncio.run(transfer.export(args.url, args.file, token=args.token, embeddings=args.embeddings,
-                                           owners=owners))
-    return asyncio.run(transfer.import_(args.url, args.file, token=args.token, batch=args.batch))
+    try:
+        if args.command == "export":
+            owners = ([None] if args.unowned or not args.owner else []) + (args.owner or [])
+            return asyncio.run(transfer.export(args.url, args.file, token=args.token, embeddings=args.embeddings,
+                                               owners=owners))
+        return asyncio.run(transfer.import_(args.url, args.file, token=args.token, batch=args.batch))
+    except KeyboardInterrupt:  # Ctrl-C: what was done is said already, a traceback would bury it
+        return 130
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -3,7 +3,8 @@
 It asks only what any A2M server answers (describe, /readyz, a recall), so it
 works against the router, a single tier server, or someone else's A2M server.
 The probe recall passes `touch: false`, so running doctor never changes what a
-tier will promote. Exit status: 0 all up, 1 something is down, 2 unreachable.
+tier will promote. Exit status: 0 all up, 1 something is down, 2 unreachable (or it refused the
+bearer token: HTTP 401).
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class TierReport:
     @property
     def ok(self) -> bool:
         return self.status == "up"
+
+
+def _token_refused(exc: Any) -> bool:
+    return isinstance(exc.data, dict) and exc.data.get("status") == 401
 
 
 async def _get(http: Any, url: str) -> int | None:
@@ -76,8 +81,8 @@ async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], lis
         try:
             described = await client.call("memory/describe", {})
         except A2MError as exc:
-            if ready is None and health is None:
-                raise
+            if (ready is None and health is None) or _token_refused(exc):
+                raise  # not there, or it refused the token: nothing below could be asked either
             # It answers HTTP but cannot describe itself: a tier whose engine is down does this.
             summary["error"] = exc.message
             return summary, [TierReport(name=base, url=base, status="down", detail=exc.message)]
@@ -107,6 +112,7 @@ async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], lis
 
 async def doctor(url: str, token: str | None = None) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from a2m.client import Unavailable
@@ -117,7 +123,12 @@ async def doctor(url: str, token: str | None = None) -> int:
     try:
         summary, reports = await check(url, token)
     except Unavailable as exc:
-        console.print(f"[red]✗ {url} is unreachable:[/] {exc.message}")
+        from .transfer import endpoint_problem, unreachable_reason
+
+        if _token_refused(exc):
+            console.print(f"[red]✗ {escape(endpoint_problem(url, exc, token))}[/]")
+        else:
+            console.print(f"[red]✗ {escape(url)} is unreachable:[/] {escape(unreachable_reason(exc, url))}")
         return 2
     title = f"{summary.get('name') or summary['url']} at {summary['url']}"
     table = Table(title=title, title_justify="left")

@@ -11,24 +11,33 @@ Paging walks backwards through `timeline` (`a2m.paging` says how). Pages are
 spooled to a temporary file and written out oldest first, so the file is in
 creation order (and, within one millisecond, in the order the source returns
 them): importing it reproduces the timeline exactly.
+
+Import reads a regular file through once before its first write, so a broken
+line changes nothing; standard input and pipes are read once, as they come.
+Whatever stops an import (a refused batch, an endpoint gone, Ctrl-C) is said
+with the file lines that were written: records with ids are skipped by a second
+run (an existing id is an idempotent write).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
 import shlex
+import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO, Any, AsyncIterator, Iterator, Sequence
+from typing import IO, AbstractSet, Any, AsyncIterator, Iterator, Sequence
 
 import orjson
 
 from a2m import paging
 
 PAGE = 1000  # the protocol's usual max_recall_limit
+BATCH_BYTES = 8 * 1024 * 1024  # JSON per import call: half the 16 MiB any server here takes at its front door
 WIRE_FIELDS = ("id", "content", "created_at", "role", "metadata", "group", "tier", "salience", "access_count",
                "accessed_at", "owner", "session", "key", "revision", "uri", "media_type")
 
@@ -58,6 +67,50 @@ def _client(target: str, token: str | None, timeout: float) -> Any:
         raise TransferError(f"--token: {exc}") from None
 
 
+def _scope_problem(exc: Any, named: str) -> str | None:
+    """-32005 for an owner the caller's bearer token does not grant (`named` says where it came from)."""
+    from a2m import errors
+
+    data = exc.data if isinstance(exc.data, dict) else {}
+    if exc.code != errors.SCOPE_DENIED or "index" in data or not isinstance(data.get("owner"), str):
+        return None  # (an id another owner holds names the record's index)
+    return (f"{named.format(data['owner'])}: this bearer token's principal is another owner, and a token reads "
+            f"and writes only its own principal's records (protocol §7): use a token of {data['owner']!r}")
+
+
+def endpoint_problem(url: str, exc: Any, token: str | None) -> str:
+    """An endpoint's refusal or absence as one line naming it once and what to change: a missing or
+    wrong bearer token (HTTP 401), a token of another principal (-32005), nothing listening."""
+    from a2m.client import Unavailable
+
+    data = exc.data if isinstance(exc.data, dict) else {}
+    if isinstance(exc, Unavailable) and data.get("status") == 401:
+        return (f"{url} does not accept this bearer token (HTTP 401): give --token one of its tokens" if token
+                else f"{url} needs a bearer token: give --token (HTTP 401)")
+    scope = _scope_problem(exc, "--owner {!r}")
+    if scope:
+        return f"{url}: {scope}"
+    if isinstance(exc, Unavailable):
+        return f"{url}: unreachable: {unreachable_reason(exc, url)}"
+    return f"{url}: {exc.message}"
+
+
+def unreachable_reason(exc: Any, url: str) -> str:
+    """Why a client's `Unavailable` has no answer, without the URL its message repeats."""
+    cause = exc.__cause__
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused: nothing listens there (is the server running?)"
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror
+    message = str(exc.message)
+    for prefix in (f"{url} unreachable: ", f"{url.rstrip('/') + '/'} unreachable: ", f"{url} "):
+        if message.startswith(prefix):
+            return message[len(prefix):]
+    return message
+
+
 def _progress() -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -72,8 +125,9 @@ async def _describe(client: Any, owner: str | None = None) -> dict[str, Any]:
 
 def _tier_names(described: dict[str, Any]) -> tuple[list[str | None], list[str]]:
     """Per-tier paging where the endpoint has several tiers (a router), one stream otherwise; and the
-    read-only tiers left out. A read-only tier is mounted, not stored (a corpus): no import could write
-    its records back, so having them in the file would make the whole backup unrestorable."""
+    read-only tiers left out. A read-only tier is mounted, not stored (a corpus): its records are
+    restored by mounting it again, it may be large and someone else's, and no import can write them
+    back into it (decision 53)."""
     tiers = [t for t in described.get("tiers") or [] if t.get("name")]
     if len(tiers) <= 1:
         return [None], []  # one server, read-only or not: its records are what was asked for
@@ -113,7 +167,7 @@ def _complete(result: dict[str, Any], tier: str | None) -> None:
     lacks a tier is worse than none."""
     if result.get("degraded"):
         raise TransferError(f"{tier or 'the endpoint'}: tiers {', '.join(result['degraded'])} did not answer; "
-                            "nothing was written, export again when they are back")
+                            "export again when they are back")
 
 
 def _clean(record: dict[str, Any], embeddings: bool) -> dict[str, Any]:
@@ -130,6 +184,14 @@ def _output(file: str) -> Iterator[IO[bytes]]:
         sys.stdout.buffer.flush()
         return
     path = Path(file)
+    if _stream(file):  # a pipe (`>(gzip > dump.jsonl.gz)`) or a device: written as it comes
+        try:
+            handle = open(path, "wb")
+        except OSError as exc:
+            raise TransferError(f"cannot write {file}: {exc.strerror}") from None
+        with handle:
+            yield handle
+        return
     partial = path.with_name(path.name + ".partial")
     try:
         handle = open(partial, "wb")
@@ -144,12 +206,21 @@ def _output(file: str) -> Iterator[IO[bytes]]:
     os.replace(partial, path)
 
 
+def _export_left(file: str, written: int) -> str:
+    """What a stopped export leaves: a file is not written at all; a stream may hold a part."""
+    if not _stream(file):
+        return f"{file} was not written"
+    where = "standard output" if file == "-" else file
+    return f"what went to {where} ({written} records) is incomplete" if written else "nothing was written"
+
+
 async def export(url: str, file: str, token: str | None = None, embeddings: bool = False,
                  owners: Sequence[str | None] = (None,), quiet: bool = False, page: int = PAGE) -> int:
     """Write every record reachable at `url` (for each owner in `owners`) to `file` as JSON Lines."""
     from a2m.errors import A2MError
 
     written = 0
+    opened = False  # the output was opened: a stop after this says what became of it
     try:
         async with _client(url, token, 60.0) as client:
             described = await _describe(client)
@@ -161,44 +232,78 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
             cap = _recall_cap(described)
             page = min(page, cap) if cap else page
             progress = _progress()
+            # The owner each record carries, once its partition is in the file. An endpoint may answer
+            # one partition for two passes: under a principal's bearer token every call is that
+            # principal's (protocol §7), so the unowned pass reads what `--owner <principal>` reads;
+            # a server without scopes, or a shared corpus, gives every owner the same records.
+            done: set[str | None] = set()
+            empty: list[str] = []  # named owners the endpoint holds no record of
             with _output(file) as out, progress if not quiet else contextlib.nullcontext():
-                for owner in owners:
+                opened = True
+                for owner in dict.fromkeys(owners):
+                    if owner is not None and owner in done:
+                        continue  # an earlier pass was answered with this owner's records
                     counts = {t.get("name"): int(t.get("count") or 0)
                               for t in (await _describe(client, owner)).get("tiers") or []}
+                    answered: set[str | None] = set()
                     for tier in tiers:
                         total = counts.get(tier) if tier is not None else sum(counts.values()) or None
                         label = f"export {tier or described.get('name') or url}" + (f" ({owner})" if owner else "")
                         task = None if quiet else progress.add_task(label, total=total)
                         written += await _export_stream(client, out, tier=tier, owner=owner, embeddings=embeddings,
-                                                        page=page, cap=cap, progress=None if quiet else progress, task=task)
+                                                        page=page, cap=cap, progress=None if quiet else progress,
+                                                        task=task, skip=done, answered=answered)
+                    if owner is None and answered - {None}:
+                        others = ", ".join(repr(o) for o in sorted(answered - {None}))
+                        print(f"a2m export: the endpoint answers the unowned pass with the records of {others} "
+                              "(a token's principal is the owner scope of every call); they are in the file "
+                              "once, and the unowned partition cannot be read with this token", file=sys.stderr)
+                    done |= answered | ({owner} if owner is not None else set())
+                    if owner is not None and not answered:
+                        empty.append(owner)
+            if empty:  # A2M cannot list owners: a misspelt one would otherwise pass for an empty partition
+                print(f"a2m export: {', '.join(f'--owner {o!r}' for o in empty)}: no records here "
+                      "(is the name right?)", file=sys.stderr)
+    except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task, then raises KeyboardInterrupt
+        print(f"a2m export: interrupted; {_export_left(file, written)}", file=sys.stderr)
+        raise
     except TransferError as exc:
-        print(f"a2m export: {exc}", file=sys.stderr)
+        left = f"; {_export_left(file, written)}" if opened else ""
+        print(f"a2m export: {exc}{left}", file=sys.stderr)
         return 1
     except A2MError as exc:
-        print(f"a2m export: {url}: {exc.message}", file=sys.stderr)
+        left = f"; {_export_left(file, written)}" if opened else ""
+        print(f"a2m export: {endpoint_problem(url, exc, token)}{left}", file=sys.stderr)
         return 1
     except OSError as exc:  # the output cannot be written, or a stdio server's command cannot be run
         print(f"a2m export: {_os_error(exc)}", file=sys.stderr)
         return 1
     if not quiet:
-        print(f"exported {written} records to {file}", file=sys.stderr)
+        print(f"exported {written} record{'' if written == 1 else 's'} to "
+              f"{'standard output' if file == '-' else file}", file=sys.stderr)
     return 0
 
 
 async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner: str | None, embeddings: bool,
-                         page: int, cap: int | None, progress: Any, task: Any) -> int:
+                         page: int, cap: int | None, progress: Any, task: Any, skip: AbstractSet[str | None] = frozenset(),
+                         answered: set[str | None] | None = None) -> int:
+    """One (tier, owner) stream into `out`, oldest first; records of an owner in `skip` (already in
+    the file) are left out. The owners the endpoint answered with are added to `answered`."""
     # Spool pages (newest first) to a temporary file, then copy them out oldest first.
     offsets: list[tuple[int, int]] = []
     count = 0
     with tempfile.TemporaryFile() as spool:
-        async for records in pages_backwards(client, tier=tier, owner=owner, embeddings=embeddings, page=page,
-                                                 cap=cap):
+        async for page_records in pages_backwards(client, tier=tier, owner=owner, embeddings=embeddings, page=page,
+                                                  cap=cap):
+            if answered is not None:
+                answered.update(r.get("owner") for r in page_records)
+            records = [r for r in page_records if r.get("owner") not in skip]
             blob = b"".join(orjson.dumps(_clean(r, embeddings)) + b"\n" for r in records)
             offsets.append((spool.tell(), len(blob)))
             spool.write(blob)
             count += len(records)
             if progress is not None:
-                progress.advance(task, len(records))
+                progress.advance(task, len(page_records))
         for start, size in reversed(offsets):
             spool.seek(start)
             out.write(spool.read(size))
@@ -230,9 +335,40 @@ def _os_error(exc: OSError) -> str:
     return f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
 
 
-def _written(sent: int) -> str:
-    return (f" ({sent} records before it were written; importing the file again skips them)" if sent
-            else " (nothing was written)")
+def _span(first: int, last: int) -> str:
+    return f"line {first}" if first == last else f"lines {first}-{last}"
+
+
+class _Written:
+    """How far an import got, said by file line: what a second run skips, or where it should start."""
+
+    def __init__(self, file: str, url: str) -> None:
+        self.file, self.url = file, url
+        self.records = 0  # records in batches the endpoint answered
+        self.through = 0  # the file line of the last of them
+        self.without_id = 0  # of them, those with no id: a second import writes them again
+        self.in_flight: tuple[int, int] | None = None  # a batch sent and not answered: written or not
+
+    def __str__(self) -> str:
+        if not self.records and self.in_flight is None:
+            return "nothing was written"
+        said = []
+        if self.records:
+            said.append(f"{_span(1, self.through)} ({self.records} record{'' if self.records == 1 else 's'}) "
+                        "were written")
+        after = self.through + 1
+        if self.in_flight is not None:
+            said.append(f"the batch of {_span(*self.in_flight)} was being written and may have been")
+            after = self.in_flight[1] + 1
+        said[-1] += f", line {after} and after were not"
+        if not self.without_id:
+            said.append("importing the file again skips them (by id)")
+        else:
+            resume = self.in_flight[0] if self.in_flight is not None else self.through + 1
+            how = f" (tail -n +{resume} {shlex.quote(self.file)} | a2m import {self.url} -)" if self.file != "-" else ""
+            said.append(f"{self.without_id} of the records written have no id, so importing the file again "
+                        f"would write those twice: import from line {resume} on{how}")
+        return "; ".join(said)
 
 
 def _refused(file: str, lines: list[int], exc: Any) -> str:
@@ -243,34 +379,64 @@ def _refused(file: str, lines: list[int], exc: Any) -> str:
         index = int(named.group(1))
     if isinstance(index, int) and 0 <= index < len(lines):
         message = re.sub(rf"^records\[{index}\](\.|:\s*)?", "", exc.message)  # the line says which record
-        return f"{file}:{lines[index]}: {message}; its batch (lines {lines[0]}-{lines[-1]}) was not written"
-    return f"{file}:{lines[0]}-{lines[-1]}: {exc.message}; this batch was not written"
+        return f"{file}:{lines[index]}: {message}; its batch ({_span(lines[0], lines[-1])}) was not written"
+    said = _scope_problem(exc, "the records belong to {!r}") or exc.message
+    where = str(lines[0]) if lines[0] == lines[-1] else f"{lines[0]}-{lines[-1]}"
+    return f"{file}:{where}: {said}; this batch was not written"
 
 
-def _count_lines(file: str) -> int | None:
+def _check_file(file: str) -> int | None:
+    """The number of records in `file`, every line read and checked first: a broken line (a backup
+    cut short) then stops the import before its first write. Standard input is read once, as it
+    is imported (None)."""
+    if _stream(file):
+        return None  # a pipe (`<(zcat dump.jsonl.gz)`) or a device is read once too
+    return sum(1 for _ in _read_lines(file))
+
+
+def _stream(file: str) -> bool:
+    """Whether `file` is standard input/output or a path to a pipe, socket or terminal: read once,
+    written as it comes, never renamed over."""
     if file == "-":
-        return None
-    with open(file, "rb") as handle:
-        return sum(1 for line in handle if line.strip())
+        return True
+    try:
+        mode = os.stat(file).st_mode
+    except OSError:
+        return False  # not there yet (an export's new file), or said when it is opened
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
 
 
 def _prepare(record: dict[str, Any], tiers: set[str], keep_tier: bool) -> dict[str, Any]:
     out = {k: v for k, v in record.items() if k != "score" and v is not None}
     if not keep_tier or out.get("tier") not in tiers:
-        out.pop("tier", None)  # the target has no tier of that name: let it place the record
+        out.pop("tier", None)  # the target has no writable tier of that name: let it place the record
     return out
 
 
 async def import_(url: str, file: str, token: str | None = None, batch: int = 500, quiet: bool = False) -> int:
     """Write the records of a JSON Lines export to `url` in `memory/remember` batches."""
+    from a2m.client import Unavailable
     from a2m.errors import A2MError
 
-    sent = kept = 0
+    kept = 0
+    done = _Written(file, url)
     try:
-        total = _count_lines(file)
+        if file == "-" and sys.stdin.isatty():
+            raise TransferError("standard input is a terminal: pipe the export in "
+                                f"(a2m import {url} - < dump.jsonl), or name the file")
+        total = _check_file(file)
         async with _client(url, token, 120.0) as client:
             described = await _describe(client)
-            tiers = {t.get("name") for t in described.get("tiers") or [] if t.get("name")}
+            listed = [t for t in described.get("tiers") or [] if t.get("name")]
+            # A record keeps its tier where the target has a writable one of that name; one the target
+            # mounts read-only (a corpus) cannot take it, so the target places it: where the corpus
+            # already holds it, as an existing id (nothing written), else in writable memory.
+            tiers = {t["name"] for t in listed if not t.get("read_only")}
+            if listed and not tiers:
+                mounted = ", ".join(t["name"] for t in listed)
+                raise TransferError(f"{url} takes no writes: tier{'s' if len(listed) > 1 else ''} {mounted} "
+                                    f"{'are' if len(listed) > 1 else 'is'} read-only (mounted, not stored "
+                                    "there); import into a writable endpoint")
             keep_tier = "tiers" in (described.get("capabilities") or [])
             cap = (described.get("limits") or {}).get("max_records_per_call")
             size = max(1, min(batch, int(cap)) if cap else batch)
@@ -283,47 +449,64 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                 batch_ids: set[str] = set()
                 owner: str | None = None
 
+                pending_bytes = 0  # their JSON (a request over the endpoint's body limit is refused, 413)
+
                 async def flush() -> None:
-                    nonlocal sent, kept
+                    nonlocal kept, pending_bytes
                     if not pending:
                         return
                     params: dict[str, Any] = {"records": pending}
                     if owner is not None:
                         params["owner"] = owner
+                    done.in_flight = (lines[0], lines[-1])
                     try:
                         ids = (await client.call("memory/remember", params))["ids"]
+                    except Unavailable:
+                        raise  # no answer: the batch may have been written (done.in_flight says which)
                     except A2MError as exc:
+                        done.in_flight = None  # refused: a batch is written whole or not at all
                         raise TransferError(_refused(file, lines, exc)) from None
-                    sent += len(pending)
+                    done.in_flight = None
+                    done.records += len(pending)
+                    done.through = lines[-1]
+                    done.without_id += sum(1 for r in pending if "id" not in r)
                     kept += sum(1 for r, i in zip(pending, ids) if "id" in r and r["id"] != i)
                     if not quiet:
                         progress.advance(task, len(pending))
                     pending.clear()
                     lines.clear()
                     batch_ids.clear()
+                    pending_bytes = 0
 
                 for number, record in _read_lines(file):
                     # An id seen again (a record the export caught in two tiers, mid-move) starts a
                     # new batch: one batch may not put an id in two tiers, while a later batch finds
                     # it written and keeps it (an existing id is an idempotent write).
-                    if record.get("owner") != owner or len(pending) >= size or record.get("id") in batch_ids:
+                    prepared = _prepare(record, tiers, keep_tier)
+                    weight = len(orjson.dumps(prepared)) + 1
+                    if (record.get("owner") != owner or len(pending) >= size or record.get("id") in batch_ids
+                            or pending_bytes + weight > BATCH_BYTES):
                         await flush()
                         owner = record.get("owner")
-                    pending.append(_prepare(record, tiers, keep_tier))
+                    pending.append(prepared)
+                    pending_bytes += weight
                     lines.append(number)
                     if isinstance(record.get("id"), str):
                         batch_ids.add(record["id"])
                 await flush()
+    except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task, then raises KeyboardInterrupt
+        print(f"a2m import: interrupted; {done}", file=sys.stderr)
+        raise
     except TransferError as exc:
-        print(f"a2m import: {exc}{_written(sent)}", file=sys.stderr)
+        print(f"a2m import: {exc}; {done}", file=sys.stderr)
         return 1
     except A2MError as exc:
-        print(f"a2m import: {url}: {exc.message}{_written(sent)}", file=sys.stderr)
+        print(f"a2m import: {endpoint_problem(url, exc, token)}; {done}", file=sys.stderr)
         return 1
     except OSError as exc:  # the file cannot be read, or a stdio server's command cannot be run
-        print(f"a2m import: {_os_error(exc)}{_written(sent)}", file=sys.stderr)
+        print(f"a2m import: {_os_error(exc)}; {done}", file=sys.stderr)
         return 1
     if not quiet:
         note = f"; {kept} kept a newer record already at their key" if kept else ""
-        print(f"imported {sent} records into {url}{note}", file=sys.stderr)
+        print(f"imported {done.records} records into {url}{note}", file=sys.stderr)
     return 0

@@ -101,13 +101,15 @@ def router_toml(tiers: Iterable[str], base_port: int, host: str = "127.0.0.1") -
     for tier in default_tiers(base_port=base_port + 1, host=host):
         if tier.name not in chosen:
             continue
+        promote_to = tier.promote_to if tier.promote_to in chosen else None
         fields: dict[str, Any] = {
             "name": tier.name, "kind": tier.kind,
             "url": f"http://{host}:{base_port + PORT_OFFSET[tier.name]}/",
             "capacity": tier.capacity, "per_session": tier.per_session,
             "spill_to": tier.spill_to if tier.spill_to in chosen else None,
-            "promote_to": tier.promote_to if tier.promote_to in chosen else None,
-            "promote_after": tier.promote_after, "timeout": tier.timeout,
+            "promote_to": promote_to,
+            # Only beside promote_to: alone it counts towards nothing, and the router refuses it.
+            "promote_after": tier.promote_after if promote_to else None, "timeout": tier.timeout,
         }
         lines.append("[[tiers]]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items() if v is not None]

@@ -158,6 +158,11 @@ def _tier(raw: Any, index: int, default_timeout: float) -> TierConfig:
     promote_after = _type(raw.get("promote_after", 3), int, f"{where}: promote_after", "a positive integer")
     if promote_after < 1:
         raise ConfigError(f"{where}: promote_after must be a positive integer, got {promote_after}")
+    if "promote_after" in raw and raw.get("promote_to") is None:
+        raise ConfigError(f"{where}: promote_after = {promote_after} counts recalls towards a promotion into "
+                          f"promote_to, and this tier has none: set promote_to, or leave promote_after out "
+                          f"(a router.toml copied from `a2m up` before it stopped writing it on every tier "
+                          f"carries it where it does nothing)")
     timeout = _positive(raw.get("timeout", default_timeout), f"{where}: timeout", (int, float))
     retention = raw.get("retention", "keep")
     if retention not in RETENTIONS:

@@ -148,7 +148,7 @@ async def test_a_refused_batch_is_reported_at_its_file_line(two_fixture_servers:
     assert await transfer.import_(two_fixture_servers[0], str(dump), batch=2, quiet=True) == 1
     message = capsys.readouterr().err
     assert f"{dump}:4: created_at must be" in message and "lines 3-4" in message
-    assert "2 records before it were written" in message
+    assert "lines 1-2 (2 records) were written, line 3 and after were not" in message
     async with HTTPClient(two_fixture_servers[0]) as client:
         assert [r["content"] for r in (await client.call("memory/timeline", {}))["records"]] == ["line 1", "line 2"]
 
@@ -211,3 +211,30 @@ async def test_an_export_to_a_missing_directory_says_so(two_fixture_servers: tup
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     assert await transfer.export(two_fixture_servers[0], str(tmp_path / "no" / "x.jsonl"), quiet=True) == 1
     assert f"cannot write {tmp_path / 'no' / 'x.jsonl'}: No such file or directory" in capsys.readouterr().err
+
+
+@pytest.mark.anyio
+async def test_a_principals_token_exports_its_records_once(tmp_path: Path) -> None:
+    """With a principal's bearer token the router answers every call for that principal, so the
+    unowned pass of `--unowned --owner alice` and the `alice` pass read the same records: each is
+    written once, and the file says nothing of an unowned partition it could not read."""
+    from tests.router.stack import federation
+
+    tiers = [{"name": "working", "kind": "working"}, {"name": "procedural", "kind": "procedural"}]
+    with federation(tmp_path, tiers, mode="real", top={"auth": {"tokens": {"tok-alice": "alice"}}}) as stack:
+        async with HTTPClient(stack.url, token="tok-alice") as client:
+            await client.call("memory/remember", {"records": [
+                {"content": "alice's note"}, {"content": "alice's skill", "key": "skills/x", "tier": "procedural"}]})
+        dump = tmp_path / "alice.jsonl"
+        done = subprocess.run(a2m_command("export", stack.url, str(dump), "--token", "tok-alice", "--unowned",
+                                          "--owner", "alice", "--owner", "alice"),
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        records = _lines(dump)
+        assert sorted(r["content"] for r in records) == ["alice's note", "alice's skill"]
+        assert {r["owner"] for r in records} == {"alice"}
+        assert "exported 2 records" in done.stderr
+        assert "unowned partition cannot be read with this token" in done.stderr
+        again = tmp_path / "again.jsonl"
+        assert await transfer.export(stack.url, str(again), token="tok-alice", owners=["alice", None], quiet=True) == 0
+        assert sorted(r["id"] for r in _lines(again)) == sorted(r["id"] for r in records)

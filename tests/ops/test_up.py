@@ -120,6 +120,45 @@ def test_router_toml_for_a_subset_cuts_links_into_absent_tiers() -> None:
     assert full.tier("working").spill_to == "episodic" and full.tier("episodic").promote_to == "semantic"
 
 
+@pytest.mark.skipif(not router_available(), reason="router/ not present")
+@pytest.mark.parametrize("chosen", [TIERS, ("working", "episodic", "procedural"), ("episodic",)])
+def test_router_toml_sets_promote_after_only_where_a_tier_promotes(chosen: tuple[str, ...]) -> None:
+    """promote_after counts recalls towards a promotion into promote_to, and nothing else: the file
+    `a2m up` writes sets it on the tier that promotes and nowhere else (a subset that cuts episodic's
+    promote_to cuts its promote_after with it), so the router takes it at start."""
+    from router.config import parse
+    import tomllib
+
+    raw = tomllib.loads(router_toml(chosen, 9000))
+    assert [t["name"] for t in raw["tiers"] if "promote_after" in t] == \
+        [t["name"] for t in raw["tiers"] if "promote_to" in t]
+    config = parse(raw, env={})
+    assert [(t.name, t.promote_to) for t in config.tiers if t.promote_to] == \
+        ([("episodic", "semantic")] if "semantic" in chosen and "episodic" in chosen else [])
+    if "semantic" in chosen and "episodic" in chosen:
+        assert config.tier("episodic").promote_after == 3
+
+
+@pytest.mark.skipif(not router_available(), reason="router/ not present")
+def test_promote_after_without_promote_to_is_refused_by_name() -> None:
+    """Decision 62: a setting that would never take effect stops the router at start, by name."""
+    from router.config import ConfigError, parse
+
+    tiers = [{"name": "working", "kind": "working", "url": "http://127.0.0.1:1/", "capacity": 8,
+              "spill_to": "episodic", "promote_after": 5},
+             {"name": "episodic", "kind": "episodic", "url": "http://127.0.0.1:2/"}]
+    with pytest.raises(ConfigError, match=r"tier 'working': promote_after = 5 counts recalls towards a promotion "
+                                          r"into promote_to, and this tier has none"):
+        parse({"tiers": tiers}, env={})
+    tiers[0].pop("promote_after")
+    tiers[1]["promote_after"] = 2  # episodic promotes nowhere either
+    with pytest.raises(ConfigError, match="tier 'episodic': promote_after"):
+        parse({"tiers": tiers}, env={})
+    tiers[1]["promote_to"] = "semantic"
+    tiers.append({"name": "semantic", "kind": "semantic", "url": "http://127.0.0.1:3/"})
+    assert parse({"tiers": tiers}, env={}).tier("episodic").promote_after == 2
+
+
 @pytest.mark.anyio
 async def test_up_serves_the_federation_stops_cleanly_and_finds_its_data(tmp_path: Path) -> None:
     data = tmp_path / "data"
