@@ -64,7 +64,7 @@ RRF_K = 60
 RELEVANCE_WEIGHT, RECENCY_WEIGHT, SALIENCE_WEIGHT = 0.95, 0.03, 0.02
 RECENCY_SECONDS = 30 * 86400.0
 # Ranking (see `_nearest_rows`, `_relevance` and `_text_scores`).
-LEXICAL_MATCHES = 1000  # full-text matches ranked by BM25; past this, those holding the most query terms
+LEXICAL_MATCHES = 1000  # full-text matches ranked by BM25; past this, the best by ts_rank
 SCOPE_COUNT_CAP = 10_000  # a scope's size is counted up to this (the IDF saturates; see EXACT_SCAN_ROWS)
 NEIGHBOURS, NEIGHBOUR_HITS, NEIGHBOUR_WEIGHT = 2, 20, 0.25
 PREPARE_WHEN_ASKED = 2**62  # psycopg's prepare threshold: never by count, only with prepare=True
@@ -267,28 +267,23 @@ def _blend(rows: Sequence[Sequence[Any]], relevance: Sequence[float], embed: boo
 
 def _bm25_sql(condition: str, terms: int) -> str:
     """The one statement of `PostgresStore._text_scores`: (id, BM25) of the full-text matches in
-    scope, best first. Past `LEXICAL_MATCHES` matches the scored ones are those holding the most
-    query terms, then the most occurrences, then the newest (decision 34 says why the cap stays).
+    scope (the best `LEXICAL_MATCHES` by ts_rank; decision 34 says why the cap stays), best first.
     Parameters: the query words twice, each query term, the scope's, the match cap, the scope's size."""
     k1, b = BM25_K1, BM25_B
     counts = "".join(f", cardinality(array_positions(terms, %s::text)) AS f{i}" for i in range(terms))
     held = "".join(f", count(*) FILTER (WHERE f{i} > 0) AS d{i}" for i in range(terms))
-    distinct = " + ".join(f"(f{i} > 0)::int" for i in range(terms)) or "0"
-    total = " + ".join(f"f{i}" for i in range(terms)) or "0"
     norm = f"({k1 * (1 - b)!r}::float8 + {k1 * b!r}::float8 * m.len / s.avglen)"  # k1 (1 - b + b len / avg)
     score = " + ".join(f"CASE WHEN f{i} > 0 THEN ln(1 + (s.n - d{i} + 0.5) / (d{i} + 0.5)) * {k1 + 1!r}::float8 "
                        f"* f{i} / (f{i} + {norm}) ELSE 0 END" for i in range(terms)) or "0"
     return (
         "WITH q AS (SELECT (replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
         " || replace(plainto_tsquery('simple', %s)::text, ' & ', ' | ')::tsquery) AS query), "
-        # OFFSET 0 keeps the counts a subquery's columns: pulled up, the ORDER BY computed each again
-        f"m AS (SELECT * FROM (SELECT id, created_at, cardinality(terms) AS len{counts} "
-        f"FROM records, q WHERE {condition} AND fts @@ q.query OFFSET 0) c "
-        f"ORDER BY {distinct} DESC, {total} DESC, created_at DESC LIMIT %s), "
+        f"m AS (SELECT id, created_at, ts_rank(fts, q.query, 1) AS tr, cardinality(terms) AS len{counts} "
+        f"FROM records, q WHERE {condition} AND fts @@ q.query ORDER BY tr DESC, created_at DESC LIMIT %s), "
         # MATERIALIZED: inlined, the planner re-ran the aggregate for every match (n^2 rows read)
         "s AS MATERIALIZED (SELECT greatest(count(*), %s)::float8 AS n, "
         f"coalesce(nullif(avg(len), 0), 1)::float8 AS avglen{held} FROM m) "
-        f"SELECT m.id, {score} AS score FROM m, s ORDER BY score DESC, m.created_at DESC"
+        f"SELECT m.id, {score} AS score FROM m, s ORDER BY score DESC, m.tr DESC, m.created_at DESC"
     )
 
 
@@ -914,7 +909,7 @@ class PostgresStore:
         them by BM25 over the terms each row was stored with (the shared
         tokenizer's), because `ts_rank` has no IDF and lets the commonest query
         word decide. The matches are every record holding a query term (up to
-        `LEXICAL_MATCHES`, past that those holding the most query terms), so document
+        `LEXICAL_MATCHES`, the best by ts_rank past that), so document
         frequencies are exact; `size` is the scope's size. Scoring in SQL, each
         row counts its query terms with `array_positions` and only (id, score)
         crosses the wire: ranking up to 1,000 matches in Python cost the server
@@ -924,7 +919,7 @@ class PostgresStore:
         cur = await conn.execute(_bm25_sql(condition, len(wanted)),
                                  [words, words, *wanted, *scope_params, LEXICAL_MATCHES, size])
         rows = await cur.fetchall()
-        # a match BM25 does not see keeps a sliver, the newest first, below every BM25 hit
+        # a match BM25 does not see keeps a sliver, in ts_rank order, below every BM25 hit
         sliver = 1e-6 * min((s for _, s in rows if s > 0), default=1.0)
         return {record_id: s if s > 0 else sliver / (1 + k) for k, (record_id, s) in enumerate(rows)}
 
