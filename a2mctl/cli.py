@@ -213,10 +213,18 @@ def _up(args: argparse.Namespace) -> int:
     return up(args)
 
 
+def _bearer(given: str | None, endpoint: str) -> str | None:
+    """`--token`, else $A2M_TOKEN for an http(s) endpoint: a token on the command line is visible to
+    every user of the machine (`ps`). A stdio command line takes none, so the variable is not sent there."""
+    if given is not None:
+        return given
+    return os.environ.get("A2M_TOKEN") or None if endpoint.startswith(("http://", "https://")) else None
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from .doctor import doctor
 
-    return asyncio.run(doctor(args.url, token=args.token))
+    return asyncio.run(doctor(args.url, token=_bearer(args.token, args.url)))
 
 
 def _transfer(args: argparse.Namespace) -> int:
@@ -225,9 +233,10 @@ def _transfer(args: argparse.Namespace) -> int:
     try:
         if args.command == "export":
             owners = ([None] if args.unowned or not args.owner else []) + (args.owner or [])
-            return asyncio.run(transfer.export(args.url, args.file, token=args.token, embeddings=args.embeddings,
-                                               owners=owners))
-        return asyncio.run(transfer.import_(args.url, args.file, token=args.token, batch=args.batch))
+            return asyncio.run(transfer.export(args.url, args.file, token=_bearer(args.token, args.url),
+                                               embeddings=args.embeddings, owners=owners))
+        return asyncio.run(transfer.import_(args.url, args.file, token=_bearer(args.token, args.url),
+                                            batch=args.batch))
     except KeyboardInterrupt:  # Ctrl-C: what was done is said already, a traceback would bury it
         return 130
 
@@ -280,14 +289,15 @@ def main(argv: list[str] | None = None) -> int:
 
     doctor = sub.add_parser("doctor", help="health of a router (or any A2M URL) and its tiers")
     doctor.add_argument("url", nargs="?", type=_http_url, default="http://127.0.0.1:8700/")
-    doctor.add_argument("--token")
+    doctor.add_argument("--token", help="bearer token (default: $A2M_TOKEN, which `ps` does not show)")
     doctor.set_defaults(run=_doctor)
 
     for name in ("export", "import"):
         p = sub.add_parser(name, help=f"{name} records as JSON Lines through any A2M endpoint")
         p.add_argument("url")
         p.add_argument("file", help="JSON Lines file ('-' for stdout/stdin)")
-        p.add_argument("--token")
+        p.add_argument("--token", help="bearer token for an http(s) URL (default: $A2M_TOKEN, which `ps` does "
+                                       "not show)")
         if name == "export":
             p.add_argument("--embeddings", action="store_true", help="include vectors")
             p.add_argument("--owner", action="append", default=None,

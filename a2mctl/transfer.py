@@ -26,6 +26,7 @@ import contextlib
 import os
 import re
 import shlex
+import signal
 import stat
 import sys
 import tempfile
@@ -85,8 +86,8 @@ def endpoint_problem(url: str, exc: Any, token: str | None) -> str:
 
     data = exc.data if isinstance(exc.data, dict) else {}
     if isinstance(exc, Unavailable) and data.get("status") == 401:
-        return (f"{url} does not accept this bearer token (HTTP 401): give --token one of its tokens" if token
-                else f"{url} needs a bearer token: give --token (HTTP 401)")
+        return (f"{url} does not accept this bearer token (HTTP 401): give --token (or $A2M_TOKEN) one of its "
+                "tokens" if token else f"{url} needs a bearer token: give --token or $A2M_TOKEN (HTTP 401)")
     scope = _scope_problem(exc, "--owner {!r}")
     if scope:
         return f"{url}: {scope}"
@@ -206,6 +207,15 @@ def _output(file: str) -> Iterator[IO[bytes]]:
     os.replace(partial, path)
 
 
+def _reader_gone(file: str) -> int:
+    """The reader of a pipe closed it (`a2m export URL - | head`): stop quietly, as `cat` does, with
+    the status a shell shows for a command a closed pipe stopped (128 + SIGPIPE). Standard output
+    is pointed at /dev/null first, or the interpreter's last flush reports the pipe again."""
+    if file == "-":
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
+
+
 def _export_left(file: str, written: int) -> str:
     """What a stopped export leaves: a file is not written at all; a stream may hold a part."""
     if not _stream(file):
@@ -275,6 +285,8 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
         left = f"; {_export_left(file, written)}" if opened else ""
         print(f"a2m export: {endpoint_problem(url, exc, token)}{left}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        return _reader_gone(file)
     except OSError as exc:  # the output cannot be written, or a stdio server's command cannot be run
         print(f"a2m export: {_os_error(exc)}", file=sys.stderr)
         return 1

@@ -32,8 +32,12 @@ def _write(path: Path, records: list[Any]) -> Path:
     return path
 
 
-def _cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(a2m_command(*args), cwd=ROOT, capture_output=True, timeout=timeout, input=stdin)
+def _cli(*args: str, stdin: bytes | None = None, timeout: float = 120,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    done = subprocess.run(a2m_command(*args), cwd=ROOT, capture_output=True, timeout=timeout, input=stdin,
+                          env={**os.environ, **(env or {})})
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
@@ -166,6 +170,12 @@ async def test_token_and_endpoint_problems_are_said_with_their_fix(tmp_path: Pat
             assert done.returncode in (1, 2) and said in text and "Traceback" not in text, (argv, text)
             assert text.count(stack.url) <= 1, (argv, text)  # the endpoint named once
         assert not Path(out).exists()
+        # $A2M_TOKEN stands for --token (which `ps` shows every user); --token still wins
+        done = _cli("export", stack.url, "-", env={"A2M_TOKEN": "tok-alice"})
+        assert done.returncode == 0 and "alice's note" in done.stdout, done.stderr
+        assert _cli("doctor", stack.url, env={"A2M_TOKEN": "tok-alice"}).returncode == 0
+        done = _cli("export", stack.url, "-", "--token", "nope", env={"A2M_TOKEN": "tok-alice"})
+        assert done.returncode == 1 and "does not accept this bearer token" in done.stderr, done.stderr
         async with HTTPClient(stack.url, token="tok-bob") as client:
             assert (await client.call("memory/timeline", {}))["records"] == []
 
@@ -266,6 +276,22 @@ async def test_a_pipe_is_a_file_too(working: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert [orjson.loads(line)["id"] for line in got[0].splitlines()] == [r["id"] for r in records]
     assert out.is_fifo() and not (tmp_path / "out.fifo.partial").exists()
+
+
+@pytest.mark.anyio
+async def test_an_export_whose_reader_goes_away_stops_quietly(working: str) -> None:
+    """`a2m export URL - | head`: the reader closes the pipe after the lines it wanted (here before
+    the first). The export stops as `cat` would, with no message and 141 (128 + SIGPIPE, what a shell
+    shows for a command a closed pipe stopped); it used to print "[Errno 32] Broken pipe" and exit 1."""
+    async with HTTPClient(working) as client:
+        await client.call("memory/remember", {"records": [{"content": "x" * 2000} for _ in range(200)]})
+    export = subprocess.Popen(a2m_command("export", working, "-"), cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    assert export.stdout is not None and export.stderr is not None
+    export.stdout.close()
+    said = export.stderr.read().decode()
+    assert export.wait(60) == 141, said
+    assert "rror" not in said and "exported" not in said and "Traceback" not in said, said
 
 
 def test_an_import_from_a_terminal_says_what_it_expects() -> None:
