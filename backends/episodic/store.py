@@ -822,31 +822,22 @@ class PostgresStore:
         """
         condition, scope_params = scope_sql(scope)
         distance = self._distance(dims)
-        walk = self.vector_search == "hnsw"
-        if walk and await self._fits_exact_scan(conn, scope, condition, scope_params):
-            walk = False
+        few = await self._scope_size(conn, *scope_sql(Scope(owner=scope.owner))) <= EXACT_SCAN_ROWS
+        walk = (self.vector_search == "hnsw" and not few
+                and await self._scope_size(conn, condition, scope_params) > EXACT_SCAN_ROWS)
+        if self.vector_search == "hnsw" and not walk:
             distance = f"({distance}) + 0"  # HNSW serves only ORDER BY the bare operator: "+ 0" is the same order
         # ORDER BY the output column, not the expression again: PostgreSQL then computes each distance
         # once (twice read every embedding twice: 3.5 vs 2.1 ms over an owner's 1,000 rows).
-        # A scan of the scope's rows has one best plan whatever the values, so it is prepared
-        # (planning was 0.2 of its 0.5 ms); whether a graph walk pays depends on the filter's values.
+        # Over an owner's few records any plan reads few rows, so the scan is prepared (planning was
+        # 0.2 of its 0.5 ms). A large owner's narrow scope, or a graph walk, is planned for its values:
+        # a generic plan, blind to how many records the owner holds, may read all of them (decision 20).
         cur = await conn.execute(f"SELECT {columns}, {distance} AS d FROM records "
                                  f"WHERE {condition} AND embedding IS NOT NULL ORDER BY d LIMIT %s",
-                                 [query, *scope_params, pool], prepare=not walk)
+                                 [query, *scope_params, pool], prepare=few)
         rows = await cur.fetchall()
         rows.sort(key=lambda row: row[-1])  # an iterative index scan in relaxed order may return a few out of order
         return rows
-
-    async def _fits_exact_scan(self, conn: AsyncConnection, scope: Scope, condition: str,
-                               scope_params: list[Any]) -> bool:
-        """Whether the scope holds at most EXACT_SCAN_ROWS records: its remembered size if any (a hybrid
-        recall has just counted it), else its owner's as an upper bound, else a count of its own."""
-        known = self._sizes.get(self._sizes.key(condition, scope_params))
-        if known is not None:
-            return known <= EXACT_SCAN_ROWS
-        if await self._scope_size(conn, *scope_sql(Scope(owner=scope.owner))) <= EXACT_SCAN_ROWS:
-            return True
-        return await self._scope_size(conn, condition, scope_params) <= EXACT_SCAN_ROWS
 
     async def _relevance(self, conn: AsyncConnection, condition: str, scope_params: list[Any], words: str,
                          text: str, similar: dict[str, float], query: Vector | None,
