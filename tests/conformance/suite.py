@@ -1198,6 +1198,22 @@ async def _events_written_fields(s: Session) -> None:
             expect(event.get("key") == f"{m}/described" and event.get("revision") == n, f"written event key: {event}")
 
 
+@check("events", "a key written twice in one batch is a written event per write, in batch order", writes=True,
+       needs=("events", "keys"))
+async def _events_key_twice(s: Session) -> None:
+    """The batch is applied record by record (§3: revision + 1 per write of an occupied key), and each
+    record of it that wrote is one event: the key's first write says revision 1, its second 2."""
+    head = (await s.t.call("memory/events", {}))["cursor"]
+    m = s.marker()
+    key = f"{m}/twice"
+    ids = await s.remember({"content": f"{m} v1", "key": key}, {"content": f"{m} plain"},
+                           {"content": f"{m} v2", "key": key})
+    expect(ids[0] == ids[2], f"a key written twice is one record: {ids}")
+    polled = (await s.t.call("memory/events", {"cursor": head, "kinds": ["written"], "limit": 0}))["events"]
+    got = [(e.get("id"), e.get("key"), e.get("revision")) for e in polled if e.get("id") in ids]
+    expect(got == [(ids[0], key, 1), (ids[1], None, None), (ids[0], key, 2)], f"written events {got}")
+
+
 @check("events", "session/close is one session_closed event; consolidate's event carries its counts", writes=True,
        needs=("events", "sessions", "tiers"))
 async def _events_session_closed(s: Session) -> None:
