@@ -681,15 +681,17 @@ class Router(EventMethods):
             raise A2MError(errors.READ_ONLY, f"tier {dest.name} is read-only", {"tier": dest.name})
         wanted = set(ids)
         moved: list[str] = []
-        for source in self.fed:
-            if source is dest or not source.writable or not wanted:
-                continue
-            here = await self.policy.move(source, dest, owner, sorted(wanted), reason="promote",
-                                          salience=None if salience is None else float(salience))
-            moved += here
-            wanted -= set(here)
-        if moved:
-            await self.events.emit("promoted", owner, ids=moved, tier=dest.name)  # one event per call
+        try:
+            for source in self.fed:
+                if source is dest or not source.writable or not wanted:
+                    continue
+                here = await self.policy.move(source, dest, owner, sorted(wanted), reason="promote",
+                                              salience=None if salience is None else float(salience))
+                moved += here
+                wanted -= set(here)
+        finally:  # one event per call, also when a later source failed: what moved before it did move
+            if moved:
+                await self.events.emit("promoted", owner, ids=moved, tier=dest.name)
         return {"promoted": len(set(ids) & set(moved))}
 
     async def _counts(self, owner: str | None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any, Iterator
 import pytest
 
 from a2m.client import HTTPClient
+from a2m.errors import A2MError
 
 from .stack import Stack, federation, new_owner, tier_call
 
@@ -137,7 +138,7 @@ async def test_reads_reinforce_and_failed_calls_say_nothing(real: Stack) -> None
         for method, params in (("memory/remember", {"records": []}), ("memory/forget", {}),
                                ("memory/promote", {"ids": ids, "tier": "nowhere"}),
                                ("memory/session/close", {"session": ""})):
-            with pytest.raises(Exception):
+            with pytest.raises(A2MError):
                 await router.call(method, {"owner": me, **params})
         await router.call("memory/recall", {"owner": me, "query": "ferry"})  # its count is flushed by now
         assert await since(router, cursor, me) == []
@@ -164,3 +165,27 @@ async def test_after_a_restart_an_old_cursor_resets_and_old_events_are_gone(real
         assert again["events"] == [] and "reset" not in again
         described = await router.call("memory/describe", {})
     assert described["events"] == {"push": False}
+
+
+@pytest.mark.anyio
+async def test_a_promote_cut_short_still_tells_what_it_moved(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A promote that moved records out of one tier and then failed on the next (down) answers an
+    error, as it should, but told nothing of the records it had already moved: a consumer of the
+    events kept them in working. One `promoted` event still says what moved, as a forget cut short
+    says what it forgot."""
+    tiers = [{"name": "working", "kind": "working", "spill_to": "episodic", "timeout": 5.0},
+             {"name": "episodic", "kind": "episodic", "timeout": 5.0},
+             {"name": "semantic", "kind": "semantic", "timeout": 5.0}]
+    me = new_owner()
+    with federation(tmp_path_factory.mktemp("promote-cut"), tiers, mode="real") as stack:
+        async with HTTPClient(stack.url, timeout=30) as router:
+            [x] = (await router.call("memory/remember", {"owner": me, "records": [{"content": "move me"}]}))["ids"]
+            cursor = await head(router, me)
+            stack.tiers["episodic"].kill()
+            with pytest.raises(A2MError) as failed:
+                await router.call("memory/promote", {"owner": me, "ids": [x, "elsewhere"], "tier": "semantic"})
+            assert failed.value.code == -32603, failed.value
+            events = await since(router, cursor, me)
+            there = (await tier_call(stack, "semantic", "memory/timeline", {"owner": me}))["records"]
+    assert [r["id"] for r in there] == [x]
+    assert [(e["kind"], e.get("ids"), e.get("tier")) for e in events] == [("promoted", [x], "semantic")]
