@@ -13,6 +13,7 @@ from a2m.errors import A2MError
 
 from .stack import Stack, federation, new_owner, tier_call
 
+WINDOW = 64  # events_capacity: small enough to overflow, larger than any other test's events
 TIERS = [
     {"name": "working", "kind": "working", "capacity": 3, "spill_to": "episodic", "timeout": 10.0},
     {"name": "episodic", "kind": "episodic", "timeout": 10.0},
@@ -21,7 +22,8 @@ TIERS = [
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with federation(tmp_path_factory.mktemp("router-events"), TIERS, mode="real") as stack:
+    with federation(tmp_path_factory.mktemp("router-events"), TIERS, mode="real",
+                    top={"events_capacity": WINDOW}) as stack:
         yield stack
 
 
@@ -189,3 +191,24 @@ async def test_a_promote_cut_short_still_tells_what_it_moved(tmp_path_factory: p
             there = (await tier_call(stack, "semantic", "memory/timeline", {"owner": me}))["records"]
     assert [r["id"] for r in there] == [x]
     assert [(e["kind"], e.get("ids"), e.get("tier")) for e in events] == [("promoted", [x], "semantic")]
+
+
+@pytest.mark.anyio
+async def test_a_bulk_writer_overflowing_the_window_resets_only_its_own_cursor(real: Stack) -> None:
+    """The window holds `events_capacity` events of every owner together; the owner holding the most
+    gives up its oldest (decision 51). Its poller's cursor fell out of the window: `reset: true`, and
+    the poll continues from its oldest kept event to its newest. A quiet owner loses nothing."""
+    bulk, quiet = new_owner(), new_owner()
+    async with HTTPClient(real.url, timeout=30) as router:
+        cursors = {o: await head(router, o) for o in (bulk, quiet)}
+        kept = (await router.call("memory/remember", {"owner": quiet, "records": [
+            {"content": "quiet one"}, {"content": "quiet two"}]}))["ids"]
+        ids = (await router.call("memory/remember", {"owner": bulk, "records": [
+            {"content": f"bulk {i}", "tier": "episodic"} for i in range(WINDOW + 16)]}))["ids"]
+        page = await router.call("memory/events", {"owner": bulk, "cursor": cursors[bulk], "limit": 0})
+        assert page["reset"] is True
+        got = [e["id"] for e in page["events"]]
+        assert 0 < len(got) < WINDOW and got == ids[-len(got):]
+        again = await router.call("memory/events", {"owner": bulk, "cursor": page["cursor"]})
+        assert again["events"] == [] and "reset" not in again
+        assert [e["id"] for e in await since(router, cursors[quiet], quiet)] == kept
