@@ -335,14 +335,13 @@ class Router(EventMethods):
             if widths:
                 self._dims = widths[0]
         # One event per record written, in the batch's order (not tier by tier: a batch that replaces a
-        # key and writes a new record elsewhere told the new one first), appended together.
+        # key and writes a new record elsewhere told the new one first), appended together. An older
+        # revision of an imported key is none: the tier kept its own, nothing was written.
         tier_of = {i: name for name, indexes in by_tier.items() for i in indexes}
         await self.events.emit_many("written", owner, [
             {"id": ids[i], "tier": tier_of[i], "session": records[i].session, "key": records[i].key,
              "revision": revisions.get(i, records[i].revision) if records[i].key else None}
-            for i in sorted(tier_of)
-            if not (i in revisions and revisions[i] is None)])  # an older revision of an imported key: the
-        # tier kept its own, nothing was written
+            for i in sorted(tier_of) if not (i in revisions and revisions[i] is None)])
         return [i for i in ids if i is not None], by_tier
 
     async def _route(self, records: list[Record], targets: list[Tier], supplied: list[str], history: list[bool],
