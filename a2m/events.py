@@ -11,13 +11,23 @@ of how much other owners did, and is meaningless under another owner. The
 window holds `capacity` events in all; when it is full, the owner holding the
 most gives up its oldest, so a tenant writing in bulk pushes out its own
 events, not a quiet tenant's few.
+
+Order: the events of one call are appended together (`emit_many`), with no
+await between them, so a concurrent call's events never land among them; and
+each subscriber is pushed its events from one queue, one push at a time, in the
+order they were appended. A push is an awaitable (an in-process callback may
+yield): appended and pushed one at a time, a writer waiting on its first push
+let a later write of the same key append and push its revision before the
+earlier one's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import secrets
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable
 
 from . import errors
@@ -32,11 +42,31 @@ SEQ_START_BITS = 40  # an owner's first event is numbered at random below 2**40:
 Push = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Subscriber:
+    """One connection's subscription and its delivery queue: events wait here in log order, and
+    one caller at a time (`EventLog._deliver`) pushes them, so pushes never overtake each other."""
+
     push: Push
     owner: str | None
     kinds: frozenset[str] | None
+    queue: deque[dict[str, Any]] = field(default_factory=deque)
+    queued: int = 0  # events ever queued
+    delivered: int = 0  # events taken off the queue (pushed, or dropped with a dead connection)
+    busy: bool = False  # a caller is pushing
+    owed: int = 0  # what an emit made from inside a push left for the pusher to deliver
+    dead: bool = False
+    progress: asyncio.Event = field(default_factory=asyncio.Event)  # set (and replaced) as deliveries go
+
+    def wake(self) -> None:
+        self.progress.set()
+        self.progress = asyncio.Event()
+
+
+# The subscribers this task is pushing to now: an emit from inside a push (a callback that writes)
+# must not wait for its own event, which the push it runs in delivers once it returns.
+_PUSHING: contextvars.ContextVar[frozenset[_Subscriber]] = contextvars.ContextVar("a2m_events_pushing",
+                                                                                 default=frozenset())
 
 
 def parse_kinds(value: Any) -> frozenset[str] | None:
@@ -88,18 +118,67 @@ class EventLog:
 
     async def emit(self, kind: str, owner: str | None, **fields: Any) -> dict[str, Any]:
         """Append an event visible to `owner`'s scope and push it to matching subscribers."""
+        return (await self.emit_many(kind, owner, [fields]))[0]
+
+    async def emit_many(self, kind: str, owner: str | None, items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Append one event per item, all at once (no other call's event lands among them), then
+        push them; returns once each matching subscriber has been handed them (or has gone)."""
+        events = [self._append(kind, owner, fields) for fields in items]
+        if events and self._subscribers:
+            await self._deliver(owner, events)
+        return events
+
+    def _append(self, kind: str, owner: str | None, fields: dict[str, Any]) -> dict[str, Any]:
         event = {"kind": kind, "at": now(), **{k: v for k, v in fields.items() if v is not None}}
         seq = self._next_seq(owner)
         self._next[owner] = seq + 1
         if self.capacity > 0:
             self._keep(owner, seq, event)
-        for key, sub in list(self._subscribers.items()):
-            if sub.owner == owner and (sub.kinds is None or kind in sub.kinds):
-                try:
-                    await sub.push(event)
-                except Exception:  # a dead connection unsubscribes itself
-                    self._subscribers.pop(key, None)
         return event
+
+    async def _deliver(self, owner: str | None, events: list[dict[str, Any]]) -> None:
+        """Queue `events` for each subscriber of `owner` that wants them, in the same step as they were
+        appended (so every queue is in log order), then see each delivered."""
+        due: list[tuple[object, _Subscriber, int]] = []
+        for key, sub in self._subscribers.items():
+            if sub.owner != owner:
+                continue
+            wanted = [e for e in events if sub.kinds is None or e["kind"] in sub.kinds]
+            if wanted:
+                sub.queue.extend(wanted)
+                sub.queued += len(wanted)
+                due.append((key, sub, sub.queued))
+        for key, sub, target in due:
+            await self._drain(key, sub, target)
+
+    async def _drain(self, key: object, sub: _Subscriber, target: int) -> None:
+        """Push `sub`'s queue up to its `target`th event, one push at a time: this caller pushes, or
+        waits while another does (which pushes the events queued before this caller's first)."""
+        if sub.busy and sub in _PUSHING.get():  # emitted from inside a push to it: that pusher delivers it
+            sub.owed = max(sub.owed, target)
+            return
+        while sub.delivered < target and not sub.dead:
+            if sub.busy:
+                await sub.progress.wait()
+                continue
+            sub.busy = True
+            pushing = _PUSHING.set(_PUSHING.get() | {sub})
+            try:
+                while sub.queue and sub.delivered < max(target, sub.owed):
+                    event = sub.queue.popleft()
+                    sub.delivered += 1
+                    try:
+                        await sub.push(event)
+                    except Exception:  # a dead connection unsubscribes itself
+                        if self._subscribers.get(key) is sub:
+                            del self._subscribers[key]
+                        sub.dead = True
+                        sub.queue.clear()
+                        sub.delivered = sub.queued
+            finally:
+                _PUSHING.reset(pushing)
+                sub.busy = False
+                sub.wake()
 
     def _keep(self, owner: str | None, seq: int, event: dict[str, Any]) -> None:
         log = self._logs.setdefault(owner, deque())
@@ -127,10 +206,6 @@ class EventLog:
         if holds:
             self._holders.setdefault(holds, {})[owner] = None
             self._most = max(self._most, holds)
-
-    async def emit_many(self, kind: str, owner: str | None, items: Iterable[dict[str, Any]]) -> None:
-        for fields in items:
-            await self.emit(kind, owner, **fields)
 
     def poll(self, cursor: Any, *, limit: Any = None, kinds: Any = None, owner: str | None) -> dict[str, Any]:
         if limit is None:
@@ -182,7 +257,14 @@ class EventLog:
         return int(seq)
 
     def subscribe(self, key: object, push: Push, *, owner: str | None, kinds: Any = None) -> None:
-        self._subscribers[key] = _Subscriber(push, owner, parse_kinds(kinds))
+        """Subscribe the connection `key`; subscribing again changes what it gets from now on (one
+        queue per connection still, so nothing already queued is overtaken)."""
+        wanted = parse_kinds(kinds)
+        sub = self._subscribers.get(key)
+        if sub is None:
+            self._subscribers[key] = _Subscriber(push, owner, wanted)
+        else:
+            sub.push, sub.owner, sub.kinds = push, owner, wanted
 
     def unsubscribe(self, key: object) -> bool:
         return self._subscribers.pop(key, None) is not None

@@ -233,22 +233,30 @@ class TierServer(EventMethods):
             await self._embed_missing(records)
             if any(r.key for r in records):
                 async with self._key_lock:
-                    ids, puts = await self._write(records, raw_records)
+                    ids, writes = await self._write(records, raw_records)
             else:
-                ids, puts = await self._write(records, raw_records)
-        for record in puts:
-            await self.events.emit("written", record.owner, id=record.id, tier=self.name, session=record.session,
-                                   key=record.key, revision=record.revision if record.key else None)
+                ids, writes = await self._write(records, raw_records)
+        # One event per record of the batch that wrote, in the batch's order and appended together: a
+        # key the batch writes twice is two revisions, as the batch is applied (decision 52) and as the
+        # router tells it (decision 57); one owner's events at a time (a batch may name several).
+        by_owner: dict[str | None, list[dict[str, Any]]] = {}
+        for record in writes:
+            by_owner.setdefault(record.owner, []).append(
+                {"id": record.id, "tier": self.name, "session": record.session, "key": record.key,
+                 "revision": record.revision if record.key else None})
+        for owner, items in by_owner.items():
+            await self.events.emit_many("written", owner, items)
         return {"ids": ids}
 
     async def _write(self, records: list[Record], raw: list[Any]) -> tuple[list[str], list[Record]]:
         """Resolve the batch (`_resolve`) and write it; resolved again when the engine finds that what
-        it was resolved against changed meanwhile (another replica wrote one of its keys)."""
+        it was resolved against changed meanwhile (another replica wrote one of its keys). Returns the
+        ids and each record of the batch that wrote, as it wrote (its id and revision), in order."""
         for attempt in range(1, WRITE_ATTEMPTS + 1):
-            ids, puts, deletes, expect, keep = await self._resolve(records, raw)
+            ids, puts, deletes, expect, keep, writes = await self._resolve(records, raw)
             try:
                 await self.store.write(puts, deletes, expect=expect, keep=keep)
-                return ids, puts
+                return ids, writes
             except StoreIdTaken as exc:
                 index = next((i for i, r in enumerate(records) if r.id == exc.record_id), None)
                 raise A2MError(errors.SCOPE_DENIED, f"records[{index}].id is held by another owner",
@@ -269,11 +277,13 @@ class TierServer(EventMethods):
         await self._check_width([v for v in vectors if v is not None])
 
     async def _resolve(self, records: list[Record], raw: list[Any]) -> tuple[
-            list[str], list[Record], list[str], dict[str, int], dict[str, tuple[str, ...]]]:
+            list[str], list[Record], list[str], dict[str, int], dict[str, tuple[str, ...]], list[Record]]:
         """Turn a validated batch into puts and deletes: idempotent ids, keys replaced in place; and
         what the engine must find at the write for them to stand (`expect`: id -> the stored revision
         they replace, 0 for an id they create) and the statistics a replacement keeps from the
-        stored record (`keep`), so a concurrent forget, replace, touch or reinforce is not undone."""
+        stored record (`keep`), so a concurrent forget, replace, touch or reinforce is not undone.
+        Last, each record of the batch that writes, as it writes, in the batch's order (a key written
+        twice is there twice, with each revision): one `written` event each."""
         by_owner: dict[str | None, list[Record]] = {}
         for record in records:
             by_owner.setdefault(record.owner, []).append(record)
@@ -299,6 +309,7 @@ class TierServer(EventMethods):
         salience_given: set[str] = set()  # ids a record of the batch gives a salience
         ids: list[str] = []
         puts: dict[tuple[str | None, str], Record] = {}
+        writes: list[Record] = []
         deletes: list[str] = []
         for index, record in enumerate(records):
             if (record.owner, record.id) in existing_ids and not supplied_history(raw[index]):
@@ -333,6 +344,7 @@ class TierServer(EventMethods):
             # tie-break of equal created_at) is the order the batch's records came in.
             puts.pop((record.owner, record.id), None)
             puts[(record.owner, record.id)] = record
+            writes.append(record)
             if slot:
                 keyed[slot] = record
             ids.append(record.id)
@@ -346,7 +358,7 @@ class TierServer(EventMethods):
                         () if record.id in salience_given else ("salience",))
             elif record.id not in held:
                 expect[record.id] = 0
-        return ids, list(puts.values()), deletes, expect, keep_fields
+        return ids, list(puts.values()), deletes, expect, keep_fields, writes
 
     async def recall(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         self._check_tier(params)

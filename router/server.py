@@ -334,13 +334,14 @@ class Router(EventMethods):
             widths = [len(r.embedding) for r in records if r.embedding]
             if widths:
                 self._dims = widths[0]
-        for name in order:
-            for i in by_tier[name]:
-                record = records[i]
-                if i in revisions and revisions[i] is None:
-                    continue  # an older revision of an imported key: the tier kept its own, nothing was written
-                await self.events.emit("written", owner, id=ids[i], tier=name, session=record.session,
-                                       key=record.key, revision=revisions.get(i, record.revision) if record.key else None)
+        # One event per record written, in the batch's order (not tier by tier: a batch that replaces a
+        # key and writes a new record elsewhere told the new one first), appended together. An older
+        # revision of an imported key is none: the tier kept its own, nothing was written.
+        tier_of = {i: name for name, indexes in by_tier.items() for i in indexes}
+        await self.events.emit_many("written", owner, [
+            {"id": ids[i], "tier": tier_of[i], "session": records[i].session, "key": records[i].key,
+             "revision": revisions.get(i, records[i].revision) if records[i].key else None}
+            for i in sorted(tier_of) if not (i in revisions and revisions[i] is None)])
         return [i for i in ids if i is not None], by_tier
 
     async def _route(self, records: list[Record], targets: list[Tier], supplied: list[str], history: list[bool],
@@ -418,12 +419,17 @@ class Router(EventMethods):
 
     async def _enforce_capacity(self, records: list[Record], by_tier: dict[str, list[int]],
                                 owner: str | None) -> None:
-        """Capacity is enforced as writes arrive, per (owner, session) where the tier says per_session."""
+        """Capacity is enforced as writes arrive, per (owner, session) where the tier says per_session.
+
+        One write is one spill pass, and one `consolidated` event carries what it moved and dropped
+        in all (protocol: coalesced); it names the tier and the session when it trimmed only one."""
+        moved = dropped = 0
+        trimmed: dict[tuple[str, str | None], None] = {}
         for name, indexes in by_tier.items():
             tier = self.fed[name]
             if tier.config.capacity is None:
                 continue
-            buckets = {records[i].session for i in indexes} if tier.config.per_session else {None}
+            buckets = dict.fromkeys(records[i].session for i in indexes) if tier.config.per_session else {None: None}
             for bucket in buckets:
                 try:
                     done = await self.policy.enforce(tier, owner, bucket)
@@ -431,8 +437,15 @@ class Router(EventMethods):
                     log.warning("capacity pass on %s after a write failed: %s", name, exc)
                     continue
                 if done["moved"] or done["dropped"]:
-                    await self.events.emit("consolidated", owner, tier=name, moved=done["moved"], promoted=0,
-                                           dropped=done["dropped"], summarized=0, session=bucket)
+                    moved += done["moved"]
+                    dropped += done["dropped"]
+                    trimmed[(name, bucket)] = None
+        if trimmed:
+            tiers = {name for name, _ in trimmed}
+            sessions = {bucket for _, bucket in trimmed}
+            await self.events.emit("consolidated", owner, moved=moved, promoted=0, dropped=dropped, summarized=0,
+                                   tier=tiers.pop() if len(tiers) == 1 else None,
+                                   session=sessions.pop() if len(sessions) == 1 else None)
 
     async def _compensate(self, written: list[tuple[Tier, list[str]]], owner: str | None) -> None:
         for tier, new_ids in written:
@@ -667,15 +680,17 @@ class Router(EventMethods):
             raise A2MError(errors.READ_ONLY, f"tier {dest.name} is read-only", {"tier": dest.name})
         wanted = set(ids)
         moved: list[str] = []
-        for source in self.fed:
-            if source is dest or not source.writable or not wanted:
-                continue
-            here = await self.policy.move(source, dest, owner, sorted(wanted), reason="promote",
-                                          salience=None if salience is None else float(salience))
-            moved += here
-            wanted -= set(here)
-        if moved:
-            await self.events.emit("promoted", owner, ids=moved, tier=dest.name)  # one event per call
+        try:
+            for source in self.fed:
+                if source is dest or not source.writable or not wanted:
+                    continue
+                here = await self.policy.move(source, dest, owner, sorted(wanted), reason="promote",
+                                              salience=None if salience is None else float(salience))
+                moved += here
+                wanted -= set(here)
+        finally:  # one event per call, also when a later source failed: what moved before it did move
+            if moved:
+                await self.events.emit("promoted", owner, ids=moved, tier=dest.name)
         return {"promoted": len(set(ids) & set(moved))}
 
     async def _counts(self, owner: str | None) -> dict[str, Any]:

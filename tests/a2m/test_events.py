@@ -222,3 +222,89 @@ async def test_every_reader_gets_its_owners_events_once_in_order_or_a_reset(seed
         read[owner] += ids
         cursors[owner] = page["cursor"]
         assert sum(len(d) for d in log._logs.values()) <= log.capacity
+
+
+@pytest.mark.anyio
+async def test_one_calls_events_are_appended_together_and_pushed_in_log_order() -> None:
+    """A push is an awaitable. Appended and pushed one by one, a writer waiting on its first push
+    let a second writer append (and push) in between: a key's revision 3 came before its revision 2,
+    in the log and in the pushes (seen on the tier servers, tests/backends/test_tier_events.py)."""
+    import asyncio
+
+    log = EventLog()
+    got: list[str] = []
+    delays = iter([0.02] + [0.0] * 100)
+
+    async def push(event: dict) -> None:
+        await asyncio.sleep(next(delays))  # the first push is slow to be taken
+        got.append(event["id"])
+
+    log.subscribe("conn", push, owner="alice", kinds=None)
+    head = log.head("alice")
+
+    async def second() -> None:
+        await asyncio.sleep(0.005)  # while the first writer waits on its first push
+        await log.emit("written", "alice", id="k@3")
+
+    await asyncio.gather(log.emit_many("written", "alice", [{"id": "other"}, {"id": "k@2"}]), second())
+    polled = [e["id"] for e in log.poll(head, owner="alice")["events"]]
+    assert polled == ["other", "k@2", "k@3"]
+    assert got == polled
+
+
+@pytest.mark.anyio
+async def test_a_push_that_emits_does_not_wait_for_itself() -> None:
+    """A callback that writes (an agent reacting to an event) emits from inside a push: its event
+    is queued behind the one being pushed and delivered by that push's caller, not waited for."""
+    import asyncio
+
+    log = EventLog()
+    got: list[str] = []
+
+    async def push(event: dict) -> None:
+        got.append(event["id"])
+        if event["id"] == "a":
+            await log.emit("written", "alice", id="reaction")
+
+    log.subscribe("conn", push, owner="alice", kinds=None)
+    await asyncio.wait_for(log.emit_many("written", "alice", [{"id": "a"}, {"id": "b"}]), 5)
+    assert got == ["a", "b", "reaction"]
+    assert [e["id"] for _, e in log._logs["alice"]] == got
+
+
+@pytest.mark.anyio
+async def test_a_dead_subscriber_releases_the_writers_waiting_on_it() -> None:
+    import asyncio
+
+    log = EventLog()
+    started = asyncio.Event()
+
+    async def push(event: dict) -> None:
+        started.set()
+        await asyncio.sleep(0.01)
+        raise ConnectionResetError("gone")
+
+    log.subscribe("conn", push, owner=None, kinds=None)
+    first = asyncio.create_task(log.emit("written", None, id="a"))
+    await started.wait()
+    await asyncio.wait_for(asyncio.gather(first, log.emit("written", None, id="b")), 5)
+    assert not log.unsubscribe("conn")  # it unsubscribed itself
+
+
+@pytest.mark.anyio
+async def test_subscribing_again_changes_the_filter_and_keeps_the_order() -> None:
+    import asyncio
+
+    log = EventLog()
+    got: list[str] = []
+
+    async def push(event: dict) -> None:
+        await asyncio.sleep(0.005 if event["kind"] == "written" else 0)
+        got.append(event["kind"])
+
+    log.subscribe("conn", push, owner=None, kinds=None)
+    slow = asyncio.create_task(log.emit("written", None, id="a"))
+    await asyncio.sleep(0)
+    log.subscribe("conn", push, owner=None, kinds=["forgotten"])
+    await asyncio.gather(slow, log.emit("forgotten", None, count=1), log.emit("written", None, id="b"))
+    assert got == ["written", "forgotten"]

@@ -216,9 +216,10 @@ def as_written(rec: dict[str, Any], owner: str | None, stamp: str) -> dict[str, 
 
 
 def expect_write(before: list[dict[str, Any]], records: list[dict[str, Any]], owner: str | None,
-                 stamp: str) -> tuple[list[str], list[dict[str, Any]], list[str]]:
-    """The ids a write answers, the owner's records after it (in creation order) and the ids it writes
-    (one `written` event each, in the order written): an existing id is
+                 stamp: str) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ids a write answers, the owner's records after it (in creation order) and each record of
+    the batch that writes, as it writes (one `written` event each, in the batch's order: a key written
+    twice is two events, with each revision): an existing id is
     returned and nothing written, whatever key it names (unless the write is a move or an import,
     which carries its revision); an occupied key is replaced in place (same id, revision + 1, its
     access history and, unless the write gives one, its salience kept) and moves to its new created_at."""
@@ -228,6 +229,7 @@ def expect_write(before: list[dict[str, Any]], records: list[dict[str, Any]], ow
     seq = len(before)
     ids: list[str] = []
     puts: dict[str, None] = {}  # the records written, each where the batch last writes it
+    writes: list[dict[str, Any]] = []  # each write of the batch, in its order
     existed = set(state)  # ids held before the batch (less those a move of this batch deleted)
     for rec in records:
         new = as_written(rec, owner, stamp)
@@ -255,6 +257,7 @@ def expect_write(before: list[dict[str, Any]], records: list[dict[str, Any]], ow
             ids.append(rec["id"])
             continue
         state[new["id"]] = new
+        writes.append(new)
         puts.pop(new["id"], None)
         puts[new["id"]] = None
         order[new["id"]] = seq
@@ -262,7 +265,7 @@ def expect_write(before: list[dict[str, Any]], records: list[dict[str, Any]], ow
         if new["key"] is not None:
             by_key[new["key"]] = new["id"]
         ids.append(new["id"])
-    return ids, sorted(state.values(), key=lambda r: (r["created_at"], order[r["id"]])), list(puts)
+    return ids, sorted(state.values(), key=lambda r: (r["created_at"], order[r["id"]])), writes
 
 
 def write_error(records: list[dict[str, Any]], owner: str | None, dims: int | None,
@@ -320,9 +323,8 @@ async def check(t: Tier, method: str, params: dict[str, Any]) -> None:
         else:
             ids, after[owner], written = expect_write(before, params["records"], owner, stamp)
             assert answer == {"ids": ids}, f"{where}\ngot:  {answer}\nwant: {ids}"
-            now = {r["id"]: r for r in after[owner]}
-            events = [("written", i, now[i]["session"], now[i]["key"], now[i]["revision"] if now[i]["key"] else None)
-                      for i in written]
+            events = [("written", w["id"], w["session"], w["key"], w["revision"] if w["key"] else None)
+                      for w in written]
     elif method == "memory/recall" and "embedding" in params and dims is not None and len(params["embedding"]) != dims:
         assert answer == {"error": -32008}, f"{where}: {answer}"  # a vector of another width, searched or not
     elif method == "memory/recall":

@@ -647,7 +647,10 @@ async def _param_type_fields(s: Session) -> None:
         cases += [("memory/session/close", {"session": 5}, "session"), ("memory/session/list", {"owner": 5}, "owner")]
     if "events" in s.caps:
         cases += [("memory/events", {"cursor": 5}, "cursor"), ("memory/events", {"limit": "5"}, "limit"),
-                  ("memory/events", {"kinds": "written"}, "kinds")]
+                  ("memory/events", {"kinds": "written"}, "kinds"), ("memory/events", {"kinds": ["nonsense"]}, "kinds"),
+                  ("memory/events", {"kinds": [5]}, "kinds"), ("memory/events", {"limit": -1}, "limit"),
+                  ("memory/events", {"limit": 1.5}, "limit"), ("memory/events", {"limit": True}, "limit"),
+                  ("memory/events", {"cursor": {"seq": 1}}, "cursor"), ("memory/events", {"owner": 5}, "owner")]
     if "summarize" in s.caps and not s.read_only:
         cases += [("memory/summarize", {"query": "x", "into": 5}, "into"), ("memory/summarize", {"tier": 5}, "tier"),
                   ("memory/summarize", {"query": 5}, "query"), ("memory/summarize", {"query": "x", "key": 5}, "key"),
@@ -1198,6 +1201,22 @@ async def _events_written_fields(s: Session) -> None:
             expect(event.get("key") == f"{m}/described" and event.get("revision") == n, f"written event key: {event}")
 
 
+@check("events", "a key written twice in one batch is a written event per write, in batch order", writes=True,
+       needs=("events", "keys"))
+async def _events_key_twice(s: Session) -> None:
+    """The batch is applied record by record (§3: revision + 1 per write of an occupied key), and each
+    record of it that wrote is one event: the key's first write says revision 1, its second 2."""
+    head = (await s.t.call("memory/events", {}))["cursor"]
+    m = s.marker()
+    key = f"{m}/twice"
+    ids = await s.remember({"content": f"{m} v1", "key": key}, {"content": f"{m} plain"},
+                           {"content": f"{m} v2", "key": key})
+    expect(ids[0] == ids[2], f"a key written twice is one record: {ids}")
+    polled = (await s.t.call("memory/events", {"cursor": head, "kinds": ["written"], "limit": 0}))["events"]
+    got = [(e.get("id"), e.get("key"), e.get("revision")) for e in polled if e.get("id") in ids]
+    expect(got == [(ids[0], key, 1), (ids[1], None, None), (ids[0], key, 2)], f"written events {got}")
+
+
 @check("events", "session/close is one session_closed event; consolidate's event carries its counts", writes=True,
        needs=("events", "sessions", "tiers"))
 async def _events_session_closed(s: Session) -> None:
@@ -1264,6 +1283,58 @@ async def _events_more(s: Session) -> None:
     rest = await s.t.call("memory/events", {"cursor": first["cursor"], "kinds": ["written"]})
     got = [e.get("id") for e in first["events"] + rest["events"]]
     expect(got == ids, f"events across polls {got} != {ids}")
+    expect(not rest.get("more"), f"the poll that read the rest says more: {rest}")
+
+
+EVENT_KINDS = {"written", "forgotten", "promoted", "consolidated", "session_closed"}
+
+
+@check("events", "every event is one of the protocol's kinds with an at; reads and reinforce add none", writes=True)
+async def _events_kinds(s: Session) -> None:
+    """§4 lists the events: written, forgotten, promoted, consolidated, session_closed, each with `kind`
+    and `at`. A recall, a timeline, a fetch, a reinforce, a session list or a describe is none of them."""
+    scoped = {"owner": f"kinds-{s.marker()}"} if "scopes" in s.caps else {}
+    head = (await s.t.call("memory/events", dict(scoped)))["cursor"]
+    m = s.marker()
+    record: dict[str, Any] = {"content": f"{m} kinds"}
+    if "keys" in s.caps:
+        record["key"] = f"{m}/kinds"
+    if "sessions" in s.caps:
+        record["session"] = f"s-{m}"
+    ids = await s.remember(record, **scoped)
+    cursor = (await s.t.call("memory/events", {"cursor": head, **scoped}))["cursor"]
+    await s.t.call("memory/recall", {"query": m, **scoped})
+    await s.t.call("memory/timeline", {"limit": 5, **scoped})
+    await s.t.call("memory/describe", dict(scoped))
+    if "keys" in s.caps:
+        await s.t.call("memory/fetch", {"key": f"{m}/kinds", **scoped})
+    if "salience" in s.caps:
+        await s.t.call("memory/reinforce", {"ids": ids, "amount": 0.1, **scoped})
+    if "sessions" in s.caps:
+        await s.t.call("memory/session/list", dict(scoped))
+    await s.t.call("memory/recall", {"query": m, **scoped})
+    quiet = await s.t.call("memory/events", {"cursor": cursor, **scoped})
+    expect(quiet["events"] == [], f"reads and reinforce made events: {quiet['events']}")
+    if "sessions" in s.caps:
+        await s.t.call("memory/session/close", {"session": f"s-{m}", **scoped})
+    if "tiers" in s.caps:
+        await s.t.call("memory/consolidate", dict(scoped))
+    await s.t.call("memory/forget", {"ids": ids, **scoped})
+    events = (await s.t.call("memory/events", {"cursor": head, "limit": 0, **scoped}))["events"]
+    expect(bool(events), "no events for a write, a close, a consolidate and a forget")
+    for event in events:
+        expect(event.get("kind") in EVENT_KINDS and is_stamp(event.get("at")), f"event {event}")
+
+
+@check("events", "a forget that matches nothing is still one forgotten event, count 0", writes=True)
+async def _events_forget_nothing(s: Session) -> None:
+    head = (await s.t.call("memory/events", {}))["cursor"]
+    m = s.marker()
+    result = await s.t.call("memory/forget", {"ids": [f"{m}-never-written"]})
+    expect(result == {"forgotten": 0}, f"forget of an unknown id: {result}")
+    events = (await s.t.call("memory/events", {"cursor": head}))["events"]
+    forgotten = [e for e in events if e.get("kind") == "forgotten"]
+    expect(len(forgotten) == 1 and forgotten[0].get("count") == 0, f"forgotten events {forgotten}")
 
 
 @check("events", "over HTTP, subscribe answers -32003 and describe says push: false", transport="http")
@@ -1299,6 +1370,46 @@ async def _events_push(s: Session) -> None:
     await s.t.call("memory/events/unsubscribe", {})  # one pipe: what was pushed before it has arrived
     kinds = [n.get("params", {}).get("kind") for n in s.t.notifications[before:] if n.get("method") == "memory/event"]
     expect(kinds == ["forgotten"], f"subscribe with kinds [forgotten] pushed {kinds}")
+
+
+@check("events", "over stdio, a pushed event is the event a poll shows, in the same order", transport="stdio",
+       writes=True)
+async def _events_push_is_poll(s: Session) -> None:
+    """Each event arrives as a notification whose params are the event (§4): the same fields as the
+    poll gives, the same order, nothing left out and nothing twice."""
+    assert isinstance(s.t, StdioTransport)
+    head = (await s.t.call("memory/events", {}))["cursor"]
+    before = len(s.t.notifications)
+    await s.t.call("memory/events/subscribe", {})
+    m = s.marker()
+    records: list[dict[str, Any]] = [{"content": f"{m} {i}"} for i in range(3)]
+    if "keys" in s.caps:
+        records += [{"content": f"{m} v1", "key": f"{m}/k"}, {"content": f"{m} v2", "key": f"{m}/k"}]
+    ids = await s.remember(*records)
+    await s.t.call("memory/forget", {"ids": ids[:1]})
+    await s.t.call("memory/events/unsubscribe", {})  # one pipe: what was pushed before it has arrived
+    pushed = [n["params"] for n in s.t.notifications[before:] if n.get("method") == "memory/event"]
+    polled = (await s.t.call("memory/events", {"cursor": head, "limit": 0}))["events"]
+    expect(pushed == polled, f"pushed {pushed}\npolled {polled}")
+
+
+@check("events", "over stdio, subscribe with an owner pushes only that owner's events; bad params are -32602",
+       transport="stdio", writes=True, needs=("events", "scopes"))
+async def _events_push_scoped(s: Session) -> None:
+    assert isinstance(s.t, StdioTransport)
+    m = s.marker()
+    alice, bob = f"alice-{m}", f"bob-{m}"
+    for params, field_name in (({"kinds": ["nonsense"]}, "kinds"), ({"kinds": "written"}, "kinds"),
+                               ({"owner": 5}, "owner")):
+        await expect_invalid(s, "memory/events/subscribe", params, field_name, f"subscribe {params}")
+    before = len(s.t.notifications)
+    await s.t.call("memory/events/subscribe", {"owner": alice})
+    theirs = await s.remember({"content": f"{m} bob's"}, owner=bob)
+    mine = await s.remember({"content": f"{m} alice's"}, owner=alice)
+    await s.remember({"content": f"{m} nobody's"})
+    await s.t.call("memory/events/unsubscribe", {})
+    pushed = [n["params"].get("id") for n in s.t.notifications[before:] if n.get("method") == "memory/event"]
+    expect(pushed == mine, f"subscribed as {alice}, pushed {pushed} (bob's: {theirs})")
 
 
 @check("events", "over stdio, describe says push: true", transport="stdio")
