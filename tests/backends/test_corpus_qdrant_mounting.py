@@ -1,0 +1,53 @@
+"""Mounting an existing Qdrant collection as its owner would, in qdrant-client's local mode (the real
+engine code): options that name payload fields no point holds are refused at start by name, rather
+than a server that answers empty records (a wrong text_field) or drops a field silently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.corpora import make_points
+
+from .test_corpus_mounting import records, serve
+
+pytestmark = pytest.mark.timeout(300)
+
+
+# ---- a Qdrant collection whose payload the options do not name -----------------------------------------------
+
+POINTS = {1: {"page_content": "Refunds take 14 days", "src": "policy", "at": "2026-01-01T00:00:00Z"},
+          2: {"page_content": "Shipping to Italy", "src": "ship"}}
+
+
+@pytest.mark.parametrize("options, says", [
+    # Each started, and answered empty records (or dropped the field) for as long as it ran.
+    ([], "text_field='text': no point of collection 'kb' has this payload field (its points hold: at, "
+         "page_content, src)"),
+    (["text_field=src", "text_json_key=text"], "text_json_key='text': no 'src' of collection 'kb' holds a JSON"),
+    (["text_field=page_content", "metadata_fields=src,lang"], "metadata_fields names 'lang', which no point"),
+    (["text_field=page_content", "created_field=when"], "created_field='when': no point of collection 'kb' has"),
+    (["text_field=page_content", "created_field=src"], "created_field='src': this payload field of collection "
+                                                       "'kb' holds no time Qdrant reads (e.g. 'policy')"),
+    (["text_field=page_content", "metadata_field=metadata"], "metadata_field='metadata': no point of collection"),
+])
+def test_a_collection_the_options_do_not_describe_is_refused_at_start(tmp_path: Path, options: list[str],
+                                                                      says: str) -> None:
+    make_points(tmp_path / "kb", POINTS)
+    _, done = serve(str(tmp_path / "kb"), tmp_path / "data", "collection=kb", *options)
+    assert done.returncode == 1 and says in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_collection_the_options_describe_mounts(tmp_path: Path) -> None:
+    make_points(tmp_path / "kb", POINTS)
+    answers, done = serve(str(tmp_path / "kb"), tmp_path / "data", "collection=kb", "text_field=page_content",
+                          "created_field=at", "metadata_fields=src", calls=[("memory/timeline", {})])
+    assert done.returncode == 0, done.stderr
+    assert [(r["id"], r["content"]) for r in records(answers[0])] == [("2", "Shipping to Italy"),
+                                                                     ("1", "Refunds take 14 days")]
+    make_points(tmp_path / "empty", {})  # nothing to check yet: mounts as it is
+    _, done = serve(str(tmp_path / "empty"), tmp_path / "data", "collection=kb")
+    assert done.returncode == 0, done.stderr
