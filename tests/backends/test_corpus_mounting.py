@@ -392,3 +392,38 @@ async def test_the_table_going_away_answers_unavailable_quickly_and_comes_back(t
                 assert answer["degraded"] == ["kb"] and [h["tier"] for h in answer["records"]] == ["working"]
     finally:
         pg.stop()
+
+
+# ---- every write-shaped method, as the protocol says a read-only server answers it ----------------------
+
+WRITES = [  # (method, params, the error code, or None: answered, writing nothing)
+    ("memory/remember", {"records": [{"content": "x"}]}, -32004),
+    ("memory/remember", {"records": []}, -32004),
+    ("memory/forget", {"ids": ["5"]}, -32004),
+    ("memory/forget", {"query": "refunds"}, -32004),
+    ("memory/forget", {}, -32004),  # refused as a write before its params are read
+    ("memory/summarize", {"query": "refunds"}, -32003),  # summarize is not declared (protocol §2)
+    ("memory/reinforce", {"ids": ["5"]}, -32003),
+    ("memory/fetch", {"key": "a"}, -32003),
+    ("memory/session/close", {"session": "s"}, -32003),
+    ("memory/promote", {"ids": ["5"], "tier": "corpus"}, None),  # the ids already live in the only tier here
+    ("memory/consolidate", {}, None),
+]
+
+
+def answered_as_read_only(answers: list[dict[str, Any]]) -> list[Any]:
+    wrong = []
+    for (method, params, code), answer in zip(WRITES, answers):
+        got = answer.get("error", {}).get("code")
+        if got != code or (code is None and answer["result"].get("promoted", 0) != 0):
+            wrong.append((method, params, answer))
+    return wrong
+
+
+def test_every_write_method_answers_as_a_read_only_server(user_pg: str, tmp_path: Path) -> None:
+    answers, done = serve(user_pg, tmp_path, "table=docs", "text_column=body",
+                          calls=[(method, params) for method, params, _ in WRITES])
+    assert done.returncode == 0, done.stderr
+    assert not answered_as_read_only(answers)
+    with psycopg.connect(user_pg) as conn:
+        assert conn.execute("SELECT count(*) FROM docs").fetchone()[0] == ROWS

@@ -51,3 +51,17 @@ def test_a_collection_the_options_describe_mounts(tmp_path: Path) -> None:
     make_points(tmp_path / "empty", {})  # nothing to check yet: mounts as it is
     _, done = serve(str(tmp_path / "empty"), tmp_path / "data", "collection=kb")
     assert done.returncode == 0, done.stderr
+
+
+def test_every_write_method_answers_as_a_read_only_server(tmp_path: Path) -> None:
+    from tests.support.corpora import tree_digest
+
+    from .test_corpus_mounting import WRITES, answered_as_read_only
+
+    make_points(tmp_path / "kb", POINTS)
+    before = tree_digest(tmp_path / "kb")
+    answers, done = serve(str(tmp_path / "kb"), tmp_path / "data", "collection=kb", "text_field=page_content",
+                          calls=[(method, params) for method, params, _ in WRITES])
+    assert done.returncode == 0, done.stderr
+    assert not answered_as_read_only(answers)
+    assert tree_digest(tmp_path / "kb") == before
