@@ -373,6 +373,14 @@ class TableStore(ReadOnlyStore):
             " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam"
             " WHERE i.indrelid = %s AND i.indisvalid AND i.indpred IS NULL ORDER BY c.relname", (oid,))).fetchall()
         log = logging.getLogger("a2m.corpus")
+        kind = (await (await conn.execute("SELECT relkind FROM pg_class WHERE oid = %s", (oid,))).fetchone())[0]
+        if kind == "v":  # a view has no indexes of its own: those of the tables beneath it answer, if they can
+            if spec.vector_column:
+                self._vector_index = "hnsw"  # the likelier index beneath: its filtered scans read on
+            log.warning("%r is a view: text recall reads it as to_tsvector('%s', %s) and vector recall by cosine "
+                        "distance; the tables beneath it answer from an index only one built on exactly that",
+                        spec.table, DEFAULT_TEXT_CONFIG, text_sql)
+            return
         if spec.vector_column:
             number = columns[spec.vector_column][0]
             found = {}
