@@ -231,11 +231,18 @@ class CollectionStore(ReadOnlyStore):
                                 else AsyncQdrantClient(path=self._path))
             except RuntimeError as exc:  # local mode: another process holds the directory open
                 raise SystemExit(f"corpus: {exc}") from None
+        try:
+            await self._settle()
+        except (StoreUnavailable, StoreRejected) as exc:  # a message at start, not a traceback
+            raise SystemExit(f"corpus: collection {self.spec.collection!r} at {self._url or self._path}: {exc}") from None
+
+    async def _settle(self) -> None:
+        """Check the collection the options name, and settle how it is read."""
         name = self.spec.collection
-        if not await self._call(self._client.collection_exists(name)):
-            held = sorted(c.name for c in (await self._call(self._client.get_collections())).collections)
+        if not await self._call(self.client.collection_exists(name)):
+            held = sorted(c.name for c in (await self._call(self.client.get_collections())).collections)
             raise SystemExit(f"corpus: no collection {name!r} at {self._url or self._path}; it has {held or 'none'}")
-        info = await self._call(self._client.get_collection(name))
+        info = await self._call(self.client.get_collection(name))
         self._settle_vectors(info.config.params.vectors)
         await self._check_payload()
         text_index = (info.payload_schema or {}).get(self._text_key or "")

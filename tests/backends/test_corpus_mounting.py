@@ -150,6 +150,14 @@ def test_a_table_the_role_may_not_read_is_refused_at_start(user_pg: str, tmp_pat
     assert "Traceback" not in done.stderr
 
 
+def test_a_postgresql_that_does_not_answer_is_refused_at_start(tmp_path: Path) -> None:
+    # The pool waited 30 s for it, then a PoolTimeout traceback.
+    _, done = serve(f"postgresql://reader@127.0.0.1:{free_port()}/rag", tmp_path, "table=docs")
+    assert done.returncode == 1 and "corpus: cannot connect to PostgreSQL: connection failed" in done.stderr, \
+        done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_vector_width_is_the_columns_before_any_row_holds_a_vector(user_pg: str, tmp_path: Path) -> None:
     # Read from the first row before: an empty vector(5) table said `dimensions: null` and answered a
     # 4-wide query vector with nothing instead of -32008.

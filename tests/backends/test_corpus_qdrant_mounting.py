@@ -65,3 +65,13 @@ def test_every_write_method_answers_as_a_read_only_server(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr
     assert not answered_as_read_only(answers)
     assert tree_digest(tmp_path / "kb") == before
+
+
+def test_a_qdrant_server_that_does_not_answer_is_refused_at_start(tmp_path: Path) -> None:
+    from tests.support.procs import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there: was a StoreUnavailable traceback
+    _, done = serve(url, tmp_path, "collection=kb")
+    assert done.returncode == 1 and f"corpus: collection 'kb' at {url}: qdrant unreachable" in done.stderr, \
+        done.stderr
+    assert "Traceback" not in done.stderr
