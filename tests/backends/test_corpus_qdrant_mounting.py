@@ -75,3 +75,50 @@ def test_a_qdrant_server_that_does_not_answer_is_refused_at_start(tmp_path: Path
     assert done.returncode == 1 and f"corpus: collection 'kb' at {url}: qdrant unreachable" in done.stderr, \
         done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.anyio
+async def test_a_langchain_collection_served_alone_and_mounted_beside_a_real_working_tier(tmp_path: Path) -> None:
+    """`a2m serve corpus` as its own process on a collection LangChain wrote (text under
+    `page_content`, metadata one object under `metadata`): conformant as a read-only server over HTTP,
+    then mounted under the router beside the real (Redis) working tier: recall fuses both, `where`
+    reaches inside the metadata object through the router, and no write reaches the collection."""
+    from a2m.client import HTTPClient
+    from a2m.errors import A2MError
+    from tests.conformance.test_conformance import failures, run_http
+    from tests.support.corpora import DOCS, langchain_points, tree_digest
+
+    from .test_corpus_mounting import mounted
+
+    path = tmp_path / "lc"
+    make_points(path, langchain_points())
+    before = tree_digest(path)
+    layout = ["--option", "collection=kb", "--option", "text_field=page_content", "--option", "metadata_field=metadata",
+              "--option", "created_field=written"]
+    corpus = {"name": "kb", "kind": "semantic", "read_only": True, "engine": "corpus", "serve": "real",
+              "args": ["--url", str(path), *layout]}
+    working = {"name": "working", "kind": "working", "capacity": 8, "serve": "real"}
+    with mounted(tmp_path, [working, corpus]) as stack:
+        results = await run_http(stack.tiers["kb"].url)
+        assert not failures(results), "\n".join(failures(results))
+        assert any(r.group == "read-only" and r.outcome == "pass" for r in results)
+        async with HTTPClient(stack.url) as router:
+            layout_ = {t["name"]: t for t in (await router.call("memory/describe", {}))["tiers"]}
+            assert layout_["kb"]["read_only"] is True and layout_["kb"]["count"] == len(DOCS)
+            said = (await router.call("memory/remember", {"owner": "ann", "records": [
+                {"content": "the customer asked how refunds work", "session": "s1"}]}))["ids"]
+            hits = (await router.call("memory/recall", {"owner": "ann", "query": "refunds", "limit": 10}))["records"]
+            assert {h["tier"] for h in hits} == {"working", "kb"} and said[0] in {h["id"] for h in hits}
+            assert any(h["content"] == DOCS[0][0] and h["metadata"]["source"] == "policy.md" for h in hits)
+            policy = (await router.call("memory/timeline", {"owner": "ann", "tier": "kb",
+                                                            "where": {"source": "policy.md"}}))["records"]
+            assert [r["metadata"]["page"] for r in policy] == [1, 2]
+            for method, params in (("memory/remember", {"records": [{"content": "x", "tier": "kb"}]}),
+                                   ("memory/forget", {"tier": "kb", "query": "refunds"})):
+                with pytest.raises(A2MError) as err:
+                    await router.call(method, {"owner": "ann", **params})
+                assert err.value.code == -32004
+            await router.call("memory/forget", {"owner": "ann", "query": "refunds"})  # writable tiers only
+            left = (await router.call("memory/recall", {"owner": "ann", "query": "refunds", "limit": 10}))["records"]
+            assert left and {h["tier"] for h in left} == {"kb"}
+    assert tree_digest(path) == before
