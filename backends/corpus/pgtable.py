@@ -1,18 +1,29 @@
 """Read an existing table as A2M records: rank by pgvector distance and full text, fused by rank.
 
-The table is someone else's: nothing here creates, alters or writes it, and
-column names come from config, so they are validated against the catalog at
-start and quoted as identifiers, never interpolated as text.
+The table is someone else's: nothing here creates, alters or writes it (its
+connections are read-only sessions), and column names come from config, so they
+are validated against the catalog at start (the table as the queries will name
+it, each column's type, the role's right to read them) and quoted as
+identifiers, never interpolated as text.
+
+Reads are written so that the table's own indexes answer them: ids compared in
+the key column's type, the created column ordered as itself (rows without a
+time read apart), words as `to_tsvector(config, text_column)` in the
+configuration of the GIN index found over it (or a generated tsvector column
+of it), vectors by the distance of the HNSW/IVFFlat index on the column. What
+no index answers reads every row, and start says so in the log.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import uuid
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, timedelta, timezone
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from psycopg import sql
+from psycopg import errors as pg_errors, sql
 from psycopg.rows import dict_row
 
 from a2m.filters import RECORD_FIELDS, Scope
@@ -24,6 +35,19 @@ from backends.store import StoreRejected, StoreUnavailable
 from .common import EPOCH, ReadOnlyStore, fuse, json_safe, visible
 
 _WORD = re.compile(r"\w+", re.UNICODE)
+_INTEGER = re.compile(r"-?[0-9]+")
+POOL_TIMEOUT_S = 3.0  # how long a read waits for a connection: under the router's 5 s tier timeout
+DOWN_WAIT_S = 0.5  # ... and while PostgreSQL is known to be down
+CONNECT_TIMEOUT_S = 5
+DEFAULT_TEXT_CONFIG = "english"  # text search configuration where no full-text index names one
+_TIMES = {"timestamptz", "timestamp", "date"}
+_VECTORS = {"vector", "halfvec"}
+# A pgvector operator class (by its ending) -> the protocol's metric; each metric -> its distance operator.
+_OPCLASSES = {"_cosine_ops": "cosine", "_l2_ops": "euclidean", "_ip_ops": "dot", "_l1_ops": "manhattan"}
+_OPERATORS = {"cosine": "<=>", "euclidean": "<->", "dot": "<#>", "manhattan": "<+>"}
+# What a read meets when the table, a column, the vector type or the role's grant went away after start.
+_GONE = (pg_errors.UndefinedTable, pg_errors.UndefinedColumn, pg_errors.UndefinedObject,
+         pg_errors.UndefinedFunction, pg_errors.InsufficientPrivilege)
 
 
 @dataclass(slots=True)
@@ -51,6 +75,17 @@ class TableSpec:
                    text_column=name("text_column", "content") or "content",
                    vector_column=name("vector_column", None), created_column=name("created_column", None),
                    metadata_columns=[str(c) for c in columns])
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+def _canonical_uuid(value: str) -> bool:
+    try:
+        return str(uuid.UUID(value)) == value
+    except ValueError:
+        return False
 
 
 def _text(values: Iterable[str]) -> list[str]:
@@ -170,6 +205,34 @@ def _day(value: Any) -> date | None:
     return day if day.isoformat() == value else None
 
 
+def _quote(name: str) -> str:
+    """An identifier as SQL writes it quoted (for `to_regclass`, which reads a name as a query would)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _tsvector_config(expression: str, column: str) -> str | None:
+    """The text search configuration of `expression` when it is exactly `to_tsvector(config, column)` as
+    PostgreSQL prints it back (an index key or a generated column's expression), else None."""
+    match = re.fullmatch(r"\(?to_tsvector\('((?:[^']|'')+)'::regconfig, (?:\((.+)\)::text|(.+))\)\)?", expression)
+    if match is None or (match.group(2) or match.group(3)) != column:
+        return None
+    return match.group(1).replace("''", "'")
+
+
+def _floats(vector: Any) -> list[float]:
+    """A vector as pgvector's loader gives it (its Vector or HalfVector without numpy, which is not
+    iterable; an array with numpy) as floats."""
+    return [float(x) for x in (vector.to_list() if hasattr(vector, "to_list") else vector)]
+
+
+def _utc(moment: datetime | date) -> datetime:
+    """A time as the moment it names: a `timestamp` (no zone) is UTC, as the connection reads it in
+    SQL (its TimeZone is UTC), and a date is its midnight."""
+    if not isinstance(moment, datetime):
+        return datetime(moment.year, moment.month, moment.day, tzinfo=timezone.utc)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
 class TableStore(ReadOnlyStore):
     engine = "postgresql (read-only table)"
 
@@ -177,46 +240,184 @@ class TableStore(ReadOnlyStore):
         self.dsn = dsn
         self.spec = spec
         self.searches_vectors = spec.vector_column is not None
+        self.metric = "cosine"  # settled by open(): the distance of the vector column's index
+        self._operator = "<=>"
+        self._vector_type = "vector"
+        self._vector_index: str | None = None  # hnsw or ivfflat, when the column has one
         self._pool: Any = None
         self._dims: int | None = None
-        self._types: dict[str, str] = {}  # column -> its type's name in the catalog (udt_name)
+        self._types: dict[str, str] = {}  # column -> its type's name in the catalog (a domain's base type)
         self._nullable: set[str] = set()
+        # Text search: the configuration, and the tsvector column to search (None: to_tsvector of the text).
+        self._text_config = DEFAULT_TEXT_CONFIG
+        self._tsvector_column: str | None = None
+        self._engine_down = False
 
     # ---- lifecycle -------------------------------------------------------------
 
     async def open(self) -> None:
-        from pgvector.psycopg import register_vector_async
+        import psycopg
         from psycopg_pool import AsyncConnectionPool
 
-        async def configure(conn: Any) -> None:
-            if self.spec.vector_column:
-                await register_vector_async(conn)
-
-        self._pool = AsyncConnectionPool(self.dsn, min_size=1, max_size=8, configure=configure, open=False)
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+        except psycopg.Error as exc:
+            raise SystemExit(f"corpus: cannot connect to PostgreSQL: {_first_line(exc)}") from None
+        async with conn:
+            await self._validate(conn)
+        self._pool = AsyncConnectionPool(self.dsn, min_size=1, max_size=8, timeout=POOL_TIMEOUT_S, open=False,
+                                         kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+                                         configure=self._configure)
         await self._pool.open(wait=True, timeout=30)
-        await self._validate()
 
-    async def _validate(self) -> None:
+    async def _configure(self, conn: Any) -> None:
+        """Each pooled connection: vectors as lists, times read as UTC, nothing written even by mistake,
+        and a filtered index search that reads on until it has its rows (pgvector 0.8's iterative scan;
+        without it HNSW hands back its first 40 candidates, and a `where` holding 5% of the table left
+        two of them)."""
+        if self.spec.vector_column:
+            from pgvector.psycopg import register_vector_async
+
+            await register_vector_async(conn)
+        await conn.execute("SET TIME ZONE 'UTC'")
+        await conn.execute("SET default_transaction_read_only = on")
+        if self._vector_index:
+            try:
+                await conn.execute(sql.SQL("SET {} = relaxed_order").format(
+                    sql.Identifier(self._vector_index, "iterative_scan")))
+            except pg_errors.Error:  # pgvector before 0.8: no iterative scan (logged at start)
+                pass
+
+    async def _validate(self, conn: Any) -> None:
+        """Refuse at start, naming it, anything about the table this mount could not read: a table
+        not found as the queries will name it, a column that is missing or of a type the mount cannot
+        use, a table the role may not read. Then settle how recall ranks (the indexes it can use)."""
+        import psycopg
+
         spec = self.spec
-        schema, _, table = spec.table.rpartition(".")
-        async with self._pool.connection() as conn:
-            rows = await (await conn.execute(
-                "SELECT column_name, udt_name, is_nullable FROM information_schema.columns WHERE table_name = %s"
-                " AND (%s = '' OR table_schema = %s)", (table, schema, schema))).fetchall()
-            present = {r[0] for r in rows}
-            self._types = {r[0]: r[1] for r in rows}
-            self._nullable = {r[0] for r in rows if r[2] != "NO"}
-            wanted = [spec.id_column, spec.text_column, *spec.metadata_columns]
-            wanted += [c for c in (spec.vector_column, spec.created_column) if c]
-            missing = [c for c in wanted if c not in present]
-            if not present:
-                raise SystemExit(f"corpus: table {spec.table!r} not found")
-            if missing:
-                raise SystemExit(f"corpus: table {spec.table!r} has no column(s) {missing}; it has {sorted(present)}")
+        try:
+            row = await (await conn.execute("SELECT to_regclass(%s)::oid",
+                                            (".".join(map(_quote, spec.table.split("."))),))).fetchone()
+        except psycopg.Error as exc:
+            raise SystemExit(f"corpus: table {spec.table!r}: {_first_line(exc)}") from None
+        if row[0] is None:
+            raise SystemExit(await self._not_found(conn))
+        oid = row[0]
+        rows = await (await conn.execute(
+            "SELECT a.attnum, a.attname, coalesce(b.typname, t.typname), coalesce(b.typcategory, t.typcategory),"
+            " a.attnotnull, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attgenerated,"
+            " pg_get_expr(d.adbin, d.adrelid)"
+            " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
+            " LEFT JOIN pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype"
+            " LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum"
+            " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (oid,))).fetchall()
+        columns = {r[1]: r for r in rows}
+        self._types = {name: r[2] for name, r in columns.items()}
+        self._nullable = {name for name, r in columns.items() if not r[4]}
+        wanted = [spec.id_column, spec.text_column, *spec.metadata_columns]
+        wanted += [c for c in (spec.vector_column, spec.created_column) if c]
+        missing = [c for c in wanted if c not in columns]
+        if missing:
+            raise SystemExit(f"corpus: table {spec.table!r} has no column(s) {missing}; it has {sorted(columns)}")
+
+        def refuse(option: str, needs: str) -> SystemExit:
+            name = getattr(spec, option)
+            return SystemExit(f"corpus: {option} {name!r} of table {spec.table!r} is {columns[name][6]}; {needs}")
+
+        if columns[spec.text_column][3] != "S":
+            raise refuse("text_column", "the content must be a text column (text, varchar, char)")
+        if spec.created_column and columns[spec.created_column][2] not in _TIMES:
+            raise refuse("created_column", "it must be a timestamptz, timestamp or date column")
+        if spec.vector_column:
+            kind, width = columns[spec.vector_column][2], columns[spec.vector_column][5]
+            if kind not in _VECTORS:
+                raise refuse("vector_column", "it must be a pgvector column: vector(N) or halfvec(N)")
+            self._vector_type = kind
+            self._dims = width if width > 0 else None  # vector(N) says N even before a row holds one
+        try:  # the role may read every column the mount reads (and the reads are well formed)
+            await conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(self._columns(True), self._table()))
+        except psycopg.Error as exc:
+            raise SystemExit(f"corpus: cannot read table {spec.table!r}: {_first_line(exc)}") from None
+        if spec.vector_column and self._dims is None:  # vector without a width: the first row's
+            row = await (await conn.execute(sql.SQL("SELECT vector_dims({}) FROM {} WHERE {} IS NOT NULL LIMIT 1").format(
+                sql.Identifier(spec.vector_column), self._table(), sql.Identifier(spec.vector_column)))).fetchone()
+            self._dims = row[0] if row else None
+        await self._settle_indexes(conn, oid, columns)
+
+    async def _not_found(self, conn: Any) -> str:
+        """Why `table` was not found, with the tables of that name the role could mean: in a schema
+        not on the search_path (which the queries would not find either), or spelt in other case."""
+        name = self.spec.table.rpartition(".")[2]
+        near = [r[0] for r in await (await conn.execute(
+            "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE lower(c.relname) = lower(%s) AND c.relkind IN ('r', 'p', 'v', 'm', 'f')"
+            " AND n.nspname NOT IN ('pg_catalog', 'information_schema') ORDER BY 1", (name,))).fetchall()]
+        path = (await (await conn.execute("SHOW search_path")).fetchone())[0]
+        message = f"corpus: table {self.spec.table!r} not found (search_path: {path})"
+        if near:
+            message += f"; there is {', '.join(near)}: name it with its schema, --option table={near[0]}"
+        return message
+
+    async def _settle_indexes(self, conn: Any, oid: int, columns: Mapping[str, Any]) -> None:
+        """Rank the way the table's own indexes can answer: vectors by the distance of the column's
+        HNSW or IVFFlat index (cosine when there is none, or one of each), words with the text search
+        configuration of a GIN index over `to_tsvector(config, text_column)` or over a generated
+        tsvector column of it ('english' when there is none). A recall the indexes cannot answer reads
+        every row: said at start, once."""
+        spec = self.spec
+        text_sql = (await (await conn.execute("SELECT quote_ident(%s)", (spec.text_column,))).fetchone())[0]
+        indexes = await (await conn.execute(
+            "SELECT am.amname, i.indkey::int2[], pg_get_indexdef(i.indexrelid),"
+            " array(SELECT o.opcname FROM unnest(i.indclass::oid[]) WITH ORDINALITY u(oid, n)"
+            "       JOIN pg_opclass o ON o.oid = u.oid ORDER BY u.n)"
+            " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam"
+            " WHERE i.indrelid = %s AND i.indisvalid AND i.indpred IS NULL ORDER BY c.relname", (oid,))).fetchall()
+        log = logging.getLogger("a2m.corpus")
+        kind = (await (await conn.execute("SELECT relkind FROM pg_class WHERE oid = %s", (oid,))).fetchone())[0]
+        if kind == "v":  # a view has no indexes of its own: those of the tables beneath it answer, if they can
             if spec.vector_column:
-                row = await (await conn.execute(sql.SQL("SELECT vector_dims({}) FROM {} WHERE {} IS NOT NULL LIMIT 1").format(
-                    sql.Identifier(spec.vector_column), self._table(), sql.Identifier(spec.vector_column)))).fetchone()
-                self._dims = row[0] if row else None
+                self._vector_index = "hnsw"  # the likelier index beneath: its filtered scans read on
+            log.warning("%r is a view: text recall reads it as to_tsvector('%s', %s) and vector recall by cosine "
+                        "distance; the tables beneath it answer from an index only one built on exactly that",
+                        spec.table, DEFAULT_TEXT_CONFIG, text_sql)
+            return
+        if spec.vector_column:
+            number = columns[spec.vector_column][0]
+            found = {}
+            for method, keys, _, opclasses in indexes:
+                metric = next((m for suffix, m in _OPCLASSES.items() if opclasses and opclasses[0].endswith(suffix)), None)
+                if method in ("hnsw", "ivfflat") and keys == [number] and metric:
+                    found.setdefault(metric, method)
+            if found:
+                self.metric = "cosine" if "cosine" in found else next(iter(found))
+                self._vector_index = found[self.metric]
+                await self._check_iterative_scan(conn, log)
+            else:
+                log.warning("vector recall reads every row of %r: it has no HNSW or IVFFlat index on %r (e.g. "
+                            "CREATE INDEX ON %s USING hnsw (%s vector_cosine_ops))", spec.table, spec.vector_column,
+                            spec.table, spec.vector_column)
+            self._operator = _OPERATORS[self.metric]
+        for name, column in columns.items():  # a generated tsvector column of the text, with an index
+            config = _tsvector_config(column[8] or "", text_sql) if column[7] == "s" and column[2] == "tsvector" else None
+            if config and any(keys == [column[0]] and method in ("gin", "gist") for method, keys, _, _ in indexes):
+                self._text_config, self._tsvector_column = config, name
+                return
+        for method, keys, definition, _ in indexes:
+            key = re.search(r" USING gin \((.*)\)$", definition)
+            config = _tsvector_config(key.group(1), text_sql) if method == "gin" and keys == [0] and key else None
+            if config:
+                self._text_config = config
+                return
+        log.warning("text recall reads every row of %r: it has no full-text index on %r (e.g. CREATE INDEX ON %s "
+                    "USING gin (to_tsvector('english', %s)))", spec.table, spec.text_column, spec.table, text_sql)
+
+    async def _check_iterative_scan(self, conn: Any, log: logging.Logger) -> None:
+        try:
+            await conn.execute(sql.SQL("SET {} = relaxed_order").format(
+                sql.Identifier(self._vector_index or "", "iterative_scan")))
+        except pg_errors.Error:
+            log.warning("a vector recall with `where` may come back short: pgvector before 0.8 stops a filtered "
+                        "%s scan at its first candidates (upgrade pgvector for iterative scans)", self._vector_index)
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -224,7 +425,8 @@ class TableStore(ReadOnlyStore):
             self._pool = None
 
     async def ping(self) -> None:
-        await self._query(sql.SQL("SELECT 1"), ())
+        """Ready while the table answers (not merely the server): a dropped or renamed table is not."""
+        await self._query(sql.SQL("SELECT 1 FROM {} LIMIT 0").format(self._table()), ())
 
     # ---- helpers ---------------------------------------------------------------
 
@@ -247,35 +449,37 @@ class TableStore(ReadOnlyStore):
         vector = row.get("a2m_vector")
         return Record(
             id=row["a2m_id"], content=row["a2m_content"] or "",
-            created_at=format_ts(created) if isinstance(created, datetime) else EPOCH,
+            created_at=format_ts(_utc(created)) if isinstance(created, date) else EPOCH,
             metadata={c: json_safe(row[c]) for c in self.spec.metadata_columns},
-            embedding=None if vector is None else [float(x) for x in vector],
+            embedding=None if vector is None else _floats(vector),
         )
 
-    def _created(self) -> sql.Composable:
-        """The created column as the records show it: a row without a time shows the epoch, and is
-        ordered and bounded as the epoch too (PostgreSQL would sort NULL after every time)."""
-        column = sql.Identifier(self.spec.created_column or "")
-        if self.spec.created_column in self._nullable:
-            return sql.SQL("coalesce({}, 'epoch'::timestamptz)").format(column)
-        return column
+    def _ids(self, ids: Sequence[str]) -> tuple[sql.Composable, list[Any]]:
+        """`id_column` is one of `ids`, compared in the column's own type so that its index (the
+        primary key, usually) answers; `column::text = ANY(...)` read the whole table for each. Only
+        the spelling a record shows names it: `05`, `5.0` or an upper-case UUID name no record."""
+        column = sql.Identifier(self.spec.id_column)
+        kind = self._types.get(self.spec.id_column, "")
+        if kind in _INTEGERS:
+            whole = [int(v) for v in ids if _INTEGER.fullmatch(v) and str(int(v)) == v and -2**63 <= int(v) < 2**63]
+            return sql.SQL("{} = ANY(%s::int8[])").format(column), [whole]
+        if kind == "uuid":
+            return sql.SQL("{} = ANY(%s::uuid[])").format(column), [[v for v in ids if _canonical_uuid(v)]]
+        if kind in ("text", "varchar"):
+            return sql.SQL("{} = ANY(%s::text[])").format(column), [_text(ids)]
+        return sql.SQL("{}::text = ANY(%s)").format(column), [_text(ids)]
 
-    def _order(self, order: Literal["asc", "desc"]) -> sql.Composable:
-        way = sql.SQL("DESC" if order == "desc" else "ASC")
-        key = sql.Identifier(self.spec.id_column)
-        if self.spec.created_column:
-            return sql.SQL("{} {}, {} {}").format(self._created(), way, key, way)
-        return sql.SQL("{} {}").format(key, way)
-
-    def _where(self, scope: Scope) -> tuple[sql.Composable, list[Any]]:
-        """SQL for what the table can answer exactly, and a wider test (or none) for what it cannot:
-        `visible` re-checks everything with `matches` afterwards, so this may be a superset of the
-        scope, never a subset."""
+    def _where(self, scope: Scope) -> tuple[list[sql.Composable], list[Any]]:
+        """SQL for what the table can answer exactly of the scope, less its time range, and a wider test
+        (or none) for what it cannot: `visible` re-checks everything with `matches` afterwards, so this
+        may be a superset of the scope, never a subset."""
         clauses: list[sql.Composable] = []
         args: list[Any] = []
-        if scope.ids is not None:
-            clauses.append(sql.SQL("{}::text = ANY(%s)").format(sql.Identifier(self.spec.id_column)))
-            args.append(_text(scope.ids))
+        named = scope.named_ids()
+        if named is not None:
+            clause, values = self._ids(named)
+            clauses.append(clause)
+            args += values
         for name, expected in scope.where.items():
             if name not in self.spec.metadata_columns or name in RECORD_FIELDS:
                 continue  # a record field (a column named `role` is metadata, but `where.role` is the field)
@@ -284,57 +488,117 @@ class TableStore(ReadOnlyStore):
             if test is not None:
                 clauses.append(test[0])
                 args += test[1]
-        if self.spec.created_column:
-            for bound, op in ((scope.after, ">"), (scope.before, "<")):
-                if bound is not None:
-                    clauses.append(sql.SQL("{} " + op + " %s::timestamptz").format(self._created()))
-                    args.append(bound)
-        elif (scope.after is not None and not EPOCH > scope.after) or (scope.before is not None
-                                                                        and not EPOCH < scope.before):
-            clauses.append(sql.SQL("FALSE"))  # every record shows the epoch
-        if not clauses:
-            return sql.SQL("TRUE"), args
-        return sql.SQL(" AND ").join(clauses), args
+        return clauses, args
+
+    def _timed(self, scope: Scope) -> tuple[list[sql.Composable], list[Any]]:
+        """The rows with a time, within the scope's range (the created column compared as itself, so
+        that an index on it answers)."""
+        column = sql.Identifier(self.spec.created_column or "")
+        clauses: list[sql.Composable] = [sql.SQL("{} IS NOT NULL").format(column)]
+        args: list[Any] = []
+        for bound, op in ((scope.after, ">"), (scope.before, "<")):
+            if bound is not None:
+                clauses.append(sql.SQL("{} " + op + " %s::timestamptz").format(column))
+                args.append(bound)
+        return clauses, args
+
+    def _untimed(self, scope: Scope) -> bool:
+        """Whether the scope's range holds the rows without a time: they show the epoch."""
+        return (scope.after is None or scope.after < EPOCH) and (scope.before is None or EPOCH < scope.before)
+
+    def _in_range(self, scope: Scope) -> tuple[list[sql.Composable], list[Any]]:
+        """The scope's time range as one test, for a ranked read (no order to keep)."""
+        if not self.spec.created_column:
+            return ([], []) if self._untimed(scope) else ([sql.SQL("FALSE")], [])
+        if scope.after is None and scope.before is None:
+            return [], []
+        timed, args = self._timed(scope)
+        test = sql.SQL("({})").format(sql.SQL(" AND ").join(timed))
+        if self._untimed(scope) and self.spec.created_column in self._nullable:
+            test = sql.SQL("({} IS NULL OR {})").format(sql.Identifier(self.spec.created_column), test)
+        return [test], args
 
     async def _query(self, query: sql.Composable, args: Sequence[Any]) -> list[dict[str, Any]]:
         import psycopg
+        from psycopg_pool import PoolClosed, PoolTimeout
 
         if self._pool is None:
             raise StoreUnavailable("corpus store is not open")
-        try:
-            async with self._pool.connection() as conn:
-                cursor = conn.cursor(row_factory=dict_row)
-                await cursor.execute(query, args)
-                return await cursor.fetchall() if cursor.description else []
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailable(str(exc).splitlines()[0]) from exc
-        except psycopg.DataError as exc:
-            raise StoreRejected(str(exc).splitlines()[0]) from exc
+        attempts = self._pool.max_size + 1
+        for attempt in range(attempts):
+            conn: Any = None
+            # While PostgreSQL is known to be down, waiting the pool's whole timeout for the reconnect
+            # loop only delays the answer (and holds up the router's fan-out).
+            wait = DOWN_WAIT_S if self._engine_down else None
+            try:
+                async with self._pool.connection(timeout=wait) as conn:
+                    cursor = conn.cursor(row_factory=dict_row)
+                    await cursor.execute(query, args)
+                    rows = await cursor.fetchall() if cursor.description else []
+                self._engine_down = False
+                return rows
+            except (PoolTimeout, PoolClosed) as exc:
+                self._engine_down = True
+                raise StoreUnavailable(f"PostgreSQL is unavailable: {_first_line(exc)}") from exc
+            except psycopg.OperationalError as exc:
+                if conn is not None and conn.broken:  # PostgreSQL restarted or went away: try a fresh connection
+                    self._engine_down = True
+                    if attempt + 1 < attempts:
+                        continue
+                raise StoreUnavailable(f"PostgreSQL is unavailable: {_first_line(exc)}") from exc
+            except _GONE as exc:  # the table, a column or the role's grant changed since start
+                raise StoreUnavailable(f"table {self.spec.table!r} no longer reads as mounted: "
+                                       f"{_first_line(exc)}") from exc
+            except psycopg.DataError as exc:
+                raise StoreRejected(_first_line(exc)) from exc
+        raise StoreUnavailable("PostgreSQL is unavailable")  # pragma: no cover - the loop returns or raises
 
     # ---- reads -----------------------------------------------------------------
 
     async def get(self, owner: str | None, ids: Sequence[str], *, with_embeddings: bool = False) -> list[Record]:
         if not ids:
             return []
-        rows = await self._query(sql.SQL("SELECT {} FROM {} WHERE {}::text = ANY(%s)").format(
-            self._columns(with_embeddings), self._table(), sql.Identifier(self.spec.id_column)), [_text(ids)])
+        clause, args = self._ids(ids)
+        rows = await self._query(sql.SQL("SELECT {} FROM {} WHERE {}").format(
+            self._columns(with_embeddings), self._table(), clause), args)
         return [self._record(r) for r in rows]
 
     async def select(self, scope: Scope, *, order: Literal["asc", "desc"] = "asc", limit: int | None = None,
                      with_embeddings: bool = False) -> list[Record]:
+        """Rows in creation order: those with a time in the created column's order (its index answers
+        that), and those without one, which show and sort as the epoch, in id order; the two merged."""
         if scope.key_prefix is not None:
             return []
+        way = sql.SQL("DESC" if order == "desc" else "ASC")
+        key = sql.Identifier(self.spec.id_column)
         where, args = self._where(scope)
-        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {}").format(
-            self._columns(with_embeddings), self._table(), where, self._order(order))
-        if not limit:
-            return visible([self._record(r) for r in await self._query(query, args)], scope)
+        parts: list[tuple[sql.Composable, list[Any]]] = []
+        if self.spec.created_column:
+            timed, bounds = self._timed(scope)
+            parts.append((sql.SQL("WHERE {} ORDER BY {} {}, {} {}").format(
+                sql.SQL(" AND ").join(where + timed), sql.Identifier(self.spec.created_column), way, key, way),
+                args + bounds))
+        if self._untimed(scope) and (not self.spec.created_column or self.spec.created_column in self._nullable):
+            untimed = [sql.SQL("{} IS NULL").format(sql.Identifier(self.spec.created_column))] \
+                if self.spec.created_column else []
+            parts.append((sql.SQL("WHERE {} ORDER BY {} {}").format(
+                sql.SQL(" AND ").join(where + untimed or [sql.SQL("TRUE")]), key, way), args))
         page = limit
-        while True:  # the filter may be wider than the scope: read on until `limit` pass it, or the table ends
-            rows = await self._query(query + sql.SQL(" LIMIT %s"), [*args, page])
-            records = visible([self._record(r) for r in rows], scope)
-            if len(records) >= limit or len(rows) < page:
-                return records[:limit]
+        while True:  # a filter wider than the scope thins a page: read on until `limit` pass, or the rows end
+            lists = []
+            for tail, values in parts:
+                query = sql.SQL("SELECT {} FROM {} {}").format(self._columns(with_embeddings), self._table(), tail)
+                if page:
+                    query += sql.SQL(" LIMIT {}").format(sql.Literal(page))
+                lists.append([self._record(r) for r in await self._query(query, values)])
+            merged = sorted((r for rows in lists for r in rows), key=lambda r: r.created_at, reverse=order == "desc")
+            cut = len(merged)
+            for rows in lists:  # past a list's last row, rows of that list not read yet may come first
+                if page and len(rows) == page:
+                    cut = min(cut, next(n for n, r in enumerate(merged) if r is rows[-1]) + 1)
+            records = visible(merged[:cut], scope)
+            if not page or len(records) >= limit or all(len(rows) < page for rows in lists):
+                return records[:limit] if limit else records
             page *= 4
 
     async def search(self, scope: Scope, *, text: str | None, vector: Sequence[float] | None, limit: int,
@@ -342,6 +606,8 @@ class TableStore(ReadOnlyStore):
         if scope.key_prefix is not None:
             return []
         where, args = self._where(scope)
+        timed, bounds = self._in_range(scope)
+        where, args = where + timed, args + bounds
         pool = max(limit * 4, 40)
         while True:  # as select: a list the exact check thins is read again, longer
             records, full = await self._ranked(where, args, text, vector, pool, with_embeddings)
@@ -350,27 +616,36 @@ class TableStore(ReadOnlyStore):
                 return records[:limit]
             pool *= 4
 
-    async def _ranked(self, where: sql.Composable, args: list[Any], text: str | None, vector: Sequence[float] | None,
-                      pool: int, with_embeddings: bool) -> tuple[list[Record], bool]:
+    async def _ranked(self, where: list[sql.Composable], args: list[Any], text: str | None,
+                      vector: Sequence[float] | None, pool: int, with_embeddings: bool) -> tuple[list[Record], bool]:
         """The first `pool` rows by text and by vector, fused; and whether either list was cut short."""
         rankings: list[list[str]] = []
         rows: dict[str, dict[str, Any]] = {}
+        key = sql.Identifier(self.spec.id_column)
         words = [w for w in _WORD.findall(text or "") if len(w) > 1][:32]
         if words:
             tsquery = " | ".join(words)
-            document = sql.SQL("to_tsvector('english', coalesce({}, ''))").format(sql.Identifier(self.spec.text_column))
-            query = sql.SQL("SELECT {} FROM {} WHERE {} AND {} @@ to_tsquery('english', %s) "
-                            "ORDER BY ts_rank_cd({}, to_tsquery('english', %s)) DESC, {} LIMIT %s").format(
-                self._columns(with_embeddings), self._table(), where, document, document,
-                sql.Identifier(self.spec.id_column))
+            config = sql.Literal(self._text_config)
+            # As the index was made (to_tsvector(config, column), no coalesce): else it is never used.
+            document = (sql.Identifier(self._tsvector_column) if self._tsvector_column else
+                        sql.SQL("to_tsvector({}, {})").format(config, sql.Identifier(self.spec.text_column)))
+            matched = sql.SQL("{} @@ to_tsquery({}, %s)").format(document, config)
+            query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY ts_rank_cd({}, to_tsquery({}, %s)) DESC, {} "
+                            "LIMIT %s").format(self._columns(with_embeddings), self._table(),
+                                               sql.SQL(" AND ").join(where + [matched]), document, config, key)
             found = await self._query(query, [*args, tsquery, tsquery, pool])
             rankings.append([row["a2m_id"] for row in found])
             rows |= {row["a2m_id"]: row for row in found}
         if vector is not None and self.spec.vector_column:
-            query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} <=> %s::vector, {} LIMIT %s").format(
-                self._columns(with_embeddings), self._table(), where, sql.Identifier(self.spec.vector_column),
-                sql.Identifier(self.spec.id_column))
-            found = await self._query(query, [*args, str(list(vector)), pool])
+            column = sql.Identifier(self.spec.vector_column)
+            # A row without a vector is no vector match (an index holds none of them either).
+            has = sql.SQL("{} IS NOT NULL").format(column)
+            query = sql.SQL("SELECT {}, {} {} %s::{} AS a2m_distance FROM {} WHERE {} ORDER BY a2m_distance, {} "
+                            "LIMIT %s").format(self._columns(with_embeddings), column, sql.SQL(self._operator),
+                                               sql.Identifier(self._vector_type), self._table(),
+                                               sql.SQL(" AND ").join(where + [has]), key)
+            found = await self._query(query, [str(list(vector)), *args, pool])  # the distance is selected first
+            found.sort(key=lambda row: row["a2m_distance"])  # an iterative index scan may hand them back loosely
             rankings.append([row["a2m_id"] for row in found])
             rows |= {row["a2m_id"]: row for row in found}
         full = any(len(ranking) == pool for ranking in rankings)

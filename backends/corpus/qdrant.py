@@ -231,12 +231,25 @@ class CollectionStore(ReadOnlyStore):
                                 else AsyncQdrantClient(path=self._path))
             except RuntimeError as exc:  # local mode: another process holds the directory open
                 raise SystemExit(f"corpus: {exc}") from None
+        try:
+            await self._settle()
+        except (StoreUnavailable, StoreRejected) as exc:  # a message at start, not a traceback
+            raise SystemExit(f"corpus: collection {self.spec.collection!r} at {self._url or self._path}: {exc}") from None
+
+    async def _settle(self) -> None:
+        """Check the collection the options name, and settle how it is read."""
         name = self.spec.collection
-        if not await self._call(self._client.collection_exists(name)):
-            held = sorted(c.name for c in (await self._call(self._client.get_collections())).collections)
+        if not await self._call(self.client.collection_exists(name)):
+            held = sorted(c.name for c in (await self._call(self.client.get_collections())).collections)
             raise SystemExit(f"corpus: no collection {name!r} at {self._url or self._path}; it has {held or 'none'}")
-        info = await self._call(self._client.get_collection(name))
+        info = await self._call(self.client.get_collection(name))
         self._settle_vectors(info.config.params.vectors)
+        await self._check_payload()
+        text_index = (info.payload_schema or {}).get(self._text_key or "")
+        if self._url and getattr(getattr(text_index, "data_type", None), "value", None) != "text":
+            logging.getLogger("a2m.corpus").warning(  # local mode has no indexes: it reads every point anyway
+                "text recall reads every point of %r: it has no full-text index on %r (create a payload "
+                "index on it with field_schema text)", name, self.spec.text_field)
         if self._created_key:
             index = (info.payload_schema or {}).get(self._created_key)
             kind = getattr(getattr(index, "data_type", None), "value", None)
@@ -245,6 +258,72 @@ class CollectionStore(ReadOnlyStore):
                 logging.getLogger("a2m.corpus").warning(
                     "timeline runs in point id order: collection %r has no datetime index on %r",
                     self.spec.collection, self._created_key)
+
+    async def _check_payload(self) -> None:
+        """Refuse at start, naming it, a payload field the options name that no point holds: a text field
+        that is not there (or holds no text) would mount a corpus whose every record is empty and whose
+        text recall finds nothing, and a metadata or time field spelt wrong would be dropped silently. A
+        field counts when some point holds it (Qdrant's filter finds the first one, indexed or not); an
+        empty collection has nothing to check."""
+        from qdrant_client import models as m
+
+        spec = self.spec
+        if not (await self._call(self.client.count(spec.collection, exact=False))).count:
+            return
+
+        async def holding(*keys: str) -> list[Any]:
+            """Values of the payload field under `keys` in the first points that hold one."""
+            path = payload_path(*keys)
+            if path is None:
+                return [None]  # a key Qdrant cannot name: not checked here
+            points, _ = await self._call(self.client.scroll(
+                spec.collection, scroll_filter=m.Filter(must_not=[m.IsEmptyCondition(is_empty=m.PayloadField(key=path))]),
+                limit=16, with_payload=True, with_vectors=False))
+            values = []
+            for point in points:
+                value: Any = point.payload or {}
+                for key in keys:
+                    value = value.get(key) if isinstance(value, dict) else None
+                values.append(value)
+            return values
+
+        async def fields() -> str:
+            points, _ = await self._call(self.client.scroll(spec.collection, limit=16, with_payload=True,
+                                                            with_vectors=False))
+            return ", ".join(sorted({str(k) for p in points for k in (p.payload or {})})) or "none"
+
+        def refused(option: str, what: str) -> SystemExit:
+            return SystemExit(f"corpus: --option {option}={getattr(spec, option)!r}: {what}")
+
+        name = repr(spec.collection)
+
+        texts = await holding(spec.text_field)
+        if not texts:
+            raise refused("text_field", f"no point of collection {name} has this payload field (its points hold: "
+                                        f"{await fields()})")
+        if not any(self._content(v) for v in texts if v is not None) and None not in texts:
+            if spec.text_json_key is not None:
+                raise refused("text_json_key", f"no {spec.text_field!r} of collection {name} holds a JSON object "
+                                                 "with text under this key")
+            raise refused("text_field", f"this payload field of collection {name} holds no text (e.g. {texts[0]!r})")
+        if spec.metadata_field is not None:
+            objects = await holding(spec.metadata_field)
+            if not any(isinstance(v, dict) for v in objects):
+                raise refused("metadata_field", f"no point of collection {name} holds an object under this "
+                                                f"payload field (its points hold: {await fields()})")
+        if spec.created_field is not None:
+            times = await holding(*self._root, spec.created_field)
+            if not times:
+                raise refused("created_field", f"no point of collection {name} has this payload field" + (
+                    f" inside {spec.metadata_field!r}" if spec.metadata_field else f" (its points hold: {await fields()})"))
+            if None not in times and all(_created_at(v) == EPOCH for v in times):
+                raise refused("created_field", f"this payload field of collection {name} holds no time Qdrant "
+                                                f"reads (e.g. {times[0]!r})")
+        for field in spec.metadata_fields or ():
+            if not await holding(*self._root, field):
+                raise SystemExit(f"corpus: --option metadata_fields names {field!r}, which no point of collection "
+                                 f"{name} holds" + (f" inside {spec.metadata_field!r}" if spec.metadata_field
+                                                    else f" (its points hold: {await fields()})"))
 
     def _check_fields(self) -> None:
         """Refuse at start a text or time field Qdrant's filters cannot name (see `payload_path`)."""
