@@ -25,6 +25,7 @@ from a2m.text import query_terms, tokenize
 from a2m.timefmt import now
 from a2m.params import bool_param, ids_param, int_param, str_param
 
+from .settings import SettingsError
 from .store import Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable, StoreWidthMismatch
 
 log = logging.getLogger("a2m.tier")
@@ -72,6 +73,12 @@ class TierServer(EventMethods):
 
     async def startup(self) -> None:
         await self.store.open()
+        width = getattr(self.embedder, "dimensions", None)  # an HTTP embedder's is known after first use
+        held = await self.dimensions() if width else None
+        if width and held and width != held:
+            await self.store.close()
+            raise SettingsError(f"tier {self.name} holds {held}-dim vectors and --embedder makes {width}: "
+                                f"serve it with the model that embedded them, or with no embedder (text recall)")
 
     async def shutdown(self) -> None:
         await self.store.close()
@@ -379,6 +386,11 @@ class TierServer(EventMethods):
             elif query and self.embedder is not None:
                 embedded = await try_embed(self.embedder, [query])
                 vector = embedded[0] if embedded else None
+                held = await self.dimensions() if vector is not None else None
+                if held and vector is not None and len(vector) != held:  # our own embedder's, not the caller's
+                    log.warning("tier %s holds %d-dim vectors and its embedder made %d: ranked by text alone",
+                                self.name, held, len(vector))
+                    vector = None
             if limit == 0:  # no limit (no max_recall_limit declared): every record in scope
                 limit = max(await self.store.count(scope.owner), 1)
             # A vector alone asks a tier that never searches by one for nothing it can rank: the newest

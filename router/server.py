@@ -104,6 +104,12 @@ class Router(EventMethods):
     async def startup(self) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per tier call otherwise
         await self.fed.start()
+        width = getattr(self.embedder, "dimensions", None)  # an HTTP embedder's is known after first use
+        for tier in self.fed:
+            if width and tier.searched and tier.dimensions and tier.dimensions != width:
+                log.warning("tier %s holds %d-dim vectors and the embedder makes %d: %s is recalled by text "
+                            "alone (embed it with the router's model to search it by vector)",
+                            tier.name, tier.dimensions, width, tier.name)
 
     async def shutdown(self) -> None:
         await self.drain()
@@ -499,8 +505,13 @@ class Router(EventMethods):
         elif query and self.embedder is not None and any(t.searched for t in tiers):
             embedded = await try_embed(self.embedder, [query])  # once per recall, for every searched tier
             vector = embedded[0] if embedded else None
+        def takes_vector(tier: Tier) -> bool:
+            """A searched tier, unless it holds vectors of another width (a mounted corpus embedded by
+            another model): asked the query alone, that one ranks by text."""
+            return tier.searched and (vector is None or not tier.dimensions or tier.dimensions == len(vector))
+
         if not query and vector is not None and params.get("tier") is None:
-            tiers = [t for t in tiers if t.searched]  # the others would answer with their newest records
+            tiers = [t for t in tiers if takes_vector(t)]  # the others would answer with their newest records
         pool = limit if strategy == "rrf" else max(limit, self.config.fusion.pool)
         base = {**scope, "touch": False, "embeddings": asked_vectors or (strategy == "rerank" and vector is not None)}
         if query:
@@ -509,14 +520,16 @@ class Router(EventMethods):
         def per_tier(tier: Tier) -> dict[str, Any]:
             cap = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
             out = {**base, "limit": min(pool, cap) if cap else pool}
-            if vector is not None and tier.searched:
+            if vector is not None and takes_vector(tier):
                 out["embedding"] = vector
             return out
 
         tokenize = strategy == "rerank" and bool(query)
         fan, lists = await self._settled(owner, tiers, lambda: self._ask_recall(tiers, per_tier, tokenize))
         for error in fan.errors.values():
-            if error.code == errors.EMBEDDING_MISMATCH:  # the caller's vector, not the tier, is at fault
+            # The caller's vector is at fault, not the tier; a query the router embedded leaves the
+            # tier out (`degraded`) instead: its width was not known yet (vectors it took since).
+            if error.code == errors.EMBEDDING_MISMATCH and params.get("embedding") is not None:
                 raise error
         depth = self._depth()
         if not query and vector is None:

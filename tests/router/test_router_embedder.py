@@ -284,3 +284,41 @@ async def test_a_caller_vector_of_the_wrong_width_is_refused(fed: Fed) -> None:
         assert len(ok["ids"]) == 1
         described = await router.call("memory/describe", {})
         assert described["embeddings"]["dimensions"] == DIMS and described["embeddings"]["model"] == "hashed-bow"
+
+
+@pytest.mark.anyio
+async def test_a_tier_holding_vectors_of_another_width_is_recalled_by_its_text(tmp_path: Path) -> None:
+    """A mounted corpus embedded by another model (4-dim; the router's embedder makes 16): every recall
+    with a query failed whole with -32008, working memory's records included. That tier is now asked
+    the query alone and ranks by text, and a recall by vector alone leaves it out."""
+    data = Path(tempfile.mkdtemp(prefix="a2m-", dir="/tmp"))
+    tiers = [{"name": "working", "kind": "working", "serve": "real"},
+             {"name": "corpus", "kind": "semantic", "serve": "fixture"}]
+    procs = {t["name"]: Proc(t["name"], tier_command(t, port := free_port(), "real", data), port,
+                             log=tmp_path / f"{t['name']}.log") for t in tiers}
+    started: list[Proc] = []
+    with serving(Embeddings()) as embedder:
+        try:
+            for proc in procs.values():
+                started.append(proc.start())
+            for proc in procs.values():
+                proc.wait()
+            async with HTTPClient(procs["corpus"].url) as corpus:
+                await corpus.call("memory/remember", {"records": [
+                    {"content": "the kettle manual, page four", "embedding": [1.0, 0.0, 0.0, 0.0]}]})
+            config = write_config(tmp_path / "router.toml", [{**t, "url": procs[t["name"]].url} for t in tiers], {
+                "embedder": {"url": f"http://127.0.0.1:{embedder.server_address[1]}/v1", "model": "hashed-bow"}})
+            router = Proc("router", [PYTHON, "-m", "a2mctl.cli", "serve", "router", "--config", str(config),
+                                     "--port", str(port := free_port())], port, log=tmp_path / "router.log")
+            started.append(router.start())
+            router.wait()
+            async with HTTPClient(router.url) as client:
+                await client.call("memory/remember", {"records": [{"content": "I just bought a kettle", "session": "s"}]})
+                answer = await client.call("memory/recall", {"query": "kettle"})
+                assert sorted(r["tier"] for r in answer["records"]) == ["corpus", "working"], answer
+                assert "degraded" not in answer
+                assert (await client.call("memory/recall", {"embedding": hashed("kettle")}))["records"] == []
+        finally:
+            for proc in reversed(started):
+                proc.stop()
+            shutil.rmtree(data, ignore_errors=True)
