@@ -132,7 +132,9 @@ class TierServer(EventMethods):
             tier["shared"] = True
         if self.kind == "working":
             tier["per_session"] = True
-        out: dict[str, Any] = {"tiers": [tier], "events": {"push": ctx.push is not None}}
+        out: dict[str, Any] = {"tiers": [tier]}
+        if "events" in self.capabilities:  # fields of an undeclared capability are not described
+            out["events"] = {"push": ctx.push is not None}
         if "embeddings" in self.capabilities:
             metric = getattr(self.store, "metric", "cosine")  # a mounted collection ranks by its own
             out["embeddings"] = {"dimensions": dims, "metric": metric, "metrics": [metric],

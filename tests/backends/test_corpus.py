@@ -51,6 +51,7 @@ async def test_corpus_recalls_by_text_vector_and_filter_and_never_writes(corpus_
         describe = await t.call("memory/describe", {})
         assert describe["tiers"][0]["read_only"] is True and describe["embeddings"]["dimensions"] == 4
         assert describe["tiers"][0]["shared"] is True  # decision 8: one corpus for every owner
+        assert "events" not in describe["capabilities"] and "events" not in describe  # nothing to push
         hits = (await t.call("memory/recall", {"query": "how long do refunds take"}))["records"]
         assert hits and hits[0]["content"].startswith("Refunds")
         near = (await t.call("memory/recall", {"embedding": [0.0, 1.0, 0.0, 0.1], "limit": 2}))["records"]
