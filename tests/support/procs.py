@@ -18,10 +18,20 @@ ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nothing listens on, and not one this process handed out before: a federation
+    takes its ports before starting any server, and the kernel may offer a port it just released
+    again (a router once could not bind, and its readiness probe was answered by a tier)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def a2m_command(*args: str) -> list[str]:
