@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from a2m.capabilities import TIER_KINDS
 from a2m.dispatch import Dispatcher
 from a2m.embedder import Embedder
+from a2m.events import EventLog
 from a2m.http import HTTPApp, HTTPSettings
 
 from .settings import SettingsError, TierSettings
@@ -230,11 +231,13 @@ def build(engine: str, settings: TierSettings, *, embedder: Embedder | None = No
     settings = check(engine, settings)
     module = importlib.import_module(ENGINES.get(engine, engine))
     store = module.make_store(settings)
-    extensions = module.extensions(store) if hasattr(module, "extensions") else None
+    events = EventLog()  # the server's log, which its extensions' writes are told on too
+    extensions = module.extensions(store, events) if hasattr(module, "extensions") else None
     return TierServer(
         store, name=settings.name, kind=settings.options.get("kind", module.KIND),
         capabilities=frozenset(module.CAPABILITIES), limits=limits, embedder=embedder, extensions=extensions,
-        extension_docs=getattr(module, "EXTENSION_DOCS", None), read_only=getattr(module, "READ_ONLY", False),
+        extension_docs=getattr(module, "EXTENSION_DOCS", None), events=events,
+        read_only=getattr(module, "READ_ONLY", False),
     )
 
 

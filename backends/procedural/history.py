@@ -18,6 +18,7 @@ import anyio
 import git
 
 from a2m.errors import SCOPE_DENIED, A2MError, invalid
+from a2m.events import EventLog
 from a2m.records import Record, new_id
 from a2m.timefmt import format_ts
 from backends.store import StoreIdTaken, StoreRejected
@@ -135,7 +136,10 @@ def approver_names(value: Any) -> frozenset[str] | None:
     names = value.split(",") if isinstance(value, str) else [str(v) for v in value]
     return frozenset(n.strip() for n in names if n.strip())
 
-def extensions(store: GitStore) -> dict[str, Handler]:
+def extensions(store: GitStore, events: EventLog | None = None) -> dict[str, Handler]:
+    """The extension methods over `store`; a restore is a write, told on `events` (the tier server's
+    log) as remember's are."""
+
     async def history(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
         owner = ctx.owner(params)
         key, record_id = _text(params, "key"), _text(params, "id")
@@ -188,6 +192,9 @@ def extensions(store: GitStore) -> dict[str, Handler]:
                                {"id": restored.id, "key": key}) from None
             except StoreRejected as exc:
                 raise invalid(str(exc)) from None
+        if events is not None:
+            await events.emit("written", owner, id=restored.id, tier=store.settings.name, session=restored.session,
+                              key=key, revision=restored.revision)
         return {"record": restored.to_wire(tier=store.settings.name)}  # as every read shows it
 
     async def approve(params: dict[str, Any], ctx: Any) -> dict[str, Any]:

@@ -115,7 +115,11 @@ async def test_git_log_and_history_show_revisions(store: GitStore) -> None:
 
 
 async def test_restore_writes_an_earlier_content_as_a_new_revision(store: GitStore) -> None:
-    handlers = extensions(store)
+    from a2m.events import EventLog
+
+    log = EventLog()
+    handlers = extensions(store, log)
+    head = log.poll(None, owner="alice")["cursor"]
     for revision in (1, 2, 3):
         # the stored `tier` is what the writer said (a router's name for this tier); reads show this server's
         await store.write([rec("p", f"step version {revision}", key="k/p", revision=revision, metadata={"v": revision},
@@ -128,6 +132,9 @@ async def test_restore_writes_an_earlier_content_as_a_new_revision(store: GitSto
     current = (await store.get_keys("alice", ["k/p"]))["k/p"]
     assert current.content == "step version 1" and current.revision == 4
     assert git(repo_of(store), "log", "-1", "--format=%s").strip() == f"restore k/p to {first[:12]} (rev 4)"
+    # a restore is a write: told as one, or an event consumer would miss revision 4
+    [event] = log.poll(head, owner="alice")["events"]
+    assert (event["kind"], event["id"], event["key"], event["revision"]) == ("written", "p", "k/p", 4)
     revisions = (await handlers["memory/history"]({"key": "k/p", "owner": "alice"}, Ctx()))["revisions"]
     assert [r["revision"] for r in revisions] == [4, 3, 2, 1]
     # A forgotten procedure can be restored too, above every revision it ever had.
