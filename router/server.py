@@ -507,8 +507,11 @@ class Router(EventMethods):
             vector = embedded[0] if embedded else None
         def takes_vector(tier: Tier) -> bool:
             """A searched tier, unless it holds vectors of another width (a mounted corpus embedded by
-            another model): asked the query alone, that one ranks by text."""
-            return tier.searched and (vector is None or not tier.dimensions or tier.dimensions == len(vector))
+            another model): asked the query alone, that one ranks by text. A tier the caller named
+            with a vector of its own gets it anyway: its -32008 is the answer to that."""
+            fits = vector is None or not tier.dimensions or tier.dimensions == len(vector)
+            named = params.get("tier") is not None and params.get("embedding") is not None
+            return tier.searched and (fits or named)
 
         if not query and vector is not None and params.get("tier") is None:
             tiers = [t for t in tiers if takes_vector(t)]  # the others would answer with their newest records

@@ -318,6 +318,9 @@ async def test_a_tier_holding_vectors_of_another_width_is_recalled_by_its_text(t
                 assert sorted(r["tier"] for r in answer["records"]) == ["corpus", "working"], answer
                 assert "degraded" not in answer
                 assert (await client.call("memory/recall", {"embedding": hashed("kettle")}))["records"] == []
+                with pytest.raises(A2MError) as refused:  # named with a vector of the caller's: its own answer
+                    await client.call("memory/recall", {"embedding": hashed("kettle"), "tier": "corpus"})
+                assert refused.value.code == -32008
         finally:
             for proc in reversed(started):
                 proc.stop()
