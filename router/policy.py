@@ -462,12 +462,15 @@ class Policy:
         while self._flushing and self._counted < target:
             await self._progress.wait()
 
-    async def _count(self, owner: str | None, name: str, ids: list[str]) -> None:
+    async def _count(self, owner: str | None, name: str, ids: list[str], hops: int = 2) -> None:
+        """Count a recall of `ids` where they were recalled from (a recall by id touches them). One a
+        spill or promotion carried away since is counted where that move took it, `hops` links on."""
         tier = self.fed[name]
         if not tier.writable or not tier.has("salience") and not tier.config.promote_to:
             return
         page = _limit(tier, "max_recall_limit", 1000)
         config = tier.config
+        gone: list[str] = []
         for start in range(0, len(ids), page):
             chunk = ids[start:start + page]
             try:
@@ -475,10 +478,15 @@ class Policy:
             except A2MError as exc:
                 log.info("could not count recalls on %s: %s", name, exc)
                 return
+            found = {r["id"] for r in result["records"]}
+            gone += [i for i in chunk if i not in found]
             if config.promote_to:
                 due = {r["id"] for r in result["records"] if int(r.get("access_count") or 0) >= config.promote_after}
                 if due:
                     self.pending.setdefault((owner, name), set()).update(due)
+        if gone and hops:
+            onward = dict.fromkeys(t for t in (config.spill_to, config.promote_to) if t is not None)
+            await asyncio.gather(*(self._count(owner, t, gone, hops - 1) for t in onward))
 
     async def promote_pending(self, owner: str | None) -> int:
         promoted = 0

@@ -141,6 +141,25 @@ async def test_consolidate_waits_for_the_recalls_answered_before_it_not_for_late
     assert (await homes(stack, me))[rid][0][0] == "semantic"
 
 
+async def test_a_recall_counted_after_its_record_spilled_is_counted_where_it_went(inproc: InProcess,
+                                                                                   stack: Stack) -> None:
+    """The router counts what it returned in the background, by id, in the tier it came from. A
+    record that spilled in between was not there any more, and its recall was never counted."""
+    me = owner()
+    [rid] = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the harbour ferry leaves at nine", "session": "s"}]}))["ids"]
+    held = inproc.hold("working", "memory/recall", counting)
+    assert [r["id"] for r in (await inproc.call("memory/recall", {"owner": me, "query": "harbour"}))["records"]] == [rid]
+    await held.reached.wait()
+    await write_turns(inproc, me, "s", 4)  # over capacity: the first turn spills to episodic
+    assert [t for t, _ in (await homes(stack, me))[rid]] == ["episodic"]
+    held.release()
+    await inproc.router.drain()
+    await inproc.router.policy.counted()
+    [record] = (await direct(stack, "episodic", "memory/timeline", {"owner": me, "limit": 0}))["records"][:1]
+    assert record["id"] == rid and record["access_count"] == 1
+
+
 def names(rid: str) -> Callable[[dict[str, Any]], bool]:
     return lambda params: rid in [r.get("id") for r in params.get("records", ())] or \
         rid in ((params.get("where") or {}).get("id") or ())
