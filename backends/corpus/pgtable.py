@@ -25,6 +25,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from psycopg import errors as pg_errors, sql
 from psycopg.rows import dict_row
+from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoader
 
 from a2m.filters import RECORD_FIELDS, Scope
 from a2m.records import Record
@@ -33,6 +34,26 @@ from a2m.timefmt import format_ts
 from backends.store import StoreRejected, StoreUnavailable
 
 from .common import EPOCH, ReadOnlyStore, fuse, json_safe, visible
+
+_INFINITIES = (b"infinity", b"-infinity")
+
+
+# PostgreSQL's 'infinity' and '-infinity' (an open-ended validity column, say) have no Python value:
+# psycopg refused the whole row ("timestamp too large"), so a table holding one failed every read
+# that met it. Read as no time: a record without one shows the epoch, a metadata value is null.
+class _NoInfinityDate(DateLoader):
+    def load(self, data: Any) -> Any:
+        return None if bytes(data) in _INFINITIES else super().load(data)
+
+
+class _NoInfinityTimestamp(TimestampLoader):
+    def load(self, data: Any) -> Any:
+        return None if bytes(data) in _INFINITIES else super().load(data)
+
+
+class _NoInfinityTimestamptz(TimestamptzLoader):
+    def load(self, data: Any) -> Any:
+        return None if bytes(data) in _INFINITIES else super().load(data)
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _INTEGER = re.compile(r"-?[0-9]+")
@@ -281,6 +302,9 @@ class TableStore(ReadOnlyStore):
             await register_vector_async(conn)
         await conn.execute("SET TIME ZONE 'UTC'")
         await conn.execute("SET default_transaction_read_only = on")
+        for name, loader in (("date", _NoInfinityDate), ("timestamp", _NoInfinityTimestamp),
+                             ("timestamptz", _NoInfinityTimestamptz)):
+            conn.adapters.register_loader(name, loader)
         if self._vector_index:
             try:
                 await conn.execute(sql.SQL("SET {} = relaxed_order").format(

@@ -32,7 +32,7 @@ from a2m.errors import A2MError
 from a2m.filters import Scope
 from backends.episodic.embedded import EmbeddedPostgres
 from tests.support.corpora import TABLE_ARGS, make_table
-from tests.support.procs import ROOT, a2m_command, free_port, http_server
+from tests.support.procs import ROOT, a2m_command, free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -297,6 +297,22 @@ def test_times_without_a_zone_are_utc_and_dates_are_midnight(user_pg: str, tmp_p
         ("memory/timeline", {})], env=tokyo)
     assert [(r["id"], r["created_at"]) for r in records(answers[0])] == [
         ("2", "1970-01-01T00:00:00.000Z"), ("1", "2026-01-02T00:00:00.000Z")]
+
+
+def test_infinite_times_read_as_no_time(user_pg: str, tmp_path: Path) -> None:
+    # 'infinity' (an open-ended validity column) has no Python value: psycopg refused every row
+    # holding one, so each read that met it failed ("timestamp too large").
+    with psycopg.connect(user_pg, autocommit=True) as conn:
+        conn.execute("CREATE TABLE endless (id int PRIMARY KEY, body text, written timestamptz, until date)")
+        conn.execute("INSERT INTO endless VALUES (1, 'a dated note', '2026-01-02 09:00+00', '2027-01-01'), "
+                     "(2, 'an open-ended note', 'infinity', 'infinity'), (3, 'a note from always', '-infinity', NULL)")
+    answers, done = serve(user_pg, tmp_path, "table=endless", "text_column=body", "created_column=written",
+                          "metadata_columns=until", calls=[("memory/timeline", {}), ("memory/recall", {"query": "note"})])
+    assert done.returncode == 0, done.stderr
+    shown = {r["id"]: (r["created_at"], r["metadata"]["until"]) for r in records(answers[0])}
+    assert shown == {"1": ("2026-01-02T09:00:00.000Z", "2027-01-01"), "2": ("1970-01-01T00:00:00.000Z", None),
+                     "3": ("1970-01-01T00:00:00.000Z", None)}
+    assert sorted(r["id"] for r in records(answers[1])) == ["1", "2", "3"]
 
 
 # ---- the table going away mid-run, alone and under a router ----------------------------------------------
