@@ -148,36 +148,49 @@ class Fed:
             proxy.calls.clear()
 
 
+@contextmanager
+def launched(tiers: list[dict[str, Any]], logs: Path) -> Iterator[tuple[dict[str, Proc], list[Proc]]]:
+    """`tiers`' servers, started and ready, and the list of what was started: what the caller starts
+    after them (the router) joins it, and all of it is stopped in reverse."""
+    data = Path(tempfile.mkdtemp(prefix="a2m-", dir="/tmp"))  # short: redis puts its socket here
+    procs = {t["name"]: Proc(t["name"], tier_command(t, port := free_port(), "real", data), port,
+                             log=logs / f"{t['name']}.log") for t in tiers}
+    started: list[Proc] = []
+    try:
+        for proc in procs.values():
+            started.append(proc.start())
+        for proc in procs.values():
+            proc.wait()
+        yield procs, started
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def router_over(config: Path, logs: Path, started: list[Proc]) -> Proc:
+    router = Proc("router", [PYTHON, "-m", "a2mctl.cli", "serve", "router", "--config", str(config),
+                             "--port", str(port := free_port())], port, log=logs / "router.log")
+    started.append(router.start())
+    router.wait()
+    return router
+
+
+def embedder_table(embedder: Embeddings) -> dict[str, str]:
+    return {"url": f"http://127.0.0.1:{embedder.server_address[1]}/v1", "model": "hashed-bow"}
+
+
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fed]:
     tmp = tmp_path_factory.mktemp("router-embedder")
-    data = Path(tempfile.mkdtemp(prefix="a2m-", dir="/tmp"))  # short: redis puts its socket here
-    procs = {t["name"]: Proc(t["name"], tier_command(t, port := free_port(), "real", data), port,
-                             log=tmp / f"{t['name']}.log") for t in TIERS}
-    started: list[Proc] = []
-    with serving(Embeddings()) as embedder:
-        try:
-            for proc in procs.values():
-                started.append(proc.start())
-            for proc in procs.values():
-                proc.wait()
-            with serving(Recorder(procs["working"].port)) as pw, serving(Recorder(procs["episodic"].port)) as pe, \
-                    serving(Recorder(procs["semantic"].port)) as ps:
-                proxies = {"working": pw, "episodic": pe, "semantic": ps}
-                configured = [{**t, "url": f"http://127.0.0.1:{proxies[t['name']].server_address[1]}/"}
-                              for t in TIERS]
-                config = write_config(tmp / "router.toml", configured, {
-                    "background_promotion": False,
-                    "embedder": {"url": f"http://127.0.0.1:{embedder.server_address[1]}/v1", "model": "hashed-bow"}})
-                router = Proc("router", [PYTHON, "-m", "a2mctl.cli", "serve", "router", "--config", str(config),
-                                         "--port", str(port := free_port())], port, log=tmp / "router.log")
-                started.append(router.start())
-                router.wait()
-                yield Fed(router.url, procs, proxies, embedder)
-        finally:
-            for proc in reversed(started):
-                proc.stop()
-            shutil.rmtree(data, ignore_errors=True)
+    with serving(Embeddings()) as embedder, launched(TIERS, tmp) as (procs, started):
+        with serving(Recorder(procs["working"].port)) as pw, serving(Recorder(procs["episodic"].port)) as pe, \
+                serving(Recorder(procs["semantic"].port)) as ps:
+            proxies = {"working": pw, "episodic": pe, "semantic": ps}
+            configured = [{**t, "url": f"http://127.0.0.1:{proxies[t['name']].server_address[1]}/"} for t in TIERS]
+            config = write_config(tmp / "router.toml", configured, {
+                "background_promotion": False, "embedder": embedder_table(embedder)})
+            yield Fed(router_over(config, tmp, started).url, procs, proxies, embedder)
 
 
 @pytest.mark.anyio
@@ -291,37 +304,20 @@ async def test_a_tier_holding_vectors_of_another_width_is_recalled_by_its_text(t
     """A mounted corpus embedded by another model (4-dim; the router's embedder makes 16): every recall
     with a query failed whole with -32008, working memory's records included. That tier is now asked
     the query alone and ranks by text, and a recall by vector alone leaves it out."""
-    data = Path(tempfile.mkdtemp(prefix="a2m-", dir="/tmp"))
     tiers = [{"name": "working", "kind": "working", "serve": "real"},
              {"name": "corpus", "kind": "semantic", "serve": "fixture"}]
-    procs = {t["name"]: Proc(t["name"], tier_command(t, port := free_port(), "real", data), port,
-                             log=tmp_path / f"{t['name']}.log") for t in tiers}
-    started: list[Proc] = []
-    with serving(Embeddings()) as embedder:
-        try:
-            for proc in procs.values():
-                started.append(proc.start())
-            for proc in procs.values():
-                proc.wait()
-            async with HTTPClient(procs["corpus"].url) as corpus:
-                await corpus.call("memory/remember", {"records": [
-                    {"content": "the kettle manual, page four", "embedding": [1.0, 0.0, 0.0, 0.0]}]})
-            config = write_config(tmp_path / "router.toml", [{**t, "url": procs[t["name"]].url} for t in tiers], {
-                "embedder": {"url": f"http://127.0.0.1:{embedder.server_address[1]}/v1", "model": "hashed-bow"}})
-            router = Proc("router", [PYTHON, "-m", "a2mctl.cli", "serve", "router", "--config", str(config),
-                                     "--port", str(port := free_port())], port, log=tmp_path / "router.log")
-            started.append(router.start())
-            router.wait()
-            async with HTTPClient(router.url) as client:
-                await client.call("memory/remember", {"records": [{"content": "I just bought a kettle", "session": "s"}]})
-                answer = await client.call("memory/recall", {"query": "kettle"})
-                assert sorted(r["tier"] for r in answer["records"]) == ["corpus", "working"], answer
-                assert "degraded" not in answer
-                assert (await client.call("memory/recall", {"embedding": hashed("kettle")}))["records"] == []
-                with pytest.raises(A2MError) as refused:  # named with a vector of the caller's: its own answer
-                    await client.call("memory/recall", {"embedding": hashed("kettle"), "tier": "corpus"})
-                assert refused.value.code == -32008
-        finally:
-            for proc in reversed(started):
-                proc.stop()
-            shutil.rmtree(data, ignore_errors=True)
+    with serving(Embeddings()) as embedder, launched(tiers, tmp_path) as (procs, started):
+        async with HTTPClient(procs["corpus"].url) as corpus:
+            await corpus.call("memory/remember", {"records": [
+                {"content": "the kettle manual, page four", "embedding": [1.0, 0.0, 0.0, 0.0]}]})
+        config = write_config(tmp_path / "router.toml", [{**t, "url": procs[t["name"]].url} for t in tiers],
+                              {"embedder": embedder_table(embedder)})
+        async with HTTPClient(router_over(config, tmp_path, started).url) as client:
+            await client.call("memory/remember", {"records": [{"content": "I just bought a kettle", "session": "s"}]})
+            answer = await client.call("memory/recall", {"query": "kettle"})
+            assert sorted(r["tier"] for r in answer["records"]) == ["corpus", "working"], answer
+            assert "degraded" not in answer
+            assert (await client.call("memory/recall", {"embedding": hashed("kettle")}))["records"] == []
+            with pytest.raises(A2MError) as refused:  # named with a vector of the caller's: its own answer
+                await client.call("memory/recall", {"embedding": hashed("kettle"), "tier": "corpus"})
+            assert refused.value.code == -32008
