@@ -19,9 +19,9 @@ import socket
 import subprocess
 import tempfile
 import time
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import httpx
 import psycopg
@@ -31,7 +31,7 @@ from a2m.client import HTTPClient
 from a2m.errors import A2MError
 from a2m.filters import Scope
 from backends.episodic.embedded import EmbeddedPostgres
-from tests.support.corpora import TABLE_ARGS, make_table
+from tests.support.corpora import TABLE_ARGS, make_table, opened_table
 from tests.support.procs import ROOT, a2m_command, free_port
 
 pytestmark = pytest.mark.timeout(300)
@@ -170,18 +170,6 @@ def test_the_vector_width_is_the_columns_before_any_row_holds_a_vector(user_pg: 
 
 # ---- reads use the table's own indexes ----------------------------------------------------------------------
 
-@asynccontextmanager
-async def opened(dsn: str, **spec: Any) -> AsyncIterator[Any]:
-    from backends.corpus.pgtable import TableSpec, TableStore
-
-    store = TableStore(dsn, TableSpec(**spec))
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
 def explained(store: Any) -> list[str]:
     """From now on, the plan of each query `store` runs (each is then run as well)."""
     from psycopg import sql
@@ -209,7 +197,7 @@ DOCS = dict(table="docs", text_column="body", vector_column="emb", created_colum
 
 @pytest.mark.anyio
 async def test_reads_use_the_tables_own_indexes(user_pg: str) -> None:
-    async with opened(no_seq_scan(user_pg), **DOCS) as store:
+    async with opened_table(no_seq_scan(user_pg), **DOCS) as store:
         plans = explained(store)
         reads = {
             "get by id": lambda: store.get(None, ["5", "77"]),  # was id::text = ANY(...): the whole table
@@ -228,7 +216,7 @@ async def test_reads_use_the_tables_own_indexes(user_pg: str) -> None:
             assert not [p for p in plans if "Seq Scan" in p], (name, plans)
         hits = await store.search(Scope(), text="refunds issued", vector=None, limit=10)
         assert len(hits) == 10 and all(h.content.startswith("refunds are issued") for h in hits)
-    async with opened(no_seq_scan(user_pg), table="docs_gen", text_column="body") as store:
+    async with opened_table(no_seq_scan(user_pg), table="docs_gen", text_column="body") as store:
         plans = explained(store)  # the generated tsvector column and its index, in its configuration (english)
         hits = await store.search(Scope(), text="refund", vector=None, limit=5)
         assert [h.id for h in hits] == ["51"] and not [p for p in plans if "Seq Scan" in p], plans
@@ -238,7 +226,7 @@ async def test_reads_use_the_tables_own_indexes(user_pg: str) -> None:
 async def test_a_filtered_vector_recall_fills_its_limit_from_the_hnsw_index(user_pg: str) -> None:
     # 100 of the 2,000 rows are `mid`: HNSW handed back its first 40 candidates, of which two were.
     for table in ("docs", "docs_view"):  # a view reads through the index of the table beneath it
-        async with opened(no_seq_scan(user_pg), **{**DOCS, "table": table}) as store:
+        async with opened_table(no_seq_scan(user_pg), **{**DOCS, "table": table}) as store:
             hits = await store.search(Scope(where={"src": "mid"}), text=None, vector=[1.0, 0.0, 0.5], limit=10)
             assert len(hits) == 10 and {h.metadata["src"] for h in hits} == {"mid"}, table
             scores = [h.score for h in hits]
@@ -247,14 +235,14 @@ async def test_a_filtered_vector_recall_fills_its_limit_from_the_hnsw_index(user
 
 @pytest.mark.anyio
 async def test_integer_and_uuid_keys_round_trip_in_the_spelling_a_record_shows(user_pg: str) -> None:
-    async with opened(user_pg, **DOCS) as store:
+    async with opened_table(user_pg, **DOCS) as store:
         for spellings, wanted in ((["5", "05", "5.0", "+5", " 5", "-5", str(2**64)], ["5"]), (["nope", ""], [])):
             assert [r.id for r in await store.get(None, spellings)] == wanted
             assert [r.id for r in await store.select(Scope(where={"id": spellings}))] == wanted
         newest = await store.select(Scope(), order="desc", limit=3)
         assert [r.id for r in await store.get(None, [r.id for r in newest])] == sorted(
             (r.id for r in newest), key=int)
-    async with opened(user_pg, table="docs_uuid", text_column="body") as store:
+    async with opened_table(user_pg, table="docs_uuid", text_column="body") as store:
         shown = [r.id for r in await store.select(Scope())]
         assert UUID_UPPER.lower() in shown and UUID_UPPER not in shown
         assert [r.id for r in await store.get(None, shown)] != [] and len(await store.get(None, shown)) == 2

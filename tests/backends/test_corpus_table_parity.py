@@ -5,10 +5,9 @@ whose metadata columns are of every common kind: what `select` and `search` retu
 from __future__ import annotations
 
 import random
-from contextlib import asynccontextmanager
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
-from typing import Any, AsyncIterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -16,6 +15,7 @@ from psycopg.types.json import Jsonb
 
 from a2m.filters import Scope, matches
 from backends.episodic.embedded import EmbeddedPostgres
+from tests.support.corpora import opened_table
 
 SEED = 4312
 ROWS = 60  # more than a search's first pool (40), so a widened filter must read on
@@ -93,7 +93,7 @@ async def ids_where(store: Any, where: dict[str, Any], **scope: Any) -> list[str
 @pytest.mark.anyio
 async def test_table_where_compares_numbers_as_json_does(odd_dsn) -> None:  # type: ignore[no-untyped-def]
     # `column::text = str(value)` missed 5.0 in an integer column, 5 in numeric(5.00), 0.1 in a real.
-    async with table(odd_dsn, **FEW) as store:
+    async with opened_table(odd_dsn, **FEW) as store:
         assert await ids_where(store, {"i": 5.0}) == ["1"] and await ids_where(store, {"d": 5}) == ["1"]
         assert await ids_where(store, {"n": 5}) == ["1"] and await ids_where(store, {"n": 1e30}) == ["2"]
         assert await ids_where(store, {"r": 0.1}) == ["1"] and await ids_where(store, {"nums": 6.0}) == ["1"]
@@ -102,7 +102,7 @@ async def test_table_where_compares_numbers_as_json_does(odd_dsn) -> None:  # ty
 
 @pytest.mark.anyio
 async def test_table_where_matches_times_dates_and_uuids_as_the_record_shows_them(odd_dsn) -> None:  # type: ignore[no-untyped-def]
-    async with table(odd_dsn, **FEW) as store:
+    async with opened_table(odd_dsn, **FEW) as store:
         first = (await store.get(None, ["1"]))[0]
         assert first.metadata["ts"] == "2026-01-02T09:00:00.123Z" and first.metadata["u"] == UUID
         for name in ("ts", "dt", "u"):
@@ -113,7 +113,7 @@ async def test_table_where_matches_times_dates_and_uuids_as_the_record_shows_the
 
 @pytest.mark.anyio
 async def test_table_where_tests_json_and_array_members_and_json_null(odd_dsn) -> None:  # type: ignore[no-untyped-def]
-    async with table(odd_dsn, **FEW) as store:
+    async with opened_table(odd_dsn, **FEW) as store:
         assert await ids_where(store, {"j": "x"}) == ["2", "1"]  # a string, and a member of an array
         assert await ids_where(store, {"j": 5.0}) == ["2"]
         assert await ids_where(store, {"j": None}) == ["3", "4"]  # JSON null shows as null
@@ -122,14 +122,14 @@ async def test_table_where_tests_json_and_array_members_and_json_null(odd_dsn) -
 
 @pytest.mark.anyio
 async def test_table_where_with_an_empty_list_matches_nothing(odd_dsn) -> None:  # type: ignore[no-untyped-def]
-    async with table(odd_dsn, **FEW) as store:  # was `WHERE ()`: a syntax error, so an internal error
+    async with opened_table(odd_dsn, **FEW) as store:  # was `WHERE ()`: a syntax error, so an internal error
         assert await ids_where(store, {"t": []}) == []
         assert await store.search(Scope(where={"j": []}), text="zebra", vector=None, limit=5) == []
 
 
 @pytest.mark.anyio
 async def test_table_orders_and_bounds_rows_without_a_time_as_the_epoch(odd_dsn) -> None:  # type: ignore[no-untyped-def]
-    async with table(odd_dsn, **FEW) as store:
+    async with opened_table(odd_dsn, **FEW) as store:
         assert await ids_where(store, {}) == ["2", "1", "3", "4"]  # NULL sorted after every time before
         assert [r.id for r in await store.select(Scope(), order="desc", limit=2)] == ["4", "3"]
         assert await ids_where(store, {}, before="1971-01-01T00:00:00.000Z") == ["2", "1"]
@@ -139,16 +139,16 @@ async def test_table_orders_and_bounds_rows_without_a_time_as_the_epoch(odd_dsn)
 
 @pytest.mark.anyio
 async def test_table_where_names_the_record_field_not_a_column_of_that_name(odd_dsn) -> None:  # type: ignore[no-untyped-def]
-    async with table(odd_dsn, **FEW) as store:  # `role` is a metadata column, but `where.role` is the field
+    async with opened_table(odd_dsn, **FEW) as store:  # `role` is a metadata column, but `where.role` is the field
         assert await ids_where(store, {"role": None}) == ["2", "1", "3", "4"]
 
 
 @pytest.mark.anyio
 async def test_table_timeline_and_recall_read_on_past_a_test_left_to_the_exact_check(odd_dsn) -> None:  # type: ignore[no-untyped-def]
-    async with table(odd_dsn, **FEW) as store:  # `where.content` is not in the SQL: LIMIT 1 read row 4 only
+    async with opened_table(odd_dsn, **FEW) as store:  # `where.content` is not in the SQL: LIMIT 1 read row 4 only
         got = await store.select(Scope(where={"content": "zebra one"}), order="desc", limit=1)
         assert [r.id for r in got] == ["1"]
-    async with table(odd_dsn, **ODD) as store:  # past the first pool of 40 by vector
+    async with opened_table(odd_dsn, **ODD) as store:  # past the first pool of 40 by vector
         ranked = await store.search(Scope(), text=None, vector=[0.3, 0.2, 0.1], limit=ROWS)
         last = ranked[-1].id
         hits = await store.search(Scope(where={"id": last}), text=None, vector=[0.3, 0.2, 0.1], limit=1)
@@ -165,18 +165,6 @@ def odd_dsn(tmp_path_factory):  # type: ignore[no-untyped-def]
         yield dsn
     finally:
         pg.stop()
-
-
-@asynccontextmanager
-async def table(dsn: str, **spec: Any) -> AsyncIterator[Any]:
-    from backends.corpus.pgtable import TableSpec, TableStore
-
-    store = TableStore(dsn, TableSpec(**spec))
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 ODD = dict(table="odd", text_column="body", vector_column="emb", metadata_columns=COLUMNS)
@@ -254,7 +242,7 @@ async def agree(store: Any, every: list[Any], where: dict[str, Any], bounds: tup
 
 @pytest.mark.anyio
 async def test_table_timeline_and_recall_answer_what_the_reference_matcher_says(odd_dsn) -> None:  # type: ignore[no-untyped-def]
-    async with table(odd_dsn, created_column="created", **ODD) as store:
+    async with opened_table(odd_dsn, created_column="created", **ODD) as store:
         every = await every_record(store)
         assert len(every) == ROWS and len({r.id for r in every}) == ROWS
         assert {r.created_at for r in every} >= {"1970-01-01T00:00:00.000Z", "2026-01-02T09:00:00.123Z"}
@@ -264,7 +252,7 @@ async def test_table_timeline_and_recall_answer_what_the_reference_matcher_says(
 
 @pytest.mark.anyio
 async def test_table_without_a_created_column_answers_the_same(odd_dsn) -> None:  # type: ignore[no-untyped-def]
-    async with table(odd_dsn, **ODD) as store:
+    async with opened_table(odd_dsn, **ODD) as store:
         every = await every_record(store)
         assert {r.created_at for r in every} == {"1970-01-01T00:00:00.000Z"}
         wheres = [w for w in wheres_for(every) if len(w) != 1 or next(iter(w)) in ("i", "j", "tags", "t", "unknown")]

@@ -4,8 +4,9 @@ server's back to prove it never wrote."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import psycopg
 
@@ -38,6 +39,19 @@ def make_table(dsn: str) -> None:
                      " written timestamptz DEFAULT now())")
         for body, source, emb in DOCS:
             conn.execute("INSERT INTO kb (body, source, emb) VALUES (%s, %s, %s::vector)", (body, source, str(emb)))
+
+
+@asynccontextmanager
+async def opened_table(dsn: str, **spec: Any) -> AsyncIterator[Any]:
+    """A table corpus store (`TableSpec(**spec)`) opened on `dsn`, closed after."""
+    from backends.corpus.pgtable import TableSpec, TableStore
+
+    store = TableStore(dsn, TableSpec(**spec))
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 def table_rows(dsn: str) -> list[tuple[Any, ...]]:
