@@ -779,13 +779,12 @@ class PostgresStore:
                 size = await self._scope_size(conn, condition, scope_params)  # BM25's document count
                 similar = {row[0]: 1.0 - float(row[1]) for row in await self._nearest_rows(
                     conn, "id", scope, query_vector, dims, pool)} if use_vector else {}
-                by_id = await self._relevance(conn, condition, scope_params, words, text or "",
-                                              similar, query_vector, dims, size)
-                best = sorted(by_id, key=by_id.__getitem__, reverse=True)[:pool]
-                cur = await conn.execute(f"SELECT {columns} FROM records WHERE id = ANY(%s::text[])", [best],
+                best = dict(await self._relevance(conn, condition, scope_params, words, text or "",
+                                                  similar, query_vector, dims, size, pool))
+                cur = await conn.execute(f"SELECT {columns} FROM records WHERE id = ANY(%s::text[])", [list(best)],
                                          prepare=True)  # the primary key, whatever the ids
                 rows = await cur.fetchall()
-                relevance = [by_id[row[0]] for row in rows]
+                relevance = [best[row[0]] for row in rows]
             return _blend(rows, relevance, embed, limit)
 
         return await self._run(work)
@@ -841,8 +840,8 @@ class PostgresStore:
 
     async def _relevance(self, conn: AsyncConnection, condition: str, scope_params: list[Any], words: str,
                          text: str, similar: dict[str, float], query: Vector | None,
-                         dims: int | None, size: int) -> dict[str, float]:
-        """id -> relevance in [0, 1] for a text (or hybrid) query.
+                         dims: int | None, size: int, pool: int) -> list[tuple[str, float]]:
+        """The best `pool` records for a text (or hybrid) query, best first, each with its relevance in [0, 1].
 
         Scores are summed, not rank-fused: BM25 over the best match's, plus
         `VECTOR_WEIGHT` times the cosine rescaled between the nearest record and
@@ -853,15 +852,27 @@ class PostgresStore:
         to `NEIGHBOURS` before and after it in its session: the answer to "what
         did she say about X" is often the reply to the turn that names X
         (LoCoMo dev, text only, recall@10 at store level: 0.63 -> 0.71).
+
+        Only the records that can reach the top are scored past BM25: the best
+        `max(pool, NEIGHBOUR_HITS)` matches, the vector pool and the lenders'
+        neighbours. Any other match keeps its BM25 score alone, at most that of
+        each of those best matches, which come before it in BM25's order, so
+        leaving it out moves no place in the top `pool`, ties included
+        (decision 84).
         """
         text_scores = await self._text_scores(conn, condition, scope_params, words, text, size)
-        top_text = max(text_scores.values(), default=0.0) or 1.0
-        fused = {i: s / top_text for i, s in text_scores.items()}
+        ranked = list(text_scores)  # best first
+        top_text = (text_scores[ranked[0]] if ranked else 0.0) or 1.0
+        place = dict(zip(ranked, range(len(ranked))))  # the order a tie keeps: BM25's, then as first seen
+
+        def own(i: str) -> float:
+            return text_scores.get(i, 0.0) / top_text
+
+        fused = {i: own(i) for i in ranked[:max(pool, NEIGHBOUR_HITS)]}
         if similar and query is not None:
             sims = list(similar.values())
             high, low = sims[0], sims[-1]
-            missing = [i for i in sorted(text_scores, key=text_scores.__getitem__, reverse=True)[:HYBRID_POOL]
-                       if i not in similar]
+            missing = [i for i in ranked[:HYBRID_POOL] if i not in similar]
             if missing:
                 cur = await conn.execute(
                     f"SELECT id, {self._distance(dims)} FROM records WHERE id = ANY(%s) AND embedding IS NOT NULL",
@@ -869,8 +880,13 @@ class PostgresStore:
                 similar = similar | {row[0]: 1.0 - float(row[1]) for row in await cur.fetchall()}
             span = (high - low) or 1.0
             for i, sim in similar.items():
-                fused[i] = fused.get(i, 0.0) + VECTOR_WEIGHT * min(1.0, max(0.0, (sim - low) / span))
-        lenders = [i for i in sorted(fused, key=fused.__getitem__, reverse=True)[:NEIGHBOUR_HITS] if fused[i] > 0]
+                place.setdefault(i, len(place))
+                fused[i] = own(i) + VECTOR_WEIGHT * min(1.0, max(0.0, (sim - low) / span))
+
+        def best(scores: dict[str, float], n: int) -> list[str]:
+            return sorted(scores, key=lambda i: (-scores[i], place[i]))[:n]
+
+        lenders = [i for i in best(fused, NEIGHBOUR_HITS) if fused[i] > 0]
         final = dict(fused)
         if lenders:
             def side(op: str, direction: str) -> str:
@@ -888,13 +904,15 @@ class PostgresStore:
                 prepare=True,  # the primary key, then the session index in its order: planning was half its time
             )
             for lender, neighbour in await cur.fetchall():
-                final[neighbour] = final.get(neighbour, 0.0) + NEIGHBOUR_WEIGHT * fused[lender]
+                place.setdefault(neighbour, len(place))
+                final[neighbour] = final.get(neighbour, own(neighbour)) + NEIGHBOUR_WEIGHT * fused[lender]
         top = max(final.values(), default=0.0) or 1.0
-        return {i: v / top for i, v in final.items()}
+        relevance = {i: v / top for i, v in final.items()}
+        return [(i, relevance[i]) for i in best(relevance, pool)]
 
     async def _text_scores(self, conn: AsyncConnection, condition: str, scope_params: list[Any], words: str,
                            text: str, size: int) -> dict[str, float]:
-        """id -> BM25 for the full-text matches in scope (a sliver where only PostgreSQL's stemmer matched).
+        """id -> BM25 for the full-text matches in scope, best first (a sliver where only PostgreSQL's stemmer matched).
 
         PostgreSQL finds the matches (the GIN index, inside the scope) and ranks
         them by BM25 over the terms each row was stored with (the shared
@@ -903,16 +921,22 @@ class PostgresStore:
         `LEXICAL_MATCHES`, the best by ts_rank past that), so document
         frequencies are exact; `size` is the scope's size. Scoring in SQL, each
         row counts its query terms with `array_positions` and only (id, score)
-        crosses the wire: ranking up to 1,000 matches in Python cost the server
-        about 2 ms of CPU per recall, more for longer queries (decision 32).
+        crosses the wire, in binary (no float to text and back): ranking up to
+        1,000 matches in Python cost the server about 2 ms of CPU per recall,
+        more for longer queries (decision 32).
         """
         wanted = sorted(query_terms(text))
         cur = await conn.execute(_bm25_sql(condition, len(wanted)),
-                                 [words, words, *wanted, *scope_params, LEXICAL_MATCHES, size])
-        rows = await cur.fetchall()
-        # a match BM25 does not see keeps a sliver, in ts_rank order, below every BM25 hit
-        sliver = 1e-6 * min((s for _, s in rows if s > 0), default=1.0)
-        return {record_id: s if s > 0 else sliver / (1 + k) for k, (record_id, s) in enumerate(rows)}
+                                 [words, words, *wanted, *scope_params, LEXICAL_MATCHES, size], binary=True)
+        scores = dict(await cur.fetchall())
+        if scores and scores[next(reversed(scores))] == 0:
+            # A match BM25 does not see (score 0, so last) keeps a sliver, in ts_rank order, below every BM25 hit.
+            ranked = list(scores)
+            seen = list(scores.values()).index(0.0)
+            sliver = 1e-6 * (scores[ranked[seen - 1]] if seen else 1.0)
+            for k in range(seen, len(ranked)):
+                scores[ranked[k]] = sliver / (1 + k)
+        return scores
 
     async def sessions(self, owner: str | None) -> list[SessionInfo]:
         condition, params = scope_sql(Scope(owner=owner))

@@ -275,6 +275,25 @@ async def test_text_matches_are_scored_in_sql_as_bm25_over_the_texts(store: Post
     assert compared > 100
 
 
+async def test_a_match_only_postgresql_stems_keeps_a_sliver_below_every_bm25_hit(store: PostgresStore) -> None:
+    """PostgreSQL's english stemmer makes "fairly" match "fair"; the shared tokenizer keeps them apart, so
+    BM25 scores those matches 0. They stay in the ranking, in ts_rank order (then newer first), below
+    every record that holds the query term, each still above nothing."""
+    from backends.episodic.store import query_words, scope_sql
+
+    owner = _owner()
+    await store.write([rec(0, owner, content="fairly quiet morning", created_at="2026-03-01T10:00:00.000Z"),
+                       rec(1, owner, content="fair weather today", created_at="2026-03-02T10:00:00.000Z"),
+                       rec(2, owner, content="fairly calm evening", created_at="2026-03-03T10:00:00.000Z")])
+    condition, params = scope_sql(Scope(owner=owner))
+    got = await store._run(lambda conn: store._text_scores(conn, condition, params, query_words("fair"), "fair", 3))
+    assert list(got) == [f"{owner}-1", f"{owner}-2", f"{owner}-0"]
+    hit, newer, older = got.values()
+    assert hit > 0 and 0 < older < newer <= 1e-6 * hit
+    found = await store.search(Scope(owner=owner), text="fair", vector=None, limit=10)
+    assert [r.id for r in found][0] == f"{owner}-1" and len(found) == 3
+
+
 async def test_bm25_statistics_are_computed_once_per_recall(server: str) -> None:
     """The statistics CTE is read once, whatever the planner's estimates: inlined, it became a subplan
     re-run for every match (n^2 rows read; LoCoMo's recalls took twice as long). A table written and
