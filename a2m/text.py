@@ -340,6 +340,7 @@ class HeldTerms(Generic[K]):
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
+        self.generation = 0  # counts `clear`: a set of keys known held under one generation is held under it
         self._ids: dict[K, str] = {}  # key -> doc id
         self._lengths: dict[K, int] = {}
         self._postings: dict[str, dict[K, int]] = {}
@@ -352,6 +353,11 @@ class HeldTerms(Generic[K]):
 
     def clear(self) -> None:
         self._ids, self._lengths, self._postings = {}, {}, {}
+        self.generation += 1
+
+    def total(self, scope: set[K]) -> int:
+        """The summed length of the held documents in `scope` (every key of which must be held)."""
+        return sum(map(self._lengths.__getitem__, scope))
 
     def missing(self, scope: set[K]) -> set[K]:
         """The keys of `scope` not held, to `add` before `rank`. When holding them would pass the
@@ -370,8 +376,10 @@ class HeldTerms(Generic[K]):
         for term, tf in Counter(terms).items():
             postings.setdefault(term, {})[key] = tf
 
-    def rank(self, scope: set[K], query: str, *, k1: float = BM25_K1, b: float = BM25_B) -> list[tuple[str, float]]:
-        """`rank_counts` over the held documents in `scope` (every key of which must be held)."""
+    def rank(self, scope: set[K], query: str, *, k1: float = BM25_K1, b: float = BM25_B,
+             total: int | None = None) -> list[tuple[str, float]]:
+        """`rank_counts` over the held documents in `scope` (every key of which must be held);
+        `total` is `self.total(scope)` where the caller knows it already."""
         wanted = query_terms(query)
         if not wanted or not scope:
             return []
@@ -388,6 +396,7 @@ class HeldTerms(Generic[K]):
         if not tf:
             return []
         lengths, ids = self._lengths, self._ids
-        total = sum(map(lengths.__getitem__, scope))
+        if total is None:
+            total = self.total(scope)
         hits = [(ids[key], lengths[key], counts) for key, counts in tf.items()]
         return _ranked(_bm25(hits, df, len(scope), total / len(scope) if total else 1.0, k1, b))

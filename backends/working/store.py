@@ -17,6 +17,8 @@ and no name can collide with another):
     P:o:<o>:kz         ZSET  keys at score 0, for key_prefix by ZRANGEBYLEX
     P:o:<o>:sess       HASH  <s> -> session name: the session registry
     P:o:<o>:tch        HASH  <s> -> latest accessed_at in that session
+    P:o:<o>:ver        a stamp set by every write that changes the owner's indexes
+    P:vers             the count in those stamps
 
 Every ZSET scores a record by the epoch milliseconds of its `created_at` (exact
 in a double) and names it `<16-digit seq><id>`: Redis orders equal scores by
@@ -67,16 +69,20 @@ _MS = timedelta(milliseconds=1)
 _MUTABLE = ("salience", "access_count", "accessed_at", "embedding")
 _TERMS_HELD = 65_536  # records whose BM25 terms a server keeps for recall; past this it starts over
 _HOLD_ATTEMPTS = 3  # reads of a recall's unheld members before it ranks only those held
+_RANGES_KEPT = 64  # index ranges of one owner whose members a server remembers between recalls...
+_MEMBERS_KEPT = _TERMS_HELD  # ...and members in all of them
 _DELETE_ATTEMPTS = 8  # reads again of records a forget found re-put (in place) between its read and its delete
 
 _LIB = """
 local P = ARGV[1]
+local changed = {}  -- owners whose indexes this script changed: their `ver` is stamped at the end
 local function unindex(id, expect)
   local rk = P .. ':r:' .. id
   local h = redis.call('HMGET', rk, 'o', 's', 'g', 'k', 'm')
   local o, s, g, k, m = h[1], h[2], h[3], h[4], h[5]
   if not o then return 0 end
   if expect ~= nil and expect ~= '' and expect ~= m then return 0 end
+  changed[o] = true
   local base = P .. ':o:' .. o
   redis.call('ZREM', base .. ':all', m)
   local sk = base .. ':s:' .. s
@@ -174,6 +180,7 @@ for _ = 1, n do
   if aa ~= '' then redis.call('HSET', rk, 'aa', aa) end
   if e ~= '' then redis.call('HSET', rk, 'e', e) end
   local base = P .. ':o:' .. o
+  changed[o] = true
   redis.call('ZADD', base .. ':all', score, m)
   redis.call('ZADD', base .. ':s:' .. s, score, m)
   if s ~= '!' then redis.call('HSET', base .. ':sess', s, sname) end
@@ -189,6 +196,12 @@ for _ = 1, n do
   end
 end
 if width ~= '' then redis.call('SETNX', P .. ':dims', width) end
+if next(changed) then
+  -- A count and the server's clock: unique even if the data is flushed and the count starts again.
+  local t = redis.call('TIME')
+  local stamp = redis.call('INCR', P .. ':vers') .. '@' .. t[1] .. '.' .. t[2]
+  for o in pairs(changed) do redis.call('SET', P .. ':o:' .. o .. ':ver', stamp) end
+end
 return removed
 """
 
@@ -384,6 +397,10 @@ class RedisStore:
         self._polled_at = 0.0
         # the tokenized texts of index members, for recall (see `_held_scope`)
         self._held: HeldTerms[bytes] = HeldTerms(_TERMS_HELD)
+        # owner -> (index key, lo, hi) -> (the owner's `ver` stamp when read, `_held.generation`, members, their
+        # total length): what a recall of that range read last
+        self._scopes: dict[str, dict[tuple[str, str, str], tuple[bytes, int, set[bytes], int]]] = {}
+        self._members_kept = 0  # an upper bound: ranges dropped one at a time are not subtracted
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -557,7 +574,14 @@ class RedisStore:
                 width = size
         for record_id, member in deletes:
             args.extend((record_id, member, expect.get(record_id, "")))
-        return int(await self._eval(self._write, [len(puts), len(deletes), width, *args]))
+        try:
+            return int(await self._eval(self._write, [len(puts), len(deletes), width, *args]))
+        finally:  # this server's next recall of these owners reads their members at once, without asking `ver`
+            if deletes:  # by bare id: any owner's
+                self._scopes.clear()
+                self._members_kept = 0
+            for record in puts:
+                self._scopes.pop(_enc(record.owner), None)
 
     async def delete(self, scope: Scope) -> int:
         found = await self._scan(scope, order="asc", limit=None, with_embeddings=False)
@@ -687,29 +711,64 @@ class RedisStore:
             by_id = {r.id: r for _, r in found}
             ranked = rank({r.id: r.content for r in by_id.values()}, text)
             return [by_id[i].scored(s) for i, s in ranked[:limit]]
-        scope_members = await self._held_scope(_enc(scope.owner), index, lo, hi)
-        ranked = self._held.rank(scope_members, text)[:limit]
+        scope_members, total = await self._held_scope(_enc(scope.owner), index, lo, hi)
+        ranked = self._held.rank(scope_members, text, total=total)[:limit]
         best = {r.id: r for r in await self.get(scope.owner, [i for i, _ in ranked], with_embeddings=with_embeddings)}
         return [best[i].scored(s) for i, s in ranked if i in best]
 
-    async def _held_scope(self, owner: str, index: str, lo: str, hi: str) -> set[bytes]:
-        """The members of one index's score range, each held in `_held`: read from Redis on every
-        recall, tokenized only when not seen before (a member is one version of one record: its
-        text never changes)."""
+    async def _held_scope(self, owner: str, index: str, lo: str, hi: str) -> tuple[set[bytes], int]:
+        """The members of one index's score range, each held in `_held`, and their total length.
+
+        Read again only when the owner's `ver` stamp has changed since this
+        range was last read (a write changed the owner's indexes, through any
+        server): a GET of the stamp, not the range's members read, put in a set
+        and their lengths summed on every recall (decision 85). A member is
+        tokenized only when not seen before: it is one version of one record,
+        whose text never changes.
+        """
         key = f"{self.prefix}:o:{owner}{index}"  # a plain command: through Lua, 1,000 members cost 4x the CPU
-        members = set(await self._call(lambda: self._redis.zrangebyscore(key, lo, hi)))
+        stamp_key = f"{self.prefix}:o:{owner}:ver"
+        ranges = self._scopes.get(owner)
+        last = ranges.get((key, lo, hi)) if ranges else None
+        if last is not None and last[1] == self._held.generation:
+            if await self._call(lambda: self._redis.get(stamp_key)) == last[0]:
+                return last[2], last[3]
+
+        async def read() -> list[Any]:
+            # The stamp first: a write between the two reads leaves a newer range under an older
+            # stamp, which the next recall finds changed; never an older range under a newer stamp.
+            async with self._redis.pipeline(transaction=False) as pipe:
+                return await pipe.get(stamp_key).zrangebyscore(key, lo, hi).execute()
+
+        stamp, listed = await self._call(read)
+        members = set(listed)
+        whole = True
         for _ in range(_HOLD_ATTEMPTS):
             missing = self._held.missing(members)
             if not missing:
-                return members
+                break
             fetched = self._records(await self._eval(
                 self._fetch, [owner, "0", "ids", *(member[16:].decode() for member in missing)]))
             for member, record in fetched:
                 self._held.add(member, record.id, record.content)
             if len(fetched) < len(missing):  # deleted between the two reads
                 members -= missing.difference(member for member, _ in fetched)
+                whole = False
             # and again: a concurrent recall past the capacity may have let go of all while this one read
-        return {member for member in members if member in self._held}  # three races lost: rank what is held
+        else:
+            members = {member for member in members if member in self._held}  # three races lost: rank what is held
+            whole = False
+        total = self._held.total(members)
+        if whole and stamp is not None:
+            if self._members_kept + len(members) > _MEMBERS_KEPT:
+                self._scopes.clear()
+                self._members_kept = 0
+            ranges = self._scopes.setdefault(owner, {})
+            if len(ranges) >= _RANGES_KEPT:
+                ranges.clear()
+            ranges[(key, lo, hi)] = (stamp, self._held.generation, members, total)
+            self._members_kept += len(members)
+        return members, total
 
     async def sessions(self, owner: str | None) -> list[SessionInfo]:
         flat = await self._eval(self._sessions, [_enc(owner)])

@@ -389,6 +389,39 @@ async def test_search_sees_a_replaced_or_deleted_record_as_it_is_now(store: Redi
     assert ids(await store.search(Scope(where={"role": None}), text="friday", vector=None, limit=5)) == ["fact"]
 
 
+async def test_search_reads_a_range_again_only_after_a_write_through_any_server(
+        store: RedisStore, server: RedisServer, tmp_path: Path) -> None:
+    """A recall keeps the members it read of an index range under the owner's `ver` stamp and reads
+    them again only once a write, through any server (a replica here), changed that owner's indexes:
+    what the other server wrote is found, what it deleted is not, and an unchanged range costs a GET."""
+    other = make_store(TierSettings(name="working", data_dir=tmp_path / "other", url=server.url,
+                                    options={"prefix": store.prefix}))
+    await other.open()
+
+    async def range_reads() -> int:
+        stats = await store._redis.info("commandstats")  # type: ignore[union-attr]
+        return int(stats.get("cmdstat_zrangebyscore", {}).get("calls", 0))
+
+    async def best(limit: int = 1) -> list[str]:
+        return ids(await store.search(Scope(where={"session": "s"}), text="tuesday", vector=None, limit=limit))
+
+    try:
+        await store.write([rec("a", T0, session="s", content="tuesday tuesday deploy")])
+        assert await best() == ["a"]
+        reads = await range_reads()
+        assert await best() == ["a"]
+        assert await range_reads() == reads  # nothing written since: the range was not read again
+        await other.write([rec("b", T1, session="s", content="tuesday review")])
+        assert await best(5) == ["a", "b"]
+        await other.write([], deletes=["a"])
+        assert await best() == ["b"]  # a range kept past the delete would rank "a" first, then find it gone
+        reads = await range_reads()
+        await other.write([rec("c", T2, owner="zed", session="s", content="tuesday")])  # another owner's
+        assert await best() == ["b"] and await range_reads() == reads
+    finally:
+        await other.close()
+
+
 
 # -- the engine going away, restarting, persisting ------------------------------------
 
