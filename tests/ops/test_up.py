@@ -295,3 +295,23 @@ async def test_up_waits_for_the_router_to_reach_a_tier_that_started_after_it(tmp
             async with HTTPClient(url) as client:
                 found = await client.call("memory/recall", {"query": "anything"})
                 assert "degraded" not in found, found
+
+
+@pytest.mark.parametrize("taken", ["router", "episodic"])
+def test_up_on_a_port_in_use_stops_before_starting_anything(tmp_path: Path, taken: str) -> None:
+    """A port in use used to surface after four servers had started (and PostgreSQL's initdb was cut
+    short), as one uvicorn line among forty; with another federation on those ports, its servers
+    answered this run's readiness checks."""
+    import socket
+
+    port = free_port_block(5)
+    busy = port + {"router": 0, **{name: i for i, name in enumerate(TIERS, 1)}}[taken]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", busy))
+        sock.listen()
+        done = subprocess.run(a2m_command("up", "--data", str(tmp_path / "data"), "--port", str(port)), cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert f"a2m up: port {busy} ({taken}) is in use on 127.0.0.1" in done.stderr, done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "data" / "Procfile").exists() and not (tmp_path / "data" / "episodic").exists()
