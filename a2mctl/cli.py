@@ -210,7 +210,10 @@ def _serve(args: argparse.Namespace) -> int:
     from a2m import tracing
     from a2m.dispatch import Dispatcher
 
-    tracing.configure("a2m-router" if args.what == "router" else f"a2m-{name}")
+    try:
+        tracing.configure("a2m-router" if args.what == "router" else f"a2m-{name}")
+    except ValueError as exc:  # A2M_TRACE_FILE cannot be opened
+        raise SystemExit(f"a2m serve {args.what}: {exc}") from None
     http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens,
                                  max_body=DEFAULT_MAX_BODY if args.what == "router" else TIER_MAX_BODY)
     if args.stdio:
