@@ -153,6 +153,7 @@ def _child_env(data: Path, port: int, config: Path | None) -> dict[str, str]:
     env.update({"A2M": a2m_command(), "A2M_DATA": str(data), "A2M_BASE_PORT": str(port),
                 "PYTHONPATH": os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p),
                 "PYTHONUNBUFFERED": "1",
+                "A2M_HOST": "127.0.0.1",  # where router.toml and the readiness checks look, whatever the shell says
                 "A2M_ANNOUNCE": "0"})  # no "listening on" line per server: `a2m up` prints its own status lines
     if config is not None:
         env["A2M_ROUTER_CONFIG"] = str(config)
@@ -308,12 +309,17 @@ def up(args: argparse.Namespace) -> int:
     from honcho import manager as honcho_manager
     from rich.console import Console
 
-    from .cli import default_data_dir
+    from .cli import default_data_dir, reachable_from_network
 
     port = int(args.port)
     if not 1 <= port <= 65535 - len(TIERS):
         raise SystemExit(f"a2m up --port: the router listens on it and the tiers on the next {len(TIERS)}, "
                          f"so it must be from 1 to {65535 - len(TIERS)}, not {port}")
+    shell_host = os.environ.get("A2M_HOST")
+    if shell_host and reachable_from_network(shell_host):
+        raise SystemExit(f"a2m up: A2M_HOST={shell_host} would put the tier servers, which trust any caller to "
+                         "name any owner, on the network; a2m up serves on 127.0.0.1 only: unset A2M_HOST (for "
+                         "a deployment beyond this machine see compose.yaml and deploy/)")
     console = Console(highlight=False)
     data = Path(args.data).expanduser() if args.data else default_data_dir()
     data = data.resolve()
