@@ -2,7 +2,7 @@
 call the A2M client makes, joined across processes by the W3C `traceparent` header, so one recall
 is one trace through the router and every tier it asked.
 
-Off unless `OTEL_TRACES_EXPORTER` is `otlp` or `console`, or `A2M_TRACE_FILE` names a file (one
+Off unless `OTEL_TRACES_EXPORTER` names `otlp` or `console`, or `A2M_TRACE_FILE` names a file (one
 JSON span a line, for debugging and tests), and the optional SDK is installed
 (`pip install 'a2m-router[otel]'`). The OTLP exporter reads the standard `OTEL_EXPORTER_OTLP_*`
 variables. Off, a request pays one global lookup: the SDK is never imported.
@@ -20,13 +20,26 @@ _log = logging.getLogger("a2m.tracing")
 _tracer: Any = None
 
 
+EXPORTERS = ("otlp", "console")
+
+
 def configure(service_name: str) -> bool:
-    """Install a tracer provider for this process if the environment asks for one; True if it did."""
+    """Install a tracer provider for this process if the environment asks for one; True if it did.
+
+    `OTEL_TRACES_EXPORTER` is a comma-separated list, as the OpenTelemetry spec has it; a name this
+    module cannot install is said, and with nothing installable tracing stays off (a provider with no
+    exporter would make every span and drop it). Raises ValueError when `A2M_TRACE_FILE` cannot be
+    opened: tracing was asked for and would not happen."""
     global _tracer
-    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    exporters = [e.strip() for e in os.environ.get("OTEL_TRACES_EXPORTER", "").lower().split(",")]
+    exporters = [e for e in exporters if e and e != "none"]
     trace_file = os.environ.get("A2M_TRACE_FILE")
-    if not trace_file and exporter in ("", "none"):
+    if not trace_file and not exporters:
         return False
+    unknown = [e for e in exporters if e not in EXPORTERS]
+    if unknown:
+        _log.warning("OTEL_TRACES_EXPORTER names %s, which a2m cannot install (it installs %s): no spans go "
+                     "there", ", ".join(map(repr, unknown)), " and ".join(EXPORTERS))
     try:
         from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
@@ -35,21 +48,30 @@ def configure(service_name: str) -> bool:
     except ImportError:
         _log.warning("tracing is configured but opentelemetry-sdk is not installed: pip install 'a2m-router[otel]'")
         return False
-    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    processors: list[Any] = []
     if trace_file:
-        stream = open(trace_file, "a", buffering=1, encoding="utf-8")  # a line per span, appended whole
-        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(
+        try:
+            stream = open(trace_file, "a", buffering=1, encoding="utf-8")  # a line per span, appended whole
+        except OSError as exc:
+            raise ValueError(f"A2M_TRACE_FILE {trace_file} cannot be opened for appending: "
+                             f"{exc.strerror or exc}") from None
+        processors.append(SimpleSpanProcessor(ConsoleSpanExporter(
             out=stream, formatter=lambda span: span.to_json(indent=None) + "\n")))
-    if exporter == "otlp":
+    if "otlp" in exporters:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError:
             _log.warning("OTEL_TRACES_EXPORTER=otlp needs opentelemetry-exporter-otlp-proto-http")
         else:
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    elif exporter == "console":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+            processors.append(BatchSpanProcessor(OTLPSpanExporter()))
+    if "console" in exporters:
+        processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
+    if not processors:
+        return False
+    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    for processor in processors:
+        provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     atexit.register(provider.shutdown)  # flush what the batch processors still hold
     _tracer = trace.get_tracer("a2m")

@@ -118,10 +118,40 @@ def _option(text: str) -> tuple[str, str]:
     return key, value
 
 
+# Flags of `a2m serve` that one kind of server never reads, and where its setting lives instead:
+# given there, they are refused rather than dropped (a router given --service-token called its tiers
+# without one).
+TIER_FLAGS = {
+    "service_token": ("--service-token", "service_token in router.toml or $A2M_SERVICE_TOKEN"),
+    "embedder": ("--embedder", "embedder in router.toml"),
+    "data": ("--data", "the router keeps no data; its tiers do"),
+    "url": ("--url", "each tier's url in router.toml [[tiers]]"),
+    "name": ("--name", "name in router.toml"),
+    "option": ("--option", "the router's settings are in router.toml"),
+}
+
+
+def _unread_flag(args: argparse.Namespace) -> str | None:
+    """The first flag given that this server would never read, said with where its setting lives."""
+    if args.what != "router":
+        if args.config is not None:
+            return ("--config is the router's router.toml; a tier server takes --url, --option and the other "
+                    "flags of docs/configuration.md")
+        return None
+    for attr, (flag, instead) in TIER_FLAGS.items():
+        if getattr(args, attr):
+            return f"{flag} is a tier server's flag; for the router: {instead}"
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from a2m.http import DEFAULT_MAX_BODY, SERVICE, TIER_MAX_BODY, HTTPSettings
     from a2m.stdio import log_to_stderr
 
+    unread = _unread_flag(args)
+    if unread:
+        print(f"a2m serve {args.what}: {unread}", file=sys.stderr)
+        return 2
     log_to_stderr()
     origins = _origins(args.origin or [o.strip() for o in os.environ.get("A2M_ALLOWED_ORIGINS", "").split(",")
                                        if o.strip()])
@@ -180,7 +210,10 @@ def _serve(args: argparse.Namespace) -> int:
     from a2m import tracing
     from a2m.dispatch import Dispatcher
 
-    tracing.configure("a2m-router" if args.what == "router" else f"a2m-{name}")
+    try:
+        tracing.configure("a2m-router" if args.what == "router" else f"a2m-{name}")
+    except ValueError as exc:  # A2M_TRACE_FILE cannot be opened
+        raise SystemExit(f"a2m serve {args.what}: {exc}") from None
     http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens,
                                  max_body=DEFAULT_MAX_BODY if args.what == "router" else TIER_MAX_BODY)
     if args.stdio:

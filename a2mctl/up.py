@@ -153,6 +153,7 @@ def _child_env(data: Path, port: int, config: Path | None) -> dict[str, str]:
     env.update({"A2M": a2m_command(), "A2M_DATA": str(data), "A2M_BASE_PORT": str(port),
                 "PYTHONPATH": os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p),
                 "PYTHONUNBUFFERED": "1",
+                "A2M_HOST": "127.0.0.1",  # where router.toml and the readiness checks look, whatever the shell says
                 "A2M_ANNOUNCE": "0"})  # no "listening on" line per server: `a2m up` prints its own status lines
     if config is not None:
         env["A2M_ROUTER_CONFIG"] = str(config)
@@ -288,16 +289,37 @@ def hold_data_dir(data: Path) -> int:
     return fd
 
 
+def ports_in_use(host: str, ports: dict[str, int]) -> list[tuple[str, int]]:
+    """The (process, port) pairs of `ports` that cannot be bound on `host` now. Bound as uvicorn binds
+    (SO_REUSEADDR), so a port a stopped run left in TIME_WAIT still counts as free."""
+    import socket
+
+    taken = []
+    for name, port in ports.items():
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                taken.append((name, port))
+    return taken
+
+
 def up(args: argparse.Namespace) -> int:
     from honcho import manager as honcho_manager
     from rich.console import Console
 
-    from .cli import default_data_dir
+    from .cli import default_data_dir, reachable_from_network
 
     port = int(args.port)
     if not 1 <= port <= 65535 - len(TIERS):
         raise SystemExit(f"a2m up --port: the router listens on it and the tiers on the next {len(TIERS)}, "
                          f"so it must be from 1 to {65535 - len(TIERS)}, not {port}")
+    shell_host = os.environ.get("A2M_HOST")
+    if shell_host and reachable_from_network(shell_host):
+        raise SystemExit(f"a2m up: A2M_HOST={shell_host} would put the tier servers, which trust any caller to "
+                         "name any owner, on the network; a2m up serves on 127.0.0.1 only: unset A2M_HOST (for "
+                         "a deployment beyond this machine see compose.yaml and deploy/)")
     console = Console(highlight=False)
     data = Path(args.data).expanduser() if args.data else default_data_dir()
     data = data.resolve()
@@ -316,17 +338,24 @@ def up(args: argparse.Namespace) -> int:
         raise SystemExit("a2m up --config: router/ is not installed here, so there is no router to configure")
     commands = procfile_processes()
     chosen = [*tiers, "router"] if with_router else list(tiers)
+    if with_router and args.config:
+        config = own_config(args.config)
+    ports = {name: port + PORT_OFFSET.get(name, 0) for name in chosen}
+    # Checked before anything starts: otherwise the servers come up, the one whose port is taken exits,
+    # and honcho stops the rest, its message one line among theirs (another federation on those ports
+    # would even answer this run's readiness checks).
+    for name, taken in ports_in_use(host, ports):
+        raise SystemExit(f"a2m up: port {taken} ({name}) is in use on {host}; stop what listens there, or "
+                         f"choose another --port (the router takes it, the tiers the next {len(TIERS)})")
     try:
-        if with_router and args.config:
-            config = own_config(args.config)
-        elif with_router:
+        if with_router and not args.config:
             config = data / "router.toml"
             config.write_text(router_toml(tiers, port, host))
         (data / "Procfile").write_text(procfile_for(chosen))
     except OSError as exc:
         raise SystemExit(f"a2m up: cannot write to {data}: {exc.strerror}") from None
 
-    members = {name: Member(name, f"http://{host}:{port + PORT_OFFSET.get(name, 0)}/") for name in chosen}
+    members = {name: Member(name, f"http://{host}:{ports[name]}/") for name in chosen}
     env = _child_env(data, port, config)
     honcho_manager.KILL_WAIT = STOP_TIMEOUT  # honcho's default (5 s) can SIGKILL a tier before postgres stops
     stopping = threading.Event()

@@ -124,10 +124,17 @@ def _http_url(value: Any) -> bool:
         return False
     try:
         parts = urlsplit(value)
-        parts.port  # noqa: B018 -- raises ValueError on a port out of range or not a number
+        port = parts.port  # raises ValueError on a port out of range or not a number
     except ValueError:
         return False
-    return bool(parts.hostname)
+    return bool(parts.hostname) and port != 0
+
+
+def _server(url: str) -> tuple[str, str, int, str]:
+    """What tells two tier URLs apart: a trailing `/` or a default port written out is the same server."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, (parts.hostname or "").lower(), port, parts.path.rstrip("/") + "?" + parts.query
 
 
 def _tier(raw: Any, index: int, default_timeout: float) -> TierConfig:
@@ -192,6 +199,14 @@ def validate(tiers: tuple[TierConfig, ...]) -> None:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"tier names must be unique; repeated: {duplicates}")
+    servers: dict[tuple[str, str, int, str], str] = {}
+    for tier in tiers:
+        # One server as two tiers loses records: a move's write finds the id there, its read-back finds
+        # it, and its delete from the source deletes the only copy.
+        other = servers.setdefault(_server(tier.url), tier.name)
+        if other != tier.name:
+            raise ConfigError(f"tiers {other!r} and {tier.name!r} have one url ({tier.url}): each tier is a "
+                              f"server of its own; give {tier.name!r} its own server's URL")
     by_name = {t.name: t for t in tiers}
     for tier in tiers:
         for link in ("spill_to", "promote_to"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +43,27 @@ def test_a_host_reachable_from_the_network_is_told_apart_from_loopback() -> None
 
     assert not any(map(reachable_from_network, ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "LOCALHOST"]))
     assert all(map(reachable_from_network, ["0.0.0.0", "::", "10.0.0.5", "memory.internal"]))
+
+
+@pytest.mark.parametrize(("what", "flag", "value", "message"), [
+    # The router's service token comes from router.toml or $A2M_SERVICE_TOKEN: with the flag alone
+    # it called its tiers with no token, and every tier that needs one was "down".
+    ("router", "--service-token", "svc-token", "service_token in router.toml or $A2M_SERVICE_TOKEN"),
+    ("router", "--embedder", "local", "embedder in router.toml"),
+    ("router", "--data", "{tmp}/d", "the router keeps no data"),
+    ("router", "--url", "http://127.0.0.1:1/", "each tier's url in router.toml"),
+    ("router", "--name", "memory", "name in router.toml"),
+    ("router", "--option", "review=true", "router.toml"),
+    ("procedural", "--config", "{tmp}/router.toml", "--config is the router's router.toml"),
+])
+def test_a_flag_the_server_would_not_read_is_refused(tmp_path: Path, what: str, flag: str, value: str,
+                                                     message: str) -> None:
+    """`a2m serve` takes the flags of every server; one that this server never reads was dropped
+    without a word, so the server ran without the setting its operator gave it."""
+    argv = ["serve", what, "--stdio", flag, value.format(tmp=tmp_path)]
+    if what != "router":
+        argv += ["--data", str(tmp_path / "data")]
+    done = subprocess.run(a2m_command(*argv), cwd=ROOT, input="", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"a2m serve {what}: {flag} " in done.stderr and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

@@ -25,13 +25,13 @@ pytestmark = pytest.mark.timeout(240)
 class Up:
     """`a2m up` as a child process, its output collected by a thread (so the pipe never fills)."""
 
-    def __init__(self, data: Path, port: int, *extra: str) -> None:
+    def __init__(self, data: Path, port: int, *extra: str, env: dict[str, str] | None = None) -> None:
         self.data = data
         self.lines: list[str] = []
         # A session of its own, so that kill() takes honcho's forks with it even when the test fails.
         self.proc = subprocess.Popen(a2m_command("up", "--data", str(data), "--port", str(port), *extra), cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "COLUMNS": "200"}, start_new_session=True)
+                                     env={**os.environ, "COLUMNS": "200", **(env or {})}, start_new_session=True)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -295,3 +295,40 @@ async def test_up_waits_for_the_router_to_reach_a_tier_that_started_after_it(tmp
             async with HTTPClient(url) as client:
                 found = await client.call("memory/recall", {"query": "anything"})
                 assert "degraded" not in found, found
+
+
+@pytest.mark.parametrize("taken", ["router", "episodic"])
+def test_up_on_a_port_in_use_stops_before_starting_anything(tmp_path: Path, taken: str) -> None:
+    """A port in use used to surface after four servers had started (and PostgreSQL's initdb was cut
+    short), as one uvicorn line among forty; with another federation on those ports, its servers
+    answered this run's readiness checks."""
+    import socket
+
+    port = free_port_block(5)
+    busy = port + {"router": 0, **{name: i for i, name in enumerate(TIERS, 1)}}[taken]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", busy))
+        sock.listen()
+        done = subprocess.run(a2m_command("up", "--data", str(tmp_path / "data"), "--port", str(port)), cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert f"a2m up: port {busy} ({taken}) is in use on 127.0.0.1" in done.stderr, done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "data" / "Procfile").exists() and not (tmp_path / "data" / "episodic").exists()
+
+
+def test_up_serves_on_loopback_whatever_a2m_host_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The servers `a2m up` starts read $A2M_HOST as `a2m serve` does: an A2M_HOST=0.0.0.0 left in the
+    shell put every tier server, which trusts any caller to name any owner, on the network, and
+    127.0.0.2 put them where the router.toml it wrote (127.0.0.1) never reached them."""
+    from a2mctl.up import _child_env
+
+    monkeypatch.setenv("A2M_HOST", "localhost")
+    assert _child_env(tmp_path, 8700, None)["A2M_HOST"] == "127.0.0.1"
+    up = Up(tmp_path / "data", free_port_block(5), env={"A2M_HOST": "0.0.0.0"})
+    try:
+        assert up.proc.wait(60) != 0, up.output
+    finally:
+        up.kill()
+    assert "a2m up: A2M_HOST=0.0.0.0" in up.output and "127.0.0.1" in up.output, up.output
+    assert not (tmp_path / "data" / "Procfile").exists()

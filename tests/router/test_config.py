@@ -80,6 +80,15 @@ def test_duplicate_names_and_unknown_default() -> None:
         parse({**tiers(), "default_tier": "nowhere"}, env={})
 
 
+@pytest.mark.parametrize("episodic_url", ["http://127.0.0.1:1/", "http://127.0.0.1:1"])
+def test_two_tiers_at_one_url_are_refused(episodic_url: str) -> None:
+    """Two tiers on one server lose what spills between them: the write to the destination finds the id
+    already there, the read-back finds it, and the delete from the source deletes the only copy."""
+    with pytest.raises(ConfigError, match=re.escape("tiers 'working' and 'episodic' have one url")):
+        parse(tiers({"name": "episodic", "url": episodic_url}), env={})
+    parse(tiers({"name": "episodic", "url": "http://127.0.0.1:1/episodic"}), env={})  # another path: another server
+
+
 def test_fusion_auth_and_limits() -> None:
     config = parse({**tiers(), "fusion": {"strategy": "rerank", "pool": 80, "weights": {"text": 1.0}},
                     "auth": {"tokens": {"tok-a": "alice"}, "service_token": "svc"},
@@ -212,6 +221,8 @@ def test_a_misspelt_key_gets_a_suggestion(data: dict, message: str) -> None:
     (one_tier(url="http://"), "tier 'w': url is required and must be an http(s) URL with a host"),
     (one_tier(url="http://127.0.0.1:99999/"), "tier 'w': url is required and must be an http(s) URL with a host"),
     (one_tier(url="http://host name/"), "tier 'w': url is required and must be an http(s) URL with a host"),
+    # Port 0 is no server's port: the message promised 1-65535 and the file started anyway.
+    (one_tier(url="http://127.0.0.1:0/"), "tier 'w': url is required and must be an http(s) URL with a host"),
     (one_tier(kind="episodic", per_session=True), "tier 'w': per_session = true counts capacity per session"),
     ({"name": ""}, "name must be a non-empty string"),
     ({"tiers": [{"name": " ", "kind": "working", "url": "http://127.0.0.1:1/"}]}, "tiers[0].name is required"),
