@@ -408,6 +408,8 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
     if written is not None:
         _bearer(written, "service_token")
     service_token = written or env.get("A2M_SERVICE_TOKEN") or None
+    if written is None and service_token is not None:  # the environment's, checked as a written one is
+        _bearer(service_token, "$A2M_SERVICE_TOKEN")
     tokens = auth.get("tokens", {})
     if not isinstance(tokens, dict):
         raise ConfigError("auth.tokens must be a table mapping bearer tokens to principals")

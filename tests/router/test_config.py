@@ -37,6 +37,9 @@ def test_defaults_are_the_four_tier_stack() -> None:
 
 def test_service_token_from_env() -> None:
     assert parse({}, env={"A2M_SERVICE_TOKEN": "s3cret"}).service_token == "s3cret"
+    # checked as one written in router.toml: a bearer header could never carry this one as written
+    with pytest.raises(ConfigError, match=r"\$A2M_SERVICE_TOKEN must be printable ASCII"):
+        parse({}, env={"A2M_SERVICE_TOKEN": " s3cret\n"})
 
 
 @pytest.mark.parametrize("change, message", [
