@@ -152,8 +152,10 @@ class EdgeEngine:
         await self._update(q.UpdateOperation.delete_points(list(pids)))
 
     async def set_payload(self, groups: Sequence[tuple[Sequence[str], dict[str, Any]]]) -> None:
+        # by an id filter, not by ids: a point gone since the caller read it is skipped, not an error
         for pids, payload in groups:
-            await self._update(q.UpdateOperation.set_payload(list(pids), payload))
+            await self._update(q.UpdateOperation.set_payload_by_filter(
+                q.Filter(must=[q.HasIdCondition(set(pids))]), payload))
 
     def _with_payload(self, with_embedding: bool, fields: Sequence[str] | None = None) -> Any:
         if fields is not None:

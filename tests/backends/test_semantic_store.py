@@ -503,3 +503,38 @@ async def test_replicas_fixing_two_widths_at_once_refuse_one_as_a_width_mismatch
     finally:
         gate.open()
         await first.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_touch_on_a_record_another_replica_forgot_meanwhile_is_no_error(
+        engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recall touches what it found (read, then set): a replica forgetting one of those records in
+    between made the set fail ("No point with id ..."), so the recall answered -32603, an outage to
+    the router. The records still there are touched; the forgotten one is not written back."""
+    shared = shared_engine(engine, tmp_path)
+    first, second = SemanticStore(shared), SemanticStore(shared)
+    await first.open()
+    await second.open()
+    gate = Gate(monkeypatch, shared, "set_payload")
+    try:
+        await first.write([rec(1), rec(2, second=1)])
+        async with anyio.create_task_group() as tg:
+            async def touch() -> None:
+                assert await first.touch("alice", ["1", "2"], "2026-05-01T00:00:00.000Z") == {"1": 1, "2": 1}
+            tg.start_soon(touch)
+            await gate.reached()
+            assert await second.delete(Scope(owner="alice", ids=["2"])) == 1
+            gate.release()
+        assert [(r.id, r.access_count) for r in await second.select(Scope(owner="alice"))] == [("1", 1)]
+        gate = Gate(monkeypatch, shared, "set_payload")  # reinforce sets its payload the same way
+        async with anyio.create_task_group() as tg:
+            async def reinforce() -> None:
+                assert await first.reinforce("alice", ["1"], 0.1) == 1
+            tg.start_soon(reinforce)
+            await gate.reached()
+            assert await second.delete(Scope(owner="alice", ids=["1"])) == 1
+            gate.release()
+        assert await second.count("alice") == 0
+    finally:
+        gate.open()
+        await first.close()
