@@ -128,7 +128,10 @@ class ClientEngine:
         await self.client.delete(self.collection, m.PointIdsList(points=list(pids)), wait=True)
 
     async def set_payload(self, groups: Sequence[tuple[Sequence[str], dict[str, Any]]]) -> None:
-        ops = [m.SetPayloadOperation(set_payload=m.SetPayload(payload=payload, points=list(pids)))
+        # by an id filter, not by ids: a point gone since the caller read it (another replica forgot
+        # it) is skipped, where a list of ids fails the whole request ("No point with id ...")
+        ops = [m.SetPayloadOperation(set_payload=m.SetPayload(
+                   payload=payload, filter=m.Filter(must=[m.HasIdCondition(has_id=list(pids))])))
                for pids, payload in groups]
         if ops:
             await self.client.batch_update_points(self.collection, ops, wait=True)

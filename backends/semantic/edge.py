@@ -77,6 +77,7 @@ class EdgeEngine:
         self._path = Path(path)
         self._shard: Any = None
         self._optimize_at_open = optimize_at_open
+        self._width: int | None = None
 
     @property
     def shard(self) -> Any:
@@ -99,6 +100,11 @@ class EdgeEngine:
                 raise StoreUnavailable(f"another process has the Qdrant Edge shard {self._path} open "
                                        "(a second server on this data directory?)") from None
             raise
+        # The shard persists its config; it is the one place the width survives a restart before
+        # (or without) any point carrying a dense vector.
+        config = json.loads((self._path / "edge_config.json").read_text())
+        dense = (config.get("vectors") or {}).get(DENSE)
+        self._width = None if dense is None else int(dense["size"])
         present = set(self._shard.info().payload_schema)
         for field, kind in INDEXES:
             if field not in present:
@@ -121,14 +127,14 @@ class EdgeEngine:
         self.shard.info()
 
     async def dense_width(self) -> int | None:
-        # The shard persists its config; it is the one place the width survives a
-        # restart before (or without) any point carrying a dense vector.
-        config = json.loads((self._path / "edge_config.json").read_text())
-        dense = (config.get("vectors") or {}).get(DENSE)
-        return None if dense is None else int(dense["size"])
+        # Read from the shard's config at open, then kept: this process alone writes the shard, and
+        # the store asks again while the width is unknown (a replica on a Qdrant server may fix it),
+        # which must cost no file read and never read the file while `create_dense` rewrites it.
+        return self._width
 
     async def create_dense(self, width: int) -> None:
         await self._update(q.UpdateOperation.create_dense_vector(DENSE, width, q.Distance.Cosine))
+        self._width = width
 
     async def _update(self, op: Any) -> None:
         await anyio.to_thread.run_sync(self.shard.update, op)
@@ -146,8 +152,10 @@ class EdgeEngine:
         await self._update(q.UpdateOperation.delete_points(list(pids)))
 
     async def set_payload(self, groups: Sequence[tuple[Sequence[str], dict[str, Any]]]) -> None:
+        # by an id filter, not by ids: a point gone since the caller read it is skipped, not an error
         for pids, payload in groups:
-            await self._update(q.UpdateOperation.set_payload(list(pids), payload))
+            await self._update(q.UpdateOperation.set_payload_by_filter(
+                q.Filter(must=[q.HasIdCondition(set(pids))]), payload))
 
     def _with_payload(self, with_embedding: bool, fields: Sequence[str] | None = None) -> Any:
         if fields is not None:

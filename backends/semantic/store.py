@@ -188,7 +188,9 @@ class Engine(Protocol):
         limit: int, candidates: int, with_embedding: bool,
     ) -> list[Hit]: ...
     async def count(self, must: Sequence[Cond]) -> int: ...
-    async def set_payload(self, groups: Sequence[tuple[Sequence[str], dict[str, Any]]]) -> None: ...
+    async def set_payload(self, groups: Sequence[tuple[Sequence[str], dict[str, Any]]]) -> None:
+        """Set each group's payload fields on those of its points that still exist (no error for a
+        point another replica deleted since it was read)."""
     async def delete(self, pids: Sequence[str]) -> None: ...
 
 
@@ -469,7 +471,7 @@ class SemanticStore:
                     keep: Mapping[str, Collection[str]] | None = None) -> None:
         async with self._write_lock:
             puts = await self._as_resolved(puts, deletes, expect or {}, keep or {})
-            width = self._dims
+            width = await self.dimensions()
             for record in puts:
                 if record.embedding is None:
                     continue
@@ -490,8 +492,7 @@ class SemanticStore:
                 if p.sparse is not None and not p.sparse[0]:
                     p.sparse = None
             if width is not None and self._dims is None:
-                await self._guard(self._engine.create_dense(width))
-                self._dims = width
+                await self._create_dense(width)
             await self._check_homes(puts, deletes)
             put_ids = {p.pid for p in points}
             gone = [pid for pid in dict.fromkeys(point_id(i) for i in deletes) if pid not in put_ids]
@@ -504,6 +505,20 @@ class SemanticStore:
             finally:
                 self._split = None
                 done.set()
+
+    async def _create_dense(self, width: int) -> None:
+        """Fix the width with this write's first vector. A replica on the same collection may have
+        fixed another width since `dimensions()` asked: Qdrant then refuses the vector's config
+        ("already exists"), which is the caller's width mismatch (-32008), not bad input."""
+        try:
+            await self._guard(self._engine.create_dense(width))
+        except StoreRejected:
+            held = await self._guard(self._engine.dense_width())
+            if held is None or held == width:
+                raise
+            self._dims = held
+            raise StoreWidthMismatch(held, width) from None
+        self._dims = width
 
     async def _settled(self) -> None:
         """Wait while a write is half applied (see `_split`)."""
@@ -691,10 +706,11 @@ class SemanticStore:
         sparse = query_sparse(text) if text else None
         dense = [float(x) for x in vector] if vector is not None else None
         if dense is not None:
-            if self._dims is None:
+            dims = await self.dimensions()
+            if dims is None:
                 dense = None  # no stored vector to compare with: rank lexically
-            elif len(dense) != self._dims:
-                raise StoreWidthMismatch(self._dims, len(dense))
+            elif len(dense) != dims:
+                raise StoreWidthMismatch(dims, len(dense))
         if dense is None and sparse is None:
             return []
         try:
@@ -748,4 +764,9 @@ class SemanticStore:
         return await self._guard(self._engine.count([Match("part", partition(owner))]))
 
     async def dimensions(self) -> int | None:
+        """The width fixed by the first vector, asked of the engine again while unknown: a replica on
+        the same Qdrant collection may have fixed it since this store opened (once known it never
+        changes, so it is kept)."""
+        if self._dims is None:
+            self._dims = await self._guard(self._engine.dense_width())
         return self._dims

@@ -15,13 +15,18 @@ import textwrap
 from pathlib import Path
 from typing import AsyncIterator
 
+import anyio
 import pytest
 
 from a2m.filters import Scope
 from a2m.records import Record
 from backends.semantic import CAPABILITIES, KIND, SemanticStore, make_store
+from backends.semantic.client import ClientEngine
+from backends.semantic.edge import EdgeEngine
+from backends.semantic.store import Engine
 from backends.settings import TierSettings
-from backends.store import StoreRejected, StoreUnavailable
+from backends.store import StoreRejected, StoreUnavailable, StoreWidthMismatch
+from tests.support.races import Gate
 
 pytestmark = pytest.mark.anyio
 
@@ -448,3 +453,88 @@ async def test_search_with_a_boolean_where_fills_its_limit(store: SemanticStore)
                                       limit=limit)) == ["3"], limit
     assert ids(await store.search(Scope(owner="alice", where={"ok": [True, "x"]}), text="tea", vector=None,
                                   limit=1)) == ["3"]
+
+
+def shared_engine(engine: str, tmp_path: Path) -> Engine:
+    """One engine under two stores: two tier servers on one Qdrant collection (replicas behind a
+    load balancer), as `a2m serve semantic --url` runs them twice."""
+    return EdgeEngine(tmp_path / "edge") if engine == "edge" else ClientEngine(path=":memory:")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_replica_learns_the_width_another_fixed(engine: str, tmp_path: Path) -> None:
+    """The width was read only at open: a replica that opened before the first vector answered every
+    vector-only search with nothing, and `dimensions()` with None, until it restarted."""
+    shared = shared_engine(engine, tmp_path)
+    first, second = SemanticStore(shared), SemanticStore(shared)
+    await first.open()
+    await second.open()
+    try:
+        await first.write([rec(1, embedding=[1.0, 0.0, 0.0]), rec(2, embedding=[0.0, 1.0, 0.0], second=1)])
+        assert await second.dimensions() == 3
+        assert ids(await second.search(Scope(owner="alice"), text=None, vector=[1.0, 0.1, 0.0], limit=1)) == ["1"]
+        with pytest.raises(StoreWidthMismatch):
+            await second.write([rec(3, embedding=[1.0, 0.0])])
+        assert await second.count("alice") == 2
+    finally:
+        await first.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_replicas_fixing_two_widths_at_once_refuse_one_as_a_width_mismatch(
+        engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two replicas' first vectors, of two widths, at once: the one whose vector config Qdrant refused
+    ("already exists with different parameters") answered -32602, bad input, not -32008."""
+    shared = shared_engine(engine, tmp_path)
+    first, second = SemanticStore(shared), SemanticStore(shared)
+    await first.open()
+    await second.open()
+    gate = Gate(monkeypatch, shared, "create_dense")  # holds the second replica's, after it saw no width
+    try:
+        async with anyio.create_task_group() as tg:
+            async def late() -> None:
+                with pytest.raises(StoreWidthMismatch):
+                    await second.write([rec(2, embedding=[1.0, 0.0])])
+            tg.start_soon(late)
+            await gate.reached()
+            await first.write([rec(1, embedding=[1.0, 0.0, 0.0])])
+            gate.release()
+        assert await second.dimensions() == 3 and ids(await second.select(Scope(owner="alice"))) == ["1"]
+    finally:
+        gate.open()
+        await first.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_touch_on_a_record_another_replica_forgot_meanwhile_is_no_error(
+        engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recall touches what it found (read, then set): a replica forgetting one of those records in
+    between made the set fail ("No point with id ..."), so the recall answered -32603, an outage to
+    the router. The records still there are touched; the forgotten one is not written back."""
+    shared = shared_engine(engine, tmp_path)
+    first, second = SemanticStore(shared), SemanticStore(shared)
+    await first.open()
+    await second.open()
+    gate = Gate(monkeypatch, shared, "set_payload")
+    try:
+        await first.write([rec(1), rec(2, second=1)])
+        async with anyio.create_task_group() as tg:
+            async def touch() -> None:
+                assert await first.touch("alice", ["1", "2"], "2026-05-01T00:00:00.000Z") == {"1": 1, "2": 1}
+            tg.start_soon(touch)
+            await gate.reached()
+            assert await second.delete(Scope(owner="alice", ids=["2"])) == 1
+            gate.release()
+        assert [(r.id, r.access_count) for r in await second.select(Scope(owner="alice"))] == [("1", 1)]
+        gate = Gate(monkeypatch, shared, "set_payload")  # reinforce sets its payload the same way
+        async with anyio.create_task_group() as tg:
+            async def reinforce() -> None:
+                assert await first.reinforce("alice", ["1"], 0.1) == 1
+            tg.start_soon(reinforce)
+            await gate.reached()
+            assert await second.delete(Scope(owner="alice", ids=["1"])) == 1
+            gate.release()
+        assert await second.count("alice") == 0
+    finally:
+        gate.open()
+        await first.close()
