@@ -471,7 +471,8 @@ class SemanticStore:
                     keep: Mapping[str, Collection[str]] | None = None) -> None:
         async with self._write_lock:
             puts = await self._as_resolved(puts, deletes, expect or {}, keep or {})
-            width = await self.dimensions()
+            # asked of the engine only for a vector: a text-only write to a Qdrant server pays no round trip
+            width = await self.dimensions() if any(r.embedding is not None for r in puts) else self._dims
             for record in puts:
                 if record.embedding is None:
                     continue
