@@ -435,20 +435,27 @@ class TierServer(EventMethods):
             raise invalid("forget needs a selector (ids, query, where, key_prefix, after or before)")
         with self.engine():
             if query:
-                found = await self.store.search(scope, text=query, vector=None, limit=FORGET_BY_QUERY_LIMIT)
-                # Only records that hold a query term: a ranking may also return records it finds
-                # related (episodic lends a hit's score to its session neighbours, decision 21), which
-                # a recall should show and a forget must not delete.
-                wanted = query_terms(query)
-                found = [r for r in found if not wanted.isdisjoint(tokenize(r.content))]
-                if not found:
-                    count = 0
-                else:
-                    count = await self.store.delete(Scope(owner=scope.owner, ids=[r.id for r in found]))
+                count = await self._forget_matches(scope, query)
             else:
                 count = await self.store.delete(scope)
         await self.events.emit("forgotten", scope.owner, count=count, tier=self.name)
         return {"forgotten": count}
+
+    async def _forget_matches(self, scope: Scope, query: str) -> int:
+        """Delete every record in scope that holds a query term, a ranked page at a time: a full page
+        may hide more matches below it (one page, then the count, silently stopped at 1,000)."""
+        wanted = query_terms(query)
+        count = 0
+        while True:
+            found = await self.store.search(scope, text=query, vector=None, limit=FORGET_BY_QUERY_LIMIT)
+            # Only records that hold a query term: a ranking may also return records it finds
+            # related (episodic lends a hit's score to its session neighbours, decision 21), which
+            # a recall should show and a forget must not delete.
+            ids = [r.id for r in found if not wanted.isdisjoint(tokenize(r.content))]
+            gone = await self.store.delete(Scope(owner=scope.owner, ids=ids)) if ids else 0
+            count += gone
+            if len(found) < FORGET_BY_QUERY_LIMIT or not gone:  # the last page, or one that changed nothing
+                return count
 
     # ---- tiers, salience, sessions, keys -------------------------------------
 

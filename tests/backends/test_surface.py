@@ -109,6 +109,20 @@ async def test_forget_by_query_deletes_only_records_holding_a_query_word(tiers: 
 
 
 @pytest.mark.parametrize("tier", TIERS)
+async def test_forget_by_query_deletes_every_match_past_one_ranked_page(tiers: dict[str, Dispatcher], tier: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forget by query reads the matches a ranked page at a time; it stopped after the first page
+    (1,000 records) and said so in its count, leaving the rest."""
+    monkeypatch.setattr("backends.surface.FORGET_BY_QUERY_LIMIT", 3)
+    d, me = tiers[tier], owner()
+    records = [{"content": f"the sofa note {i}" if i % 4 else f"a kettle note {i}"} for i in range(12)]
+    await call(d, "memory/remember", {"owner": me, "records": records})
+    assert (await call(d, "memory/forget", {"owner": me, "query": "sofa"}))["forgotten"] == 9
+    left = [r["content"] for r in (await call(d, "memory/timeline", {"owner": me, "limit": 0}))["records"]]
+    assert sorted(left) == sorted(f"a kettle note {i}" for i in range(0, 12, 4))
+
+
+@pytest.mark.parametrize("tier", TIERS)
 async def test_a_key_replaced_twice_in_one_batch_is_written_where_the_batch_last_writes_it(
         tiers: dict[str, Dispatcher], tier: str) -> None:
     # One stamp for the whole batch: creation order is the batch's order, as three calls would write it.
