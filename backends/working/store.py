@@ -604,15 +604,16 @@ class RedisStore:
         unique = list(dict.fromkeys(ids))
         if not unique:
             return {}
-        await self._ready()
-        assert self._redis is not None
-        try:
+
+        async def read() -> list[bytes | None]:
+            assert self._redis is not None
             async with self._redis.pipeline(transaction=False) as pipe:
                 for record_id in unique:
                     pipe.hget(f"{self.prefix}:r:{record_id}", "o")
-                found = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
+                return await pipe.execute()
+
+        # Through `_call`, as every other read: a remember starts here, and it must restart a dead child too.
+        found = await self._call(read)
         return {i: _dec(o) for i, o in zip(unique, found) if o is not None}
 
     async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:

@@ -25,6 +25,7 @@ from a2m.records import Record
 from backends.settings import TierSettings
 from backends.store import StoreRejected, StoreUnavailable
 from backends.working import CAPABILITIES, KIND, RedisServer, RedisStore, make_store
+from tests.support.inprocess import call, dispatchers
 
 pytestmark = pytest.mark.anyio
 
@@ -449,6 +450,26 @@ async def test_embedded_child_killed_is_restarted(tmp_path: Path) -> None:
     finally:
         await store.close()
     assert store.server is not None and not store.server.alive()
+
+
+async def test_a_write_right_after_the_embedded_child_dies_restarts_it(tmp_path: Path) -> None:
+    """A remember resolves its ids (`owners`) before it writes. That read bypassed the restart a
+    read or write does on a dead child, so every remember within the half second after a crash of
+    Redis answered -32603 and none restarted it; reads got through."""
+    # `always`: the kill must not lose `a` (see the test above)
+    async with dispatchers(tmp_path, ["working"], {"appendfsync": "always"}) as tiers:
+        tier = tiers["working"]
+        await call(tier, "memory/remember", {"records": [{"id": "a", "content": "before", "session": "s"}]})
+        server = tier.service.store.server
+        assert server is not None and server.process is not None
+        for attempt in range(3):
+            server.process.kill()
+            server.process.wait()
+            assert await call(tier, "memory/remember", {"records": [
+                {"id": f"b{attempt}", "content": "after", "session": "s"}]}) == {"ids": [f"b{attempt}"]}
+            assert server.alive() and server.restarts == attempt + 1
+        timeline = await call(tier, "memory/timeline", {"where": {"session": "s"}})
+        assert [r["id"] for r in timeline["records"]] == ["a", "b0", "b1", "b2"]
 
 
 async def test_embedded_child_that_cannot_start(tmp_path: Path) -> None:
