@@ -436,24 +436,25 @@ class RedisStore:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
 
     async def _ready(self, *, check: bool = False) -> None:
-        """Restart an embedded child that died; fail fast while a restart keeps failing.
+        """Restart an embedded child that died; wait for a restart under way; fail fast while a
+        restart keeps failing.
 
         Polling the child costs a waitpid per call, a tenth of a timeline's CPU,
         so the happy path polls at most every `_POLL_S`; a connection error
-        polls at once (`check`), and `_eval` retries once on a fresh child.
+        polls at once (`check`), and `_call` retries once after it. While another
+        call restarts the child, its new Redis is alive but not yet answering (it
+        starts, it loads the AOF): every call waits for the restart, never tries it.
         """
         if self._redis is None:
             raise StoreUnavailable("the working store is not open")
         server = self.server
         if server is None:
             return
+        assert self._restart_lock is not None
         clock = time.monotonic()
-        if not check and clock - self._polled_at < _POLL_S:
+        if not check and clock - self._polled_at < _POLL_S and not self._restart_lock.locked():
             return
         self._polled_at = clock
-        if server.alive():
-            return
-        assert self._restart_lock is not None
         async with self._restart_lock:
             if server.alive():
                 return
@@ -475,11 +476,12 @@ class RedisStore:
         try:
             return await self._run(command)
         except _Unreachable:
-            if self.server is None or self.server.alive():
+            if self.server is None:
                 raise
-        # The embedded child died under this call. Writes are idempotent by id, so
-        # repeating on a new child is safe; a touch or reinforce that reached the
-        # AOF before the crash may count twice, which beats losing the call.
+        # The embedded child died under this call, or was being restarted when it began (alive, not
+        # answering yet): once it answers, the call is repeated. Writes are idempotent by id, so
+        # repeating on a new child is safe; a touch or reinforce that reached the AOF before the
+        # crash may count twice, which beats losing the call. A timeout is not repeated (`_run`).
         await self._ready(check=True)
         return await self._run(command)
 
@@ -498,7 +500,9 @@ class RedisStore:
             if _CONFLICT in text:
                 raise StoreConflict(text.split(_CONFLICT, 1)[1].strip()) from None
             raise StoreUnavailable(f"redis: {text}") from exc
-        except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
+        except (RedisTimeoutError, TimeoutError) as exc:  # a Redis that is slow or stopped: waiting again doubles the wait
+            raise StoreUnavailable(f"redis did not answer: {exc}") from exc
+        except (RedisConnectionError, OSError) as exc:
             raise _Unreachable(f"redis unreachable: {exc}") from exc
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc

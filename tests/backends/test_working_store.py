@@ -472,6 +472,50 @@ async def test_a_write_right_after_the_embedded_child_dies_restarts_it(tmp_path:
         assert [r["id"] for r in timeline["records"]] == ["a", "b0", "b1", "b2"]
 
 
+async def test_calls_while_the_embedded_child_restarts_wait_for_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call that came in while another one restarted a dead child (its new Redis not yet answering:
+    still starting, or loading a large AOF) found the child alive, tried it at once and answered
+    -32603. It waits for the restart instead."""
+    settings = _settings(tmp_path)
+    # a call that reaches the new Redis before it answers gives up long before it does
+    settings.options.update(appendfsync="always", timeout=0.1)
+    store = make_store(settings)
+    await store.open()
+    try:
+        await store.write([rec("a", session="s")])
+        server = store.server
+        assert server is not None and server.process is not None
+        spawn = server._spawn
+
+        def slow_spawn() -> None:  # a new Redis that takes a while to answer
+            spawn()
+            assert server.process is not None
+            os.kill(server.process.pid, signal.SIGSTOP)
+
+        monkeypatch.setattr(server, "_spawn", slow_spawn)
+        server.process.kill()
+        server.process.wait()
+        got: dict[str, object] = {}
+
+        async def read(name: str) -> None:
+            got[name] = ids(await store.select(Scope()))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read, "restarting")
+            while server.restarts == 0:
+                await anyio.sleep(0.001)
+            tg.start_soon(read, "meanwhile")
+            await anyio.sleep(0.3)
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert got == {"restarting": ["a"], "meanwhile": ["a"]} and server.restarts == 1
+    finally:
+        if store.server is not None and store.server.alive():
+            assert store.server.process is not None
+            os.kill(store.server.process.pid, signal.SIGCONT)
+        await store.close()
+
+
 async def test_embedded_child_that_cannot_start(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
     settings.options["redis_server"] = "/bin/false"
