@@ -573,6 +573,21 @@ async def test_long_data_dir_gets_a_short_socket(tmp_path: Path) -> None:
     assert store.server is not None and not os.path.exists(store.server.socket_path)
 
 
+@pytest.mark.parametrize("name", ["c#", "why?", "100%", "%41", "two words"])
+async def test_a_data_dir_named_with_url_characters(tmp_path: Path, name: str) -> None:
+    """The embedded child's socket was reached through an unquoted `unix://` URL: a data directory
+    holding `#` or `?` lost the rest of its path (a fragment, a query) and `%41` read as `A`, so
+    the server started its Redis and then never reached it."""
+    store = make_store(_settings(tmp_path / name))
+    try:
+        await store.open()
+        await store.write([rec("a")])
+        assert ids(await store.select(Scope())) == ["a"]
+        assert store.server is not None and (tmp_path / name / "redis.sock").exists()
+    finally:
+        await store.close()
+
+
 def _running(pid: int) -> bool:
     """Alive and not a zombie (a container's PID 1 may never reap an orphan)."""
     try:
