@@ -378,6 +378,7 @@ class RedisStore:
                 appendfsync=settings.options.get("appendfsync", "everysec"),
                 binary=settings.options.get("redis_server"),
             )
+        self._timeout = float(settings.options.get("timeout", 5.0))  # how long one Redis command may take
         self._redis: aioredis.Redis | None = None
         self._restart_lock: anyio.Lock | None = None
         self._failed_restart_at = 0.0
@@ -403,7 +404,7 @@ class RedisStore:
             # One immediate retry replaces a pooled connection that died with a
             # restarted server; more would only delay the -32603 a caller needs.
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            socket_timeout=float(self.settings.options.get("timeout", 5.0)),
+            socket_timeout=self._timeout,
             socket_connect_timeout=float(self.settings.options.get("connect_timeout", 2.0)),
             health_check_interval=0,
         )
@@ -443,7 +444,8 @@ class RedisStore:
         so the happy path polls at most every `_POLL_S`; a connection error
         polls at once (`check`), and `_call` retries once after it. While another
         call restarts the child, its new Redis is alive but not yet answering (it
-        starts, it loads the AOF): every call waits for the restart, never tries it.
+        starts, it loads the AOF): every call waits for the restart, never tries it,
+        but no longer than a Redis command may take (`timeout`).
         """
         if self._redis is None:
             raise StoreUnavailable("the working store is not open")
@@ -455,7 +457,11 @@ class RedisStore:
         if not check and clock - self._polled_at < _POLL_S and not self._restart_lock.locked():
             return
         self._polled_at = clock
-        async with self._restart_lock:
+        with anyio.move_on_after(self._timeout) as waiting:
+            await self._restart_lock.acquire()
+        if waiting.cancelled_caught:
+            raise StoreUnavailable(f"redis-server is restarting and did not answer within {self._timeout} s")
+        try:
             if server.alive():
                 return
             if time.monotonic() - self._failed_restart_at < 1.0:
@@ -466,6 +472,8 @@ class RedisStore:
                 self._failed_restart_at = time.monotonic()
                 raise
             await self._redis.connection_pool.disconnect()
+        finally:
+            self._restart_lock.release()
 
     async def _eval(self, script: Any, args: list[Any]) -> Any:
         return await self._call(lambda: script(args=[self.prefix, *args], client=self._redis))

@@ -472,30 +472,42 @@ async def test_a_write_right_after_the_embedded_child_dies_restarts_it(tmp_path:
         assert [r["id"] for r in timeline["records"]] == ["a", "b0", "b1", "b2"]
 
 
+def _restart_stopped(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> RedisServer:
+    """Kill the store's child and make its next one stopped before it listens (a Redis that takes a
+    while to answer: starting, loading a large AOF); SIGCONT lets it go on."""
+    server = store.server
+    assert server is not None and server.process is not None
+    spawn = server._spawn
+
+    def spawn_stopped() -> None:
+        for _ in range(50):
+            spawn()
+            assert server.process is not None
+            os.kill(server.process.pid, signal.SIGSTOP)
+            if not os.path.exists(server.socket_path):
+                return
+            server.process.kill()  # it listened before it stopped: again
+            server.process.wait()
+        pytest.fail("redis-server always listened before SIGSTOP reached it")
+
+    monkeypatch.setattr(server, "_spawn", spawn_stopped)
+    server.process.kill()
+    server.process.wait()
+    return server
+
+
 async def test_calls_while_the_embedded_child_restarts_wait_for_it(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A call that came in while another one restarted a dead child (its new Redis not yet answering:
     still starting, or loading a large AOF) found the child alive, tried it at once and answered
-    -32603. It waits for the restart instead."""
+    -32603. It waits for the restart instead, as long as one Redis command may take (`timeout`)."""
     settings = _settings(tmp_path)
-    # a call that reaches the new Redis before it answers gives up long before it does
-    settings.options.update(appendfsync="always", timeout=0.1)
+    settings.options.update(appendfsync="always", timeout=3.0)
     store = make_store(settings)
     await store.open()
     try:
         await store.write([rec("a", session="s")])
-        server = store.server
-        assert server is not None and server.process is not None
-        spawn = server._spawn
-
-        def slow_spawn() -> None:  # a new Redis that takes a while to answer
-            spawn()
-            assert server.process is not None
-            os.kill(server.process.pid, signal.SIGSTOP)
-
-        monkeypatch.setattr(server, "_spawn", slow_spawn)
-        server.process.kill()
-        server.process.wait()
+        server = _restart_stopped(store, monkeypatch)
         got: dict[str, object] = {}
 
         async def read(name: str) -> None:
@@ -507,8 +519,47 @@ async def test_calls_while_the_embedded_child_restarts_wait_for_it(tmp_path: Pat
                 await anyio.sleep(0.001)
             tg.start_soon(read, "meanwhile")
             await anyio.sleep(0.3)
+            assert server.process is not None
             os.kill(server.process.pid, signal.SIGCONT)
         assert got == {"restarting": ["a"], "meanwhile": ["a"]} and server.restarts == 1
+    finally:
+        if store.server is not None and store.server.alive():
+            assert store.server.process is not None
+            os.kill(store.server.process.pid, signal.SIGCONT)
+        await store.close()
+
+
+async def test_a_restart_that_takes_longer_than_the_timeout_is_unavailable(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiting for a restart is bounded: past `timeout` a call answers unavailable, and the restart
+    goes on for the calls after it."""
+    settings = _settings(tmp_path)
+    settings.options.update(appendfsync="always", timeout=0.3)
+    store = make_store(settings)
+    await store.open()
+    try:
+        await store.write([rec("a", session="s")])
+        server = _restart_stopped(store, monkeypatch)
+        got: dict[str, object] = {}
+
+        async def read(name: str) -> None:
+            started = time.monotonic()
+            try:
+                got[name] = ids(await store.select(Scope()))
+            except StoreUnavailable:
+                got[name] = time.monotonic() - started
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read, "restarting")
+            while server.restarts == 0:
+                await anyio.sleep(0.001)
+            tg.start_soon(read, "meanwhile")
+            await anyio.sleep(1.0)
+            assert server.process is not None
+            os.kill(server.process.pid, signal.SIGCONT)
+        waited = got.pop("meanwhile")
+        assert got == {"restarting": ["a"]} and isinstance(waited, float) and 0.25 < waited < 0.9
+        assert ids(await store.select(Scope())) == ["a"] and server.restarts == 1
     finally:
         if store.server is not None and store.server.alive():
             assert store.server.process is not None
