@@ -42,6 +42,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import anyio
 
@@ -141,7 +142,9 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"unix://{self.socket_path}"
+        """The socket as a `unix://` URL, percent-encoded: a data directory may hold `#`, `?` or `%`,
+        which a URL reader would take for a fragment, a query or an escape (redis-py decodes it)."""
+        return f"unix://{quote(self.socket_path)}"
 
     @property
     def log_path(self) -> Path:

@@ -391,6 +391,7 @@ class RedisStore:
                 appendfsync=settings.options.get("appendfsync", "everysec"),
                 binary=settings.options.get("redis_server"),
             )
+        self._timeout = float(settings.options.get("timeout", 5.0))  # how long one Redis command may take
         self._redis: aioredis.Redis | None = None
         self._restart_lock: anyio.Lock | None = None
         self._failed_restart_at = 0.0
@@ -420,7 +421,7 @@ class RedisStore:
             # One immediate retry replaces a pooled connection that died with a
             # restarted server; more would only delay the -32603 a caller needs.
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            socket_timeout=float(self.settings.options.get("timeout", 5.0)),
+            socket_timeout=self._timeout,
             socket_connect_timeout=float(self.settings.options.get("connect_timeout", 2.0)),
             health_check_interval=0,
         )
@@ -453,25 +454,31 @@ class RedisStore:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
 
     async def _ready(self, *, check: bool = False) -> None:
-        """Restart an embedded child that died; fail fast while a restart keeps failing.
+        """Restart an embedded child that died; wait for a restart under way; fail fast while a
+        restart keeps failing.
 
         Polling the child costs a waitpid per call, a tenth of a timeline's CPU,
         so the happy path polls at most every `_POLL_S`; a connection error
-        polls at once (`check`), and `_eval` retries once on a fresh child.
+        polls at once (`check`), and `_call` retries once after it. While another
+        call restarts the child, its new Redis is alive but not yet answering (it
+        starts, it loads the AOF): every call waits for the restart, never tries it,
+        but no longer than a Redis command may take (`timeout`).
         """
         if self._redis is None:
             raise StoreUnavailable("the working store is not open")
         server = self.server
         if server is None:
             return
+        assert self._restart_lock is not None
         clock = time.monotonic()
-        if not check and clock - self._polled_at < _POLL_S:
+        if not check and clock - self._polled_at < _POLL_S and not self._restart_lock.locked():
             return
         self._polled_at = clock
-        if server.alive():
-            return
-        assert self._restart_lock is not None
-        async with self._restart_lock:
+        with anyio.move_on_after(self._timeout) as waiting:
+            await self._restart_lock.acquire()
+        if waiting.cancelled_caught:
+            raise StoreUnavailable(f"redis-server is restarting and did not answer within {self._timeout} s")
+        try:
             if server.alive():
                 return
             if time.monotonic() - self._failed_restart_at < 1.0:
@@ -482,6 +489,8 @@ class RedisStore:
                 self._failed_restart_at = time.monotonic()
                 raise
             await self._redis.connection_pool.disconnect()
+        finally:
+            self._restart_lock.release()
 
     async def _eval(self, script: Any, args: list[Any]) -> Any:
         return await self._call(lambda: script(args=[self.prefix, *args], client=self._redis))
@@ -492,11 +501,12 @@ class RedisStore:
         try:
             return await self._run(command)
         except _Unreachable:
-            if self.server is None or self.server.alive():
+            if self.server is None:
                 raise
-        # The embedded child died under this call. Writes are idempotent by id, so
-        # repeating on a new child is safe; a touch or reinforce that reached the
-        # AOF before the crash may count twice, which beats losing the call.
+        # The embedded child died under this call, or was being restarted when it began (alive, not
+        # answering yet): once it answers, the call is repeated. Writes are idempotent by id, so
+        # repeating on a new child is safe; a touch or reinforce that reached the AOF before the
+        # crash may count twice, which beats losing the call. A timeout is not repeated (`_run`).
         await self._ready(check=True)
         return await self._run(command)
 
@@ -515,7 +525,9 @@ class RedisStore:
             if _CONFLICT in text:
                 raise StoreConflict(text.split(_CONFLICT, 1)[1].strip()) from None
             raise StoreUnavailable(f"redis: {text}") from exc
-        except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
+        except (RedisTimeoutError, TimeoutError) as exc:  # a Redis that is slow or stopped: waiting again doubles the wait
+            raise StoreUnavailable(f"redis did not answer: {exc}") from exc
+        except (RedisConnectionError, OSError) as exc:
             raise _Unreachable(f"redis unreachable: {exc}") from exc
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
@@ -628,15 +640,16 @@ class RedisStore:
         unique = list(dict.fromkeys(ids))
         if not unique:
             return {}
-        await self._ready()
-        assert self._redis is not None
-        try:
+
+        async def read() -> list[bytes | None]:
+            assert self._redis is not None
             async with self._redis.pipeline(transaction=False) as pipe:
                 for record_id in unique:
                     pipe.hget(f"{self.prefix}:r:{record_id}", "o")
-                found = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
+                return await pipe.execute()
+
+        # Through `_call`, as every other read: a remember starts here, and it must restart a dead child too.
+        found = await self._call(read)
         return {i: _dec(o) for i, o in zip(unique, found) if o is not None}
 
     async def get_keys(self, owner: str | None, keys: Sequence[str]) -> dict[str, Record]:

@@ -25,6 +25,7 @@ from a2m.records import Record
 from backends.settings import TierSettings
 from backends.store import StoreRejected, StoreUnavailable
 from backends.working import CAPABILITIES, KIND, RedisServer, RedisStore, make_store
+from tests.support.inprocess import call, dispatchers
 
 pytestmark = pytest.mark.anyio
 
@@ -484,6 +485,121 @@ async def test_embedded_child_killed_is_restarted(tmp_path: Path) -> None:
     assert store.server is not None and not store.server.alive()
 
 
+async def test_a_write_right_after_the_embedded_child_dies_restarts_it(tmp_path: Path) -> None:
+    """A remember resolves its ids (`owners`) before it writes. That read bypassed the restart a
+    read or write does on a dead child, so every remember within the half second after a crash of
+    Redis answered -32603 and none restarted it; reads got through."""
+    # `always`: the kill must not lose `a` (see the test above)
+    async with dispatchers(tmp_path, ["working"], {"appendfsync": "always"}) as tiers:
+        tier = tiers["working"]
+        await call(tier, "memory/remember", {"records": [{"id": "a", "content": "before", "session": "s"}]})
+        server = tier.service.store.server
+        assert server is not None and server.process is not None
+        for attempt in range(3):
+            server.process.kill()
+            server.process.wait()
+            assert await call(tier, "memory/remember", {"records": [
+                {"id": f"b{attempt}", "content": "after", "session": "s"}]}) == {"ids": [f"b{attempt}"]}
+            assert server.alive() and server.restarts == attempt + 1
+        timeline = await call(tier, "memory/timeline", {"where": {"session": "s"}})
+        assert [r["id"] for r in timeline["records"]] == ["a", "b0", "b1", "b2"]
+
+
+def _restart_stopped(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> RedisServer:
+    """Kill the store's child and make its next one stopped before it listens (a Redis that takes a
+    while to answer: starting, loading a large AOF); SIGCONT lets it go on."""
+    server = store.server
+    assert server is not None and server.process is not None
+    spawn = server._spawn
+
+    def spawn_stopped() -> None:
+        for _ in range(50):
+            spawn()
+            assert server.process is not None
+            os.kill(server.process.pid, signal.SIGSTOP)
+            if not os.path.exists(server.socket_path):
+                return
+            server.process.kill()  # it listened before it stopped: again
+            server.process.wait()
+        pytest.fail("redis-server always listened before SIGSTOP reached it")
+
+    monkeypatch.setattr(server, "_spawn", spawn_stopped)
+    server.process.kill()
+    server.process.wait()
+    return server
+
+
+async def test_calls_while_the_embedded_child_restarts_wait_for_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call that came in while another one restarted a dead child (its new Redis not yet answering:
+    still starting, or loading a large AOF) found the child alive, tried it at once and answered
+    -32603. It waits for the restart instead, as long as one Redis command may take (`timeout`)."""
+    settings = _settings(tmp_path)
+    settings.options.update(appendfsync="always", timeout=3.0)
+    store = make_store(settings)
+    await store.open()
+    try:
+        await store.write([rec("a", session="s")])
+        server = _restart_stopped(store, monkeypatch)
+        got: dict[str, object] = {}
+
+        async def read(name: str) -> None:
+            got[name] = ids(await store.select(Scope()))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read, "restarting")
+            while server.restarts == 0:
+                await anyio.sleep(0.001)
+            tg.start_soon(read, "meanwhile")
+            await anyio.sleep(0.3)
+            assert server.process is not None
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert got == {"restarting": ["a"], "meanwhile": ["a"]} and server.restarts == 1
+    finally:
+        if store.server is not None and store.server.alive():
+            assert store.server.process is not None
+            os.kill(store.server.process.pid, signal.SIGCONT)
+        await store.close()
+
+
+async def test_a_restart_that_takes_longer_than_the_timeout_is_unavailable(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiting for a restart is bounded: past `timeout` a call answers unavailable, and the restart
+    goes on for the calls after it."""
+    settings = _settings(tmp_path)
+    settings.options.update(appendfsync="always", timeout=0.3)
+    store = make_store(settings)
+    await store.open()
+    try:
+        await store.write([rec("a", session="s")])
+        server = _restart_stopped(store, monkeypatch)
+        got: dict[str, object] = {}
+
+        async def read(name: str) -> None:
+            started = time.monotonic()
+            try:
+                got[name] = ids(await store.select(Scope()))
+            except StoreUnavailable:
+                got[name] = time.monotonic() - started
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read, "restarting")
+            while server.restarts == 0:
+                await anyio.sleep(0.001)
+            tg.start_soon(read, "meanwhile")
+            await anyio.sleep(1.0)
+            assert server.process is not None
+            os.kill(server.process.pid, signal.SIGCONT)
+        waited = got.pop("meanwhile")
+        assert got == {"restarting": ["a"]} and isinstance(waited, float) and 0.25 < waited < 0.9
+        assert ids(await store.select(Scope())) == ["a"] and server.restarts == 1
+    finally:
+        if store.server is not None and store.server.alive():
+            assert store.server.process is not None
+            os.kill(store.server.process.pid, signal.SIGCONT)
+        await store.close()
+
+
 async def test_embedded_child_that_cannot_start(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
     settings.options["redis_server"] = "/bin/false"
@@ -539,6 +655,21 @@ async def test_long_data_dir_gets_a_short_socket(tmp_path: Path) -> None:
     finally:
         await store.close()
     assert store.server is not None and not os.path.exists(store.server.socket_path)
+
+
+@pytest.mark.parametrize("name", ["c#", "why?", "100%", "%41", "two words"])
+async def test_a_data_dir_named_with_url_characters(tmp_path: Path, name: str) -> None:
+    """The embedded child's socket was reached through an unquoted `unix://` URL: a data directory
+    holding `#` or `?` lost the rest of its path (a fragment, a query) and `%41` read as `A`, so
+    the server started its Redis and then never reached it."""
+    store = make_store(_settings(tmp_path / name))
+    try:
+        await store.open()
+        await store.write([rec("a")])
+        assert ids(await store.select(Scope())) == ["a"]
+        assert store.server is not None and (tmp_path / name / "redis.sock").exists()
+    finally:
+        await store.close()
 
 
 def _running(pid: int) -> bool:
