@@ -258,6 +258,14 @@ FUSION_KEYS = ("strategy", "rrf_k", "pool", "half_life_days", "weights")
 EMBEDDER_KEYS = ("spec", "url", "model")
 
 
+def unenforced(tiers: Iterable[TierConfig]) -> list[str]:
+    """A line for each tier whose capacity nothing enforces: no `spill_to`, and retention "keep" (the
+    default: nothing is dropped unless asked). Started with, and logged: `a2m up --tiers working` has one."""
+    return [f"tier {t.name} has capacity {t.capacity} but neither spill_to nor retention = \"drop\": it keeps "
+            f"every record past its capacity" for t in tiers
+            if t.capacity is not None and t.spill_to is None and t.retention == "keep"]
+
+
 def _known(table: Mapping[str, Any], known: Iterable[str], where: str, hint: str = "") -> None:
     """A misspelt key is refused, not ignored: a silently dropped setting is a wrong deployment."""
     known = sorted(set(known))

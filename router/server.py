@@ -30,7 +30,7 @@ from a2m.timefmt import now
 from a2m.params import bool_param, ids_param, int_param, str_param
 
 from . import fusion
-from .config import RouterConfig, load
+from .config import RouterConfig, load, unenforced
 from .federation import FanOut, Federation, Tier
 from .policy import Policy
 
@@ -104,6 +104,8 @@ class Router(EventMethods):
     async def startup(self) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per tier call otherwise
         await self.fed.start()
+        for line in unenforced(self.config.tiers):
+            log.warning(line)
         width = getattr(self.embedder, "dimensions", None)  # an HTTP embedder's is known after first use
         for tier in self.fed:
             if width and tier.searched and tier.dimensions and tier.dimensions != width:

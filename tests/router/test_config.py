@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from router.config import ConfigError, load, parse
+from router.config import ConfigError, load, parse, unenforced
 
 
 def tiers(*extra: dict) -> dict:
@@ -312,3 +312,13 @@ def test_an_unreadable_config_file_is_a_config_error(tmp_path: Path) -> None:
         load(binary)
     binary.write_text("")
     assert load(binary).names == ["working", "episodic", "semantic", "procedural"]
+
+
+def test_a_capacity_nothing_enforces_is_named_at_start() -> None:
+    """Capacity with no spill_to and retention "keep" (the default) moves and drops nothing; accepted
+    (`a2m up --tiers working` writes it), and named so the router logs it at start."""
+    assert unenforced(parse({}).tiers) == []  # the design's stack: every capacity spills
+    tier = {"name": "working", "kind": "working", "url": "http://127.0.0.1:1/", "capacity": 8}
+    [line] = unenforced(parse({"tiers": [tier]}).tiers)
+    assert "tier working has capacity 8" in line and "retention" in line
+    assert unenforced(parse({"tiers": [{**tier, "retention": "drop"}]}).tiers) == []
