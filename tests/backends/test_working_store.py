@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 import uuid
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
@@ -529,45 +530,15 @@ def _restart_stopped(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> Redi
     return server
 
 
-async def test_calls_while_the_embedded_child_restarts_wait_for_it(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """A call that came in while another one restarted a dead child (its new Redis not yet answering:
-    still starting, or loading a large AOF) found the child alive, tried it at once and answered
-    -32603. It waits for the restart instead, as long as one Redis command may take (`timeout`)."""
+@asynccontextmanager
+async def _restarting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: float,
+                      hold: float) -> AsyncIterator[tuple[RedisStore, RedisServer, dict[str, object]]]:
+    """A store holding "a" whose child is dead, its next one stopped (`_restart_stopped`); inside,
+    tasks "restarting" (the call that restarts it) and then "meanwhile" (a call during the restart)
+    read the store into the yielded dict, an elapsed time where one answered unavailable. The
+    stopped child is let go `hold` seconds after "meanwhile" started."""
     settings = _settings(tmp_path)
-    settings.options.update(appendfsync="always", timeout=3.0)
-    store = make_store(settings)
-    await store.open()
-    try:
-        await store.write([rec("a", session="s")])
-        server = _restart_stopped(store, monkeypatch)
-        got: dict[str, object] = {}
-
-        async def read(name: str) -> None:
-            got[name] = ids(await store.select(Scope()))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read, "restarting")
-            while server.restarts == 0:
-                await anyio.sleep(0.001)
-            tg.start_soon(read, "meanwhile")
-            await anyio.sleep(0.3)
-            assert server.process is not None
-            os.kill(server.process.pid, signal.SIGCONT)
-        assert got == {"restarting": ["a"], "meanwhile": ["a"]} and server.restarts == 1
-    finally:
-        if store.server is not None and store.server.alive():
-            assert store.server.process is not None
-            os.kill(store.server.process.pid, signal.SIGCONT)
-        await store.close()
-
-
-async def test_a_restart_that_takes_longer_than_the_timeout_is_unavailable(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Waiting for a restart is bounded: past `timeout` a call answers unavailable, and the restart
-    goes on for the calls after it."""
-    settings = _settings(tmp_path)
-    settings.options.update(appendfsync="always", timeout=0.3)
+    settings.options.update(appendfsync="always", timeout=timeout)
     store = make_store(settings)
     await store.open()
     try:
@@ -587,17 +558,34 @@ async def test_a_restart_that_takes_longer_than_the_timeout_is_unavailable(tmp_p
             while server.restarts == 0:
                 await anyio.sleep(0.001)
             tg.start_soon(read, "meanwhile")
-            await anyio.sleep(1.0)
+            await anyio.sleep(hold)
             assert server.process is not None
             os.kill(server.process.pid, signal.SIGCONT)
-        waited = got.pop("meanwhile")
-        assert got == {"restarting": ["a"]} and isinstance(waited, float) and 0.25 < waited < 0.9
-        assert ids(await store.select(Scope())) == ["a"] and server.restarts == 1
+        yield store, server, got
     finally:
         if store.server is not None and store.server.alive():
             assert store.server.process is not None
             os.kill(store.server.process.pid, signal.SIGCONT)
         await store.close()
+
+
+async def test_calls_while_the_embedded_child_restarts_wait_for_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call that came in while another one restarted a dead child (its new Redis not yet answering:
+    still starting, or loading a large AOF) found the child alive, tried it at once and answered
+    -32603. It waits for the restart instead, as long as one Redis command may take (`timeout`)."""
+    async with _restarting(tmp_path, monkeypatch, timeout=3.0, hold=0.3) as (_, server, got):
+        assert got == {"restarting": ["a"], "meanwhile": ["a"]} and server.restarts == 1
+
+
+async def test_a_restart_that_takes_longer_than_the_timeout_is_unavailable(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiting for a restart is bounded: past `timeout` a call answers unavailable, and the restart
+    goes on for the calls after it."""
+    async with _restarting(tmp_path, monkeypatch, timeout=0.3, hold=1.0) as (store, server, got):
+        waited = got.pop("meanwhile")
+        assert got == {"restarting": ["a"]} and isinstance(waited, float) and 0.25 < waited < 0.9
+        assert ids(await store.select(Scope())) == ["a"] and server.restarts == 1
 
 
 async def test_embedded_child_that_cannot_start(tmp_path: Path) -> None:
