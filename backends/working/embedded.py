@@ -68,6 +68,12 @@ def find_redis_server() -> str:
     return found
 
 
+async def _answers(path: str) -> bool:
+    """`_pong` in a worker thread: a Redis that accepted and does not answer (stopped, swapped out)
+    would hold the event loop, and every other request of the tier server, for its timeout."""
+    return await anyio.to_thread.run_sync(_pong, path)
+
+
 def _pong(path: str) -> bool:
     """True when the server at `path` answers PING (not while it is still loading its AOF)."""
     try:
@@ -250,7 +256,7 @@ class RedisServer:
             assert self.process is not None
             if self.process.poll() is not None:
                 raise StoreUnavailable(f"redis-server exited with {self.process.returncode} at start: {self._log_tail()}")
-            if _pong(self.socket_path):
+            if await _answers(self.socket_path):
                 return
             if time.monotonic() > deadline:
                 self._kill()

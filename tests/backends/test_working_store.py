@@ -506,6 +506,32 @@ async def test_a_write_right_after_the_embedded_child_dies_restarts_it(tmp_path:
         assert [r["id"] for r in timeline["records"]] == ["a", "b0", "b1", "b2"]
 
 
+async def test_a_redis_that_accepts_and_does_not_answer_never_holds_the_event_loop(tmp_path: Path) -> None:
+    """Start and restart poll the child with PING; a socket that accepts and never answers held the
+    loop for the poll's 0.5 s timeout, and every other request of the tier server with it."""
+    import socket
+
+    from backends.working.embedded import _answers
+
+    path = str(tmp_path / "mute.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as mute:
+        mute.bind(path)
+        mute.listen(1)  # connects are queued, never answered
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await anyio.sleep(0.01)
+                ticks += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(tick)
+            assert await _answers(path) is False
+            tg.cancel_scope.cancel()
+    assert ticks >= 20  # the loop ran on through the 0.5 s wait
+
+
 def _restart_stopped(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> RedisServer:
     """Kill the store's child and make its next one stopped before it listens (a Redis that takes a
     while to answer: starting, loading a large AOF); SIGCONT lets it go on."""
