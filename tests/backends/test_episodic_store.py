@@ -745,6 +745,34 @@ async def test_database_goes_away_and_comes_back(tmp_path: Path) -> None:
         embedded.stop()
 
 
+async def test_a_statement_that_cannot_finish_answers_unavailable_within_the_statement_timeout(server: str) -> None:
+    # A lock PostgreSQL will not grant (VACUUM FULL records, an ALTER TABLE, a stuck transaction) held
+    # every call, and its pooled connection, for as long as it lasted: never an answer.
+    dsn = _fresh_database(server)
+    store = PostgresStore(_settings(dsn, statement_timeout=0.5, pool_max=2))
+    await store.open()
+    try:
+        await store.write([rec(1, "a", content="deploy plan", key="k")])
+        with psycopg.connect(dsn) as locker:
+            locker.execute("LOCK TABLE records IN ACCESS EXCLUSIVE MODE")
+            calls = [lambda: store.write([rec(2, "a", content="during")]), lambda: store.select(Scope(owner="a")),
+                     lambda: store.search(Scope(owner="a"), text="deploy", vector=None, limit=5),
+                     lambda: store.count("a"), lambda: store.get_keys("a", ["k"]),
+                     lambda: store.touch("a", ["a-1"], "2026-05-01T00:00:00.000Z"),
+                     lambda: store.delete(Scope(owner="a", ids=["a-1"]))]
+            for call in calls:
+                started = time.monotonic()
+                with pytest.raises(StoreUnavailable):
+                    with anyio.fail_after(10):
+                        await call()
+                assert time.monotonic() - started < 3.0
+        assert [r.content for r in await store.select(Scope(owner="a"))] == ["deploy plan"]  # nothing half-written
+        await store.write([rec(2, "a", content="after")])  # the pool's connections are usable again
+        assert await store.count("a") == 2
+    finally:
+        await store.close()
+
+
 async def test_survives_close_and_reopen_embedded(tmp_path: Path) -> None:
     settings = _settings(None, tmp_path)
     first = make_store(settings)
