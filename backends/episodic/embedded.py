@@ -243,4 +243,6 @@ class EmbeddedPostgres:
                 _running[self.pgdata] = (handle, users - 1)
                 return
             del _running[self.pgdata]
+            if clear_dead_postmaster(self.pgdata):  # killed (OOM): `pg_ctl stop` would wait a minute for it
+                handle._postmaster_info = None  # type: ignore[attr-defined]  # so cleanup stops nothing
             handle.cleanup()  # type: ignore[attr-defined]

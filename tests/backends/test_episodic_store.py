@@ -840,6 +840,42 @@ def test_a_killed_postmaster_not_yet_reaped_is_replaced_by_a_fresh_server(tmp_pa
     assert done.stdout.split() == ["1", "zombie"]  # connected to a fresh server while the old one was a zombie
 
 
+def test_a_store_whose_postmaster_was_killed_closes_at_once(tmp_path: Path) -> None:
+    """The OOM killer took the postmaster while the tier served: shutting the tier server down ran
+    `pg_ctl stop` on the dead server, waited its full minute, then raised NoSuchProcess. Run under
+    a subreaper that never reaps (as a container without an init leaves the zombie)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("needs prctl(PR_SET_CHILD_SUBREAPER)")
+    data = tmp_path / "oom"
+    script = textwrap.dedent(f"""
+        import ctypes, os, signal, time
+        from pathlib import Path
+        import psutil
+        from backends.episodic.embedded import EmbeddedPostgres
+        assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+        embedded = EmbeddedPostgres(Path({str(data)!r}))
+        embedded.start()
+        postmaster = int((embedded.pgdata / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while psutil.Process(postmaster).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the killed postmaster did not become our zombie"
+            time.sleep(0.01)
+        started = time.monotonic()
+        embedded.stop()
+        print(round(time.monotonic() - started, 1), (embedded.pgdata / "postmaster.pid").exists(), flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    took, pid_file = done.stdout.split()
+    assert float(took) < 5 and pid_file == "False"
+
+
 async def test_large_floats_in_metadata_round_trip_and_match_exactly(store: PostgresStore) -> None:
     # A float whose shortest repr has an exponent ("1e+16", "1.152921504606847e+18") became a jsonb
     # numeric without a fraction: it came back an int, and 2.0**60 came back 1152921504606847000
