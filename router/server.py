@@ -24,6 +24,7 @@ from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
 from a2m.filters import parse_scope
 from a2m.http import HTTPSettings
+from a2m.paging import CrowdedMillisecond, pages_backwards
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
 from a2m.summarize import summarize as extract_summary
 from a2m.timefmt import now
@@ -584,7 +585,12 @@ class Router(EventMethods):
         options = prompts.parse(params.get("prompt"))
         asked_vectors = bool_param(params, "embeddings", False)
         asked = {**scope, "limit": limit, "embeddings": asked_vectors}
-        fan = await self._settled(owner, tiers, lambda: self.fed.fan_out("memory/timeline", asked, tiers))
+
+        def per_tier(tier: Tier) -> dict[str, Any] | None:
+            cap = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
+            return {**asked, "limit": min(limit, cap) if cap else limit}
+
+        fan = await self._settled(owner, tiers, lambda: self._ask_timeline(tiers, per_tier, limit))
         wire = self._merge_by_time(fan.results)
         if limit:
             wire = wire[-limit:]
@@ -596,6 +602,37 @@ class Router(EventMethods):
             records = [Record.from_wire(r) for r in wire]
             result.update(prompts.render(records, options, ordered_by_time=True))
         return result
+
+    async def _ask_timeline(self, tiers: list[Tier], per_tier: Callable[[Tier], dict[str, Any] | None],
+                            limit: int) -> FanOut:
+        """One fan-out of a timeline, each tier asked for at most its own max_recall_limit. A tier whose
+        reply stopped there, short of `limit` (the router may declare more than a tier), is read
+        again backwards a page at a time (`a2m.paging`) for its newest `limit` records."""
+        fan = await self.fed.fan_out("memory/timeline", {}, tiers, per_tier=per_tier)
+
+        async def more(name: str, params: dict[str, Any]) -> None:
+            records: list[dict[str, Any]] = []
+            try:
+                async for page in pages_backwards(self.fed[name].call, params, page=params["limit"],
+                                                  cap=params["limit"]):
+                    records[:0] = page
+                    if len(records) >= limit:
+                        break
+            except CrowdedMillisecond as exc:
+                log.warning("timeline of %s: %s; the rest of them are left out", name, exc)
+            except A2MError as exc:  # the first page stands; the tier is named as left out
+                fan.errors[name] = exc
+                fan.degraded.append(name)
+                return
+            fan.results[name] = {"records": records[-limit:]}
+
+        full = [(name, params) for name, result in fan.results.items()
+                if (params := per_tier(self.fed[name])) is not None and params["limit"] < limit
+                and len(result.get("records", [])) >= params["limit"]]
+        if full:
+            await asyncio.gather(*(more(name, params) for name, params in full))
+            fan.degraded.sort(key=self.fed.order.index)
+        return fan
 
     def _merge_by_time(self, results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Ascending by created_at; equal stamps keep each tier's order, deeper tiers (older by

@@ -134,3 +134,40 @@ async def test_summarize_into_a_tier_does_not_land_where_its_key_lives(stack: St
         assert refused.value.code == -32602 and refused.value.data["tier"] == "working"
         written = await router.call("memory/summarize", {"owner": me, "ids": ids, "key": "sum/1"})
         assert written["written"] == 1 and written["records"][0]["tier"] == "working"
+
+
+# `facts` is the router's name for a tier server that calls itself `semantic` (a renamed tier, a
+# mounted corpus under a name of the config's choosing); the router declares a larger
+# max_recall_limit than the tiers' 1000.
+RENAMED = [
+    {"name": "working", "kind": "working", "timeout": 5.0},
+    {"name": "facts", "kind": "semantic", "timeout": 5.0, "args": ["--name", "semantic"]},
+]
+
+
+@pytest.fixture(scope="module")
+def renamed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with federation(tmp_path_factory.mktemp("renamed"), RENAMED, mode="real",
+                    top={"limits": {"max_recall_limit": 1500}}) as running:
+        yield running
+
+
+@pytest.mark.anyio
+async def test_a_timeline_longer_than_a_tiers_max_recall_limit_reads_it_in_pages(renamed: Stack) -> None:
+    """The router declares max_recall_limit 1500, its tiers 1000. A timeline asked each tier for the
+    whole limit (by default, the router's cap), every tier refused it, and the answer was empty with
+    every tier `degraded`; it now reads a tier past its cap a page at a time."""
+    me = owner()
+    async with HTTPClient(renamed.url) as router:
+        older = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": f"fact {i}", "tier": "facts"} for i in range(3)]}))["ids"]
+        turns: list[str] = []
+        for start in (0, 600):
+            turns += (await router.call("memory/remember", {"owner": me, "records": [
+                {"content": f"turn {i}", "role": "user"} for i in range(start, start + 600)]}))["ids"]
+        everything = await router.call("memory/timeline", {"owner": me})
+        assert "degraded" not in everything
+        assert [r["id"] for r in everything["records"]] == older + turns
+        recent = await router.call("memory/timeline", {"owner": me, "limit": 1100})
+        assert [r["id"] for r in recent["records"]] == turns[-1100:]
+        assert len((await router.call("memory/recall", {"owner": me, "limit": 1500}))["records"]) == 1000 + 3
