@@ -22,7 +22,7 @@ from a2m.dispatch import Context, Handler, bound_handlers
 from a2m.embedder import make_embedder, try_embed
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
-from a2m.filters import parse_scope
+from a2m.filters import parse_scope, test_matches
 from a2m.http import HTTPSettings
 from a2m.paging import CrowdedMillisecond, pages_backwards
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
@@ -51,6 +51,19 @@ def _with_owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
     if owner is not None:
         params["owner"] = owner
     return params
+
+
+def _settle_tier(params: dict[str, Any], tier: Tier) -> dict[str, Any] | None:
+    """A read's `params` for `tier` with `where.tier` answered here, by the router's name for the tier
+    (the name its records show): a tier server tests it against its own name, which router.toml need
+    not share. None when the tier holds nothing that could match: it is not asked."""
+    where = params.get("where")
+    if not isinstance(where, dict) or "tier" not in where:
+        return params
+    if not test_matches(True, tier.name, where["tier"]):
+        return None
+    rest = {k: v for k, v in where.items() if k != "tier"}
+    return {**{k: v for k, v in params.items() if k != "where"}, **({"where": rest} if rest else {})}
 
 
 def _batch_owner(records: Sequence[Record], owner: str | None) -> str | None:
@@ -523,12 +536,12 @@ class Router(EventMethods):
         if query:
             base["query"] = query
 
-        def per_tier(tier: Tier) -> dict[str, Any]:
+        def per_tier(tier: Tier) -> dict[str, Any] | None:
             cap = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
             out = {**base, "limit": min(pool, cap) if cap else pool}
             if vector is not None and takes_vector(tier):
                 out["embedding"] = vector
-            return out
+            return _settle_tier(out, tier)
 
         tokenize = strategy == "rerank" and bool(query)
         fan, lists = await self._settled(owner, tiers, lambda: self._ask_recall(tiers, per_tier, tokenize))
@@ -562,7 +575,7 @@ class Router(EventMethods):
             result.update(prompts.render(fused, options, ordered_by_time=False))
         return result
 
-    async def _ask_recall(self, tiers: list[Tier], per_tier: Callable[[Tier], dict[str, Any]],
+    async def _ask_recall(self, tiers: list[Tier], per_tier: Callable[[Tier], dict[str, Any] | None],
                           tokenize: bool) -> tuple[FanOut, dict[str, list[Record]]]:
         """One fan-out of a recall: each tier's records, parsed (and for rerank, tokenized) as its
         reply arrives, while the slower tiers still work; in tier order, not arrival order (ties
@@ -588,7 +601,7 @@ class Router(EventMethods):
 
         def per_tier(tier: Tier) -> dict[str, Any] | None:
             cap = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
-            return {**asked, "limit": min(limit, cap) if cap else limit}
+            return _settle_tier({**asked, "limit": min(limit, cap) if cap else limit}, tier)
 
         fan = await self._settled(owner, tiers, lambda: self._ask_timeline(tiers, per_tier, limit))
         wire = self._merge_by_time(fan.results)

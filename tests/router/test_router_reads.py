@@ -171,3 +171,22 @@ async def test_a_timeline_longer_than_a_tiers_max_recall_limit_reads_it_in_pages
         recent = await router.call("memory/timeline", {"owner": me, "limit": 1100})
         assert [r["id"] for r in recent["records"]] == turns[-1100:]
         assert len((await router.call("memory/recall", {"owner": me, "limit": 1500}))["records"]) == 1000 + 3
+
+
+@pytest.mark.anyio
+async def test_where_tier_names_the_tier_as_the_router_calls_it(renamed: Stack) -> None:
+    """`where: {tier}` went down to every tier as it was, and each tier server tests it against its own
+    name: a tier the router calls `facts` but which calls itself `semantic` matched nothing, though
+    the router shows its records with `tier: "facts"`."""
+    me = owner()
+    async with HTTPClient(renamed.url) as router:
+        ids = {}
+        for tier in ("working", "facts"):
+            ids[tier] = (await router.call("memory/remember", {"owner": me, "records": [
+                {"content": f"zebra note kept in {tier}", "tier": tier}]}))["ids"][0]
+        for method, params in (("memory/recall", {"query": "zebra"}), ("memory/recall", {}),
+                               ("memory/timeline", {})):
+            for where, expected in (({"tier": "facts"}, ["facts"]), ({"tier": ["facts", "working"]}, ["facts", "working"]),
+                                    ({"tier": "semantic"}, []), ({"tier": "working"}, ["working"])):
+                got = (await router.call(method, {"owner": me, "where": where, **params}))["records"]
+                assert sorted((r["tier"], r["id"]) for r in got) == [(t, ids[t]) for t in expected], (method, where)
