@@ -572,8 +572,26 @@ class Router(EventMethods):
             result["degraded"] = fan.degraded
             self._count_degraded(fan.degraded)
         if options is not None:
-            result.update(prompts.render(fused, options, ordered_by_time=False))
+            written = await self._written_order(owner, fused, options)
+            result.update(prompts.render(fused, options, ordered_by_time=False, written=written))
         return result
+
+    async def _written_order(self, owner: str | None, records: Sequence[Record],
+                             options: dict[str, Any]) -> list[str] | None:
+        """For a recall's transcript prompt: the records' ids in the order timeline shows them, which
+        their `created_at` alone does not tell for records written in one call (each tier ranked
+        them by relevance). Read only when two of them share a stamp."""
+        if (options["style"] != "transcript" or options["method"] == "none"
+                or len({r.created_at for r in records}) == len(records)):
+            return None
+        by_tier: dict[str, list[str]] = {}
+        for record in records:
+            if record.tier in self.fed.tiers:
+                by_tier.setdefault(record.tier, []).append(record.id)
+        read = await asyncio.gather(*(self.policy.by_ids(self.fed[name], owner, ids) for name, ids in by_tier.items()),
+                                    return_exceptions=True)  # a tier that fails leaves its records in rank order
+        return [r["id"] for r in self._merge_by_time({name: {"records": found} for name, found in zip(by_tier, read)
+                                                      if not isinstance(found, BaseException)})]
 
     async def _ask_recall(self, tiers: list[Tier], per_tier: Callable[[Tier], dict[str, Any] | None],
                           tokenize: bool) -> tuple[FanOut, dict[str, list[Record]]]:

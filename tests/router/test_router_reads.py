@@ -136,6 +136,29 @@ async def test_summarize_into_a_tier_does_not_land_where_its_key_lives(stack: St
         assert written["written"] == 1 and written["records"][0]["tier"] == "working"
 
 
+
+@pytest.mark.anyio
+async def test_a_recall_transcript_shows_turns_written_together_in_the_order_written(stack: Stack) -> None:
+    """A question and its answer written in one call share their `created_at`; a router recall's
+    transcript showed them in rank order (the answer, the better hit, first), as a tier server no
+    longer does. It shows them as timeline replays them; the facts style keeps the rank order."""
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        for tier in ("working", "episodic"):
+            ids = (await router.call("memory/remember", {"owner": me, "records": [
+                {"content": f"which city is the capital of Italy, {tier}?", "role": "user", "tier": tier},
+                {"content": "Rome: Rome is the capital city of Italy, and Rome is large.", "role": "assistant",
+                 "tier": tier}]}))["ids"]
+            for fusion in ("rrf", "rerank"):
+                asked = {"owner": me, "query": "Rome capital city", "tier": tier, "fusion": fusion, "touch": False}
+                result = await router.call("memory/recall", {**asked, "prompt": {"style": "transcript"}})
+                assert [r["id"] for r in result["records"]] == ids[::-1], (tier, fusion)  # the answer ranks first
+                assert result["prompt_ids"] == ids, (tier, fusion)
+                assert result["prompt"].split("\n")[0].startswith("user: which city"), (tier, fusion)
+                facts = await router.call("memory/recall", {**asked, "prompt": {"style": "facts"}})
+                assert facts["prompt_ids"] == ids[::-1], (tier, fusion)
+
+
 # `facts` is the router's name for a tier server that calls itself `semantic` (a renamed tier, a
 # mounted corpus under a name of the config's choosing); the router declares a larger
 # max_recall_limit than the tiers' 1000.
