@@ -924,7 +924,6 @@ class Router(EventMethods):
             result = fan.results.get(tier.name)
             if result is not None:
                 tier.info = result
-                entry["read_only"] = not tier.writable
                 entry["count"] = sum(int(t.get("count", 0)) for t in result.get("tiers", []))
                 if any(t.get("shared") for t in result.get("tiers", [])):
                     entry["shared"] = True  # a mounted corpus: the same records for every owner
@@ -940,6 +939,7 @@ class Router(EventMethods):
                 entry["status"] = "down"
                 if tier.last_error:
                     entry["error"] = tier.last_error
+            entry["read_only"] = not tier.writable  # down, as it last said of itself: still never written
             entry["url"] = tier.config.url  # for `a2m doctor`; the tiers listen privately anyway
             layout.append(entry)
         out = self._described(layout, ctx, [] if metrics is None else [metrics])

@@ -159,6 +159,25 @@ async def test_a_recall_transcript_shows_turns_written_together_in_the_order_wri
                 assert facts["prompt_ids"] == ids[::-1], (tier, fusion)
 
 
+
+@pytest.mark.anyio
+async def test_a_tier_read_only_by_its_own_word_stays_marked_while_it_is_down(tmp_path: Path) -> None:
+    """describe marked `quiet` read-only only while it answered: down, the layout said
+    `read_only: false` (router.toml's word alone), though the router still refused to write there."""
+    with federation(tmp_path, [{"name": "working", "kind": "working"}, QUIET], mode="real") as fresh:
+        async with HTTPClient(fresh.url) as router:
+            up = {t["name"]: t for t in (await router.call("memory/describe", {}))["tiers"]}
+            assert up["quiet"]["read_only"] is True and up["quiet"]["status"] == "up"
+            fresh.tiers["quiet"].kill()
+            described = await router.call("memory/describe", {})
+            down = {t["name"]: t for t in described["tiers"]}
+            assert described["degraded"] == ["quiet"] and down["quiet"]["status"] == "down"
+            assert down["quiet"]["read_only"] is True and down["working"]["read_only"] is False
+            with pytest.raises(A2MError) as refused:
+                await router.call("memory/remember", {"records": [{"content": "x", "tier": "quiet"}]})
+            assert refused.value.code == -32004
+
+
 # `facts` is the router's name for a tier server that calls itself `semantic` (a renamed tier, a
 # mounted corpus under a name of the config's choosing); the router declares a larger
 # max_recall_limit than the tiers' 1000.
