@@ -22,8 +22,9 @@ from a2m.dispatch import Context, Handler, bound_handlers
 from a2m.embedder import make_embedder, try_embed
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
-from a2m.filters import parse_scope
+from a2m.filters import parse_scope, test_matches
 from a2m.http import HTTPSettings
+from a2m.paging import CrowdedMillisecond, pages_backwards
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
 from a2m.summarize import summarize as extract_summary
 from a2m.timefmt import now
@@ -50,6 +51,19 @@ def _with_owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
     if owner is not None:
         params["owner"] = owner
     return params
+
+
+def _settle_tier(params: dict[str, Any], tier: Tier) -> dict[str, Any] | None:
+    """A read's `params` for `tier` with `where.tier` answered here, by the router's name for the tier
+    (the name its records show): a tier server tests it against its own name, which router.toml need
+    not share. None when the tier holds nothing that could match: it is not asked."""
+    where = params.get("where")
+    if not isinstance(where, dict) or "tier" not in where:
+        return params
+    if not test_matches(True, tier.name, where["tier"]):
+        return None
+    rest = {k: v for k, v in where.items() if k != "tier"}
+    return {**{k: v for k, v in params.items() if k != "where"}, **({"where": rest} if rest else {})}
 
 
 def _batch_owner(records: Sequence[Record], owner: str | None) -> str | None:
@@ -522,12 +536,12 @@ class Router(EventMethods):
         if query:
             base["query"] = query
 
-        def per_tier(tier: Tier) -> dict[str, Any]:
+        def per_tier(tier: Tier) -> dict[str, Any] | None:
             cap = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
             out = {**base, "limit": min(pool, cap) if cap else pool}
             if vector is not None and takes_vector(tier):
                 out["embedding"] = vector
-            return out
+            return _settle_tier(out, tier)
 
         tokenize = strategy == "rerank" and bool(query)
         fan, lists = await self._settled(owner, tiers, lambda: self._ask_recall(tiers, per_tier, tokenize))
@@ -558,10 +572,28 @@ class Router(EventMethods):
             result["degraded"] = fan.degraded
             self._count_degraded(fan.degraded)
         if options is not None:
-            result.update(prompts.render(fused, options, ordered_by_time=False))
+            written = await self._written_order(owner, fused, options)
+            result.update(prompts.render(fused, options, ordered_by_time=False, written=written))
         return result
 
-    async def _ask_recall(self, tiers: list[Tier], per_tier: Callable[[Tier], dict[str, Any]],
+    async def _written_order(self, owner: str | None, records: Sequence[Record],
+                             options: dict[str, Any]) -> list[str] | None:
+        """For a recall's transcript prompt: the records' ids in the order timeline shows them, which
+        their `created_at` alone does not tell for records written in one call (each tier ranked
+        them by relevance). Read only when two of them share a stamp."""
+        if (options["style"] != "transcript" or options["method"] == "none"
+                or len({r.created_at for r in records}) == len(records)):
+            return None
+        by_tier: dict[str, list[str]] = {}
+        for record in records:
+            if record.tier in self.fed.tiers:
+                by_tier.setdefault(record.tier, []).append(record.id)
+        read = await asyncio.gather(*(self.policy.by_ids(self.fed[name], owner, ids) for name, ids in by_tier.items()),
+                                    return_exceptions=True)  # a tier that fails leaves its records in rank order
+        return [r["id"] for r in self._merge_by_time({name: {"records": found} for name, found in zip(by_tier, read)
+                                                      if not isinstance(found, BaseException)})]
+
+    async def _ask_recall(self, tiers: list[Tier], per_tier: Callable[[Tier], dict[str, Any] | None],
                           tokenize: bool) -> tuple[FanOut, dict[str, list[Record]]]:
         """One fan-out of a recall: each tier's records, parsed (and for rerank, tokenized) as its
         reply arrives, while the slower tiers still work; in tier order, not arrival order (ties
@@ -584,7 +616,12 @@ class Router(EventMethods):
         options = prompts.parse(params.get("prompt"))
         asked_vectors = bool_param(params, "embeddings", False)
         asked = {**scope, "limit": limit, "embeddings": asked_vectors}
-        fan = await self._settled(owner, tiers, lambda: self.fed.fan_out("memory/timeline", asked, tiers))
+
+        def per_tier(tier: Tier) -> dict[str, Any] | None:
+            cap = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
+            return _settle_tier({**asked, "limit": min(limit, cap) if cap else limit}, tier)
+
+        fan = await self._settled(owner, tiers, lambda: self._ask_timeline(tiers, per_tier, limit))
         wire = self._merge_by_time(fan.results)
         if limit:
             wire = wire[-limit:]
@@ -596,6 +633,37 @@ class Router(EventMethods):
             records = [Record.from_wire(r) for r in wire]
             result.update(prompts.render(records, options, ordered_by_time=True))
         return result
+
+    async def _ask_timeline(self, tiers: list[Tier], per_tier: Callable[[Tier], dict[str, Any] | None],
+                            limit: int) -> FanOut:
+        """One fan-out of a timeline, each tier asked for at most its own max_recall_limit. A tier whose
+        reply stopped there, short of `limit` (the router may declare more than a tier), is read
+        again backwards a page at a time (`a2m.paging`) for its newest `limit` records."""
+        fan = await self.fed.fan_out("memory/timeline", {}, tiers, per_tier=per_tier)
+
+        async def more(name: str, params: dict[str, Any]) -> None:
+            records: list[dict[str, Any]] = []
+            try:
+                async for page in pages_backwards(self.fed[name].call, params, page=params["limit"],
+                                                  cap=params["limit"]):
+                    records[:0] = page
+                    if len(records) >= limit:
+                        break
+            except CrowdedMillisecond as exc:
+                log.warning("timeline of %s: %s; the rest of them are left out", name, exc)
+            except A2MError as exc:  # the first page stands; the tier is named as left out
+                fan.errors[name] = exc
+                fan.degraded.append(name)
+                return
+            fan.results[name] = {"records": records[-limit:]}
+
+        full = [(name, params) for name, result in fan.results.items()
+                if (params := per_tier(self.fed[name])) is not None and params["limit"] < limit
+                and len(result.get("records", [])) >= params["limit"]]
+        if full:
+            await asyncio.gather(*(more(name, params) for name, params in full))
+            fan.degraded.sort(key=self.fed.order.index)
+        return fan
 
     def _merge_by_time(self, results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Ascending by created_at; equal stamps keep each tier's order, deeper tiers (older by
@@ -856,7 +924,6 @@ class Router(EventMethods):
             result = fan.results.get(tier.name)
             if result is not None:
                 tier.info = result
-                entry["read_only"] = not tier.writable
                 entry["count"] = sum(int(t.get("count", 0)) for t in result.get("tiers", []))
                 if any(t.get("shared") for t in result.get("tiers", [])):
                     entry["shared"] = True  # a mounted corpus: the same records for every owner
@@ -872,6 +939,7 @@ class Router(EventMethods):
                 entry["status"] = "down"
                 if tier.last_error:
                     entry["error"] = tier.last_error
+            entry["read_only"] = not tier.writable  # down, as it last said of itself: still never written
             entry["url"] = tier.config.url  # for `a2m doctor`; the tiers listen privately anyway
             layout.append(entry)
         out = self._described(layout, ctx, [] if metrics is None else [metrics])

@@ -134,3 +134,101 @@ async def test_summarize_into_a_tier_does_not_land_where_its_key_lives(stack: St
         assert refused.value.code == -32602 and refused.value.data["tier"] == "working"
         written = await router.call("memory/summarize", {"owner": me, "ids": ids, "key": "sum/1"})
         assert written["written"] == 1 and written["records"][0]["tier"] == "working"
+
+
+
+@pytest.mark.anyio
+async def test_a_recall_transcript_shows_turns_written_together_in_the_order_written(stack: Stack) -> None:
+    """A question and its answer written in one call share their `created_at`; a router recall's
+    transcript showed them in rank order (the answer, the better hit, first), as a tier server no
+    longer does. It shows them as timeline replays them; the facts style keeps the rank order."""
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        for tier in ("working", "episodic"):
+            ids = (await router.call("memory/remember", {"owner": me, "records": [
+                {"content": f"which city is the capital of Italy, {tier}?", "role": "user", "tier": tier},
+                {"content": "Rome: Rome is the capital city of Italy, and Rome is large.", "role": "assistant",
+                 "tier": tier}]}))["ids"]
+            for fusion in ("rrf", "rerank"):
+                asked = {"owner": me, "query": "Rome capital city", "tier": tier, "fusion": fusion, "touch": False}
+                result = await router.call("memory/recall", {**asked, "prompt": {"style": "transcript"}})
+                assert [r["id"] for r in result["records"]] == ids[::-1], (tier, fusion)  # the answer ranks first
+                assert result["prompt_ids"] == ids, (tier, fusion)
+                assert result["prompt"].split("\n")[0].startswith("user: which city"), (tier, fusion)
+                facts = await router.call("memory/recall", {**asked, "prompt": {"style": "facts"}})
+                assert facts["prompt_ids"] == ids[::-1], (tier, fusion)
+
+
+
+@pytest.mark.anyio
+async def test_a_tier_read_only_by_its_own_word_stays_marked_while_it_is_down(tmp_path: Path) -> None:
+    """describe marked `quiet` read-only only while it answered: down, the layout said
+    `read_only: false` (router.toml's word alone), though the router still refused to write there."""
+    with federation(tmp_path, [{"name": "working", "kind": "working"}, QUIET], mode="real") as fresh:
+        async with HTTPClient(fresh.url) as router:
+            up = {t["name"]: t for t in (await router.call("memory/describe", {}))["tiers"]}
+            assert up["quiet"]["read_only"] is True and up["quiet"]["status"] == "up"
+            fresh.tiers["quiet"].kill()
+            described = await router.call("memory/describe", {})
+            down = {t["name"]: t for t in described["tiers"]}
+            assert described["degraded"] == ["quiet"] and down["quiet"]["status"] == "down"
+            assert down["quiet"]["read_only"] is True and down["working"]["read_only"] is False
+            with pytest.raises(A2MError) as refused:
+                await router.call("memory/remember", {"records": [{"content": "x", "tier": "quiet"}]})
+            assert refused.value.code == -32004
+
+
+# `facts` is the router's name for a tier server that calls itself `semantic` (a renamed tier, a
+# mounted corpus under a name of the config's choosing); the router declares a larger
+# max_recall_limit than the tiers' 1000.
+RENAMED = [
+    {"name": "working", "kind": "working", "timeout": 5.0},
+    {"name": "facts", "kind": "semantic", "timeout": 5.0, "args": ["--name", "semantic"]},
+]
+
+
+@pytest.fixture(scope="module")
+def renamed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with federation(tmp_path_factory.mktemp("renamed"), RENAMED, mode="real",
+                    top={"limits": {"max_recall_limit": 1500}}) as running:
+        yield running
+
+
+@pytest.mark.anyio
+async def test_a_timeline_longer_than_a_tiers_max_recall_limit_reads_it_in_pages(renamed: Stack) -> None:
+    """The router declares max_recall_limit 1500, its tiers 1000. A timeline asked each tier for the
+    whole limit (by default, the router's cap), every tier refused it, and the answer was empty with
+    every tier `degraded`; it now reads a tier past its cap a page at a time."""
+    me = owner()
+    async with HTTPClient(renamed.url) as router:
+        older = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": f"fact {i}", "tier": "facts"} for i in range(3)]}))["ids"]
+        turns: list[str] = []
+        for start in (0, 600):
+            turns += (await router.call("memory/remember", {"owner": me, "records": [
+                {"content": f"turn {i}", "role": "user"} for i in range(start, start + 600)]}))["ids"]
+        everything = await router.call("memory/timeline", {"owner": me})
+        assert "degraded" not in everything
+        assert [r["id"] for r in everything["records"]] == older + turns
+        recent = await router.call("memory/timeline", {"owner": me, "limit": 1100})
+        assert [r["id"] for r in recent["records"]] == turns[-1100:]
+        assert len((await router.call("memory/recall", {"owner": me, "limit": 1500}))["records"]) == 1000 + 3
+
+
+@pytest.mark.anyio
+async def test_where_tier_names_the_tier_as_the_router_calls_it(renamed: Stack) -> None:
+    """`where: {tier}` went down to every tier as it was, and each tier server tests it against its own
+    name: a tier the router calls `facts` but which calls itself `semantic` matched nothing, though
+    the router shows its records with `tier: "facts"`."""
+    me = owner()
+    async with HTTPClient(renamed.url) as router:
+        ids = {}
+        for tier in ("working", "facts"):
+            ids[tier] = (await router.call("memory/remember", {"owner": me, "records": [
+                {"content": f"zebra note kept in {tier}", "tier": tier}]}))["ids"][0]
+        for method, params in (("memory/recall", {"query": "zebra"}), ("memory/recall", {}),
+                               ("memory/timeline", {})):
+            for where, expected in (({"tier": "facts"}, ["facts"]), ({"tier": ["facts", "working"]}, ["facts", "working"]),
+                                    ({"tier": "semantic"}, []), ({"tier": "working"}, ["working"])):
+                got = (await router.call(method, {"owner": me, "where": where, **params}))["records"]
+                assert sorted((r["tier"], r["id"]) for r in got) == [(t, ids[t]) for t in expected], (method, where)
