@@ -924,3 +924,28 @@ async def test_a_remember_and_a_restore_of_one_key_at_once_write_two_revisions(t
         assert [r["revision"] for r in revisions] == [5, 4, 3, 2, 1]
         current = (await call("memory/fetch", {"owner": "alice", "key": "k"}))["record"]
         assert (current["revision"], current["content"]) == (5, "v1")
+
+
+GIT_DOTGIT_KEYS = ["git~1/hooks/x", "GIT~1/x", "a/git~1. /b", "a/git~1:stream", ".g\u200cit/config", "x/\ufeff.GIT/y"]
+
+
+async def test_a_key_git_would_refuse_to_check_out_is_refused_and_the_store_still_opens(tmp_path: Path) -> None:
+    """`git~1` is .git's NTFS short name and `.g\u200cit` is .git on HFS+: git refuses to check out
+    such a path (core.protectNTFS is on by default on every platform) and `git fsck` reports
+    hasDotgit. A key `git~1/x` was committed, and the next open's `git reset --hard` failed: the
+    tier never opened again."""
+    store = await opened(tmp_path)
+    try:
+        await store.write([rec(1, key="fine")])
+        for key in GIT_DOTGIT_KEYS:
+            with pytest.raises(StoreRejected):
+                await store.write([rec(2, key=key)])
+    finally:
+        await store.close()
+    store = await opened(tmp_path)
+    try:
+        assert [r.id for r in await store.select(Scope(owner="alice"))] == ["1"]
+        fsck = subprocess.run(["git", "-C", str(store.path), "fsck", "--no-progress"], capture_output=True, text=True)
+        assert fsck.returncode == 0 and "hasDotgit" not in fsck.stdout + fsck.stderr
+    finally:
+        await store.close()
