@@ -949,3 +949,16 @@ async def test_a_key_git_would_refuse_to_check_out_is_refused_and_the_store_stil
         assert fsck.returncode == 0 and "hasDotgit" not in fsck.stdout + fsck.stderr
     finally:
         await store.close()
+
+
+async def test_history_of_a_key_with_glob_characters_is_that_keys_alone(store: GitStore) -> None:
+    """A key is a path, and git reads a path given to `git log` as a glob: the history of `a*` also
+    listed the commits of `ab` and `x/aq` (with revision null, "the commit removed it")."""
+    await store.write([rec("1", "ab steps", key="ab")])
+    await store.write([rec("2", "star steps", key="a*")])
+    await store.write([rec("3", "deep steps", key="x/a[q]")])
+    await store.write([rec("4", "q steps", key="x/aq")])
+    history = extensions(store)["memory/history"]
+    for key, revisions in (("a*", ["remember a* (rev 1)"]), ("a?", []), ("x/a[q]", ["remember x/a[q] (rev 1)"])):
+        result = await history({"key": key, "owner": "alice"}, Ctx())
+        assert [r["message"] for r in result["revisions"]] == revisions, key
