@@ -385,8 +385,7 @@ class GitStore:
         tree = self._load_tree(self._iter_worktree())
         self._visible = _Visible(tree)
         if self.review:
-            if PROPOSED not in repo.heads:
-                repo.create_head(PROPOSED, repo.head.commit)
+            self._base_proposed(repo)
             proposed = repo.heads[PROPOSED].commit
             self._proposed = self._load_tree(self._iter_commit(proposed), self._pending_access)
         self._trees = TreeBuilder.of_commit(repo, repo.heads[PROPOSED].commit if self.review else repo.head.commit)
@@ -394,6 +393,20 @@ class GitStore:
             self._dimensions = next(
                 (len(r.embedding) for r in tree.records.values() if r.embedding is not None), None
             )
+
+    def _base_proposed(self, repo: git.Repo) -> None:
+        """Start `proposed` from main where it holds nothing main lacks. Without the gate writes land on
+        main, and a `proposed` left where the last approve put it would have the gate's next writes
+        resolved against that older state and every later approve refused as diverged."""
+        main = repo.head.commit
+        if PROPOSED not in repo.heads:
+            repo.create_head(PROPOSED, main)
+        elif repo.is_ancestor(repo.heads[PROPOSED].commit, main):
+            repo.heads[PROPOSED].set_commit(main, logmsg=f"reset: moving to {self.main} (nothing pending)")
+            self._pending_access.clear()  # no proposed record differs from main's
+        elif not repo.is_ancestor(main, repo.heads[PROPOSED].commit):
+            log.warning("procedural: %s has diverged from %s in %s (written while the review gate was off?); "
+                        "memory/approve is refused until it is merged by hand", PROPOSED, self.main, self.path)
 
     def _hold(self, git_dir: Path) -> None:
         """One store per repository, held before recovery touches anything: a second one would reset

@@ -962,3 +962,25 @@ async def test_history_of_a_key_with_glob_characters_is_that_keys_alone(store: G
     for key, revisions in (("a*", ["remember a* (rev 1)"]), ("a?", []), ("x/a[q]", ["remember x/a[q] (rev 1)"])):
         result = await history({"key": key, "owner": "alice"}, Ctx())
         assert [r["message"] for r in result["revisions"]] == revisions, key
+
+
+async def test_the_review_gate_turned_on_again_proposes_on_top_of_what_main_holds(tmp_path: Path) -> None:
+    """Writes made while the gate was off land on main, and `proposed` stayed where the last approve
+    left it: once the gate was back, a write was resolved against that old branch (revision 2 again,
+    for a key main held at 2) and every approve was refused, "proposed has diverged from main"."""
+    store = await opened(tmp_path, review=True)
+    await store.write([rec("p", "v1", key="k")])
+    await extensions(store)["memory/approve"]({}, Ctx())
+    await store.close()
+    store = await opened(tmp_path)  # the gate off: straight to main
+    await store.write([rec("p", "v2", key="k", revision=2), rec("q", "main only", key="q")])
+    await store.close()
+    store = await opened(tmp_path, review=True)
+    try:
+        assert (await store.write_keys("alice", ["k", "q"])).keys() == {"k", "q"}
+        await store.write([rec("p", "v3", key="k", revision=3)])
+        assert (await extensions(store)["memory/approve"]({}, Ctx()))["approved"] == 1
+        [record] = (await store.get_keys("alice", ["k"])).values()
+        assert (record.content, record.revision) == ("v3", 3) and await store.count("alice") == 2
+    finally:
+        await store.close()
