@@ -382,7 +382,9 @@ class GitStore:
             index.write()  # a valid (empty) index: git refuses a missing-but-truncated one
         self.main = repo.active_branch.name
         self._load_state()
-        tree = self._load_tree(self._iter_worktree())
+        # From the commit, not the working tree: git writes that through the user's config and attributes
+        # (`core.autocrlf`, `eol`), and the store holds what was committed, byte for byte.
+        tree = self._load_tree(self._iter_commit(repo.head.commit))
         self._visible = _Visible(tree)
         if self.review:
             self._base_proposed(repo)
@@ -494,15 +496,6 @@ class GitStore:
             raise StoreUnavailable(f"the git repository at {self.path} is not open")
 
     # ----------------------------------------------------------------- loading
-
-    def _iter_worktree(self) -> Iterable[tuple[str, bytes]]:
-        for root in (files.SHARED_ROOT, files.OWNERS_ROOT):
-            base = self.path / root
-            if not base.is_dir():
-                continue
-            for file in base.rglob(f"*{files.SUFFIX}"):
-                if file.is_file():
-                    yield file.relative_to(self.path).as_posix(), file.read_bytes()
 
     def _iter_commit(self, commit: Commit) -> Iterable[tuple[str, bytes]]:
         for item in commit.tree.traverse():

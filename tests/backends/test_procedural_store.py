@@ -984,3 +984,27 @@ async def test_the_review_gate_turned_on_again_proposes_on_top_of_what_main_hold
         assert (record.content, record.revision) == ("v3", 3) and await store.count("alice") == 2
     finally:
         await store.close()
+
+
+async def test_records_survive_recovery_under_a_user_git_config_that_converts_line_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tree was read back from the working tree, which `git reset --hard` writes through the
+    user's git config: with `core.autocrlf=true` (a ~/.gitconfig brought from Windows) the files an
+    interrupted write left behind came back with CRLF line ends, and the store skipped them as "not
+    a record file": committed procedures vanished at the restart after a crash."""
+    config = tmp_path / "gitconfig"
+    config.write_text("[core]\n\tautocrlf = true\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    store = await opened(tmp_path)
+    written = [rec(i, f"step one\nstep two of {i}\n", key=f"k{i}") for i in range(3)]
+    await store.write(written)
+    await store.close()
+    repo = tmp_path / "repo"
+    (repo / "owners/alice/k1.md").write_text("---\nid: '1'\n---\nhalf of a replace\n")  # what a kill -9 leaves
+    (repo / "owners/alice/k2.md").unlink()  # ... and half of a forget
+    store = await opened(tmp_path)
+    try:
+        assert await store.get("alice", ["0", "1", "2"]) == written
+    finally:
+        await store.close()
