@@ -367,12 +367,12 @@ class GitStore:
             repo.close()
             raise
         self.repo = repo
+        self._state_dir.mkdir(exist_ok=True)
+        self._recover_sync()  # first: it clears the lock files a crash left, `config.lock` among them
         with repo.config_writer() as config:  # a commit made by hand in this repo needs an identity too
             if not config.has_option("user", "name"):
                 config.set_value("user", "name", self.identity.name)
                 config.set_value("user", "email", self.identity.email)
-        self._state_dir.mkdir(exist_ok=True)
-        self._recover_sync()
         if not repo.head.is_valid():
             index = git.IndexFile(repo)
             Commit.create_from_tree(
@@ -451,7 +451,9 @@ class GitStore:
         repo = self.repo
         assert repo is not None
         git_dir = Path(repo.git_dir)
-        locks = [git_dir / "index.lock", git_dir / "HEAD.lock", *git_dir.glob("refs/heads/**/*.lock")]
+        # Every lock git or GitPython takes here: index, HEAD, config (set at open), ORIG_HEAD (an
+        # approve's merge), packed-refs and the branches. This store holds the repository (`_hold`).
+        locks = [*git_dir.glob("*.lock"), *git_dir.glob("refs/**/*.lock")]
         # A killed store's `git` child (update-index) is not killed with it and may still hold
         # a lock for a moment: let it finish before its lock is declared stale.
         deadline = time.monotonic() + 3.0

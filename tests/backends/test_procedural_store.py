@@ -1008,3 +1008,23 @@ async def test_records_survive_recovery_under_a_user_git_config_that_converts_li
         assert await store.get("alice", ["0", "1", "2"]) == written
     finally:
         await store.close()
+
+
+async def test_git_lock_files_a_crash_left_are_cleared_at_open(tmp_path: Path) -> None:
+    """A kill while git holds a lock leaves it behind: `config.lock` (the identity set at every open)
+    made every later open fail, "Lock for file ... did already exist", and `ORIG_HEAD.lock` (taken by
+    the merge of an approve) made every later approve fail."""
+    store = await opened(tmp_path, review=True)
+    await store.write([rec(1, key="a/one")])
+    await store.close()
+    git_dir = tmp_path / "repo" / ".git"
+    for name in ("config.lock", "ORIG_HEAD.lock", "packed-refs.lock"):
+        (git_dir / name).write_text("")
+    store = await opened(tmp_path, review=True)
+    try:
+        await store.write([rec(2, key="a/two")])
+        assert (await extensions(store)["memory/approve"]({}, Ctx()))["approved"] == 2
+        assert [r.id for r in await store.select(Scope(owner="alice"))] == ["1", "2"]
+        assert not list(git_dir.glob("*.lock"))
+    finally:
+        await store.close()
