@@ -27,8 +27,8 @@ Why it is built this way:
 - **Review gate** (`options["review"]`): writes commit to the `proposed`
   branch (built in memory, the working tree stays on main) and recall sees
   main only, until `approve` fast-forwards main.
-- **Remote** (`options["remote"]`): pushed after each commit. A failed push is
-  logged and retried with the next commit; the local repository is the
+- **Remote** (`options["remote"]`): pushed after each commit. A failed push (or
+  one cut off after `PUSH_TIMEOUT_S`) is logged and retried with the next commit; the local repository is the
   source of truth and a write is not refused because a mirror is down.
 """
 
@@ -74,6 +74,8 @@ PROPOSED = "proposed"
 _FILE_MODE = 0o100644
 _FLUSH_EVERY_S = 1.0
 LOCK_WAIT_S = 2.0  # how long a starting store waits for a dead predecessor's lock (`_hold`)
+# A push runs under the writer lock: a remote that never answers must not hold every write with it.
+PUSH_TIMEOUT_S = 30.0
 
 
 def _actor(spec: Any, default: git.Actor) -> git.Actor:
@@ -840,7 +842,7 @@ class GitStore:
         if self.review:
             refspecs.append(f"refs/heads/{PROPOSED}:refs/heads/{PROPOSED}")
         try:
-            self.repo.git.push("--quiet", self.remote, *refspecs)
+            self.repo.git.push("--quiet", self.remote, *refspecs, kill_after_timeout=PUSH_TIMEOUT_S)
             self.push_error = None
         except git.GitCommandError as exc:
             self.push_error = str(exc)

@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio
 import git.cmd as git_cmd
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
@@ -1026,5 +1027,26 @@ async def test_git_lock_files_a_crash_left_are_cleared_at_open(tmp_path: Path) -
         assert (await extensions(store)["memory/approve"]({}, Ctx()))["approved"] == 2
         assert [r.id for r in await store.select(Scope(owner="alice"))] == ["1", "2"]
         assert not list(git_dir.glob("*.lock"))
+    finally:
+        await store.close()
+
+
+async def test_a_remote_that_never_answers_delays_a_write_only_by_the_push_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The push runs after each commit under the writer lock, and had no time limit: a remote that
+    accepts the connection and never answers (a stalled network, a hung ssh) held every write, and
+    every read-then-write, forever. A down mirror must not stop the tier."""
+    from backends.procedural import store as store_module
+
+    monkeypatch.setattr(store_module, "PUSH_TIMEOUT_S", 1.0)
+    monkeypatch.setenv("GIT_SSH_COMMAND", "sleep 60; :")  # what a black-holed remote looks like to git
+    store = await opened(tmp_path, remote="ssh://mirror.invalid/team.git")
+    try:
+        start = time.monotonic()
+        with anyio.fail_after(20):
+            await store.write([rec(1, key="a/one")])
+        assert time.monotonic() - start < 10
+        assert store.push_error and await store.count("alice") == 1
     finally:
         await store.close()
