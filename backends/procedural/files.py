@@ -47,6 +47,8 @@ _DEVICE_NAMES = frozenset(
 )
 _SAFE = re.compile(r"[A-Za-z0-9._@+-]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Code points HFS+ ignores in a name, so `.g\u200cit` is `.git` on a Mac (git's is_hfs_dotgit skips them).
+_HFS_IGNORED = re.compile("[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]")
 MAX_KEY_LENGTH = 1024
 MAX_SEGMENT_BYTES = 240  # leaves room for ".md" under the usual 255-byte name limit
 
@@ -87,6 +89,14 @@ def owner_root(owner: str | None) -> str:
     return SHARED_ROOT if owner is None else f"{OWNERS_ROOT}/{encode_segment(owner)}"
 
 
+def _names_git_dir(segment: str) -> bool:
+    """Whether a segment is, or may be read as, `.git` somewhere: git refuses to check such a path out
+    (`core.protectNTFS` is on by default on every platform, `protectHFS` on a Mac) and `git fsck` reports
+    it (hasDotgit), so a committed one left a store whose next open could not reset its working tree."""
+    folded = _HFS_IGNORED.sub("", segment).casefold()
+    return folded.startswith(".git") or folded.startswith("git~1")
+
+
 def validate_key(key: str) -> list[str]:
     """The key's path segments, or `StoreRejected` naming why it cannot be a path."""
     if not key:
@@ -105,8 +115,8 @@ def validate_key(key: str) -> list[str]:
             raise StoreRejected("key must not contain empty segments (// or a trailing /)")
         if segment in (".", ".."):
             raise StoreRejected("key must not contain . or .. segments")
-        if segment.casefold().startswith(".git"):
-            raise StoreRejected("key must not name git's own files (.git*)")
+        if _names_git_dir(segment):
+            raise StoreRejected("key must not name git's own files (.git*, or git~1, its Windows short name)")
         if position < len(segments) - 1 and segment.casefold().endswith(SUFFIX):
             # `a` is the file a.md, so a directory a.md/ would clash with it.
             raise StoreRejected(f"key segment {segment!r} must not end in {SUFFIX} before the last /")

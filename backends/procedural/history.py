@@ -75,7 +75,8 @@ def _log(repo: git.Repo, store: GitStore, path: str, limit: int) -> list[dict[st
     branch = PROPOSED if store.review else store.main
     pending = _pending(repo, store)
     revisions = []
-    for commit in repo.iter_commits(branch, paths=path, max_count=limit):
+    # `:(literal)`: git reads a path it is given as a glob, and a key may hold `*`, `?` or `[`.
+    for commit in repo.iter_commits(branch, paths=f":(literal){path}", max_count=limit):
         try:
             record, _ = files.loads((commit.tree / path).data_stream.read())
             revision: int | None = record.revision

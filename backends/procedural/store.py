@@ -27,8 +27,8 @@ Why it is built this way:
 - **Review gate** (`options["review"]`): writes commit to the `proposed`
   branch (built in memory, the working tree stays on main) and recall sees
   main only, until `approve` fast-forwards main.
-- **Remote** (`options["remote"]`): pushed after each commit. A failed push is
-  logged and retried with the next commit; the local repository is the
+- **Remote** (`options["remote"]`): pushed after each commit. A failed push (or
+  one cut off after `PUSH_TIMEOUT_S`) is logged and retried with the next commit; the local repository is the
   source of truth and a write is not refused because a mirror is down.
 """
 
@@ -74,6 +74,8 @@ PROPOSED = "proposed"
 _FILE_MODE = 0o100644
 _FLUSH_EVERY_S = 1.0
 LOCK_WAIT_S = 2.0  # how long a starting store waits for a dead predecessor's lock (`_hold`)
+# A push runs under the writer lock: a remote that never answers must not hold every write with it.
+PUSH_TIMEOUT_S = 30.0
 
 
 def _actor(spec: Any, default: git.Actor) -> git.Actor:
@@ -367,12 +369,12 @@ class GitStore:
             repo.close()
             raise
         self.repo = repo
+        self._state_dir.mkdir(exist_ok=True)
+        self._recover_sync()  # first: it clears the lock files a crash left, `config.lock` among them
         with repo.config_writer() as config:  # a commit made by hand in this repo needs an identity too
             if not config.has_option("user", "name"):
                 config.set_value("user", "name", self.identity.name)
                 config.set_value("user", "email", self.identity.email)
-        self._state_dir.mkdir(exist_ok=True)
-        self._recover_sync()
         if not repo.head.is_valid():
             index = git.IndexFile(repo)
             Commit.create_from_tree(
@@ -382,11 +384,12 @@ class GitStore:
             index.write()  # a valid (empty) index: git refuses a missing-but-truncated one
         self.main = repo.active_branch.name
         self._load_state()
-        tree = self._load_tree(self._iter_worktree())
+        # From the commit, not the working tree: git writes that through the user's config and attributes
+        # (`core.autocrlf`, `eol`), and the store holds what was committed, byte for byte.
+        tree = self._load_tree(self._iter_commit(repo.head.commit))
         self._visible = _Visible(tree)
         if self.review:
-            if PROPOSED not in repo.heads:
-                repo.create_head(PROPOSED, repo.head.commit)
+            self._base_proposed(repo)
             proposed = repo.heads[PROPOSED].commit
             self._proposed = self._load_tree(self._iter_commit(proposed), self._pending_access)
         self._trees = TreeBuilder.of_commit(repo, repo.heads[PROPOSED].commit if self.review else repo.head.commit)
@@ -394,6 +397,20 @@ class GitStore:
             self._dimensions = next(
                 (len(r.embedding) for r in tree.records.values() if r.embedding is not None), None
             )
+
+    def _base_proposed(self, repo: git.Repo) -> None:
+        """Start `proposed` from main where it holds nothing main lacks. Without the gate writes land on
+        main, and a `proposed` left where the last approve put it would have the gate's next writes
+        resolved against that older state and every later approve refused as diverged."""
+        main = repo.head.commit
+        if PROPOSED not in repo.heads:
+            repo.create_head(PROPOSED, main)
+        elif repo.is_ancestor(repo.heads[PROPOSED].commit, main):
+            repo.heads[PROPOSED].set_commit(main, logmsg=f"reset: moving to {self.main} (nothing pending)")
+            self._pending_access.clear()  # no proposed record differs from main's
+        elif not repo.is_ancestor(main, repo.heads[PROPOSED].commit):
+            log.warning("procedural: %s has diverged from %s in %s (written while the review gate was off?); "
+                        "memory/approve is refused until it is merged by hand", PROPOSED, self.main, self.path)
 
     def _hold(self, git_dir: Path) -> None:
         """One store per repository, held before recovery touches anything: a second one would reset
@@ -436,7 +453,9 @@ class GitStore:
         repo = self.repo
         assert repo is not None
         git_dir = Path(repo.git_dir)
-        locks = [git_dir / "index.lock", git_dir / "HEAD.lock", *git_dir.glob("refs/heads/**/*.lock")]
+        # Every lock git or GitPython takes here: index, HEAD, config (set at open), ORIG_HEAD (an
+        # approve's merge), packed-refs and the branches. This store holds the repository (`_hold`).
+        locks = [*git_dir.glob("*.lock"), *git_dir.glob("refs/**/*.lock")]
         # A killed store's `git` child (update-index) is not killed with it and may still hold
         # a lock for a moment: let it finish before its lock is declared stale.
         deadline = time.monotonic() + 3.0
@@ -481,15 +500,6 @@ class GitStore:
             raise StoreUnavailable(f"the git repository at {self.path} is not open")
 
     # ----------------------------------------------------------------- loading
-
-    def _iter_worktree(self) -> Iterable[tuple[str, bytes]]:
-        for root in (files.SHARED_ROOT, files.OWNERS_ROOT):
-            base = self.path / root
-            if not base.is_dir():
-                continue
-            for file in base.rglob(f"*{files.SUFFIX}"):
-                if file.is_file():
-                    yield file.relative_to(self.path).as_posix(), file.read_bytes()
 
     def _iter_commit(self, commit: Commit) -> Iterable[tuple[str, bytes]]:
         for item in commit.tree.traverse():
@@ -832,7 +842,7 @@ class GitStore:
         if self.review:
             refspecs.append(f"refs/heads/{PROPOSED}:refs/heads/{PROPOSED}")
         try:
-            self.repo.git.push("--quiet", self.remote, *refspecs)
+            self.repo.git.push("--quiet", self.remote, *refspecs, kill_after_timeout=PUSH_TIMEOUT_S)
             self.push_error = None
         except git.GitCommandError as exc:
             self.push_error = str(exc)

@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio
 import git.cmd as git_cmd
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
@@ -924,3 +925,128 @@ async def test_a_remember_and_a_restore_of_one_key_at_once_write_two_revisions(t
         assert [r["revision"] for r in revisions] == [5, 4, 3, 2, 1]
         current = (await call("memory/fetch", {"owner": "alice", "key": "k"}))["record"]
         assert (current["revision"], current["content"]) == (5, "v1")
+
+
+GIT_DOTGIT_KEYS = ["git~1/hooks/x", "GIT~1/x", "a/git~1. /b", "a/git~1:stream", ".g\u200cit/config", "x/\ufeff.GIT/y"]
+
+
+async def test_a_key_git_would_refuse_to_check_out_is_refused_and_the_store_still_opens(tmp_path: Path) -> None:
+    """`git~1` is .git's NTFS short name and `.g\u200cit` is .git on HFS+: git refuses to check out
+    such a path (core.protectNTFS is on by default on every platform) and `git fsck` reports
+    hasDotgit. A key `git~1/x` was committed, and the next open's `git reset --hard` failed: the
+    tier never opened again."""
+    store = await opened(tmp_path)
+    try:
+        await store.write([rec(1, key="fine")])
+        for key in GIT_DOTGIT_KEYS:
+            with pytest.raises(StoreRejected):
+                await store.write([rec(2, key=key)])
+    finally:
+        await store.close()
+    store = await opened(tmp_path)
+    try:
+        assert [r.id for r in await store.select(Scope(owner="alice"))] == ["1"]
+        fsck = subprocess.run(["git", "-C", str(store.path), "fsck", "--no-progress"], capture_output=True, text=True)
+        assert fsck.returncode == 0 and "hasDotgit" not in fsck.stdout + fsck.stderr
+    finally:
+        await store.close()
+
+
+async def test_history_of_a_key_with_glob_characters_is_that_keys_alone(store: GitStore) -> None:
+    """A key is a path, and git reads a path given to `git log` as a glob: the history of `a*` also
+    listed the commits of `ab` and `x/aq` (with revision null, "the commit removed it")."""
+    await store.write([rec("1", "ab steps", key="ab")])
+    await store.write([rec("2", "star steps", key="a*")])
+    await store.write([rec("3", "deep steps", key="x/a[q]")])
+    await store.write([rec("4", "q steps", key="x/aq")])
+    history = extensions(store)["memory/history"]
+    for key, revisions in (("a*", ["remember a* (rev 1)"]), ("a?", []), ("x/a[q]", ["remember x/a[q] (rev 1)"])):
+        result = await history({"key": key, "owner": "alice"}, Ctx())
+        assert [r["message"] for r in result["revisions"]] == revisions, key
+
+
+async def test_the_review_gate_turned_on_again_proposes_on_top_of_what_main_holds(tmp_path: Path) -> None:
+    """Writes made while the gate was off land on main, and `proposed` stayed where the last approve
+    left it: once the gate was back, a write was resolved against that old branch (revision 2 again,
+    for a key main held at 2) and every approve was refused, "proposed has diverged from main"."""
+    store = await opened(tmp_path, review=True)
+    await store.write([rec("p", "v1", key="k")])
+    await extensions(store)["memory/approve"]({}, Ctx())
+    await store.close()
+    store = await opened(tmp_path)  # the gate off: straight to main
+    await store.write([rec("p", "v2", key="k", revision=2), rec("q", "main only", key="q")])
+    await store.close()
+    store = await opened(tmp_path, review=True)
+    try:
+        assert (await store.write_keys("alice", ["k", "q"])).keys() == {"k", "q"}
+        await store.write([rec("p", "v3", key="k", revision=3)])
+        assert (await extensions(store)["memory/approve"]({}, Ctx()))["approved"] == 1
+        [record] = (await store.get_keys("alice", ["k"])).values()
+        assert (record.content, record.revision) == ("v3", 3) and await store.count("alice") == 2
+    finally:
+        await store.close()
+
+
+async def test_records_survive_recovery_under_a_user_git_config_that_converts_line_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tree was read back from the working tree, which `git reset --hard` writes through the
+    user's git config: with `core.autocrlf=true` (a ~/.gitconfig brought from Windows) the files an
+    interrupted write left behind came back with CRLF line ends, and the store skipped them as "not
+    a record file": committed procedures vanished at the restart after a crash."""
+    config = tmp_path / "gitconfig"
+    config.write_text("[core]\n\tautocrlf = true\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    store = await opened(tmp_path)
+    written = [rec(i, f"step one\nstep two of {i}\n", key=f"k{i}") for i in range(3)]
+    await store.write(written)
+    await store.close()
+    repo = tmp_path / "repo"
+    (repo / "owners/alice/k1.md").write_text("---\nid: '1'\n---\nhalf of a replace\n")  # what a kill -9 leaves
+    (repo / "owners/alice/k2.md").unlink()  # ... and half of a forget
+    store = await opened(tmp_path)
+    try:
+        assert await store.get("alice", ["0", "1", "2"]) == written
+    finally:
+        await store.close()
+
+
+async def test_git_lock_files_a_crash_left_are_cleared_at_open(tmp_path: Path) -> None:
+    """A kill while git holds a lock leaves it behind: `config.lock` (the identity set at every open)
+    made every later open fail, "Lock for file ... did already exist", and `ORIG_HEAD.lock` (taken by
+    the merge of an approve) made every later approve fail."""
+    store = await opened(tmp_path, review=True)
+    await store.write([rec(1, key="a/one")])
+    await store.close()
+    git_dir = tmp_path / "repo" / ".git"
+    for name in ("config.lock", "ORIG_HEAD.lock", "packed-refs.lock"):
+        (git_dir / name).write_text("")
+    store = await opened(tmp_path, review=True)
+    try:
+        await store.write([rec(2, key="a/two")])
+        assert (await extensions(store)["memory/approve"]({}, Ctx()))["approved"] == 2
+        assert [r.id for r in await store.select(Scope(owner="alice"))] == ["1", "2"]
+        assert not list(git_dir.glob("*.lock"))
+    finally:
+        await store.close()
+
+
+async def test_a_remote_that_never_answers_delays_a_write_only_by_the_push_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The push runs after each commit under the writer lock, and had no time limit: a remote that
+    accepts the connection and never answers (a stalled network, a hung ssh) held every write, and
+    every read-then-write, forever. A down mirror must not stop the tier."""
+    from backends.procedural import store as store_module
+
+    monkeypatch.setattr(store_module, "PUSH_TIMEOUT_S", 1.0)
+    monkeypatch.setenv("GIT_SSH_COMMAND", "sleep 60; :")  # what a black-holed remote looks like to git
+    store = await opened(tmp_path, remote="ssh://mirror.invalid/team.git")
+    try:
+        start = time.monotonic()
+        with anyio.fail_after(20):
+            await store.write([rec(1, key="a/one")])
+        assert time.monotonic() - start < 10
+        assert store.push_error and await store.count("alice") == 1
+    finally:
+        await store.close()
