@@ -66,6 +66,19 @@ def _settle_tier(params: dict[str, Any], tier: Tier) -> dict[str, Any] | None:
     return {**{k: v for k, v in params.items() if k != "where"}, **({"where": rest} if rest else {})}
 
 
+def _tier_as_it_names_itself(params: dict[str, Any], tier: Tier) -> dict[str, Any] | None:
+    """A forget's `params` for `tier` with `where.tier` tested here, by the router's name for the tier,
+    and passed down as the tier server's own name (alone in `where` it still selects the whole tier
+    there). None when the tier cannot match: it is not asked."""
+    where = params.get("where")
+    if not isinstance(where, dict) or "tier" not in where:
+        return params
+    if not test_matches(True, tier.name, where["tier"]):
+        return None
+    own = (((tier.info or {}).get("tiers") or [{}])[0]).get("name", tier.name)
+    return {**params, "where": {**where, "tier": own}}
+
+
 def _batch_owner(records: Sequence[Record], owner: str | None) -> str | None:
     """The owner a batch is written for: the call's, else the one its records name.
 
@@ -695,9 +708,10 @@ class Router(EventMethods):
         if params.get("tier") is not None and not tiers[0].writable:
             raise A2MError(errors.READ_ONLY, f"tier {tiers[0].name} is read-only", {"tier": tiers[0].name})
         down = {name: params[name] for name in (*SCOPE_PARAMS, "ids", "query") if params.get(name) is not None}
+        asked = _with_owner(down, owner)
         async with self.policy.owner_lock(owner):  # a record mid-move is forgotten in both tiers, not revived
-            fan = await self.fed.fan_out("memory/forget", _with_owner(down, owner),
-                                         [t for t in tiers if t.writable], skip_down=False)
+            fan = await self.fed.fan_out("memory/forget", {}, [t for t in tiers if t.writable], skip_down=False,
+                                         per_tier=lambda t: _tier_as_it_names_itself(asked, t))
         count = sum(int(r.get("forgotten", 0)) for r in fan.results.values())
         await self.events.emit("forgotten", owner, count=count)
         if fan.degraded:

@@ -232,3 +232,8 @@ async def test_where_tier_names_the_tier_as_the_router_calls_it(renamed: Stack) 
                                     ({"tier": "semantic"}, []), ({"tier": "working"}, ["working"])):
                 got = (await router.call(method, {"owner": me, "where": where, **params}))["records"]
                 assert sorted((r["tier"], r["id"]) for r in got) == [(t, ids[t]) for t in expected], (method, where)
+        # and a forget: by the router's name it deletes there, by the server's own name nothing
+        assert (await router.call("memory/forget", {"owner": me, "where": {"tier": "semantic"}}))["forgotten"] == 0
+        assert (await router.call("memory/forget", {"owner": me, "where": {"tier": "facts"}}))["forgotten"] == 1
+        left = (await router.call("memory/timeline", {"owner": me}))["records"]
+        assert [(r["tier"], r["id"]) for r in left] == [("working", ids["working"])]
