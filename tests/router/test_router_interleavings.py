@@ -513,3 +513,28 @@ async def test_a_record_in_both_tiers_mid_move_is_read_once(inproc: InProcess, s
     finally:
         gate.release()
         await filling
+
+
+async def test_a_tier_whose_timeline_reply_is_malformed_is_left_out(stack: Stack) -> None:
+    """A mounted server may answer a timeline with a record lacking an id or a created_at: the merge
+    raised and the whole timeline failed with -32603. That tier is left out and named in `degraded`,
+    as a malformed recall reply is."""
+    config = load(str(stack.config))
+
+    class Garbling(GatedClient):
+        async def call(self, method: str, params: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+            answer = await super().call(method, params, timeout=timeout)
+            if self.name == "episodic" and method == "memory/timeline":
+                answer = {"records": [{"content": "no id, no time"}, *answer["records"]]}
+            return answer
+
+    router = Router(config, client_factory=lambda t: Garbling(t.name, t.url, config.service_token, t.timeout, []))
+    await router.startup()
+    try:
+        me = owner()
+        handlers = router.handlers()
+        written = (await handlers["memory/remember"]({"owner": me, "records": [{"content": "kept"}]}, Context()))["ids"]
+        got = await handlers["memory/timeline"]({"owner": me}, Context())
+        assert [r["id"] for r in got["records"]] == written and got["degraded"] == ["episodic"]
+    finally:
+        await router.shutdown()
