@@ -209,12 +209,12 @@ class Federation:
         out = FanOut()
         calls: list[tuple[Tier, Awaitable[dict[str, Any]]]] = []
         for tier in tiers:
+            tier_params = per_tier(tier) if per_tier is not None else dict(params)  # type: ignore[arg-type]
+            if tier_params is None:  # nothing to ask it (a `where.tier` it cannot match): never `degraded`
+                continue
             if skip_down and not tier.available():
                 out.degraded.append(tier.name)
                 out.errors[tier.name] = Unavailable(f"tier {tier.name} is down", {"tier": tier.name})
-                continue
-            tier_params = per_tier(tier) if per_tier is not None else dict(params)  # type: ignore[arg-type]
-            if tier_params is None:
                 continue
             call = tier.call(method, tier_params, probe=skip_down and tier.probe())
             calls.append((tier, call if arrived is None else _then(tier.name, call, arrived)))

@@ -173,6 +173,9 @@ async def test_a_tier_read_only_by_its_own_word_stays_marked_while_it_is_down(tm
             down = {t["name"]: t for t in described["tiers"]}
             assert described["degraded"] == ["quiet"] and down["quiet"]["status"] == "down"
             assert down["quiet"]["read_only"] is True and down["working"]["read_only"] is False
+            # a read whose `where.tier` rules the down tier out does not name it as left out
+            for method in ("memory/recall", "memory/timeline"):
+                assert "degraded" not in await router.call(method, {"where": {"tier": "working"}})
             with pytest.raises(A2MError) as refused:
                 await router.call("memory/remember", {"records": [{"content": "x", "tier": "quiet"}]})
             assert refused.value.code == -32004
