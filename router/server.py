@@ -744,6 +744,7 @@ class Router(EventMethods):
         out: dict[str, Any] = {"record": None if best is None else best.to_wire(embeddings=asked_vectors)}
         if fan.degraded:
             out["degraded"] = fan.degraded
+            self._count_degraded(fan.degraded)
         return out
 
     async def _fetch(self, key: str, owner: str | None, asked_vectors: bool,
@@ -851,6 +852,7 @@ class Router(EventMethods):
         out: dict[str, Any] = {"sessions": sorted(merged.values(), key=lambda e: e["opened_at"] or "")}
         if fan.degraded:
             out["degraded"] = fan.degraded
+            self._count_degraded(fan.degraded)
         return out
 
     async def session_close(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:

@@ -4,6 +4,8 @@ vector-only recall ranks, which errors are the caller's, and the events a call l
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -176,9 +178,23 @@ async def test_a_tier_read_only_by_its_own_word_stays_marked_while_it_is_down(tm
             # a read whose `where.tier` rules the down tier out does not name it as left out
             for method in ("memory/recall", "memory/timeline"):
                 assert "degraded" not in await router.call(method, {"where": {"tier": "working"}})
+            # every read that left it out is counted for it in /metrics, fetch and session/list too
+            before = _degraded_calls(fresh.url, "quiet")
+            for method, params in (("memory/recall", {"query": "x"}), ("memory/timeline", {}),
+                                   ("memory/fetch", {"key": "k"}), ("memory/session/list", {})):
+                assert (await router.call(method, params))["degraded"] == ["quiet"], method
+            assert _degraded_calls(fresh.url, "quiet") == before + 4
             with pytest.raises(A2MError) as refused:
                 await router.call("memory/remember", {"records": [{"content": "x", "tier": "quiet"}]})
             assert refused.value.code == -32004
+
+
+def _degraded_calls(url: str, tier: str) -> float:
+    """The router's `a2m_router_degraded_calls` counter for `tier`, read from its /metrics."""
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = re.search(rf'^a2m_router_degraded_calls_total{{tier="{tier}"}} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
 
 
 # `facts` is the router's name for a tier server that calls itself `semantic` (a renamed tier, a
