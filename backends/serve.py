@@ -217,6 +217,10 @@ def _checked(engine: str, settings: TierSettings) -> TierSettings:
                                     f"{'--url (a Qdrant server)' if key == 'api_key' else '--url or engine=local'}: "
                                     f"the embedded Edge shard has none")
     if engine == "episodic":
+        if settings.url is None and (odd := sorted(set('"$`\\') & set(str(settings.data_dir.resolve())))):
+            raise SettingsError(f"the embedded PostgreSQL cannot run under {settings.data_dir}: pg_ctl passes the "
+                                f"path through a shell, where {' '.join(odd)} change it; choose another --data "
+                                f"(or A2M_DATA), or name a PostgreSQL of your own with --url")
         low, high = options.get("pool_min", 1), options.get("pool_max", 10)
         if low > high:
             raise SettingsError(f"--option pool_min ({low}) is above pool_max ({high})")

@@ -202,6 +202,19 @@ def test_engine_options_are_checked_before_anything_starts(tmp_path: Path, engin
     assert str(caught.value).startswith(f"a2m serve {engine}: ") and message in str(caught.value)
 
 
+@pytest.mark.parametrize("name", ['say "hi"', "cost$5", "back`tick", "back\\slash"])
+def test_the_embedded_postgresql_refuses_a_data_dir_a_shell_would_change(tmp_path: Path, name: str) -> None:
+    """pg_ctl passes the data directory through a shell inside double quotes, where `"`, `$`, a
+    backtick and a backslash change it: the server never started, with pg_ctl's error. Refused at
+    start by name; a PostgreSQL of the user's own (--url) has no such path."""
+    from backends.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="the embedded PostgreSQL cannot run under"):
+        _check("episodic", tmp_path / name, None)
+    assert _check("episodic", tmp_path / name, "host=/tmp dbname=a2m") == {}
+    assert _check("episodic", tmp_path / "with space & more", None) == {}  # routed elsewhere (decision 91)
+
+
 def test_engine_options_as_the_command_line_gives_them_are_kept(tmp_path: Path) -> None:
     # `--option approvers=42` arrives as an int: approver_names() would have failed on it at approve time.
     assert _check("procedural", tmp_path, review=True, approvers=42, remote="") == \
