@@ -392,6 +392,11 @@ class GitStore:
             self._base_proposed(repo)
             proposed = repo.heads[PROPOSED].commit
             self._proposed = self._load_tree(self._iter_commit(proposed), self._pending_access)
+        elif PROPOSED in repo.heads and not repo.is_ancestor(repo.heads[PROPOSED].commit, repo.head.commit):
+            # Proposals waiting for approval, which this store neither shows nor approves without the gate.
+            log.warning("procedural: %s holds proposals not on %s in %s; they stay unapproved while the review "
+                        "gate is off (serve with --option review=true to approve them)", PROPOSED, self.main,
+                        self.path)
         self._trees = TreeBuilder.of_commit(repo, repo.heads[PROPOSED].commit if self.review else repo.head.commit)
         if self._dimensions is None:
             self._dimensions = next(

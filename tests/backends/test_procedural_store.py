@@ -987,6 +987,27 @@ async def test_the_review_gate_turned_on_again_proposes_on_top_of_what_main_hold
         await store.close()
 
 
+async def test_proposals_left_pending_are_named_when_the_gate_is_off(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A store served without the gate neither shows nor approves what waits on `proposed`: it said
+    nothing, and the proposals looked lost. It is logged at open; nothing pending, nothing said."""
+    store = await opened(tmp_path, review=True)
+    await store.write([rec("p", "v1", key="k")])
+    await store.close()
+    with caplog.at_level("WARNING", logger="a2m"):
+        store = await opened(tmp_path)
+        await store.close()
+    assert any("holds proposals not on" in r.getMessage() for r in caplog.records)
+    store = await opened(tmp_path, review=True)
+    await extensions(store)["memory/approve"]({}, Ctx())
+    await store.close()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="a2m"):
+        store = await opened(tmp_path)
+        await store.close()
+    assert not any("holds proposals" in r.getMessage() for r in caplog.records)
+
+
 async def test_records_survive_recovery_under_a_user_git_config_that_converts_line_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
