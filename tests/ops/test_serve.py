@@ -153,6 +153,17 @@ def test_serve_refuses_a_bad_command_line_setting_without_a_traceback(
     assert message in _refused(tmp_path, *args, "--data", str(tmp_path / "data"), env=env)
 
 
+def test_a_local_embedder_without_its_extra_is_refused_as_a_tier_flag_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router refused `embedder = "local"` without the `embed` extra; a tier server's `--embedder
+    local` started, and every record then went without a vector, logged one by one. make_embedder
+    refuses it now, which `a2m serve` answers as any bad --embedder (the case above)."""
+    from a2m.embedder import make_embedder
+
+    monkeypatch.setattr("a2m.embedder.LOCAL_MODULES", ("a2m_no_such_module",))
+    with pytest.raises(ValueError, match="local needs the `embed` extra"):
+        make_embedder("local")
+
+
 # ---- engine options, checked in-process (backends.serve.check, as `a2m serve` runs it) ---------------
 
 def _check(tier: str, tmp_path: Path, url: str | None = None, /, **options: object) -> dict:

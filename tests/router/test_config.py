@@ -290,12 +290,10 @@ def test_embedder_settings_that_would_be_dropped_are_refused(data: dict, message
 
 def test_a_local_embedder_without_its_extra_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     # Without the `embed` extra every embed failed at run time, logged, and records went without vectors.
-    import router.config as config_module
-
-    monkeypatch.setattr(config_module, "LOCAL_EMBEDDER_MODULES", ("a2m_no_such_module",))
+    monkeypatch.setattr("a2m.embedder.LOCAL_MODULES", ("a2m_no_such_module",))
     with pytest.raises(ConfigError, match=re.escape("embedder = \"local\" needs the `embed` extra")):
         parse({"embedder": "local"}, env={})
-    monkeypatch.setattr(config_module, "LOCAL_EMBEDDER_MODULES", ("tomllib",))
+    monkeypatch.setattr("a2m.embedder.LOCAL_MODULES", ("tomllib",))
     assert parse({"embedder": "local"}, env={}).embedder == "local"
 
 
