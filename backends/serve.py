@@ -216,6 +216,11 @@ def _checked(engine: str, settings: TierSettings) -> TierSettings:
                 raise SettingsError(f"--option {key} is read only with "
                                     f"{'--url (a Qdrant server)' if key == 'api_key' else '--url or engine=local'}: "
                                     f"the embedded Edge shard has none")
+    approvers = options.get("approvers") if engine == "procedural" else None
+    if approvers is not None and not any(
+            n.strip() for n in (approvers.split(",") if isinstance(approvers, str) else approvers)):
+        raise SettingsError("--option approvers names nobody, so no one could approve: name the owners who may "
+                            "(approvers=lead,ops), or leave it out for anyone")
     if engine == "episodic":
         if settings.url is None and (odd := sorted(set('"$`\\') & set(str(settings.data_dir.resolve())))):
             raise SettingsError(f"the embedded PostgreSQL cannot run under {settings.data_dir}: pg_ctl passes the "

@@ -194,6 +194,8 @@ def _check(tier: str, tmp_path: Path, url: str | None = None, /, **options: obje
     ("semantic", "http://qdrant:6333", {"engine": "local"}, "--option engine picks an embedded Qdrant"),
     ("procedural", "git@example.com:org/procedures.git", {}, "a remote to push to is --option remote="),
     ("procedural", None, {"author": True}, "--option author takes text, got True"),
+    ("procedural", None, {"approvers": " , "}, "--option approvers names nobody, so no one could approve"),
+    ("procedural", None, {"approvers": []}, "--option approvers names nobody, so no one could approve"),
     ("procedural", None, {"kind": "scratch"}, "--option kind must be one of working, episodic, semantic, procedural"),
     # The URL picks the corpus adapter: the other adapter's options were dropped.
     ("corpus", "postgresql://db/docs", {"table": "docs", "text_field": "body"},
