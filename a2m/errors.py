@@ -59,8 +59,8 @@ class A2MError(Exception):
     def from_error(cls, error: Any) -> "A2MError":
         if not isinstance(error, dict):
             return cls(INTERNAL_ERROR, "malformed error object", {"error": error})
-        code = error.get("code")
-        return cls(code if isinstance(code, int) else INTERNAL_ERROR, str(error.get("message", "")), error.get("data"))
+        code = error.get("code")  # `type`, not isinstance: `true` is no code, and the router would pass it on
+        return cls(code if type(code) is int else INTERNAL_ERROR, str(error.get("message", "")), error.get("data"))
 
 
 def invalid(message: str, **data: Any) -> A2MError:

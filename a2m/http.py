@@ -36,6 +36,8 @@ SERVICE = object()  # a token that maps to SERVICE is trusted to name any owner 
 # What a browser page may send cross-origin: everything this binding reads from a request.
 _CORS_REQUEST_HEADERS = b"authorization, content-type, a2m-protocol-version, traceparent"
 _CORS_MAX_AGE = b"600"
+# The paths besides the endpoint, each GET only.
+_GET_PATHS = frozenset({"/.well-known/a2m-server.json", "/healthz", "/readyz", "/metrics"})
 
 
 @dataclass
@@ -160,6 +162,8 @@ class HTTPApp:
                 await _respond(send, 405, b'{"error":"use POST"}', headers=[(b"allow", b"POST")])
                 return
             await self._rpc(scope, receive, send)
+        elif path not in _GET_PATHS:  # before the method: a 405 would say the path exists
+            await _respond(send, 404, b'{"error":"not found"}')
         elif method != "GET":
             await _respond(send, 405, b'{"error":"use GET"}', headers=[(b"allow", b"GET")])
         elif path == "/.well-known/a2m-server.json":
@@ -182,10 +186,8 @@ class HTTPApp:
                 except Exception as exc:
                     body["error"] = type(exc).__name__
             await _respond(send, 200 if ready else 503, orjson.dumps(body))
-        elif path == "/metrics":
+        else:  # /metrics
             await _respond(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode())
-        else:
-            await _respond(send, 404, b'{"error":"not found"}')
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

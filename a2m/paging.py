@@ -28,8 +28,18 @@ class CrowdedMillisecond(Exception):
     max_recall_limit): they cannot all be read by time."""
 
 
-def _shift(stamp: str, ms: int) -> str:
-    return format_ts(parse_ts(stamp) + timedelta(milliseconds=ms))
+def _shift(stamp: str, ms: int) -> str | None:
+    """`stamp` moved by `ms` milliseconds, or None past year 9999 or before year 1: no record lies
+    there, so the bound it would have been is simply left off."""
+    try:
+        return format_ts(parse_ts(stamp) + timedelta(milliseconds=ms))
+    except OverflowError:
+        return None
+
+
+def _bounded(params: dict[str, Any], **bounds: str | None) -> dict[str, Any]:
+    """`params` with each bound that exists (None: unbounded that way, the caller's own bound stays)."""
+    return {**params, **{name: value for name, value in bounds.items() if value is not None}}
 
 
 async def pages_backwards(call: Call, params: dict[str, Any], *, page: int,
@@ -38,10 +48,11 @@ async def pages_backwards(call: Call, params: dict[str, Any], *, page: int,
     ascending, no id twice. `call(method, params)` returns a result; `cap` is the endpoint's
     max_recall_limit (None: `limit: 0` returns everything)."""
     base = {**params, "limit": page}
-    before: str | None = None  # exclusive upper bound of the next page
-    boundary: set[str] = set()  # ids already yielded at the millisecond just below `before`
+    before: str | None = None  # exclusive upper bound of the next page (None: none of ours)
+    floor: str | None = None  # the millisecond just below `before`, which the next page re-reads
+    boundary: set[str] = set()  # ids already yielded at `floor`
     while True:
-        records = (await call("memory/timeline", base if before is None else {**base, "before": before}))["records"]
+        records = (await call("memory/timeline", _bounded(base, before=before)))["records"]
         if not records:
             return
         fresh = [r for r in records if r["id"] not in boundary]
@@ -50,10 +61,10 @@ async def pages_backwards(call: Call, params: dict[str, Any], *, page: int,
                 yield fresh
             return  # the page holds everything before `before`
         earliest = records[0]["created_at"]
-        if before is not None and earliest == _shift(before, -1):
+        if earliest == floor:
             # The whole page sits in the boundary millisecond: it holds at least `page` records, and
             # the next page would be this one again. Read that millisecond alone, then go below it.
-            exact = {**base, "after": _shift(earliest, -1), "before": before, "limit": 0}
+            exact = _bounded({**base, "limit": 0}, after=_shift(earliest, -1), before=_shift(earliest, 1))
             same = (await call("memory/timeline", exact))["records"]
             if cap is not None and len(same) >= cap:
                 raise CrowdedMillisecond(f"at least {len(same)} records share created_at {earliest}, more than "
@@ -61,10 +72,12 @@ async def pages_backwards(call: Call, params: dict[str, Any], *, page: int,
             fresh = [r for r in same if r["id"] not in boundary]
             if fresh:
                 yield fresh
+            if (floor := _shift(earliest, -1)) is None:
+                return  # that was the first millisecond there is
             before, boundary = earliest, set()
             continue
         if fresh:
             yield fresh
         # Re-read the earliest millisecond next time (it may hold more than this page showed).
         boundary = {r["id"] for r in records if r["created_at"] == earliest}
-        before = _shift(earliest, 1)
+        before, floor = _shift(earliest, 1), earliest

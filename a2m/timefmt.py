@@ -31,10 +31,16 @@ def parse_ts(value: object, field: str = "timestamp") -> datetime:
 
     Converted here, not by the caller: a stamp whose offset moves it past year
     9999 or before year 1 (`9999-12-31T23:30:00-01:00`) parses but has no UTC
-    form, and Python says so with an OverflowError that would be a -32603."""
-    if not isinstance(value, str) or not _RFC3339.match(value):
+    form, and Python says so with an OverflowError that would be a -32603.
+
+    A leap second (`23:59:60`, RFC 3339 §5.6) is a valid stamp that datetime
+    cannot hold: it is read as the minute's last millisecond (`23:59:59.999`),
+    which never puts it before a stamp that precedes it, nor into the next minute."""
+    if not isinstance(value, str) or (match := _RFC3339.match(value)) is None:
         raise invalid(f"{field} must be an RFC 3339 timestamp such as 2026-07-28T10:15:30.123Z", field=field)
     text = value.replace("z", "Z").replace("t", "T")
+    if match.group(6) == "60":
+        text = text[:17] + "59.999" + text[match.start(8):]
     if text.endswith("Z"):
         text = text[:-1] + "+00:00"
     try:

@@ -168,3 +168,18 @@ async def test_http_413_is_the_servers_answer_not_an_outage() -> None:
             assert err.value.code == -32602 and not isinstance(err.value, Unavailable)
             assert err.value.data["status"] == 413
             assert (await client.call("memory/describe"))["protocol"] == "a2m/0.1"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("error", [b'{"code":true,"message":"x"}', b'{"code":-32602.5,"message":"x"}',
+                                   b'{"code":"-32602","message":"x"}'])
+async def test_an_error_code_that_is_not_an_integer_is_an_internal_error(error: bytes) -> None:
+    """JSON-RPC error codes are integers. `true` passed `isinstance(code, int)` and came out of the
+    client (and the router, which passes tier errors on) as the code, an error object no client can read."""
+    from tests.a2m.test_http1 import server, sized
+
+    async with server(lambda request: sized(b'{"jsonrpc":"2.0","id":1,"error":%s}' % error)) as (url, _, _):
+        async with HTTPClient(url) as client:
+            with pytest.raises(A2MError) as err:
+                await client.call("memory/describe")
+    assert type(err.value.code) is int and err.value.code == -32603

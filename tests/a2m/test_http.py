@@ -42,6 +42,17 @@ async def test_get_is_405_and_unknown_path_404() -> None:
 
 
 @pytest.mark.anyio
+async def test_an_unknown_path_is_404_whatever_the_method() -> None:
+    """405 says the path exists and names the methods it takes: `POST /rpc` (a client with the wrong
+    URL) was told to use GET, for a path that answers nothing."""
+    async with client(make_app()) as c:
+        for method in ("POST", "PUT", "DELETE", "OPTIONS"):
+            reply = await c.request(method, "/rpc", content=BODY)
+            assert reply.status_code == 404 and "allow" not in reply.headers, method
+        assert (await c.post("/healthz", content=BODY)).headers["allow"] == "GET"
+
+
+@pytest.mark.anyio
 async def test_origin_allow_list() -> None:
     async with client(make_app(allowed_origins=frozenset({"https://app.example"}))) as c:
         assert (await c.post("/", content=BODY, headers={"origin": "https://evil.example"})).status_code == 403

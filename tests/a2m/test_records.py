@@ -189,3 +189,24 @@ def test_a_negative_zero_is_written_as_zero_without_touching_the_callers_objects
     assert math.copysign(1.0, sent["metadata"]["n"]["x"][2]["y"]) == -1.0  # the request is as it was sent
     plain = {"content": "x", "metadata": {"z": 0.0, "n": [1]}}
     assert parse_write(plain, 0, owner=None).metadata is plain["metadata"]  # nothing to change: no copy
+
+
+@pytest.mark.parametrize("given, canonical", [
+    ("2016-12-31T23:59:60Z", "2016-12-31T23:59:59.999Z"),
+    ("2016-12-31T23:59:60.5Z", "2016-12-31T23:59:59.999Z"),
+    ("2017-01-01T05:29:60.25+05:30", "2016-12-31T23:59:59.999Z"),
+    ("2015-06-30t23:59:60z", "2015-06-30T23:59:59.999Z"),
+    ("9999-12-31T23:59:60.999Z", "9999-12-31T23:59:59.999Z"),
+])
+def test_a_leap_second_is_a_timestamp_in_the_last_millisecond_of_its_minute(given: str, canonical: str) -> None:
+    """RFC 3339 §5.6 allows second 60; datetime has no such second, so it was refused as -32602. It is kept
+    as the minute's last millisecond: never earlier than a stamp before it, never past the next minute."""
+    assert normalize_ts(given) == canonical
+    assert parse_write({"content": "x", "created_at": given}, 0, owner=None).created_at == canonical
+
+
+@pytest.mark.parametrize("bad", ["2016-12-31T23:59:61Z", "2016-12-31T23:60:60Z", "2016-12-31T24:59:60Z"])
+def test_only_second_60_is_a_leap_second(bad: str) -> None:
+    with pytest.raises(A2MError) as err:
+        normalize_ts(bad)
+    assert err.value.code == -32602
