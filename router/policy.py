@@ -223,14 +223,14 @@ class Policy:
             records.sort(key=lambda r: r["created_at"])  # oldest first: a move cut short keeps the newest
             return await self._move(source, dest, owner, records, salience, reason), found
 
-    async def _whole_groups(self, source: Tier, owner: str | None,
-                            records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def _whole_groups(self, source: Tier, owner: str | None, records: Sequence[dict[str, Any]], *,
+                            embeddings: bool = True) -> list[dict[str, Any]]:
         """`records` and every other member of their groups in `source`, from any session."""
         groups = sorted({r["group"] for r in records if r.get("group")})
         out = list(records)
         if groups:
             known = {r["id"] for r in records}
-            out += [r for r in await self.scan(source, owner, where={"group": groups}, embeddings=True)
+            out += [r for r in await self.scan(source, owner, where={"group": groups}, embeddings=embeddings)
                     if r["id"] not in known]
         return out
 
@@ -339,25 +339,27 @@ class Policy:
             return {"moved": 0, "dropped": 0}
         key = (tier.name, owner, session if config.per_session else None)
         async with self.lock(*key):
-            ids = await self._victims(tier, owner, session)
-            if not ids:
+            victims = await self._victims(tier, owner, session)
+            if not victims:
                 return {"moved": 0, "dropped": 0}
             if config.spill_to:
-                moved = await self.move(tier, self.fed[config.spill_to], owner, ids)
+                moved = await self.move(tier, self.fed[config.spill_to], owner, [r["id"] for r in victims])
                 return {"moved": len(moved), "dropped": 0}
             if config.retention == "drop":
                 async with self.owner_lock(owner):
                     # Chosen again under the lock: a key replaced since the first read is the newest
                     # record now (or in another session), and deleting it by id would lose that write.
-                    ids = await self._victims(tier, owner, session)
-                    if not ids:
+                    victims = await self._victims(tier, owner, session)
+                    if not victims:
                         return {"moved": 0, "dropped": 0}
+                    # Whole groups, as a move takes them: members in other sessions go too, never half a group.
+                    ids = [r["id"] for r in await self._whole_groups(tier, owner, victims, embeddings=False)]
                     result = await tier.call("memory/forget", _owner({"ids": ids}, owner))
                 return {"moved": 0, "dropped": int(result.get("forgotten", 0))}
             return {"moved": 0, "dropped": 0}
 
-    async def _victims(self, tier: Tier, owner: str | None, session: str | None) -> list[str]:
-        """The ids of the weakest whole groups of the bucket past the tier's capacity (none: within)."""
+    async def _victims(self, tier: Tier, owner: str | None, session: str | None) -> list[dict[str, Any]]:
+        """The records of the weakest whole groups of the bucket past the tier's capacity (none: within)."""
         config = tier.config
         assert config.capacity is not None
         if config.per_session:
@@ -368,11 +370,11 @@ class Policy:
         else:
             records = await self.scan(tier, owner)
         excess = len(records) - config.capacity
-        victims: list[str] = []
+        victims: list[dict[str, Any]] = []
         for unit in weakest_first(units(records)):
             if excess <= 0:
                 break
-            victims.extend(r["id"] for r in unit)
+            victims.extend(unit)
             excess -= len(unit)
         return victims
 
