@@ -342,10 +342,7 @@ class Policy:
             victims = await self._victims(tier, owner, session)
             if not victims:
                 return {"moved": 0, "dropped": 0}
-            if config.spill_to:
-                moved = await self.move(tier, self.fed[config.spill_to], owner, [r["id"] for r in victims])
-                return {"moved": len(moved), "dropped": 0}
-            if config.retention == "drop":
+            if config.retention == "drop":  # never beside spill_to (the config refuses both)
                 async with self.owner_lock(owner):
                     # Chosen again under the lock: a key replaced since the first read is the newest
                     # record now (or in another session), and deleting it by id would lose that write.
@@ -356,7 +353,16 @@ class Policy:
                     ids = [r["id"] for r in await self._whole_groups(tier, owner, victims, embeddings=False)]
                     result = await tier.call("memory/forget", _owner({"ids": ids}, owner))
                 return {"moved": 0, "dropped": int(result.get("forgotten", 0))}
-            return {"moved": 0, "dropped": 0}
+            if not config.spill_to:
+                return {"moved": 0, "dropped": 0}
+            dest = self.fed[config.spill_to]
+            moved = await self.move(tier, dest, owner, [r["id"] for r in victims])
+        if not moved or dest.config.capacity is None:
+            return {"moved": len(moved), "dropped": 0}
+        # The spill can put its destination past a capacity of its own: that tier spills (or drops) on
+        # now, down the chain, not only at the next consolidate. Outside this bucket's lock.
+        onward = await self.enforce_all(owner, [dest])
+        return {"moved": len(moved) + onward["moved"], "dropped": onward["dropped"]}
 
     async def _victims(self, tier: Tier, owner: str | None, session: str | None) -> list[dict[str, Any]]:
         """The records of the weakest whole groups of the bucket past the tier's capacity (none: within)."""

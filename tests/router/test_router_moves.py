@@ -312,6 +312,19 @@ async def contents(stack: Stack, me: str, tier: str) -> list[str]:
 
 
 @pytest.mark.anyio
+async def test_a_capped_tier_that_a_spill_fills_spills_on_in_turn(capped: Stack) -> None:
+    """Only the tier a client wrote to was brought back to its capacity: episodic (capacity 3), filled
+    by working's spills, held 8 of 10 turns until someone called consolidate."""
+    me = owner()
+    async with HTTPClient(capped.url) as router:
+        for i in range(10):
+            await router.call("memory/remember", {"owner": me, "records": [{"content": f"turn {i}", "session": "s"}]})
+    assert await contents(capped, me, "working") == ["turn 8", "turn 9"]
+    assert await contents(capped, me, "episodic") == ["turn 5", "turn 6", "turn 7"]
+    assert await contents(capped, me, "semantic") == [f"turn {i}" for i in range(5)]
+
+
+@pytest.mark.anyio
 async def test_drop_takes_a_group_whole_from_every_session(capped: Stack) -> None:
     """retention = "drop" deleted the weakest group's members in the over-full session only: a tool
     call went and its result, written in another session, stayed behind alone."""
