@@ -415,10 +415,14 @@ class Policy:
             config = tier.config
             if not (config.per_session and config.spill_to and tier.writable):
                 continue
-            async with self.lock(tier.name, owner, session):
-                moved = await self.move(tier, self.fed[config.spill_to], owner, where={"session": session},
-                                        reason="session_close")
-                flushed += len(moved)
+            try:
+                async with self.lock(tier.name, owner, session):
+                    moved = await self.move(tier, self.fed[config.spill_to], owner, where={"session": session},
+                                            reason="session_close")
+            except Unavailable as exc:  # its records stay where they are; the close names the tier in `degraded`
+                log.warning("flushing session %r out of %s failed: %s", session, tier.name, exc)
+                continue
+            flushed += len(moved)
         return flushed
 
     # ---- promotion ------------------------------------------------------------------
