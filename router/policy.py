@@ -482,7 +482,10 @@ class Policy:
             return
         page = _limit(tier, "max_recall_limit", 1000)
         config = tier.config
+        onward = list(dict.fromkeys(t for t in (config.spill_to, config.promote_to) if t is not None))
+        seen = self.moves_seen(owner)
         gone: list[str] = []
+        touched: dict[str, int] = {}  # id -> its access_count after this touch
         for start in range(0, len(ids), page):
             chunk = ids[start:start + page]
             try:
@@ -492,13 +495,32 @@ class Policy:
                 return
             found = {r["id"] for r in result["records"]}
             gone += [i for i in chunk if i not in found]
+            touched.update((r["id"], int(r.get("access_count") or 0)) for r in result["records"])
             if config.promote_to:
                 due = {r["id"] for r in result["records"] if int(r.get("access_count") or 0) >= config.promote_after}
                 if due:
                     self.pending.setdefault((owner, name), set()).update(due)
+        # A move that read these records before the touch copies them without it, then deletes the
+        # touched copy. Such a move holds the owner lock now, or has begun its delete since `seen`.
+        if touched and hops and onward and (self.moves_seen(owner) != seen or self.owner_lock(owner).locked()):
+            gone += await self._carried_off(owner, tier, [self.fed[t] for t in onward], touched)
         if gone and hops:
-            onward = dict.fromkeys(t for t in (config.spill_to, config.promote_to) if t is not None)
             await asyncio.gather(*(self._count(owner, t, gone, hops - 1) for t in onward))
+
+    async def _carried_off(self, owner: str | None, tier: Tier, onward: list[Tier],
+                           touched: dict[str, int]) -> list[str]:
+        """Of the records just counted in `tier`, those a move took on without the count (their copy
+        one link on has fewer recalls than the touch answered): they are counted there again. Read
+        under the owner lock, when no move is between its read and its delete."""
+        async with self.owner_lock(owner):
+            try:
+                left = {r["id"] for r in await self.by_ids(tier, owner, list(touched))}
+                away = [i for i in touched if i not in left]
+                copies = [r for t in onward for r in (await self.by_ids(t, owner, away) if away else [])]
+            except A2MError as exc:
+                log.info("could not follow recall counts out of %s: %s", tier.name, exc)
+                return []
+        return [r["id"] for r in copies if int(r.get("access_count") or 0) < touched[r["id"]]]
 
     async def promote_pending(self, owner: str | None) -> int:
         promoted = 0
