@@ -223,14 +223,14 @@ class Policy:
             records.sort(key=lambda r: r["created_at"])  # oldest first: a move cut short keeps the newest
             return await self._move(source, dest, owner, records, salience, reason), found
 
-    async def _whole_groups(self, source: Tier, owner: str | None,
-                            records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def _whole_groups(self, source: Tier, owner: str | None, records: Sequence[dict[str, Any]], *,
+                            embeddings: bool = True) -> list[dict[str, Any]]:
         """`records` and every other member of their groups in `source`, from any session."""
         groups = sorted({r["group"] for r in records if r.get("group")})
         out = list(records)
         if groups:
             known = {r["id"] for r in records}
-            out += [r for r in await self.scan(source, owner, where={"group": groups}, embeddings=True)
+            out += [r for r in await self.scan(source, owner, where={"group": groups}, embeddings=embeddings)
                     if r["id"] not in known]
         return out
 
@@ -339,25 +339,33 @@ class Policy:
             return {"moved": 0, "dropped": 0}
         key = (tier.name, owner, session if config.per_session else None)
         async with self.lock(*key):
-            ids = await self._victims(tier, owner, session)
-            if not ids:
+            victims = await self._victims(tier, owner, session)
+            if not victims:
                 return {"moved": 0, "dropped": 0}
-            if config.spill_to:
-                moved = await self.move(tier, self.fed[config.spill_to], owner, ids)
-                return {"moved": len(moved), "dropped": 0}
-            if config.retention == "drop":
+            if config.retention == "drop":  # never beside spill_to (the config refuses both)
                 async with self.owner_lock(owner):
                     # Chosen again under the lock: a key replaced since the first read is the newest
                     # record now (or in another session), and deleting it by id would lose that write.
-                    ids = await self._victims(tier, owner, session)
-                    if not ids:
+                    victims = await self._victims(tier, owner, session)
+                    if not victims:
                         return {"moved": 0, "dropped": 0}
+                    # Whole groups, as a move takes them: members in other sessions go too, never half a group.
+                    ids = [r["id"] for r in await self._whole_groups(tier, owner, victims, embeddings=False)]
                     result = await tier.call("memory/forget", _owner({"ids": ids}, owner))
                 return {"moved": 0, "dropped": int(result.get("forgotten", 0))}
-            return {"moved": 0, "dropped": 0}
+            if not config.spill_to:
+                return {"moved": 0, "dropped": 0}
+            dest = self.fed[config.spill_to]
+            moved = await self.move(tier, dest, owner, [r["id"] for r in victims])
+        if not moved or dest.config.capacity is None:
+            return {"moved": len(moved), "dropped": 0}
+        # The spill can put its destination past a capacity of its own: that tier spills (or drops) on
+        # now, down the chain, not only at the next consolidate. Outside this bucket's lock.
+        onward = await self.enforce_all(owner, [dest])
+        return {"moved": len(moved) + onward["moved"], "dropped": onward["dropped"]}
 
-    async def _victims(self, tier: Tier, owner: str | None, session: str | None) -> list[str]:
-        """The ids of the weakest whole groups of the bucket past the tier's capacity (none: within)."""
+    async def _victims(self, tier: Tier, owner: str | None, session: str | None) -> list[dict[str, Any]]:
+        """The records of the weakest whole groups of the bucket past the tier's capacity (none: within)."""
         config = tier.config
         assert config.capacity is not None
         if config.per_session:
@@ -368,11 +376,11 @@ class Policy:
         else:
             records = await self.scan(tier, owner)
         excess = len(records) - config.capacity
-        victims: list[str] = []
+        victims: list[dict[str, Any]] = []
         for unit in weakest_first(units(records)):
             if excess <= 0:
                 break
-            victims.extend(r["id"] for r in unit)
+            victims.extend(unit)
             excess -= len(unit)
         return victims
 
@@ -407,10 +415,14 @@ class Policy:
             config = tier.config
             if not (config.per_session and config.spill_to and tier.writable):
                 continue
-            async with self.lock(tier.name, owner, session):
-                moved = await self.move(tier, self.fed[config.spill_to], owner, where={"session": session},
-                                        reason="session_close")
-                flushed += len(moved)
+            try:
+                async with self.lock(tier.name, owner, session):
+                    moved = await self.move(tier, self.fed[config.spill_to], owner, where={"session": session},
+                                            reason="session_close")
+            except Unavailable as exc:  # its records stay where they are; the close names the tier in `degraded`
+                log.warning("flushing session %r out of %s failed: %s", session, tier.name, exc)
+                continue
+            flushed += len(moved)
         return flushed
 
     # ---- promotion ------------------------------------------------------------------
@@ -470,7 +482,10 @@ class Policy:
             return
         page = _limit(tier, "max_recall_limit", 1000)
         config = tier.config
+        onward = list(dict.fromkeys(t for t in (config.spill_to, config.promote_to) if t is not None))
+        seen = self.moves_seen(owner)
         gone: list[str] = []
+        touched: dict[str, int] = {}  # id -> its access_count after this touch
         for start in range(0, len(ids), page):
             chunk = ids[start:start + page]
             try:
@@ -480,13 +495,32 @@ class Policy:
                 return
             found = {r["id"] for r in result["records"]}
             gone += [i for i in chunk if i not in found]
+            touched.update((r["id"], int(r.get("access_count") or 0)) for r in result["records"])
             if config.promote_to:
                 due = {r["id"] for r in result["records"] if int(r.get("access_count") or 0) >= config.promote_after}
                 if due:
                     self.pending.setdefault((owner, name), set()).update(due)
+        # A move that read these records before the touch copies them without it, then deletes the
+        # touched copy. Such a move holds the owner lock now, or has begun its delete since `seen`.
+        if touched and hops and onward and (self.moves_seen(owner) != seen or self.owner_lock(owner).locked()):
+            gone += await self._carried_off(owner, tier, [self.fed[t] for t in onward], touched)
         if gone and hops:
-            onward = dict.fromkeys(t for t in (config.spill_to, config.promote_to) if t is not None)
             await asyncio.gather(*(self._count(owner, t, gone, hops - 1) for t in onward))
+
+    async def _carried_off(self, owner: str | None, tier: Tier, onward: list[Tier],
+                           touched: dict[str, int]) -> list[str]:
+        """Of the records just counted in `tier`, those a move took on without the count (their copy
+        one link on has fewer recalls than the touch answered): they are counted there again. Read
+        under the owner lock, when no move is between its read and its delete."""
+        async with self.owner_lock(owner):
+            try:
+                left = {r["id"] for r in await self.by_ids(tier, owner, list(touched))}
+                away = [i for i in touched if i not in left]
+                copies = [r for t in onward for r in (await self.by_ids(t, owner, away) if away else [])]
+            except A2MError as exc:
+                log.info("could not follow recall counts out of %s: %s", tier.name, exc)
+                return []
+        return [r["id"] for r in copies if int(r.get("access_count") or 0) < touched[r["id"]]]
 
     async def promote_pending(self, owner: str | None) -> int:
         promoted = 0

@@ -317,6 +317,25 @@ async def test_one_tier_down_recall_answers_with_degraded(tmp_path: Path) -> Non
 
 
 @pytest.mark.anyio
+async def test_a_session_closed_while_working_is_down_answers_with_degraded(tmp_path: Path) -> None:
+    """Closing a session while the tier it flushes from did not answer failed with -32603 (and promoted
+    and spilled nothing else), where consolidate, and a close whose destination was down, answer with
+    `degraded` (decision 14). The records stay where they are; a later close moves them."""
+    with federation(tmp_path, SMALL) as stack:
+        async with HTTPClient(stack.url) as router:
+            [rid] = (await router.call("memory/remember", {"records": [{"content": "one turn", "session": "w"}]}))["ids"]
+            stack.tiers["working"].pause()
+            try:
+                closed = await router.call("memory/session/close", {"session": "w"})
+            finally:
+                stack.tiers["working"].resume()
+            assert closed["degraded"] == ["working"] and closed["flushed"] == 0 and closed["closed"] == "w"
+            await asyncio.sleep(1.0)  # past the backoff
+            assert (await router.call("memory/session/close", {"session": "w"}))["flushed"] == 1
+        assert [r["id"] for r in (await where_is(stack, None, ["episodic"]))["episodic"]] == [rid]
+
+
+@pytest.mark.anyio
 async def test_episodic_hung_mid_spill_loses_nothing_and_consolidate_repairs(tmp_path: Path) -> None:
     with federation(tmp_path, SMALL) as stack:
         async with HTTPClient(stack.url) as router:

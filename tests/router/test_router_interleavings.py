@@ -262,6 +262,21 @@ async def test_a_reinforce_acknowledged_mid_spill_is_kept_by_the_moved_copy(inpr
     assert record["tier"] == "episodic" and record["salience"] == pytest.approx(0.75)
 
 
+async def test_a_recall_counted_mid_spill_is_kept_by_the_moved_copy(inproc: InProcess, stack: Stack) -> None:
+    """The spill had read the record (no recalls yet) and was writing it to episodic when the router
+    counted a recall of it: the count landed on the working copy the spill then deleted, and was
+    lost (as a reinforce was before decision 70)."""
+    me = owner()
+    rid, gate, filling = await spill_held(inproc, me, {"content": "the harbour ferry leaves at nine"})
+    assert [r["id"] for r in (await inproc.call("memory/recall", {"owner": me, "query": "harbour"}))["records"]] == [rid]
+    await asyncio.sleep(0.3)  # the count is sent (or waits for the move)
+    gate.release()
+    await filling
+    await inproc.router.drain()
+    [record] = (await direct(stack, "episodic", "memory/timeline", {"owner": me, "where": {"id": [rid]}}))["records"]
+    assert record["access_count"] == 1
+
+
 async def test_a_key_replaced_mid_spill_keeps_the_new_content_in_one_place(inproc: InProcess, stack: Stack) -> None:
     me = owner()
     rid, gate, filling = await spill_held(inproc, me, {"content": "the old plan", "key": "plan"})

@@ -290,3 +290,51 @@ async def test_a_group_larger_than_a_batch_is_never_left_half_copied(stack: Stac
         assert (await router.call("memory/consolidate", {"owner": me}))["repaired"] == 0
     held = await placement(stack, me)
     assert (len(held["working"]), len(held["episodic"])) == (600, 0)
+
+
+# A chain of capacities (working -> episodic, both capped) and a tier that drops what is over capacity.
+CAPPED = [
+    {"name": "working", "kind": "working", "capacity": 2, "spill_to": "episodic", "timeout": 5.0},
+    {"name": "episodic", "kind": "episodic", "capacity": 3, "spill_to": "semantic", "timeout": 5.0},
+    {"name": "semantic", "kind": "semantic", "timeout": 5.0},
+    {"name": "scratch", "kind": "working", "capacity": 3, "per_session": True, "retention": "drop", "timeout": 5.0},
+]
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with federation(tmp_path_factory.mktemp("capped"), CAPPED, mode="real") as running:
+        yield running
+
+
+async def contents(stack: Stack, me: str, tier: str) -> list[str]:
+    return [r["content"] for r in (await direct(stack, tier, "memory/timeline", {"owner": me, "limit": 0}))["records"]]
+
+
+@pytest.mark.anyio
+async def test_a_capped_tier_that_a_spill_fills_spills_on_in_turn(capped: Stack) -> None:
+    """Only the tier a client wrote to was brought back to its capacity: episodic (capacity 3), filled
+    by working's spills, held 8 of 10 turns until someone called consolidate."""
+    me = owner()
+    async with HTTPClient(capped.url) as router:
+        for i in range(10):
+            await router.call("memory/remember", {"owner": me, "records": [{"content": f"turn {i}", "session": "s"}]})
+    assert await contents(capped, me, "working") == ["turn 8", "turn 9"]
+    assert await contents(capped, me, "episodic") == ["turn 5", "turn 6", "turn 7"]
+    assert await contents(capped, me, "semantic") == [f"turn {i}" for i in range(5)]
+
+
+@pytest.mark.anyio
+async def test_drop_takes_a_group_whole_from_every_session(capped: Stack) -> None:
+    """retention = "drop" deleted the weakest group's members in the over-full session only: a tool
+    call went and its result, written in another session, stayed behind alone."""
+    me = owner()
+    async with HTTPClient(capped.url) as router:
+        await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "call: search flights", "group": "g", "session": "a", "tier": "scratch"}]})
+        await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "result: three flights", "group": "g", "session": "b", "tier": "scratch"}]})
+        for i in range(3):  # session a past its capacity of 3: the group, its oldest unit, goes
+            await router.call("memory/remember", {"owner": me, "records": [
+                {"content": f"turn {i}", "session": "a", "tier": "scratch"}]})
+    assert await contents(capped, me, "scratch") == ["turn 0", "turn 1", "turn 2"]
