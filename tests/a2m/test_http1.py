@@ -130,7 +130,10 @@ async def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
     async with server(lambda req: sized(b"{}"), close_after=True) as (url, _, connections):  # closes silently
         pool = ConnectionPool(url)
         assert await pool.post(b"{}", timeout=5) == (200, b"{}")
-        await asyncio.sleep(0.1)  # the close reaches the pool's idle connection
+        idle = pool._idle[0]
+        with anyio.fail_after(5):  # the close reaches the pool's idle connection (a fixed 0.1 s may not)
+            while not idle.closed:
+                await asyncio.sleep(0.01)
         assert await pool.post(b"{}", timeout=5) == (200, b"{}")
         assert len(connections) == 2
 
