@@ -726,7 +726,7 @@ async def test_database_goes_away_and_comes_back(tmp_path: Path) -> None:
             started = time.monotonic()
             with pytest.raises(StoreUnavailable):
                 await call()
-            assert time.monotonic() - started < 2.0
+            assert time.monotonic() - started < 3.5  # well short of the 5 s pool_timeout, on a loaded machine too
         embedded = EmbeddedPostgres(tmp_path)
         assert embedded.start() == dsn
         deadline = time.monotonic() + 30  # the pool reconnects with backoff: bounded, not instant

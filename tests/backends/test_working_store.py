@@ -529,7 +529,9 @@ async def test_a_redis_that_accepts_and_does_not_answer_never_holds_the_event_lo
             tg.start_soon(tick)
             assert await _answers(path) is False
             tg.cancel_scope.cancel()
-    assert ticks >= 20  # the loop ran on through the 0.5 s wait
+    # the loop ran on through the 0.5 s wait: a held loop ticks at most once or twice, a free one
+    # ~50 times (5 leaves a loaded CI machine ten times the 10 ms a tick should take)
+    assert ticks >= 5, ticks
 
 
 def _restart_stopped(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> RedisServer:
@@ -608,9 +610,11 @@ async def test_a_restart_that_takes_longer_than_the_timeout_is_unavailable(tmp_p
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Waiting for a restart is bounded: past `timeout` a call answers unavailable, and the restart
     goes on for the calls after it."""
-    async with _restarting(tmp_path, monkeypatch, timeout=0.3, hold=1.0) as (store, server, got):
+    # the child is held 3 s: a call that waited for the restart took 3 s, one bounded by the 0.3 s
+    # timeout well under 2 s however loaded the machine
+    async with _restarting(tmp_path, monkeypatch, timeout=0.3, hold=3.0) as (store, server, got):
         waited = got.pop("meanwhile")
-        assert got == {"restarting": ["a"]} and isinstance(waited, float) and 0.25 < waited < 0.9
+        assert got == {"restarting": ["a"]} and isinstance(waited, float) and 0.25 < waited < 2.0, waited
         assert ids(await store.select(Scope())) == ["a"] and server.restarts == 1
 
 
