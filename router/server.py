@@ -774,8 +774,12 @@ class Router(EventMethods):
             # land on the copy the move deletes (decision 70)
             fan = await self.fed.fan_out("memory/reinforce", _with_owner({"ids": ids, "amount": amount}, owner),
                                          [t for t in self.fed if t.writable and t.has("salience")], skip_down=False)
-        total = sum(int(r.get("reinforced", 0)) for r in fan.results.values())
-        return {"reinforced": min(total, len(set(ids)))}
+        total = min(sum(int(r.get("reinforced", 0)) for r in fan.results.values()), len(set(ids)))
+        if fan.degraded and total < len(set(ids)):  # the rest may live there: not "unknown ids" (decision 14)
+            raise A2MError(errors.INTERNAL_ERROR, f"reinforce incomplete: tiers {', '.join(fan.degraded)} did not "
+                           f"answer ({total} reinforced elsewhere); the other ids may be there",
+                           {"reinforced": total, "degraded": fan.degraded})
+        return {"reinforced": total}
 
     # ---- tiers: promote, consolidate ---------------------------------------------------------
 
@@ -801,6 +805,10 @@ class Router(EventMethods):
                                               salience=None if salience is None else float(salience))
                 moved += here
                 wanted -= set(here)
+            if wanted and not dest.healthy:  # a move into a down tier is skipped: not "unknown ids" (decision 14)
+                raise A2MError(errors.INTERNAL_ERROR, f"promote incomplete: tier {dest.name} did not answer "
+                               f"({len(set(ids) & set(moved))} promoted); the rest stay where they are",
+                               {"promoted": len(set(ids) & set(moved)), "degraded": [dest.name]})
         finally:  # one event per call, also when a later source failed: what moved before it did move
             if moved:
                 await self.events.emit("promoted", owner, ids=moved, tier=dest.name)

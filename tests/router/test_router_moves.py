@@ -338,3 +338,50 @@ async def test_drop_takes_a_group_whole_from_every_session(capped: Stack) -> Non
             await router.call("memory/remember", {"owner": me, "records": [
                 {"content": f"turn {i}", "session": "a", "tier": "scratch"}]})
     assert await contents(capped, me, "scratch") == ["turn 0", "turn 1", "turn 2"]
+
+
+DOWN_TIERS = [{"name": "working", "kind": "working", "spill_to": "episodic", "timeout": 1.0},
+              {"name": "episodic", "kind": "episodic", "timeout": 1.0}]
+
+
+@pytest.mark.anyio
+async def test_a_promote_into_a_down_tier_fails_and_moves_nothing(tmp_path: Path) -> None:
+    """The move into a down destination was skipped and the promote answered `{promoted: 0}`, which
+    the protocol reserves for unknown ids or ids already there: the caller took its record for gone.
+    A write to a down tier fails naming it (decision 14), and the record stays where it was."""
+    me = owner()
+    with federation(tmp_path, DOWN_TIERS, mode="real") as small:
+        async with HTTPClient(small.url) as router:
+            [x] = (await router.call("memory/remember", {"owner": me, "records": [{"content": "move me"}]}))["ids"]
+            small.tiers["episodic"].pause()
+            try:
+                error = await refused(router.call("memory/promote", {"owner": me, "ids": [x], "tier": "episodic"}))
+                # in its backoff now: refused at once, still not "unknown id"
+                again = await refused(router.call("memory/promote", {"owner": me, "ids": [x], "tier": "episodic"}))
+            finally:
+                small.tiers["episodic"].resume()
+        held = (await direct(small, "working", "memory/timeline", {"owner": me}))["records"]
+    assert error.code == -32603 and error.data["degraded"] == ["episodic"], error
+    assert again.code == -32603, again
+    assert [r["id"] for r in held] == [x]
+
+
+@pytest.mark.anyio
+async def test_a_reinforce_that_cannot_reach_a_tier_fails_naming_it(tmp_path: Path) -> None:
+    """A reinforce fanned out to every tier and answered `{reinforced: 0}` when the one holding the
+    record was down: the raise was lost and the caller was told the id is unknown. A reinforce that
+    finds every id answers as before; one that may have missed some in a down tier fails naming it."""
+    me = owner()
+    with federation(tmp_path, DOWN_TIERS, mode="real") as small:
+        async with HTTPClient(small.url) as router:
+            [x] = (await router.call("memory/remember", {"owner": me, "records": [
+                {"content": "an episode", "tier": "episodic"}]}))["ids"]
+            [y] = (await router.call("memory/remember", {"owner": me, "records": [{"content": "a turn"}]}))["ids"]
+            small.tiers["episodic"].pause()
+            try:
+                error = await refused(router.call("memory/reinforce", {"owner": me, "ids": [x, y], "amount": 0.3}))
+                found = await router.call("memory/reinforce", {"owner": me, "ids": [y], "amount": 0.3})
+            finally:
+                small.tiers["episodic"].resume()
+    assert error.code == -32603 and error.data == {"reinforced": 1, "degraded": ["episodic"]}, error
+    assert found == {"reinforced": 1}
