@@ -216,13 +216,16 @@ def _checked(engine: str, settings: TierSettings) -> TierSettings:
                 raise SettingsError(f"--option {key} is read only with "
                                     f"{'--url (a Qdrant server)' if key == 'api_key' else '--url or engine=local'}: "
                                     f"the embedded Edge shard has none")
-    approvers = options.get("approvers") if engine == "procedural" else None
-    if approvers is not None and not any(
-            n.strip() for n in (approvers.split(",") if isinstance(approvers, str) else approvers)):
-        raise SettingsError("--option approvers names nobody, so no one could approve: name the owners who may "
-                            "(approvers=lead,ops), or leave it out for anyone")
+    if engine == "procedural" and "approvers" in options:
+        from backends.procedural.history import approver_names  # read as the tier will read it
+
+        if not approver_names(options["approvers"]):
+            raise SettingsError("--option approvers names nobody, so no one could approve: name the owners who may "
+                                "(approvers=lead,ops), or leave it out for anyone")
     if engine == "episodic":
-        if settings.url is None and (odd := sorted(set('"$`\\') & set(str(settings.data_dir.resolve())))):
+        from backends.episodic.embedded import shell_changes  # the embedded server's own rule for its paths
+
+        if settings.url is None and (odd := shell_changes(settings.data_dir.resolve())):
             raise SettingsError(f"the embedded PostgreSQL cannot run under {settings.data_dir}: pg_ctl passes the "
                                 f"path through a shell, where {' '.join(odd)} change it; choose another --data "
                                 f"(or A2M_DATA), or name a PostgreSQL of your own with --url")

@@ -53,30 +53,22 @@ def _with_owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
     return params
 
 
-def _settle_tier(params: dict[str, Any], tier: Tier) -> dict[str, Any] | None:
-    """A read's `params` for `tier` with `where.tier` answered here, by the router's name for the tier
-    (the name its records show): a tier server tests it against its own name, which router.toml need
-    not share. None when the tier holds nothing that could match: it is not asked."""
+def _settle_tier(params: dict[str, Any], tier: Tier, *, keep: bool = False) -> dict[str, Any] | None:
+    """`params` for `tier` with `where.tier` answered here, by the router's name for the tier (the name
+    its records show): a tier server tests it against its own name, which router.toml need not share.
+    None when the tier holds nothing that could match: it is not asked. A read drops the test (an
+    index answers the rest); with `keep` (forget) it goes down as the server's own name, which alone
+    in `where` still selects the whole tier there."""
     where = params.get("where")
     if not isinstance(where, dict) or "tier" not in where:
         return params
     if not test_matches(True, tier.name, where["tier"]):
         return None
+    if keep:
+        own = (((tier.info or {}).get("tiers") or [{}])[0]).get("name", tier.name)
+        return {**params, "where": {**where, "tier": own}}
     rest = {k: v for k, v in where.items() if k != "tier"}
     return {**{k: v for k, v in params.items() if k != "where"}, **({"where": rest} if rest else {})}
-
-
-def _tier_as_it_names_itself(params: dict[str, Any], tier: Tier) -> dict[str, Any] | None:
-    """A forget's `params` for `tier` with `where.tier` tested here, by the router's name for the tier,
-    and passed down as the tier server's own name (alone in `where` it still selects the whole tier
-    there). None when the tier cannot match: it is not asked."""
-    where = params.get("where")
-    if not isinstance(where, dict) or "tier" not in where:
-        return params
-    if not test_matches(True, tier.name, where["tier"]):
-        return None
-    own = (((tier.info or {}).get("tiers") or [{}])[0]).get("name", tier.name)
-    return {**params, "where": {**where, "tier": own}}
 
 
 def _check_timeline(name: str, result: dict[str, Any]) -> None:
@@ -171,11 +163,15 @@ class Router(EventMethods):
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    def _count_degraded(self, tiers: list[str]) -> None:
-        counter = getattr(self, "_degraded", None)
-        if counter is not None:
-            for name in tiers:
-                counter.labels(name).inc()
+    def _degraded(self, out: dict[str, Any], fan: FanOut) -> dict[str, Any]:
+        """`out` naming the tiers `fan` left out, each counted in `a2m_router_degraded_calls`."""
+        if fan.degraded:
+            out["degraded"] = fan.degraded
+            counter = getattr(self, "_degraded_calls", None)
+            if counter is not None:
+                for name in fan.degraded:
+                    counter.labels(name).inc()
+        return out
 
     async def _emit(self, kind: str, owner: str | None, **fields: Any) -> None:
         await self.events.emit(kind, owner, **fields)
@@ -190,7 +186,7 @@ class Router(EventMethods):
         moved = Counter("a2m_router_moved_records", "records moved between tiers", ["reason", "source", "dest"],
                         registry=registry)
         self.policy.observe_move = lambda reason, source, dest, n: moved.labels(reason, source, dest).inc(n)
-        self._degraded = Counter("a2m_router_degraded_calls", "calls that left a tier out", ["tier"],
+        self._degraded_calls = Counter("a2m_router_degraded_calls", "calls that left a tier out", ["tier"],
                                  registry=registry)
         up = Gauge("a2m_router_tier_up", "1 while the router reaches the tier", ["tier"], registry=registry)
         for name in self.fed.order:  # the tiers themselves exist only once the federation starts
@@ -592,9 +588,7 @@ class Router(EventMethods):
             elif self.policy.count_later(owner, by_tier):
                 self.spawn(self.policy.flush_counts())
         result: dict[str, Any] = {"records": [r.to_wire(embeddings=asked_vectors) for r in fused]}
-        if fan.degraded:
-            result["degraded"] = fan.degraded
-            self._count_degraded(fan.degraded)
+        self._degraded(result, fan)
         if options is not None:
             written = await self._written_order(owner, fused, options)
             result.update(prompts.render(fused, options, ordered_by_time=False, written=written))
@@ -650,9 +644,7 @@ class Router(EventMethods):
         if limit:
             wire = wire[-limit:]
         result: dict[str, Any] = {"records": wire}
-        if fan.degraded:
-            result["degraded"] = fan.degraded
-            self._count_degraded(fan.degraded)
+        self._degraded(result, fan)
         if options is not None:
             records = [Record.from_wire(r) for r in wire]
             result.update(prompts.render(records, options, ordered_by_time=True))
@@ -723,7 +715,7 @@ class Router(EventMethods):
         asked = _with_owner(down, owner)
         async with self.policy.owner_lock(owner):  # a record mid-move is forgotten in both tiers, not revived
             fan = await self.fed.fan_out("memory/forget", {}, [t for t in tiers if t.writable], skip_down=False,
-                                         per_tier=lambda t: _tier_as_it_names_itself(asked, t))
+                                         per_tier=lambda t: _settle_tier(asked, t, keep=True))
         count = sum(int(r.get("forgotten", 0)) for r in fan.results.values())
         await self.events.emit("forgotten", owner, count=count)
         if fan.degraded:
@@ -742,9 +734,7 @@ class Router(EventMethods):
         best, fan = await self._settled(owner, keyed, lambda: self._fetch(key, owner, asked_vectors, keyed),
                                         missed=lambda found: found[0] is None)  # a key found is no miss
         out: dict[str, Any] = {"record": None if best is None else best.to_wire(embeddings=asked_vectors)}
-        if fan.degraded:
-            out["degraded"] = fan.degraded
-            self._count_degraded(fan.degraded)
+        self._degraded(out, fan)
         return out
 
     async def _fetch(self, key: str, owner: str | None, asked_vectors: bool,
@@ -820,9 +810,7 @@ class Router(EventMethods):
         fan = await self.fed.fan_out("memory/describe", _with_owner({}, owner), list(self.fed))
         out: dict[str, Any] = {"counts": {name: sum(int(t.get("count", 0)) for t in result.get("tiers", []))
                                           for name, result in fan.results.items()}}
-        if fan.degraded:
-            out["degraded"] = fan.degraded
-            self._count_degraded(fan.degraded)
+        self._degraded(out, fan)
         return out
 
     async def consolidate(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -858,9 +846,7 @@ class Router(EventMethods):
                     if entry.get(stamp):
                         into[stamp] = entry[stamp] if into[stamp] is None else pick(into[stamp], entry[stamp])
         out: dict[str, Any] = {"sessions": sorted(merged.values(), key=lambda e: e["opened_at"] or "")}
-        if fan.degraded:
-            out["degraded"] = fan.degraded
-            self._count_degraded(fan.degraded)
+        self._degraded(out, fan)
         return out
 
     async def session_close(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:

@@ -157,6 +157,14 @@ def clear_dead_postmaster(pgdata: Path) -> bool:
 
 
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9_./-]+")
+_SHELL_QUOTED = frozenset('"$`\\')  # what changes a word inside a shell's double quotes
+
+
+def shell_changes(data_dir: Path) -> list[str]:
+    """The characters of `data_dir` that pg_ctl's double-quoted `-D "<pgdata>"` would let a shell change:
+    under such a path the server never starts (its log "not found"), whatever the socket dir. Refused
+    at start (`backends.serve`); any other odd character only moves the socket (below)."""
+    return sorted(_SHELL_QUOTED & set(str(data_dir)))
 
 
 def _route_sockets_out_of_odd_paths() -> None:
