@@ -240,12 +240,11 @@ def _record(row: Sequence[Any], *, with_embedding: bool, score: float | None = N
     embedding = None
     if with_embedding and row[16] is not None:
         embedding = [float(x) for x in orjson.loads(row[16])]  # pgvector's text form is a JSON array of shortest float32 reprs
-    return Record(
-        id=row[0], content=row[1], created_at=row[2], role=row[3], metadata=row[4] or {},
-        group=row[5], tier=row[6], salience=float(row[7]), access_count=int(row[8]), accessed_at=row[9],
-        owner=row[10], session=row[11], key=row[12], revision=int(row[13]), uri=row[14], media_type=row[15],
-        embedding=embedding, score=score,
-    )
+    # Positional, in Record's field order (id, content, created_at, role, metadata, group, tier, salience,
+    # access_count, accessed_at, owner, session, key, revision, embedding, uri, media_type, score): every row
+    # of every read comes through here, and matching 18 keywords cost 0.6 of the call's 1.0 us.
+    return Record(row[0], row[1], row[2], row[3], row[4] or {}, row[5], row[6], float(row[7]), int(row[8]), row[9],
+                  row[10], row[11], row[12], int(row[13]), embedding, row[14], row[15], score)
 
 
 def _recency(created_at: str, now: float) -> float:
@@ -496,8 +495,14 @@ class PostgresStore:
             # out a connection: waiting the full pool_timeout for it only delays the error.
             wait = min(self.pool_timeout, DOWN_WAIT_S) if self._engine_down else None
             try:
-                async with self._pool.connection(timeout=wait) as conn:
+                # getconn/putconn, not `pool.connection()`: its context adds a commit that autocommit makes a
+                # no-op and half the pool's cost per call (4 of 8 us); putconn still rolls back a connection
+                # left in a transaction and replaces a broken one.
+                conn = await self._pool.getconn(timeout=wait)
+                try:
                     result = await work(conn)
+                finally:
+                    await self._pool.putconn(conn)
                 self._engine_down = False
                 return result
             except (StoreRejected, StoreUnavailable):
