@@ -15,6 +15,8 @@ _RFC3339 = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
 )
 
+_CANONICAL = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z")
+
 
 def format_ts(moment: datetime) -> str:
     """The canonical form: `2026-07-28T10:15:30.123Z`."""
@@ -63,10 +65,7 @@ def normalize_ts(value: object, field: str = "timestamp") -> str:
 
 
 def _canonical(value: str) -> bool:
-    if len(value) != 24 or not value.isascii() or value[23] != "Z" or value[10] != "T" or value[19] != ".":
-        return False
-    digits = value[0:4] + value[5:7] + value[8:10] + value[11:13] + value[14:16] + value[17:19] + value[20:23]
-    if value[4] + value[7] + value[13] + value[16] != "--::" or not digits.isdigit():
+    if _CANONICAL.fullmatch(value) is None:  # ASCII digits only: str.isdigit takes other scripts' digits
         return False
     try:
         datetime.fromisoformat(value)  # the digits and ranges: month 13 or "2026-02-30" fail here
