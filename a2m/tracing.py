@@ -13,7 +13,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Iterator
 
 _log = logging.getLogger("a2m.tracing")
@@ -83,12 +83,24 @@ def enabled() -> bool:
     return _tracer is not None
 
 
-@contextmanager
-def server_span(method: str, traceparent: str | None) -> Iterator[Any]:
+# With tracing off (the default) every request and every tier call takes this shared no-op context:
+# a generator context manager costs ~1.2 us to enter and leave, on both ends of every call.
+_OFF: AbstractContextManager[None] = nullcontext()
+
+
+def server_span(method: str, traceparent: str | None) -> AbstractContextManager[Any]:
     """The span of one request this process serves, a child of the caller's when it sent one."""
-    if _tracer is None:
-        yield None
-        return
+    return _OFF if _tracer is None else _server_span(method, traceparent)
+
+
+def client_span(method: str, url: str) -> AbstractContextManager[dict[str, str] | None]:
+    """The span of one call to another server; yields the headers that carry it (None when off)."""
+    return _OFF if _tracer is None else _client_span(method, url)
+
+
+@contextmanager
+def _server_span(method: str, traceparent: str | None) -> Iterator[Any]:
+    assert _tracer is not None
     from opentelemetry.propagate import extract
     from opentelemetry.trace import SpanKind
 
@@ -99,11 +111,8 @@ def server_span(method: str, traceparent: str | None) -> Iterator[Any]:
 
 
 @contextmanager
-def client_span(method: str, url: str) -> Iterator[dict[str, str] | None]:
-    """The span of one call to another server; yields the headers that carry it (None when off)."""
-    if _tracer is None:
-        yield None
-        return
+def _client_span(method: str, url: str) -> Iterator[dict[str, str] | None]:
+    assert _tracer is not None
     from opentelemetry.propagate import inject
     from opentelemetry.trace import SpanKind
 
