@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from pathlib import Path
@@ -152,7 +153,9 @@ def _serve(args: argparse.Namespace) -> int:
     if unread:
         print(f"a2m serve {args.what}: {unread}", file=sys.stderr)
         return 2
-    log_to_stderr()
+    # One flag for both logs. Without it uvicorn stays at warning (its start and stop steps are info)
+    # and the server's own log (`a2m.*`, engines, router) at info, where its one-off notes are.
+    log_to_stderr(getattr(logging, (args.log_level or "info").replace("trace", "debug").upper()))
     origins = _origins(args.origin or [o.strip() for o in os.environ.get("A2M_ALLOWED_ORIGINS", "").split(",")
                                        if o.strip()])
     if args.what == "router":
@@ -236,7 +239,7 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"a2m serve {args.what}: listening on {url}", file=sys.stderr, flush=True)
 
     run(HTTPApp(Dispatcher(server), http_settings, lifespan=server), host=args.host, port=args.port,
-        log_level=args.log_level, on_listening=listening)
+        log_level=args.log_level or "warning", on_listening=listening)
     return 0
 
 
@@ -308,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--token", action="append", default=[], help="bearer TOKEN=PRINCIPAL (repeatable)")
     serve.add_argument("--service-token", help="bearer token trusted to name any owner (the router's)")
     serve.add_argument("--origin", action="append", help="allowed browser Origin (repeatable)")
-    serve.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug", "trace"])
+    serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug", "trace"],
+                       help="the server's log and uvicorn's (default: the server's at info, uvicorn's at warning)")
     serve.set_defaults(run=_serve)
 
     up = sub.add_parser("up", help="run the whole federation on embedded engines")

@@ -282,3 +282,21 @@ async def test_a_tier_server_takes_a_body_past_the_front_doors_limit(tmp_path: P
             ids = (await tier.call("memory/remember", {"records": records}))["ids"]
             assert len(ids) == 20
             assert (await tier.call("memory/describe", {}))["tiers"][0]["count"] == 20
+
+
+@pytest.mark.parametrize(("log_level", "shown"), [(None, True), ("info", True), ("error", False)])
+def test_log_level_reaches_the_servers_own_log(tmp_path: Path, log_level: str | None, shown: bool) -> None:
+    # `--log-level` set only uvicorn's level: `--log-level error` still printed the server's own
+    # info lines (here tracing's one line at start). Without the flag that line is kept.
+    extra = ["--log-level", log_level] if log_level else []
+    proc = _serve_http(tmp_path, *extra, env={"A2M_TRACE_FILE": str(tmp_path / "spans.jsonl")})
+    seen = []
+    try:
+        while not seen or "listening on" not in seen[-1]:  # tracing's line comes before this one
+            seen.append(_first_stderr_line(proc))
+            assert seen[-1], seen
+    finally:
+        stop(proc)  # type: ignore[arg-type]
+    assert proc.stderr is not None
+    seen.append(proc.stderr.read())
+    assert any("tracing on as a2m-procedural" in line for line in seen) is shown, seen
