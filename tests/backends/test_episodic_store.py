@@ -789,6 +789,32 @@ async def test_survives_close_and_reopen_embedded(tmp_path: Path) -> None:
         await second.close()
 
 
+def test_the_embedded_servers_log_is_rotated_before_a_fresh_start_when_over_its_limit(tmp_path: Path) -> None:
+    """`pg_ctl -l` appends to the server's log at every start and nothing cut it: a deployment that
+    ran (and restarted) long enough filled its disk. Before a fresh server starts, a log over the
+    limit is moved to log.1; never under a running server, which keeps writing to the file it opened."""
+    from backends.episodic.embedded import LOG_LIMIT, rotate_log
+
+    embedded = EmbeddedPostgres(tmp_path)
+    embedded.start()
+    log, previous = embedded.pgdata / "log", embedded.pgdata / "log.1"
+    try:
+        with log.open("ab") as out:
+            out.write(b"old line\n" * (LOG_LIMIT // 9 + 1))
+        rotate_log(embedded.pgdata)
+        assert not previous.exists()  # it runs
+    finally:
+        embedded.stop()
+    old = log.read_bytes()
+    previous.write_bytes(b"older\n")
+    for _ in range(2):  # over the limit: moved, the older file replaced; then under it: appended to
+        embedded = EmbeddedPostgres(tmp_path)
+        embedded.start()
+        embedded.stop()
+        assert previous.read_bytes() == old and log.stat().st_size < 8192
+    assert log.read_text().count("starting PostgreSQL") == 2
+
+
 async def test_closed_store_and_unreachable_dsn() -> None:
     s = PostgresStore(_settings("postgresql://postgres@/postgres?host=/nonexistent-socket-dir", pool_timeout=0.5))
     with pytest.raises(StoreUnavailable):

@@ -627,6 +627,54 @@ async def test_embedded_child_that_cannot_start(tmp_path: Path) -> None:
     await store.close()
 
 
+async def test_the_embedded_redis_logs_what_goes_wrong_not_the_routine(tmp_path: Path) -> None:
+    """At Redis's default `notice` every start, stop and AOF rewrite wrote lines nobody needs, and
+    redis.log grew with each; at `warning` a start and stop write a few lines and a rewrite none."""
+    store = make_store(_settings(tmp_path))
+    await store.open()
+    try:
+        await store.write([rec("a")])
+        assert store._redis is not None
+        await store._redis.bgrewriteaof()
+        while (await store._redis.info("persistence"))["aof_rewrite_in_progress"]:
+            await anyio.sleep(0.02)
+    finally:
+        await store.close()
+    lines = (tmp_path / "redis.log").read_text().splitlines()
+    assert lines and len(lines) < 10, lines
+    marks = {line.split()[5] for line in lines if line.split()[0][-2:] in (":C", ":M")}  # not the signal handler's
+    assert marks == {"#"}, lines  # `#` warning; `*` notice, `-` verbose
+
+
+async def test_the_embedded_redis_log_is_rotated_at_start_when_over_its_limit(tmp_path: Path) -> None:
+    """Redis appends to redis.log at every start and nothing ever cut it: a deployment that ran
+    (and restarted) long enough filled its disk. A start moves a log over the limit to redis.log.1."""
+    from backends.working.embedded import LOG_LIMIT
+
+    log, previous = tmp_path / "redis.log", tmp_path / "redis.log.1"
+    old = b"old line\n" * (LOG_LIMIT // 9 + 1)
+    log.write_bytes(old)
+    previous.write_bytes(b"older\n")
+    server = RedisServer(tmp_path)
+    await server.start()
+    await server.stop()
+    assert previous.read_bytes() == old  # one previous file, the older one replaced
+    assert b"Redis is starting" in log.read_bytes() and log.stat().st_size < 4096
+    await server.start()  # under the limit: kept, and appended to
+    await server.stop()
+    assert log.read_text().count("Redis is starting") == 2 and previous.read_bytes() == old
+
+
+async def test_a_failed_start_of_the_embedded_redis_is_explained_from_its_rotated_log(tmp_path: Path) -> None:
+    (tmp_path / "redis.log").write_bytes(b"x" * (2**20 + 1))
+    (tmp_path / "appendonly.aof").write_bytes(b"*3\r\n$3\r\nset\r\n$1\r\na garbage\n")
+    server = RedisServer(tmp_path)
+    with pytest.raises(StoreUnavailable, match="Bad file format reading the append only file"):
+        await server.start()
+    await server.stop()
+    assert (tmp_path / "redis.log").stat().st_size < 4096
+
+
 async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
     first = make_store(_settings(tmp_path))
     await first.open()
