@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import shutil
@@ -180,7 +181,7 @@ def latency(samples: Sequence[float]) -> dict[str, float]:
     if not samples:
         return {}
     ordered = sorted(samples)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    pick = lambda q: ordered[max(0, math.ceil(q * len(ordered) - 1e-9) - 1)]  # noqa: E731  (nearest rank)
     return {"p50_ms": round(pick(0.5) * 1000, 2), "p99_ms": round(pick(0.99) * 1000, 2)}
 
 

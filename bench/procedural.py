@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -35,7 +36,7 @@ def pct(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {
         "p50_ms": round(statistics.median(ordered) * 1000, 3),
-        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 3),
+        "p99_ms": round(ordered[max(0, math.ceil(0.99 * len(ordered) - 1e-9) - 1)] * 1000, 3),
         "n": len(ordered),
     }
 

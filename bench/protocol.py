@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import math
 import os
 import platform
 import statistics
@@ -64,7 +65,7 @@ def serve(kind: str, port: int) -> None:
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[max(0, math.ceil(q * len(ordered) - 1e-9) - 1)]  # nearest rank: p99 of 100 is the 99th
 
 
 async def measure(url: str, requests: int, concurrency: int, transport: str) -> dict[str, float]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -48,7 +49,7 @@ def owner_of(i: int) -> str | None:
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[max(0, math.ceil(q * len(ordered) - 1e-9) - 1)]  # nearest rank: p99 of 100 is the 99th
 
 
 def _summary(samples: list[float]) -> dict[str, float]:

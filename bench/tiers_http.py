@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import statistics
 import sys
@@ -38,7 +39,7 @@ DIMS = 384
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+    return round(ordered[max(0, math.ceil(q * len(ordered) - 1e-9) - 1)], 3)  # nearest rank: p99 of 100 is the 99th
 
 
 async def timed(fn: Callable[[], Awaitable[Any]], n: int, warmup: int = 20) -> dict[str, float]:

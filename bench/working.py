@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import sys
 import tempfile
@@ -60,7 +61,7 @@ def _figures(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {
         "p50_ms": round(statistics.median(ordered) * 1000, 4),
-        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 4),
+        "p99_ms": round(ordered[max(0, math.ceil(0.99 * len(ordered) - 1e-9) - 1)] * 1000, 4),
         "n": len(ordered),
     }
 
