@@ -161,7 +161,7 @@ HEADLINE: dict[str, tuple[str, ...]] = {
                  "cases.vector_7_days.vs_raw_sql", "cases.vector_7_days.recall_at_10", "cases.vector.recall_at_10",
                  "cases.hybrid.p50_ms"),
     "semantic": ("upsert_records_per_s", "upsert_raw_engine_records_per_s", "search.dense/all.store.p50_ms",
-                 "search.dense/all.raw_engine.p50_ms", "dense_recall_at_10"),
+                 "search.dense/all.raw_engine.p50_ms", "dense_recall_at_10.all", "dense_recall_at_10.owner"),
     "procedural": ("write_commit.p50_ms", "bare_gitpython_commit.p50_ms", "search_store.p50_ms"),
     "tiers_http": ("working.timeline_32.p50_ms", "episodic.insert_per_s_batch500",
                    "episodic.vector_owner_session.p50_ms", "episodic.vector_owner_session.vs_raw_sql",
