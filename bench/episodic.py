@@ -90,7 +90,8 @@ async def run(n: int, dims: int, queries: int, url: str | None, vectors_kind: st
     rows = []
     for i in range(n):
         owner = owners[i % 100]
-        created = start + timedelta(seconds=rnd.uniform(0, 90 * 86400))
+        # whole milliseconds, as stored (format_ts): the 7-day truth then filters the stored stamps
+        created = start + timedelta(milliseconds=int(rnd.uniform(0, 90 * 86400) * 1000))
         rows.append(dict(owner=owner, session=f"{owner}-s{rnd.randrange(10)}", created=created,
                          text=" ".join(rnd.choices(WORDS, k=8))))
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,6 +139,9 @@ async def run(n: int, dims: int, queries: int, url: str | None, vectors_kind: st
                          "write_per_s_1_writer": round(first / one_s, 1) if first else None,
                          "write_per_s_2_writers": round((n - first) / two_s, 1),
                          "index_after_load_s": round(index_s, 1), "cases": {}}
+            for j in range(5):  # warm both sides (pool connections, prepared statements) before any clock
+                await store.search(Scope(owner=owners[j]), text=None, vector=vectors[j].tolist(), limit=10)
+                await _raw(store, Scope(owner=owners[j]), vectors[j])
             for case in ("vector", "vector_owner_session", "vector_7_days", "hybrid"):
                 lat, raw, recalls = [], [], []
                 for k in range(queries):
@@ -151,7 +155,7 @@ async def run(n: int, dims: int, queries: int, url: str | None, vectors_kind: st
                         scope = Scope(owner=owners[o], where={"session": sess})
                         mask &= session_of == sess
                     elif case == "vector_7_days":
-                        lo_t = start + timedelta(days=rnd.uniform(0, 83))
+                        lo_t = start + timedelta(milliseconds=int(rnd.uniform(0, 83) * 86400 * 1000))
                         scope = Scope(owner=owners[o], after=format_ts(lo_t), before=format_ts(lo_t + timedelta(days=7)))
                         mask &= (created_of > lo_t.timestamp()) & (created_of < (lo_t + timedelta(days=7)).timestamp())
                     elif case == "hybrid":
@@ -180,8 +184,16 @@ async def run(n: int, dims: int, queries: int, url: str | None, vectors_kind: st
                 out["cases"][case] = result
             out["touch_10"] = await _touch(store, owners, n, queries, rnd)
             out["insert_vs_raw"] = await _insert_pair(store, draw, owners, start, INSERT_PAIR_BATCHES if n >= 50_000 else 4)
-            out["targets"] = {"filtered_p50_ms": 15, "filtered_p99_ms": 40, "vs_raw_sql": 2.0,
-                              "recall_at_10": 0.95, "insert_per_s": 2000}
+            out["targets"] = targets = {"filtered_p50_ms": 15, "filtered_p99_ms": 40, "vs_raw_sql": 2.0,
+                                        "recall_at_10": 0.95, "insert_per_s": 2000}
+            filtered = [out["cases"][c] for c in ("vector_owner_session", "vector_7_days")]
+            out["meets"] = {  # run_all's table names the ones missed
+                "filtered_p50_ms": all(c["p50_ms"] <= targets["filtered_p50_ms"] for c in filtered),
+                "filtered_p99_ms": all(c["p99_ms"] <= targets["filtered_p99_ms"] for c in filtered),
+                "vs_raw_sql": all(c["vs_raw_sql"] <= targets["vs_raw_sql"] for c in filtered),
+                "recall_at_10": all(c["recall_at_10"] is None or c["recall_at_10"] >= targets["recall_at_10"]
+                                    for c in out["cases"].values()),
+                "insert_per_s": out["insert_per_s"] >= targets["insert_per_s"]}
             return out
         finally:
             await store.close()

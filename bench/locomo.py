@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import shutil
@@ -180,7 +181,7 @@ def latency(samples: Sequence[float]) -> dict[str, float]:
     if not samples:
         return {}
     ordered = sorted(samples)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    pick = lambda q: ordered[max(0, math.ceil(q * len(ordered) - 1e-9) - 1)]  # noqa: E731  (nearest rank)
     return {"p50_ms": round(pick(0.5) * 1000, 2), "p99_ms": round(pick(0.99) * 1000, 2)}
 
 
@@ -302,11 +303,12 @@ async def through_router(url: str, conversations: Sequence[Conversation], label:
                 ranked = []
                 for record in found.get("records", []):
                     dia = (record.get("metadata") or {}).get("dia_id")
-                    if dia is None:
+                    if dia is None:  # it still takes its rank: dropping it would lift later records into the top k
                         missing_meta += 1
+                        ranked.append(f"?{missing_meta}")
                     else:
                         ranked.append(dia)
-                left_out.update(found.get("left_out") or found.get("tiers_left_out") or [])
+                left_out.update(found.get("degraded") or [])  # the tiers the router's answer left out
                 results.append((q, ranked))
         queries = time.perf_counter() - started
         counts: dict[str, int] = {}
@@ -403,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     embedders = [e for e in args.embedder.split(",") if e]
     fusions = [f for f in args.fusion.split(",") if f]
     if args.quick:
-        fusions = fusions[:1]
+        embedders, fusions = embedders[:1], fusions[:1]
     meta = {"data": str(args.data), "conversations": [c.id for c in conversations],
             "turns": sum(len(c.turns) for c in conversations),
             "questions": sum(len(c.questions) for c in conversations),

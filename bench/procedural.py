@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -35,7 +36,7 @@ def pct(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {
         "p50_ms": round(statistics.median(ordered) * 1000, 3),
-        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 3),
+        "p99_ms": round(ordered[max(0, math.ceil(0.99 * len(ordered) - 1e-9) - 1)] * 1000, 3),
         "n": len(ordered),
     }
 
@@ -74,16 +75,17 @@ def bare_commits(path: Path, count: int) -> list[float]:
 
 
 async def http_recall(url: str, queries: list[str]) -> dict[str, float]:
-    import httpx
+    """Through the a2m client the router uses (httpx's default transport alone costs ~0.5-2 ms a
+    call, docs/decisions.md 5), after a warm-up that opens the connection."""
+    from a2m.client import HTTPClient
 
     samples = []
-    async with httpx.AsyncClient(timeout=10) as client:
-        for i, query in enumerate(queries):
-            body = {"jsonrpc": "2.0", "id": i, "method": "memory/recall",
-                    "params": {"query": query, "limit": 10, "owner": "bench"}}
+    async with HTTPClient(url) as client:
+        for query in queries[:10]:
+            await client.call("memory/recall", {"query": query, "limit": 10, "owner": "bench", "touch": False})
+        for query in queries:
             start = time.perf_counter()
-            response = await client.post(url, json=body)
-            response.raise_for_status()
+            await client.call("memory/recall", {"query": query, "limit": 10, "owner": "bench", "touch": False})
             samples.append(time.perf_counter() - start)
     return pct(samples)
 
@@ -94,7 +96,10 @@ async def main() -> None:
     parser.add_argument("--writes", type=int, default=200)
     parser.add_argument("--searches", type=int, default=500)
     parser.add_argument("--url", help="a running procedural server: also measure recall over HTTP")
+    parser.add_argument("--quick", action="store_true", help="run_all --quick's size: 500 records, 50 writes, 200 searches")
     args = parser.parse_args()
+    if args.quick:
+        args.records, args.writes, args.searches = 500, 50, 200
 
     with tempfile.TemporaryDirectory() as tmp:
         store = make_store(TierSettings("procedural", Path(tmp) / "store"))

@@ -154,6 +154,8 @@ def _label(name: str, result: dict[str, Any]) -> str:
 # row shows these (and which of the benchmark's own `meets` failed) rather than whichever scalars
 # happen to sit at the top level. A path a result lacks is left out.
 HEADLINE: dict[str, tuple[str, ...]] = {
+    "protocol": ("bare/a2m-client.p50_ms", "a2m/a2m-client.p50_ms", "dispatcher_overhead_p50", "target_overhead_p50",
+                 "a2m/a2m-client.rps_concurrent"),
     "working": ("http.timeline_32.p50_ms", "http.raw_timeline_32.p50_ms", "ratios.http_timeline_vs_raw_p50",
                 "http.remember_4.p50_ms", "http.bulk_records_per_s", "store.timeline_32.p50_ms"),
     "episodic": ("insert_per_s", "cases.vector_owner_session.p50_ms", "cases.vector_owner_session.vs_raw_sql",
@@ -161,7 +163,7 @@ HEADLINE: dict[str, tuple[str, ...]] = {
                  "cases.vector_7_days.vs_raw_sql", "cases.vector_7_days.recall_at_10", "cases.vector.recall_at_10",
                  "cases.hybrid.p50_ms"),
     "semantic": ("upsert_records_per_s", "upsert_raw_engine_records_per_s", "search.dense/all.store.p50_ms",
-                 "search.dense/all.raw_engine.p50_ms", "dense_recall_at_10"),
+                 "search.dense/all.raw_engine.p50_ms", "dense_recall_at_10.all", "dense_recall_at_10.owner"),
     "procedural": ("write_commit.p50_ms", "bare_gitpython_commit.p50_ms", "search_store.p50_ms"),
     "tiers_http": ("working.timeline_32.p50_ms", "episodic.insert_per_s_batch500",
                    "episodic.vector_owner_session.p50_ms", "episodic.vector_owner_session.vs_raw_sql",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import sys
 import tempfile
@@ -60,7 +61,7 @@ def _figures(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {
         "p50_ms": round(statistics.median(ordered) * 1000, 4),
-        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 4),
+        "p99_ms": round(ordered[max(0, math.ceil(0.99 * len(ordered) - 1e-9) - 1)] * 1000, 4),
         "n": len(ordered),
     }
 
@@ -169,7 +170,6 @@ async def bench_http(url: str, redis_url: str, iterations: int) -> dict[str, Any
 
     raw_client = aioredis.Redis.from_url(redis_url)
     key = f"bench:raw-pair:{uuid.uuid4().hex}"
-    await raw_client.rpush(key, *[orjson.dumps(_record("raw", n).to_dict()) for n in range(SESSION_SIZE)])
 
     async def raw_timeline() -> list[Record]:
         return [Record(**orjson.loads(raw)) for raw in await raw_client.lrange(key, 0, -1)]
@@ -180,6 +180,8 @@ async def bench_http(url: str, redis_url: str, iterations: int) -> dict[str, Any
             params = {"where": {"session": session}}
             got = await client.call("memory/timeline", params)
             assert len(got["records"]) == SESSION_SIZE, len(got["records"])
+            # the raw side reads the very records the timeline returns, not bench-made ones of another size
+            await raw_client.rpush(key, *[orjson.dumps(Record.from_wire(r).to_dict()) for r in got["records"]])
             turns = {"records": [wire(n) | {"session": session + "-turns"} for n in range(TURN)]}
             paired = await _alternate({
                 # the transport's floor: a JSON-RPC call that touches no store (an unknown method)
@@ -217,7 +219,10 @@ async def main() -> int:
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--redis-url", help="an existing Redis (default: an embedded redis-server in a temp dir)")
     parser.add_argument("--url", help="an A2M working-tier server over HTTP (default: one the bench starts)")
+    parser.add_argument("--quick", action="store_true", help="300 iterations (run_all --quick's size)")
     args = parser.parse_args()
+    if args.quick:
+        args.iterations = 300
 
     with tempfile.TemporaryDirectory(prefix="a2m-bench-") as tmp:
         store = RedisStore(TierSettings(name="working", data_dir=Path(tmp), url=args.redis_url,
@@ -241,9 +246,15 @@ async def main() -> int:
     result["ratios"]["http_timeline_vs_raw_p50"] = round(  # the target's ratio: the two taking turns
         http["timeline_32"]["p50_ms"] / http["raw_timeline_32"]["p50_ms"], 2)
     result["ratios"]["http_timeline_vs_raw_alone_p50"] = round(http["timeline_32"]["p50_ms"] / raw_t, 2)
-    result["targets"] = {
+    result["targets"] = targets = {
         "http_timeline_p50_ms": 2.0, "http_timeline_vs_raw_p50": 3.0, "remember_4_p50_ms": 3.0,
         "bulk_records_per_s": 5000,
+    }
+    result["meets"] = {  # the targets are over HTTP (issue 3); run_all's table names any missed
+        "http_timeline_p50_ms": http["timeline_32"]["p50_ms"] <= targets["http_timeline_p50_ms"],
+        "http_timeline_vs_raw_p50": result["ratios"]["http_timeline_vs_raw_p50"] <= targets["http_timeline_vs_raw_p50"],
+        "remember_4_p50_ms": http["remember_4"]["p50_ms"] <= targets["remember_4_p50_ms"],
+        "bulk_records_per_s": http["bulk_records_per_s"] >= targets["bulk_records_per_s"],
     }
     print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
     return 0

@@ -23,3 +23,11 @@ def test_a_row_shows_its_headline_figures_and_the_targets_it_missed() -> None:
 def test_a_benchmark_without_a_headline_still_shows_its_scalars() -> None:
     table = markdown(_report({"other": {"wall_s": 1.0, "results": [{"system": "x", "p50_ms": 1.5}]}}))
     assert "| other | x | p50_ms 1.5 |" in table
+
+
+def test_every_headline_path_names_a_number_the_benchmark_prints() -> None:
+    """semantic's recall@10 is a dict per partition: a path ending at the dict showed nothing."""
+    semantic = {"upsert_records_per_s": 9000.0, "dense_recall_at_10": {"all": 0.98, "owner": 1.0}}
+    table = markdown(_report({"semantic": {"wall_s": 1.0, "results": [semantic]}}))
+    row = next(line for line in table.splitlines() if line.startswith("| semantic"))
+    assert "dense_recall_at_10.all 0.98" in row and "dense_recall_at_10.owner 1.0" in row
