@@ -876,18 +876,53 @@ class GitStore:
             return result
 
     def _approve_sync(self) -> dict[str, Any]:
+        """Fast-forward main, or raise before main moves: StoreRejected for a state of the repository
+        someone has to change first (said in the message), StoreUnavailable for git failing."""
         repo = self.repo
         assert repo is not None
-        main, proposed = repo.head.commit, repo.heads[PROPOSED].commit
-        if main == proposed:
-            return {"approved": 0, "commit": main.hexsha}
-        if not repo.is_ancestor(main, proposed):
-            raise StoreRejected(f"{PROPOSED} has diverged from {self.main}; merge it by hand")
-        count = int(repo.git.rev_list("--count", f"{main.hexsha}..{proposed.hexsha}"))
-        repo.git.reset("-q")  # the index file is not kept current per commit
-        repo.git.merge("--ff-only", "-q", PROPOSED)
+        try:
+            if repo.head.is_detached or repo.head.ref.name != self.main:
+                raise StoreRejected(f"the repository {self.path} is not on {self.main} (checked out by hand?): "
+                                    f"check out {self.main} there (git checkout {self.main}), then approve again")
+            if PROPOSED not in repo.heads:
+                raise StoreRejected(f"the {PROPOSED} branch is gone from {self.path} (deleted by hand?): "
+                                    f"restart the tier server, which starts it again from {self.main}")
+            main, proposed = repo.head.commit, repo.heads[PROPOSED].commit
+            if main == proposed:
+                return {"approved": 0, "commit": main.hexsha}
+            if not repo.is_ancestor(main, proposed):
+                raise StoreRejected(
+                    f"{self.main} has moved since {PROPOSED} was started from it (a commit made by hand?), so it "
+                    f"cannot be fast-forwarded: stop the tier server, merge {self.main} into {PROPOSED} in "
+                    f"{self.path} (git checkout {PROPOSED} && git merge {self.main} && git checkout {self.main}), "
+                    f"start it again and approve")
+            count = int(repo.git.rev_list("--count", f"{main.hexsha}..{proposed.hexsha}"))
+            repo.git.reset("-q")  # the index file is not kept current per commit
+            repo.git.merge("--ff-only", "-q", PROPOSED)
+        except git.GitCommandError as exc:
+            raise self._approve_failure(exc) from exc
+        except (git.GitError, OSError, ValueError) as exc:  # an unreadable ref or object
+            raise StoreUnavailable(f"git could not approve in {self.path}: {exc}") from exc
         self._push()
         return {"approved": count, "commit": proposed.hexsha}
+
+    def _approve_failure(self, exc: git.GitCommandError) -> Exception:
+        """What a failed git command of an approve means to the caller (git speaks C here: GitPython
+        runs it with LC_ALL=C). git checks the working tree and takes its locks before it moves main,
+        so main is where it was."""
+        stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc)
+        if "would be overwritten by merge" in stderr:
+            paths = [line.strip() for line in stderr.splitlines() if line.startswith("\t")]
+            named = f": {', '.join(paths[:10])}{' …' if len(paths) > 10 else ''}" if paths else ""
+            return StoreRejected(f"files changed or added by hand in the working tree of {self.path} are in the "
+                                 f"way of the approved procedures{named}; move them away or discard them (git "
+                                 f"status there shows them), then approve again")
+        lock = re.search(r"Unable to create '([^']+\.lock)'", stderr) or re.search(r"'([^']+\.lock)'", stderr)
+        if lock is not None:
+            return StoreUnavailable(f"another git process holds {lock.group(1)}: let it finish (or remove the "
+                                    f"file if no git process is running in {self.path}), then approve again")
+        detail = " ".join(stderr.split())[:500] or f"exit status {exc.status}"
+        return StoreUnavailable(f"git could not fast-forward {self.main} to {PROPOSED} in {self.path}: {detail}")
 
     @asynccontextmanager
     async def locked(self) -> AsyncIterator[git.Repo]:
