@@ -24,7 +24,7 @@ from a2m.timefmt import format_ts
 from backends.store import StoreIdTaken, StoreRejected, StoreUnavailable
 
 from . import files
-from .store import PROPOSED, GitStore
+from .store import PROPOSED, Approval, GitStore
 
 Handler = Callable[[dict[str, Any], Any], Awaitable[dict[str, Any]]]
 
@@ -139,7 +139,7 @@ def approver_names(value: Any) -> frozenset[str] | None:
 
 def extensions(store: GitStore, events: EventLog | None = None) -> dict[str, Handler]:
     """The extension methods over `store`; a restore is a write, told on `events` (the tier server's
-    log) as remember's are."""
+    log) as remember's are, and an approve tells readers what it made recallable (`_tell_approved`)."""
 
     async def history(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
         owner = ctx.owner(params)
@@ -203,12 +203,33 @@ def extensions(store: GitStore, events: EventLog | None = None) -> dict[str, Han
         if approvers is not None and ctx.owner(params) not in approvers:
             raise A2MError(SCOPE_DENIED, "only a configured approver may approve proposed procedures")
         try:
-            return await store.approve()
+            approval = await store.approve()
         except StoreRejected as exc:
             raise invalid(f"tier {store.settings.name} cannot approve: {exc}", tier=store.settings.name) from None
+        if events is not None:
+            await _tell_approved(events, store.settings.name, approval)
+        return approval.to_wire()
 
     handlers = {"memory/history": history, "memory/restore": restore, "memory/approve": approve}
     return {name: _engine(store, handler) for name, handler in handlers.items()}
+
+
+async def _tell_approved(events: EventLog, tier: str, approval: Approval) -> None:
+    """An approve is, to readers, the write of what it made recallable: one `written` event per record
+    main shows now that it did not show so (at its approved revision), and one `forgotten` event
+    counting the records it no longer shows, each told to the owner who can recall the record."""
+    gone: dict[str | None, int] = {}
+    for record in approval.forgotten:
+        gone[record.owner] = gone.get(record.owner, 0) + 1
+    for owner, count in gone.items():
+        await events.emit("forgotten", owner, count=count, tier=tier)
+    written: dict[str | None, list[dict[str, Any]]] = {}
+    for record in approval.written:
+        written.setdefault(record.owner, []).append(
+            {"id": record.id, "tier": tier, "session": record.session, "key": record.key,
+             "revision": record.revision if record.key else None})
+    for owner, items in written.items():
+        await events.emit_many("written", owner, items)
 
 
 def _engine(store: GitStore, handler: Handler) -> Handler:

@@ -855,15 +855,18 @@ class GitStore:
 
     # ----------------------------------------------------------- review gate
 
-    async def approve(self) -> dict[str, Any]:
+    async def approve(self) -> "Approval":
         """Fast-forward main to `proposed`: the reviewed procedures become recallable."""
         async with self._lock:
             self._require_open()
             if self._proposed is None:
                 raise StoreRejected("this procedural tier has no review gate (options.review is off)")
             result = await anyio.to_thread.run_sync(self._approve_sync)
+            approval = Approval(result["approved"], result["commit"])
             if result["approved"]:
+                shown = self._visible.tree
                 self._visible = _Visible(self._proposed.copy())
+                approval.written, approval.forgotten = _shown_changes(shown, self._visible.tree)
                 # main is the proposed branch now, and so are its statistics
                 for record_id in list(self._access):
                     if record_id not in self._proposed.records:
@@ -873,7 +876,7 @@ class GitStore:
                     self._set_stats(self._access, record_id, stats if stats != (0, None) else None)
                 if self._dirty_since is not None:
                     self._flush_state()
-            return result
+            return approval
 
     def _approve_sync(self) -> dict[str, Any]:
         """Fast-forward main, or raise before main moves: StoreRejected for a state of the repository
@@ -1205,6 +1208,37 @@ class GitStore:
 
     async def dimensions(self) -> int | None:
         return self._dimensions
+
+
+@dataclass(slots=True)
+class Approval:
+    """What an approve did: commits merged, main's head, and what readers see differently now."""
+
+    approved: int
+    commit: str
+    written: list[Record] = field(default_factory=list)  # shown now and not so before, in write order
+    forgotten: list[Record] = field(default_factory=list)  # shown before and gone now (as they were)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"approved": self.approved, "commit": self.commit}
+
+
+def _shown_changes(before: Tree, after: Tree) -> tuple[list[Record], list[Record]]:
+    """The records `after` shows that `before` did not show so, and those it no longer shows.
+
+    A record whose salience alone changed (an approved reinforce) is not among them: a reinforce
+    is no `written` event without the gate either. Access statistics are not part of a record's
+    state here (the store keeps them apart from what is approved)."""
+    written = []
+    for record_id, record in after.records.items():
+        old = before.records.get(record_id)
+        if old is None or replace(old, salience=record.salience, access_count=record.access_count,
+                                  accessed_at=record.accessed_at) != record:
+            written.append(record)
+    written.sort(key=lambda r: after.seqs.get(r.id, 0))
+    forgotten = [old for record_id, old in before.records.items()
+                 if record_id not in after.records or after.records[record_id].owner != old.owner]
+    return written, forgotten
 
 
 def _label(record: Record) -> str:

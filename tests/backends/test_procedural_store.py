@@ -1139,3 +1139,45 @@ async def test_an_approve_git_refuses_says_why_and_changes_nothing(tmp_path: Pat
         git(repo, "commit", "-q", "--allow-empty", "-m", "a commit made by hand on main")
         await refused(-32602, "merge main into proposed")
         assert git(repo, "log", "-1", "--format=%s", "main").strip() == "a commit made by hand on main"
+
+
+async def test_an_approve_tells_each_owner_what_it_made_recallable(tmp_path: Path) -> None:
+    """Behind the gate a record becomes recallable at the approve, which emitted no event: a poller
+    or subscriber waiting for a procedure never learnt it was there. Now each owner is told of their
+    own records as a write would tell them: one `written` per record main shows anew (at the revision
+    approved, in write order) and one `forgotten` counting what it no longer shows. A reinforce alone
+    is no event (as without the gate), nor is an approve of nothing."""
+    async with dispatchers(tmp_path, ["procedural"], {"review": True}) as running:
+        call = partial(inprocess_call, running["procedural"])
+        await call("memory/remember", {"owner": "alice", "records": [
+            {"id": "old", "content": "v1", "key": "deploy"}, {"id": "gone", "content": "to forget"},
+            {"id": "kept", "content": "reinforced only"}]})
+        await call("memory/approve", {})
+        await call("memory/remember", {"owner": "alice", "records": [
+            {"content": "v2", "key": "deploy", "session": "s1"}, {"id": "new", "content": "new one", "key": "k/new"}]})
+        await call("memory/remember", {"owner": "alice", "records": [{"id": "loose", "content": "no key"}]})
+        await call("memory/remember", {"owner": "bob", "records": [{"id": "b", "content": "bob's", "key": "k/new"}]})
+        assert await call("memory/reinforce", {"owner": "alice", "ids": ["kept"], "amount": 0.2}) == {"reinforced": 1}
+        assert await call("memory/forget", {"owner": "alice", "ids": ["gone"]}) == {"forgotten": 1}
+        heads = {who: (await call("memory/events", {"owner": who} if who else {}))["cursor"]
+                 for who in ("alice", "bob", None)}
+
+        async def told(who: str | None) -> list[tuple[Any, ...]]:
+            params = {"cursor": heads[who], **({"owner": who} if who else {})}
+            polled = (await call("memory/events", params))["events"]
+            return [(e["kind"], e.get("id"), e.get("tier"), e.get("session"), e.get("key"), e.get("revision"),
+                     e.get("count")) for e in polled]
+
+        assert (await call("memory/approve", {}))["approved"] == 5
+        assert await told("alice") == [
+            ("forgotten", None, "procedural", None, None, None, 1),
+            ("written", "old", "procedural", "s1", "deploy", 2, None),
+            ("written", "new", "procedural", None, "k/new", 1, None),
+            ("written", "loose", "procedural", None, None, None, None),
+        ]
+        assert await told("bob") == [("written", "b", "procedural", None, "k/new", 1, None)]
+        assert await told(None) == []
+        heads = {who: (await call("memory/events", {"owner": who} if who else {}))["cursor"]
+                 for who in ("alice", "bob", None)}
+        assert (await call("memory/approve", {}))["approved"] == 0
+        assert await told("alice") == [] and await told("bob") == []
