@@ -94,6 +94,42 @@ def _log(repo: git.Repo, store: GitStore, path: str, limit: int) -> list[dict[st
     return revisions
 
 
+def _last_path(repo: git.Repo, store: GitStore, owner: str | None, record_id: str) -> str | None:
+    """The file `owner`'s record `record_id` last left on the branch history reads (a forget, or
+    another record taking its key), or None if it never had one there. Found by the text each file
+    of the record begins with: the commits that changed how often it occurs in the owner's files
+    (`git log -S`, newest first), and among their files the one the record left."""
+    needle = files.id_header(record_id)
+    if needle is None:
+        return None
+    branch = PROPOSED if store.review else store.main
+    out = repo.git.log(branch, f"-S{needle}", "--no-renames", "--format=commit %H", "--name-only", "-z", "--",
+                       f":(literal){files.owner_root(owner)}")
+    commits: list[tuple[str, list[str]]] = []
+    for token in out.split("\0"):  # every path starts with the owner's root, never with "commit "
+        token = token.lstrip("\n")
+        if token.startswith("commit "):
+            commits.append((token[len("commit "):], []))
+        elif token and commits:
+            commits[-1][1].append(token)
+    for sha, paths in commits:
+        commit = repo.commit(sha)
+        if not commit.parents:
+            continue
+        for path in paths:
+            if _id_at(commit.parents[0], path) == record_id and _id_at(commit, path) != record_id:
+                return path
+    return None
+
+
+def _id_at(commit: Any, path: str) -> str | None:
+    try:
+        record, _ = files.loads((commit.tree / path).data_stream.read())
+    except (KeyError, ValueError, UnicodeDecodeError):
+        return None
+    return record.id
+
+
 def _at(repo: git.Repo, store: GitStore, rev: str, path: str) -> tuple[Record | None, int]:
     """The record file at `rev` (None when absent there) and the highest revision the file ever had."""
     try:
@@ -149,10 +185,19 @@ def extensions(store: GitStore, events: EventLog | None = None) -> dict[str, Han
         limit = params.get("limit", 100)
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_HISTORY:
             raise invalid(f"limit must be an integer in [1, {MAX_HISTORY}]", field="limit")
-        path = store.path_of(owner, key=key, record_id=record_id)
-        if path is None:
+        if key is not None and store.path_of(owner, key=key) is None:
             raise invalid("key is not a valid procedure key", field="key")
-        return {"revisions": await store.run_git(_log, store, path, limit)}
+
+        def revisions(repo: git.Repo) -> list[dict[str, Any]]:  # under the writer lock: the id stays put
+            path = store.path_of(owner, key=key, record_id=record_id)
+            assert path is not None
+            if record_id is not None and store.held_at(owner, record_id) is None:
+                # Forgotten: its commits are those of the file it was last at, found in git (a keyed
+                # record's file is named by its key, which the id alone does not give).
+                path = _last_path(repo, store, owner, record_id) or path
+            return _log(repo, store, path, limit)
+
+        return {"revisions": await store.run_git(revisions)}
 
     async def restore(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
         owner = ctx.owner(params)

@@ -971,18 +971,24 @@ class GitStore:
         return None
 
     def path_of(self, owner: str | None, *, key: str | None = None, record_id: str | None = None) -> str | None:
-        """The file a key or id lives at (None for an invalid key or an unknown keyed id)."""
+        """The file a key or id lives at: None for an invalid key; for an id neither branch holds
+        for `owner`, the file an unkeyed record of that id would have (see `held_at`)."""
         if key is not None:
             try:
                 return files.path_for(owner, key, "")
             except StoreRejected:
                 return None
         assert record_id is not None
+        return self.held_at(owner, record_id) or files.path_for(owner, None, record_id)
+
+    def held_at(self, owner: str | None, record_id: str) -> str | None:
+        """The file `owner`'s record `record_id` lives at on the branch writes land on, else on main;
+        None when neither holds it (forgotten, or never written)."""
         for tree in (self._target(), self._visible.tree):
             record = tree.records.get(record_id)
             if record is not None and record.owner == owner:
                 return tree.paths[record_id]
-        return files.path_for(owner, None, record_id)
+        return None
 
     def _scoped(self, scope: Scope) -> list[Record]:
         session = scope.where.get("session")

@@ -1181,3 +1181,23 @@ async def test_an_approve_tells_each_owner_what_it_made_recallable(tmp_path: Pat
                  for who in ("alice", "bob", None)}
         assert (await call("memory/approve", {}))["approved"] == 0
         assert await told("alice") == [] and await told("bob") == []
+
+
+async def test_history_by_id_of_a_forgotten_keyed_record_lists_its_commits(store: GitStore) -> None:
+    """History by id read the file an id's record lives at now, else the file an unkeyed record of
+    that id would have: a keyed record, once forgotten, answered no revisions by its id, though its
+    key's history (the removal included, revision null) was all there. Its id finds the file it
+    last left now; another owner asking finds nothing, as for any record not theirs."""
+    history = extensions(store)["memory/history"]
+    await store.write([rec("p", "v1", key="skills/deploy")])
+    await store.write([rec("p", "v2", key="skills/deploy", revision=2)])
+    await store.write([rec("q", "unkeyed")])
+    await store.write([], ["p", "q"])
+
+    async def revisions(**params: Any) -> list[Any]:
+        return [r["revision"] for r in (await history({"owner": "alice", **params}, Ctx()))["revisions"]]
+
+    assert await revisions(key="skills/deploy") == [None, 2, 1]
+    assert await revisions(id="p") == [None, 2, 1]
+    assert await revisions(id="q") == [None, 1]
+    assert await revisions(owner="bob", id="p") == [] and await revisions(id="never") == []
