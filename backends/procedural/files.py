@@ -165,11 +165,24 @@ def dumps(record: Record, seq: int) -> bytes:
     if record.embedding is not None:
         header["embedding"] = _FlowList(record.embedding)
     try:
-        text = yaml.dump(header, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+        text = _yaml(header)
         # One newline always ends the file (git and editors expect it); `loads` strips exactly one.
         return ("---\n" + text + "---\n" + record.content + "\n").encode("utf-8")
     except (yaml.YAMLError, UnicodeEncodeError) as exc:
         raise StoreRejected(f"record {record.id!r} cannot be stored as a file: {exc}") from None
+
+
+def _yaml(header: dict[str, Any]) -> str:
+    return yaml.dump(header, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+
+
+def id_header(record_id: str) -> str | None:
+    """How every file of the record `record_id` begins (the id is the header's first field), to find
+    its files in git's history by text (`git log -S`); None for an id no file could hold."""
+    try:
+        return "---\n" + _yaml({"id": record_id})
+    except (yaml.YAMLError, UnicodeEncodeError):
+        return None
 
 
 def loads(data: bytes) -> tuple[Record, int]:

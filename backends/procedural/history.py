@@ -17,14 +17,14 @@ from typing import Any, Awaitable, Callable
 import anyio
 import git
 
-from a2m.errors import SCOPE_DENIED, A2MError, invalid
+from a2m.errors import INTERNAL_ERROR, SCOPE_DENIED, A2MError, invalid
 from a2m.events import EventLog
 from a2m.records import Record, new_id
 from a2m.timefmt import format_ts
-from backends.store import StoreIdTaken, StoreRejected
+from backends.store import StoreIdTaken, StoreRejected, StoreUnavailable
 
 from . import files
-from .store import PROPOSED, GitStore
+from .store import PROPOSED, Approval, GitStore
 
 Handler = Callable[[dict[str, Any], Any], Awaitable[dict[str, Any]]]
 
@@ -94,6 +94,42 @@ def _log(repo: git.Repo, store: GitStore, path: str, limit: int) -> list[dict[st
     return revisions
 
 
+def _last_path(repo: git.Repo, store: GitStore, owner: str | None, record_id: str) -> str | None:
+    """The file `owner`'s record `record_id` last left on the branch history reads (a forget, or
+    another record taking its key), or None if it never had one there. Found by the text each file
+    of the record begins with: the commits that changed how often it occurs in the owner's files
+    (`git log -S`, newest first), and among their files the one the record left."""
+    needle = files.id_header(record_id)
+    if needle is None:
+        return None
+    branch = PROPOSED if store.review else store.main
+    out = repo.git.log(branch, f"-S{needle}", "--no-renames", "--format=commit %H", "--name-only", "-z", "--",
+                       f":(literal){files.owner_root(owner)}")
+    commits: list[tuple[str, list[str]]] = []
+    for token in out.split("\0"):  # every path starts with the owner's root, never with "commit "
+        token = token.lstrip("\n")
+        if token.startswith("commit "):
+            commits.append((token[len("commit "):], []))
+        elif token and commits:
+            commits[-1][1].append(token)
+    for sha, paths in commits:
+        commit = repo.commit(sha)
+        if not commit.parents:
+            continue
+        for path in paths:
+            if _id_at(commit.parents[0], path) == record_id and _id_at(commit, path) != record_id:
+                return path
+    return None
+
+
+def _id_at(commit: Any, path: str) -> str | None:
+    try:
+        record, _ = files.loads((commit.tree / path).data_stream.read())
+    except (KeyError, ValueError, UnicodeDecodeError):
+        return None
+    return record.id
+
+
 def _at(repo: git.Repo, store: GitStore, rev: str, path: str) -> tuple[Record | None, int]:
     """The record file at `rev` (None when absent there) and the highest revision the file ever had."""
     try:
@@ -139,7 +175,7 @@ def approver_names(value: Any) -> frozenset[str] | None:
 
 def extensions(store: GitStore, events: EventLog | None = None) -> dict[str, Handler]:
     """The extension methods over `store`; a restore is a write, told on `events` (the tier server's
-    log) as remember's are."""
+    log) as remember's are, and an approve tells readers what it made recallable (`_tell_approved`)."""
 
     async def history(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
         owner = ctx.owner(params)
@@ -149,10 +185,19 @@ def extensions(store: GitStore, events: EventLog | None = None) -> dict[str, Han
         limit = params.get("limit", 100)
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_HISTORY:
             raise invalid(f"limit must be an integer in [1, {MAX_HISTORY}]", field="limit")
-        path = store.path_of(owner, key=key, record_id=record_id)
-        if path is None:
+        if key is not None and store.path_of(owner, key=key) is None:
             raise invalid("key is not a valid procedure key", field="key")
-        return {"revisions": await store.run_git(_log, store, path, limit)}
+
+        def revisions(repo: git.Repo) -> list[dict[str, Any]]:  # under the writer lock: the id stays put
+            path = store.path_of(owner, key=key, record_id=record_id)
+            assert path is not None
+            if record_id is not None and store.held_at(owner, record_id) is None:
+                # Forgotten: its commits are those of the file it was last at, found in git (a keyed
+                # record's file is named by its key, which the id alone does not give).
+                path = _last_path(repo, store, owner, record_id) or path
+            return _log(repo, store, path, limit)
+
+        return {"revisions": await store.run_git(revisions)}
 
     async def restore(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
         owner = ctx.owner(params)
@@ -203,8 +248,46 @@ def extensions(store: GitStore, events: EventLog | None = None) -> dict[str, Han
         if approvers is not None and ctx.owner(params) not in approvers:
             raise A2MError(SCOPE_DENIED, "only a configured approver may approve proposed procedures")
         try:
-            return await store.approve()
+            approval = await store.approve()
         except StoreRejected as exc:
-            raise invalid(str(exc)) from None
+            raise invalid(f"tier {store.settings.name} cannot approve: {exc}", tier=store.settings.name) from None
+        if events is not None:
+            await _tell_approved(events, store.settings.name, approval)
+        return approval.to_wire()
 
-    return {"memory/history": history, "memory/restore": restore, "memory/approve": approve}
+    handlers = {"memory/history": history, "memory/restore": restore, "memory/approve": approve}
+    return {name: _engine(store, handler) for name, handler in handlers.items()}
+
+
+async def _tell_approved(events: EventLog, tier: str, approval: Approval) -> None:
+    """An approve is, to readers, the write of what it made recallable: one `written` event per record
+    main shows now that it did not show so (at its approved revision), and one `forgotten` event
+    counting the records it no longer shows, each told to the owner who can recall the record."""
+    gone: dict[str | None, int] = {}
+    for record in approval.forgotten:
+        gone[record.owner] = gone.get(record.owner, 0) + 1
+    for owner, count in gone.items():
+        await events.emit("forgotten", owner, count=count, tier=tier)
+    written: dict[str | None, list[dict[str, Any]]] = {}
+    for record in approval.written:
+        written.setdefault(record.owner, []).append(
+            {"id": record.id, "tier": tier, "session": record.session, "key": record.key,
+             "revision": record.revision if record.key else None})
+    for owner, items in written.items():
+        await events.emit_many("written", owner, items)
+
+
+def _engine(store: GitStore, handler: Handler) -> Handler:
+    """`handler` answering an engine failure as the surface answers one of a protocol method: -32603
+    naming the tier (not "internal error: StoreUnavailable", which is all the dispatcher can say of an
+    exception it does not know)."""
+
+    async def guarded(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        try:
+            return await handler(params, ctx)
+        except (StoreUnavailable, git.GitError) as exc:
+            name = store.settings.name
+            raise A2MError(INTERNAL_ERROR, f"tier {name} ({store.engine}) unavailable: {exc}",
+                           {"tier": name, "engine": store.engine}) from exc
+
+    return guarded

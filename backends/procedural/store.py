@@ -855,15 +855,18 @@ class GitStore:
 
     # ----------------------------------------------------------- review gate
 
-    async def approve(self) -> dict[str, Any]:
+    async def approve(self) -> "Approval":
         """Fast-forward main to `proposed`: the reviewed procedures become recallable."""
         async with self._lock:
             self._require_open()
             if self._proposed is None:
                 raise StoreRejected("this procedural tier has no review gate (options.review is off)")
             result = await anyio.to_thread.run_sync(self._approve_sync)
+            approval = Approval(result["approved"], result["commit"])
             if result["approved"]:
+                shown = self._visible.tree
                 self._visible = _Visible(self._proposed.copy())
+                approval.written, approval.forgotten = _shown_changes(shown, self._visible.tree)
                 # main is the proposed branch now, and so are its statistics
                 for record_id in list(self._access):
                     if record_id not in self._proposed.records:
@@ -873,21 +876,56 @@ class GitStore:
                     self._set_stats(self._access, record_id, stats if stats != (0, None) else None)
                 if self._dirty_since is not None:
                     self._flush_state()
-            return result
+            return approval
 
     def _approve_sync(self) -> dict[str, Any]:
+        """Fast-forward main, or raise before main moves: StoreRejected for a state of the repository
+        someone has to change first (said in the message), StoreUnavailable for git failing."""
         repo = self.repo
         assert repo is not None
-        main, proposed = repo.head.commit, repo.heads[PROPOSED].commit
-        if main == proposed:
-            return {"approved": 0, "commit": main.hexsha}
-        if not repo.is_ancestor(main, proposed):
-            raise StoreRejected(f"{PROPOSED} has diverged from {self.main}; merge it by hand")
-        count = int(repo.git.rev_list("--count", f"{main.hexsha}..{proposed.hexsha}"))
-        repo.git.reset("-q")  # the index file is not kept current per commit
-        repo.git.merge("--ff-only", "-q", PROPOSED)
+        try:
+            if repo.head.is_detached or repo.head.ref.name != self.main:
+                raise StoreRejected(f"the repository {self.path} is not on {self.main} (checked out by hand?): "
+                                    f"check out {self.main} there (git checkout {self.main}), then approve again")
+            if PROPOSED not in repo.heads:
+                raise StoreRejected(f"the {PROPOSED} branch is gone from {self.path} (deleted by hand?): "
+                                    f"restart the tier server, which starts it again from {self.main}")
+            main, proposed = repo.head.commit, repo.heads[PROPOSED].commit
+            if main == proposed:
+                return {"approved": 0, "commit": main.hexsha}
+            if not repo.is_ancestor(main, proposed):
+                raise StoreRejected(
+                    f"{self.main} has moved since {PROPOSED} was started from it (a commit made by hand?), so it "
+                    f"cannot be fast-forwarded: stop the tier server, merge {self.main} into {PROPOSED} in "
+                    f"{self.path} (git checkout {PROPOSED} && git merge {self.main} && git checkout {self.main}), "
+                    f"start it again and approve")
+            count = int(repo.git.rev_list("--count", f"{main.hexsha}..{proposed.hexsha}"))
+            repo.git.reset("-q")  # the index file is not kept current per commit
+            repo.git.merge("--ff-only", "-q", PROPOSED)
+        except git.GitCommandError as exc:
+            raise self._approve_failure(exc) from exc
+        except (git.GitError, OSError, ValueError) as exc:  # an unreadable ref or object
+            raise StoreUnavailable(f"git could not approve in {self.path}: {exc}") from exc
         self._push()
         return {"approved": count, "commit": proposed.hexsha}
+
+    def _approve_failure(self, exc: git.GitCommandError) -> Exception:
+        """What a failed git command of an approve means to the caller (git speaks C here: GitPython
+        runs it with LC_ALL=C). git checks the working tree and takes its locks before it moves main,
+        so main is where it was."""
+        stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc)
+        if "would be overwritten by merge" in stderr:
+            paths = [line.strip() for line in stderr.splitlines() if line.startswith("\t")]
+            named = f": {', '.join(paths[:10])}{' …' if len(paths) > 10 else ''}" if paths else ""
+            return StoreRejected(f"files changed or added by hand in the working tree of {self.path} are in the "
+                                 f"way of the approved procedures{named}; move them away or discard them (git "
+                                 f"status there shows them), then approve again")
+        lock = re.search(r"Unable to create '([^']+\.lock)'", stderr) or re.search(r"'([^']+\.lock)'", stderr)
+        if lock is not None:
+            return StoreUnavailable(f"another git process holds {lock.group(1)}: let it finish (or remove the "
+                                    f"file if no git process is running in {self.path}), then approve again")
+        detail = " ".join(stderr.split())[:500] or f"exit status {exc.status}"
+        return StoreUnavailable(f"git could not fast-forward {self.main} to {PROPOSED} in {self.path}: {detail}")
 
     @asynccontextmanager
     async def locked(self) -> AsyncIterator[git.Repo]:
@@ -933,18 +971,24 @@ class GitStore:
         return None
 
     def path_of(self, owner: str | None, *, key: str | None = None, record_id: str | None = None) -> str | None:
-        """The file a key or id lives at (None for an invalid key or an unknown keyed id)."""
+        """The file a key or id lives at: None for an invalid key; for an id neither branch holds
+        for `owner`, the file an unkeyed record of that id would have (see `held_at`)."""
         if key is not None:
             try:
                 return files.path_for(owner, key, "")
             except StoreRejected:
                 return None
         assert record_id is not None
+        return self.held_at(owner, record_id) or files.path_for(owner, None, record_id)
+
+    def held_at(self, owner: str | None, record_id: str) -> str | None:
+        """The file `owner`'s record `record_id` lives at on the branch writes land on, else on main;
+        None when neither holds it (forgotten, or never written)."""
         for tree in (self._target(), self._visible.tree):
             record = tree.records.get(record_id)
             if record is not None and record.owner == owner:
                 return tree.paths[record_id]
-        return files.path_for(owner, None, record_id)
+        return None
 
     def _scoped(self, scope: Scope) -> list[Record]:
         session = scope.where.get("session")
@@ -1170,6 +1214,37 @@ class GitStore:
 
     async def dimensions(self) -> int | None:
         return self._dimensions
+
+
+@dataclass(slots=True)
+class Approval:
+    """What an approve did: commits merged, main's head, and what readers see differently now."""
+
+    approved: int
+    commit: str
+    written: list[Record] = field(default_factory=list)  # shown now and not so before, in write order
+    forgotten: list[Record] = field(default_factory=list)  # shown before and gone now (as they were)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"approved": self.approved, "commit": self.commit}
+
+
+def _shown_changes(before: Tree, after: Tree) -> tuple[list[Record], list[Record]]:
+    """The records `after` shows that `before` did not show so, and those it no longer shows.
+
+    A record whose salience alone changed (an approved reinforce) is not among them: a reinforce
+    is no `written` event without the gate either. Access statistics are not part of a record's
+    state here (the store keeps them apart from what is approved)."""
+    written = []
+    for record_id, record in after.records.items():
+        old = before.records.get(record_id)
+        if old is None or replace(old, salience=record.salience, access_count=record.access_count,
+                                  accessed_at=record.accessed_at) != record:
+            written.append(record)
+    written.sort(key=lambda r: after.seqs.get(r.id, 0))
+    forgotten = [old for record_id, old in before.records.items()
+                 if record_id not in after.records or after.records[record_id].owner != old.owner]
+    return written, forgotten
 
 
 def _label(record: Record) -> str:

@@ -160,7 +160,12 @@ class History:
             rec = model.records.get(rid)
             if rec is not None and rec["owner"] == owner:
                 return path_of(rec)
-        return files.path_for(owner, None, rid)
+        # Held by neither branch: the file the owner's record last left (its key's, if it had one).
+        left = [(n, path) for path, changes in self.events.items()
+                for (_, prev, *_), (n, rec, *_) in zip([(0, None)] + changes, changes)
+                if prev is not None and prev["id"] == rid and prev["owner"] == owner
+                and (rec is None or rec["id"] != rid)]
+        return max(left)[1] if left else files.path_for(owner, None, rid)
 
 
 @pytest.fixture(params=[False, True], ids=["plain", "gated"])

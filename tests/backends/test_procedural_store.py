@@ -1071,3 +1071,133 @@ async def test_a_remote_that_never_answers_delays_a_write_only_by_the_push_timeo
         assert store.push_error and await store.count("alice") == 1
     finally:
         await store.close()
+
+
+async def _wire(d: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The whole reply, error message and data included."""
+    from a2m.dispatch import Context
+
+    reply = await d.handle({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, Context())
+    assert reply is not None
+    return reply
+
+
+async def test_an_approve_git_refuses_says_why_and_changes_nothing(tmp_path: Path) -> None:
+    """git's refusals came out as `-32603 internal error: GitCommandError`: a file a person left in
+    the working tree, a lock another git process holds, main moved by hand, a proposed object gone.
+    The repository's state someone must change first is -32602 saying what to change; git failing
+    is the tier unavailable (-32603 naming it). Either way main, `proposed` and what readers see are
+    as before, and the approve goes through once the cause is gone."""
+    async with dispatchers(tmp_path, ["procedural"], {"review": True}) as running:
+        d = running["procedural"]
+        call = partial(inprocess_call, d)
+        repo = tmp_path / "procedural" / "repo"
+        assert await call("memory/remember", {"owner": "alice", "records": [
+            {"id": "r", "content": "refund: check the receipt", "key": "skills/refund"}]}) == {"ids": ["r"]}
+        proposed = git(repo, "rev-parse", "proposed").strip()
+
+        async def refused(code: int, *words: str) -> None:
+            main = git(repo, "rev-parse", "main").strip()
+            shown = await call("memory/fetch", {"owner": "alice", "key": "skills/refund"})
+            reply = await _wire(d, "memory/approve", {})
+            error = reply.get("error")
+            assert error is not None and error["code"] == code, reply
+            assert error["data"]["tier"] == "procedural", error
+            assert "internal error" not in error["message"] and all(w in error["message"] for w in words), error
+            assert git(repo, "rev-parse", "main").strip() == main
+            assert git(repo, "rev-parse", "proposed").strip() == proposed
+            assert await call("memory/fetch", {"owner": "alice", "key": "skills/refund"}) == shown
+
+        in_the_way = repo / "owners/alice/skills/refund.md"
+        in_the_way.parent.mkdir(parents=True)
+        in_the_way.write_text("a draft someone saved here\n")
+        await refused(-32602, "owners/alice/skills/refund.md", "move them away or discard them")
+        assert in_the_way.read_text() == "a draft someone saved here\n"  # not the store's to throw away
+        in_the_way.unlink()
+
+        lock = repo / ".git/index.lock"
+        lock.write_text("")
+        await refused(-32603, "tier procedural (git) unavailable", "index.lock", "then approve again")
+        lock.unlink()
+
+        path = "owners/alice/skills/refund.md"
+        blob = git(repo, "rev-parse", f"proposed:{path}").strip()
+        loose = repo / ".git/objects" / blob[:2] / blob[2:]
+        saved = loose.read_bytes()
+        loose.unlink()  # an object the fast-forward must check out, lost (a disk error, a bad copy)
+        await refused(-32603, "tier procedural (git) unavailable")
+        assert not (repo / path).exists()
+        loose.write_bytes(saved)
+
+        assert (await call("memory/approve", {}))["approved"] == 1
+        assert (await call("memory/fetch", {"owner": "alice", "key": "skills/refund"}))["record"]["id"] == "r"
+
+        # main moved by hand: it cannot be fast-forwarded to what was proposed since.
+        assert await call("memory/remember", {"owner": "alice", "records": [
+            {"content": "v2", "key": "skills/refund"}]}) == {"ids": ["r"]}
+        proposed = git(repo, "rev-parse", "proposed").strip()
+        git(repo, "commit", "-q", "--allow-empty", "-m", "a commit made by hand on main")
+        await refused(-32602, "merge main into proposed")
+        assert git(repo, "log", "-1", "--format=%s", "main").strip() == "a commit made by hand on main"
+
+
+async def test_an_approve_tells_each_owner_what_it_made_recallable(tmp_path: Path) -> None:
+    """Behind the gate a record becomes recallable at the approve, which emitted no event: a poller
+    or subscriber waiting for a procedure never learnt it was there. Now each owner is told of their
+    own records as a write would tell them: one `written` per record main shows anew (at the revision
+    approved, in write order) and one `forgotten` counting what it no longer shows. A reinforce alone
+    is no event (as without the gate), nor is an approve of nothing."""
+    async with dispatchers(tmp_path, ["procedural"], {"review": True}) as running:
+        call = partial(inprocess_call, running["procedural"])
+        await call("memory/remember", {"owner": "alice", "records": [
+            {"id": "old", "content": "v1", "key": "deploy"}, {"id": "gone", "content": "to forget"},
+            {"id": "kept", "content": "reinforced only"}]})
+        await call("memory/approve", {})
+        await call("memory/remember", {"owner": "alice", "records": [
+            {"content": "v2", "key": "deploy", "session": "s1"}, {"id": "new", "content": "new one", "key": "k/new"}]})
+        await call("memory/remember", {"owner": "alice", "records": [{"id": "loose", "content": "no key"}]})
+        await call("memory/remember", {"owner": "bob", "records": [{"id": "b", "content": "bob's", "key": "k/new"}]})
+        assert await call("memory/reinforce", {"owner": "alice", "ids": ["kept"], "amount": 0.2}) == {"reinforced": 1}
+        assert await call("memory/forget", {"owner": "alice", "ids": ["gone"]}) == {"forgotten": 1}
+        heads = {who: (await call("memory/events", {"owner": who} if who else {}))["cursor"]
+                 for who in ("alice", "bob", None)}
+
+        async def told(who: str | None) -> list[tuple[Any, ...]]:
+            params = {"cursor": heads[who], **({"owner": who} if who else {})}
+            polled = (await call("memory/events", params))["events"]
+            return [(e["kind"], e.get("id"), e.get("tier"), e.get("session"), e.get("key"), e.get("revision"),
+                     e.get("count")) for e in polled]
+
+        assert (await call("memory/approve", {}))["approved"] == 5
+        assert await told("alice") == [
+            ("forgotten", None, "procedural", None, None, None, 1),
+            ("written", "old", "procedural", "s1", "deploy", 2, None),
+            ("written", "new", "procedural", None, "k/new", 1, None),
+            ("written", "loose", "procedural", None, None, None, None),
+        ]
+        assert await told("bob") == [("written", "b", "procedural", None, "k/new", 1, None)]
+        assert await told(None) == []
+        heads = {who: (await call("memory/events", {"owner": who} if who else {}))["cursor"]
+                 for who in ("alice", "bob", None)}
+        assert (await call("memory/approve", {}))["approved"] == 0
+        assert await told("alice") == [] and await told("bob") == []
+
+
+async def test_history_by_id_of_a_forgotten_keyed_record_lists_its_commits(store: GitStore) -> None:
+    """History by id read the file an id's record lives at now, else the file an unkeyed record of
+    that id would have: a keyed record, once forgotten, answered no revisions by its id, though its
+    key's history (the removal included, revision null) was all there. Its id finds the file it
+    last left now; another owner asking finds nothing, as for any record not theirs."""
+    history = extensions(store)["memory/history"]
+    await store.write([rec("p", "v1", key="skills/deploy")])
+    await store.write([rec("p", "v2", key="skills/deploy", revision=2)])
+    await store.write([rec("q", "unkeyed")])
+    await store.write([], ["p", "q"])
+
+    async def revisions(**params: Any) -> list[Any]:
+        return [r["revision"] for r in (await history({"owner": "alice", **params}, Ctx()))["revisions"]]
+
+    assert await revisions(key="skills/deploy") == [None, 2, 1]
+    assert await revisions(id="p") == [None, 2, 1]
+    assert await revisions(id="q") == [None, 1]
+    assert await revisions(owner="bob", id="p") == [] and await revisions(id="never") == []
