@@ -42,6 +42,7 @@ from a2m.paging import CrowdedMillisecond, pages_backwards
 from .federation import Federation, Tier
 
 log = logging.getLogger("a2m.router.policy")
+Refusals = list[tuple[list[str], A2MError]]  # units a destination refused: their ids and its answer
 
 MOVE_DROP = ("tier", "score")
 MOVE_BYTES = 16 * 1024 * 1024  # JSON per move call: well under a tier's body limit (a2m.http.TIER_MAX_BODY)
@@ -196,15 +197,18 @@ class Policy:
 
     async def move(self, source: Tier, dest: Tier, owner: str | None, ids: Sequence[str] = (), *,
                    where: dict[str, Any] | None = None, salience: float | None = None,
-                   reason: str = "spill") -> list[str]:
+                   reason: str = "spill", refused: Refusals | None = None) -> list[str]:
         """Write -> verify -> delete these records of `source` (by `ids`, or all that match `where`;
-        whole groups) into `dest`. Returns the ids that now live (only) in `dest`."""
-        moved, _ = await self._move_ids(source, dest, owner, ids, where=where, salience=salience, reason=reason)
+        whole groups) into `dest`. Returns the ids that now live (only) in `dest`; each unit `dest`
+        refused is added to `refused` (its ids and the refusal), when given."""
+        moved, _ = await self._move_ids(source, dest, owner, ids, where=where, salience=salience, reason=reason,
+                                        refused=refused)
         return moved
 
     async def _move_ids(self, source: Tier, dest: Tier, owner: str | None, ids: Sequence[str], *,
                         where: dict[str, Any] | None = None, salience: float | None = None,
-                        reason: str = "spill", duplicates_only: bool = False) -> tuple[list[str], set[str]]:
+                        reason: str = "spill", duplicates_only: bool = False,
+                        refused: Refusals | None = None) -> tuple[list[str], set[str]]:
         """`move`, also returning which records were found in `source`. `duplicates_only`: move
         only those `dest` holds too (repair: what is in one tier alone stays)."""
         if not ids and where is None:
@@ -221,7 +225,7 @@ class Policy:
                 records = [r for r in records if r["id"] in there]
             records = await self._whole_groups(source, owner, records)
             records.sort(key=lambda r: r["created_at"])  # oldest first: a move cut short keeps the newest
-            return await self._move(source, dest, owner, records, salience, reason), found
+            return await self._move(source, dest, owner, records, salience, reason, refused), found
 
     async def _whole_groups(self, source: Tier, owner: str | None, records: Sequence[dict[str, Any]], *,
                             embeddings: bool = True) -> list[dict[str, Any]]:
@@ -235,7 +239,7 @@ class Policy:
         return out
 
     async def _move(self, source: Tier, dest: Tier, owner: str | None, records: Sequence[dict[str, Any]],
-                    salience: float | None, reason: str) -> list[str]:
+                    salience: float | None, reason: str, refused: Refusals | None = None) -> list[str]:
         writes = [move_form(r) for r in records]
         if salience is not None:
             for write in writes:
@@ -249,7 +253,7 @@ class Policy:
         size = _limit(dest, "max_records_per_call", 500)
         moved: list[str] = []
         for batch in batches(units(writes), size):
-            placed, stop = await self._place(source, dest, owner, batch, size)
+            placed, stop = await self._place(source, dest, owner, batch, size, refused)
             verified = [w["id"] for unit in placed for w in unit]
             if verified:
                 self._deleting(owner)
@@ -270,7 +274,7 @@ class Policy:
         return moved
 
     async def _place(self, source: Tier, dest: Tier, owner: str | None, batch: list[list[dict[str, Any]]],
-                     size: int) -> tuple[list[list[dict[str, Any]]], bool]:
+                     size: int, refused: Refusals | None = None) -> tuple[list[list[dict[str, Any]]], bool]:
         """Write a batch of units to `dest` and read it back: (the units verified there, whether to stop).
 
         A refusal (the destination answered with an error) is one unit's fault as often as not: the
@@ -294,10 +298,12 @@ class Policy:
             if len(batch) == 1:
                 log.warning("move %s -> %s: %s refused a unit of %d (%s); it stays in %s", source.name, dest.name,
                             dest.name, len(flat), exc, source.name)
+                if refused is not None:
+                    refused.append(([w["id"] for w in flat], exc))
                 return [], False
             placed: list[list[dict[str, Any]]] = []
             for unit in batch:
-                done, stop = await self._place(source, dest, owner, [unit], size)
+                done, stop = await self._place(source, dest, owner, [unit], size, refused)
                 placed += done
                 if stop:
                     return placed, True

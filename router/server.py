@@ -33,7 +33,7 @@ from a2m.params import bool_param, ids_param, int_param, str_param
 from . import fusion
 from .config import RouterConfig, load, unenforced
 from .federation import FanOut, Federation, Tier
-from .policy import Policy
+from .policy import Policy, Refusals
 
 log = logging.getLogger("a2m.router")
 
@@ -787,22 +787,31 @@ class Router(EventMethods):
             raise A2MError(errors.READ_ONLY, f"tier {dest.name} is read-only", {"tier": dest.name})
         wanted = set(ids)
         moved: list[str] = []
+        refused: Refusals = []
         try:
             for source in self.fed:
                 if source is dest or not source.writable or not wanted:
                     continue
                 here = await self.policy.move(source, dest, owner, sorted(wanted), reason="promote",
-                                              salience=None if salience is None else float(salience))
+                                              salience=None if salience is None else float(salience),
+                                              refused=refused)
                 moved += here
                 wanted -= set(here)
+            promoted = len(set(ids) & set(moved))
             if wanted and not dest.healthy:  # a move into a down tier is skipped: not "unknown ids" (decision 14)
                 raise A2MError(errors.INTERNAL_ERROR, f"promote incomplete: tier {dest.name} did not answer "
-                               f"({len(set(ids) & set(moved))} promoted); the rest stay where they are",
-                               {"promoted": len(set(ids) & set(moved)), "degraded": [dest.name]})
+                               f"({promoted} promoted); the rest stay where they are",
+                               {"promoted": promoted, "degraded": [dest.name]})
+            if refused:  # the destination's own answer, not "unknown ids" (decision 100)
+                kept = sorted({i for unit, _ in refused for i in unit})
+                first = refused[0][1]
+                raise A2MError(first.code, f"promote incomplete: tier {dest.name} refused {len(kept)} record(s) "
+                               f"({first.message}); {promoted} promoted, the refused stay where they are",
+                               {"promoted": promoted, "refused": kept, "tier": dest.name})
         finally:  # one event per call, also when a later source failed: what moved before it did move
             if moved:
                 await self.events.emit("promoted", owner, ids=moved, tier=dest.name)
-        return {"promoted": len(set(ids) & set(moved))}
+        return {"promoted": promoted}
 
     async def _counts(self, owner: str | None) -> dict[str, Any]:
         """`counts` per tier after a policy pass, and `degraded` naming the tiers that did not answer:

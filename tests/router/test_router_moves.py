@@ -385,3 +385,25 @@ async def test_a_reinforce_that_cannot_reach_a_tier_fails_naming_it(tmp_path: Pa
                 small.tiers["episodic"].resume()
     assert error.code == -32603 and error.data == {"reinforced": 1, "degraded": ["episodic"]}, error
     assert found == {"reinforced": 1}
+
+
+@pytest.mark.anyio
+async def test_a_promote_the_destination_refuses_fails_with_its_answer(tmp_path: Path) -> None:
+    """A record the destination refused (here a vector of another width) stayed in its source, logged,
+    and the promote answered `{promoted: 0}`: the protocol's answer for unknown ids, so the caller
+    took the record for gone and never heard why. The destination's error now comes back, naming the
+    refused records and how many moved; the refused stay where they were, the rest move."""
+    me = owner()
+    with federation(tmp_path, DOWN_TIERS, mode="real") as small:
+        await direct(small, "episodic", "memory/remember", {"owner": me, "records": [
+            {"content": "sets the width", "embedding": [1.0, 0.0, 0.0, 0.0]}]})
+        async with HTTPClient(small.url) as router:
+            [bad, good] = (await router.call("memory/remember", {"owner": me, "records": [
+                {"content": "three wide", "embedding": [0.1, 0.2, 0.3]}, {"content": "no vector"}]}))["ids"]
+            alone = await refused(router.call("memory/promote", {"owner": me, "ids": [bad], "tier": "episodic"}))
+            both = await refused(router.call("memory/promote", {"owner": me, "ids": [bad, good], "tier": "episodic"}))
+        left = [r["id"] for r in (await direct(small, "working", "memory/timeline", {"owner": me}))["records"]]
+        there = {r["id"] for r in (await direct(small, "episodic", "memory/timeline", {"owner": me}))["records"]}
+    assert alone.code == -32008 and alone.data == {"promoted": 0, "refused": [bad], "tier": "episodic"}, alone
+    assert both.code == -32008 and both.data == {"promoted": 1, "refused": [bad], "tier": "episodic"}, both
+    assert left == [bad] and good in there and bad not in there
