@@ -18,6 +18,7 @@ import git.cmd as git_cmd
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
+from a2m.dispatch import Context
 from a2m.errors import A2MError
 from a2m.filters import Scope
 from a2m.records import Record
@@ -1181,6 +1182,62 @@ async def test_an_approve_tells_each_owner_what_it_made_recallable(tmp_path: Pat
                  for who in ("alice", "bob", None)}
         assert (await call("memory/approve", {}))["approved"] == 0
         assert await told("alice") == [] and await told("bob") == []
+
+
+@pytest.mark.parametrize("review", [True, False])
+async def test_a_gated_write_is_told_once_when_approved_not_when_proposed(tmp_path: Path, review: bool) -> None:
+    """Behind the gate remember, restore and forget told their `written` / `forgotten` events when the
+    write landed on `proposed`, where nobody can recall it, and the approve told them again: a reader
+    heard of each record twice, first of one it could not fetch. An event reaches only callers who
+    could have recalled its record (protocol, memory/events), so a gated write is told by the approve
+    alone, to poller and subscriber alike. Without the gate each write is told as it lands."""
+    async with dispatchers(tmp_path, ["procedural"], {"review": review}) as running:
+        d = running["procedural"]
+        call = partial(inprocess_call, d)
+        pushed: list[dict[str, Any]] = []
+
+        async def push(event: dict[str, Any]) -> None:
+            pushed.append(event)
+
+        await d.service.subscribe({"owner": "alice"}, Context(push=push))
+        cursor = (await call("memory/events", {"owner": "alice"}))["cursor"]
+
+        async def told() -> list[tuple[Any, ...]]:
+            nonlocal cursor
+            answer = await call("memory/events", {"owner": "alice", "cursor": cursor})
+            cursor = answer["cursor"]
+            polled = [(e["kind"], e.get("id"), e.get("revision"), e.get("count")) for e in answer["events"]]
+            assert polled == [(e["kind"], e.get("id"), e.get("revision"), e.get("count")) for e in pushed]
+            pushed.clear()
+            return polled
+
+        async def approve() -> None:
+            if review:
+                await call("memory/approve", {})
+
+        await call("memory/remember", {"owner": "alice", "records": [{"id": "p", "content": "v1", "key": "deploy"}]})
+        if review:
+            assert await told() == []
+            assert (await call("memory/fetch", {"owner": "alice", "key": "deploy"}))["record"] is None
+        await approve()
+        assert await told() == [("written", "p", 1, None)]
+
+        await call("memory/remember", {"owner": "alice", "records": [{"content": "v2", "key": "deploy"}]})
+        first = (await call("memory/history", {"owner": "alice", "key": "deploy"}))["revisions"][-1]["commit"]
+        await call("memory/restore", {"owner": "alice", "key": "deploy", "commit": first})
+        if review:
+            assert await told() == []
+            await approve()
+            assert await told() == [("written", "p", 3, None)]  # what main shows now, once
+        else:
+            assert await told() == [("written", "p", 2, None), ("written", "p", 3, None)]
+
+        assert await call("memory/forget", {"owner": "alice", "ids": ["p"]}) == {"forgotten": 1}
+        if review:
+            assert await told() == []
+            assert (await call("memory/fetch", {"owner": "alice", "key": "deploy"}))["record"]["revision"] == 3
+        await approve()
+        assert await told() == [("forgotten", None, None, 1)]
 
 
 async def test_history_by_id_of_a_forgotten_keyed_record_lists_its_commits(store: GitStore) -> None:
