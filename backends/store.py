@@ -36,6 +36,12 @@ Optional, for a store whose writes land somewhere other than its reads show
 the state writes are resolved against (decision 60); and `key_lock`, an
 async lock the surface then holds from resolving a batch's keys to writing
 them, so the store's own key-replacing methods can hold it too (decision 61).
+
+Optional, for a store whose writes are not recallable when `write` returns
+(procedural behind its review gate): `writes_visible`, False while so. The
+surface then tells no `written` / `forgotten` event of its writes (an event
+reaches only callers who could recall its record); the store's own step that
+makes them recallable (procedural's `memory/approve`) tells them. Absent: True.
 """
 
 from __future__ import annotations

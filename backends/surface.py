@@ -249,13 +249,19 @@ class TierServer(EventMethods):
         # key the batch writes twice is two revisions, as the batch is applied (decision 52) and as the
         # router tells it (decision 57); one owner's events at a time (a batch may name several).
         by_owner: dict[str | None, list[dict[str, Any]]] = {}
-        for record in writes:
+        for record in writes if self._writes_visible() else ():  # else told when they become recallable
             by_owner.setdefault(record.owner, []).append(
                 {"id": record.id, "tier": self.name, "session": record.session, "key": record.key,
                  "revision": record.revision if record.key else None})
         for owner, items in by_owner.items():
             await self.events.emit_many("written", owner, items)
         return {"ids": ids}
+
+    def _writes_visible(self) -> bool:
+        """Whether a write is recallable once it returns, so told then: an event reaches only callers
+        who could recall its record. Not so behind procedural's review gate, whose approve tells what
+        it made recallable (or forgot); see `store.py`."""
+        return getattr(self.store, "writes_visible", True)
 
     async def _write(self, records: list[Record], raw: list[Any]) -> tuple[list[str], list[Record]]:
         """Resolve the batch (`_resolve`) and write it; resolved again when the engine finds that what
@@ -438,7 +444,8 @@ class TierServer(EventMethods):
                 count = await self._forget_matches(scope, query)
             else:
                 count = await self.store.delete(scope)
-        await self.events.emit("forgotten", scope.owner, count=count, tier=self.name)
+        if self._writes_visible():  # else told when readers no longer see them
+            await self.events.emit("forgotten", scope.owner, count=count, tier=self.name)
         return {"forgotten": count}
 
     async def _forget_matches(self, scope: Scope, query: str) -> int:

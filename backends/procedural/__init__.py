@@ -6,6 +6,11 @@ path, else `<data_dir>/repo`); `extensions` adds `memory/history`,
 Options: `review` (bool, the review gate), `remote` (push target),
 `author` ("Name <email>", the identity for unowned writes and the committer),
 `approvers` (owners allowed to call `memory/approve`; default anyone).
+
+`sessions` is declared: a record's `session` is stored, and `memory/session/list`
+counts what a recall sees (behind the gate, what is approved), so the router's
+list counts a conversation's procedures too; `memory/session/close` moves and
+deletes nothing (the protocol's close "never touches procedural").
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from .history import EXTENSION_DOCS, Handler, extensions
 from .store import GitStore
 
 KIND = "procedural"
-CAPABILITIES = frozenset({"core", "tiers", "salience", "scopes", "keys", "embeddings", "external", "events", "prompt"})
+CAPABILITIES = frozenset(
+    {"core", "tiers", "salience", "scopes", "sessions", "keys", "embeddings", "external", "events", "prompt"}
+)
 
 
 def make_store(settings: TierSettings) -> GitStore:

@@ -175,7 +175,8 @@ def approver_names(value: Any) -> frozenset[str] | None:
 
 def extensions(store: GitStore, events: EventLog | None = None) -> dict[str, Handler]:
     """The extension methods over `store`; a restore is a write, told on `events` (the tier server's
-    log) as remember's are, and an approve tells readers what it made recallable (`_tell_approved`)."""
+    log) as remember's are, and an approve tells readers what it made recallable (`_tell_approved`):
+    behind the review gate that is the only telling of a write (`GitStore.writes_visible`)."""
 
     async def history(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
         owner = ctx.owner(params)
@@ -238,7 +239,7 @@ def extensions(store: GitStore, events: EventLog | None = None) -> dict[str, Han
                                {"id": restored.id, "key": key}) from None
             except StoreRejected as exc:
                 raise invalid(str(exc)) from None
-        if events is not None:
+        if events is not None and store.writes_visible:  # behind the gate the approve tells it
             await events.emit("written", owner, id=restored.id, tier=store.settings.name, session=restored.session,
                               key=key, revision=restored.revision)
         return {"record": restored.to_wire(tier=store.settings.name)}  # as every read shows it

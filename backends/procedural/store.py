@@ -855,6 +855,12 @@ class GitStore:
 
     # ----------------------------------------------------------- review gate
 
+    @property
+    def writes_visible(self) -> bool:
+        """False behind the review gate: a write lands on `proposed`, recallable (and so told to
+        readers, by `memory/approve`) only once approved. See `backends/store.py`."""
+        return not self.review
+
     async def approve(self) -> "Approval":
         """Fast-forward main to `proposed`: the reviewed procedures become recallable."""
         async with self._lock:

@@ -18,6 +18,7 @@ import git.cmd as git_cmd
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
+from a2m.dispatch import Context
 from a2m.errors import A2MError
 from a2m.filters import Scope
 from a2m.records import Record
@@ -69,7 +70,7 @@ def repo_of(store: GitStore) -> Path:
 
 def test_package_surface() -> None:
     assert KIND == "procedural"
-    assert "sessions" not in CAPABILITIES and {"core", "keys", "embeddings"} <= CAPABILITIES
+    assert {"core", "sessions", "keys", "embeddings"} <= CAPABILITIES
     assert set(EXTENSION_DOCS) == {"memory/history", "memory/restore", "memory/approve"}
 
 
@@ -1181,6 +1182,99 @@ async def test_an_approve_tells_each_owner_what_it_made_recallable(tmp_path: Pat
                  for who in ("alice", "bob", None)}
         assert (await call("memory/approve", {}))["approved"] == 0
         assert await told("alice") == [] and await told("bob") == []
+
+
+@pytest.mark.parametrize("review", [True, False])
+async def test_a_gated_write_is_told_once_when_approved_not_when_proposed(tmp_path: Path, review: bool) -> None:
+    """Behind the gate remember, restore and forget told their `written` / `forgotten` events when the
+    write landed on `proposed`, where nobody can recall it, and the approve told them again: a reader
+    heard of each record twice, first of one it could not fetch. An event reaches only callers who
+    could have recalled its record (protocol, memory/events), so a gated write is told by the approve
+    alone, to poller and subscriber alike. Without the gate each write is told as it lands."""
+    async with dispatchers(tmp_path, ["procedural"], {"review": review}) as running:
+        d = running["procedural"]
+        call = partial(inprocess_call, d)
+        pushed: list[dict[str, Any]] = []
+
+        async def push(event: dict[str, Any]) -> None:
+            pushed.append(event)
+
+        await d.service.subscribe({"owner": "alice"}, Context(push=push))
+        cursor = (await call("memory/events", {"owner": "alice"}))["cursor"]
+
+        async def told() -> list[tuple[Any, ...]]:
+            nonlocal cursor
+            answer = await call("memory/events", {"owner": "alice", "cursor": cursor})
+            cursor = answer["cursor"]
+            polled = [(e["kind"], e.get("id"), e.get("revision"), e.get("count")) for e in answer["events"]]
+            assert polled == [(e["kind"], e.get("id"), e.get("revision"), e.get("count")) for e in pushed]
+            pushed.clear()
+            return polled
+
+        async def approve() -> None:
+            if review:
+                await call("memory/approve", {})
+
+        await call("memory/remember", {"owner": "alice", "records": [{"id": "p", "content": "v1", "key": "deploy"}]})
+        if review:
+            assert await told() == []
+            assert (await call("memory/fetch", {"owner": "alice", "key": "deploy"}))["record"] is None
+        await approve()
+        assert await told() == [("written", "p", 1, None)]
+
+        await call("memory/remember", {"owner": "alice", "records": [{"content": "v2", "key": "deploy"}]})
+        first = (await call("memory/history", {"owner": "alice", "key": "deploy"}))["revisions"][-1]["commit"]
+        await call("memory/restore", {"owner": "alice", "key": "deploy", "commit": first})
+        if review:
+            assert await told() == []
+            await approve()
+            assert await told() == [("written", "p", 3, None)]  # what main shows now, once
+        else:
+            assert await told() == [("written", "p", 2, None), ("written", "p", 3, None)]
+
+        assert await call("memory/forget", {"owner": "alice", "ids": ["p"]}) == {"forgotten": 1}
+        if review:
+            assert await told() == []
+            assert (await call("memory/fetch", {"owner": "alice", "key": "deploy"}))["record"]["revision"] == 3
+        await approve()
+        assert await told() == [("forgotten", None, None, 1)]
+
+
+async def test_the_sessions_procedures_hold_are_listed_and_a_close_leaves_them(tmp_path: Path) -> None:
+    """The tier stores a record's `session`, returns it, selects by it (`where.session`) and names it in
+    its events, yet did not declare `sessions`: session/list answered -32003, so the router's
+    session/list (which asks only tiers that declare it) never counted a conversation's procedures.
+    Declared, session/list counts what a recall can see (behind the gate: what is approved), per
+    owner, and session/close is the protocol's close of a procedural tier: nothing moved or deleted
+    (it "never touches procedural"), the close told."""
+    async with dispatchers(tmp_path, ["procedural"], {"review": True}) as running:
+        call = partial(inprocess_call, running["procedural"])
+        assert "sessions" in (await call("memory/describe", {}))["capabilities"]
+        await call("memory/remember", {"owner": "alice", "records": [
+            {"id": "a", "content": "first", "session": "s1", "created_at": "2026-01-01T00:00:01.000Z"},
+            {"id": "b", "content": "second", "session": "s1", "key": "k/b", "created_at": "2026-01-01T00:00:03.000Z"},
+            {"id": "c", "content": "other", "session": "s2", "created_at": "2026-01-01T00:00:02.000Z"},
+            {"id": "d", "content": "no session"}]})
+        await call("memory/remember", {"owner": "bob", "records": [{"content": "bob's", "session": "s1"}]})
+        assert await call("memory/session/list", {"owner": "alice"}) == {"sessions": []}  # proposed only
+        await call("memory/approve", {})
+        await call("memory/remember", {"owner": "alice", "records": [{"content": "pending", "session": "s1"}]})
+        assert await call("memory/session/list", {"owner": "alice"}) == {"sessions": [
+            {"session": "s1", "records": 2, "tiers": {"procedural": 2},
+             "opened_at": "2026-01-01T00:00:01.000Z", "touched_at": "2026-01-01T00:00:03.000Z"},
+            {"session": "s2", "records": 1, "tiers": {"procedural": 1},
+             "opened_at": "2026-01-01T00:00:02.000Z", "touched_at": "2026-01-01T00:00:02.000Z"}]}
+        assert [(s["session"], s["records"]) for s in
+                (await call("memory/session/list", {"owner": "bob"}))["sessions"]] == [("s1", 1)]
+        before = (await call("memory/timeline", {"owner": "alice"}))["records"]
+        cursor = (await call("memory/events", {"owner": "alice"}))["cursor"]
+        closed = await call("memory/session/close", {"owner": "alice", "session": "s1"})
+        assert closed == {"moved": 0, "promoted": 0, "dropped": 0, "summarized": 0, "counts": {"procedural": 4},
+                          "closed": "s1", "flushed": 0}
+        assert (await call("memory/timeline", {"owner": "alice"}))["records"] == before
+        told = (await call("memory/events", {"owner": "alice", "cursor": cursor}))["events"]
+        assert [(e["kind"], e["session"]) for e in told] == [("session_closed", "s1")]
+        assert await call("memory/session/close", {"owner": "alice", "session": ""}) == {"error": -32602}
 
 
 async def test_history_by_id_of_a_forgotten_keyed_record_lists_its_commits(store: GitStore) -> None:

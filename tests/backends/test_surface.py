@@ -74,7 +74,7 @@ async def test_a_selector_holding_nul_gets_the_same_empty_answer_on_every_tier(
             {"content": "a note", "key": "k", "session": "s", "metadata": {"m": "v"}}]})
         answer = await call(d, method, {"owner": me, **params})
         if answer.get("error") == -32003:
-            continue  # the tier does not declare this method's capability (sessions on procedural)
+            continue  # the tier does not declare this method's capability
         assert answer == expected, tier
         assert len((await call(d, "memory/timeline", {"owner": me}))["records"]) == 1, tier
     for tier, d in tiers.items():  # and describe for such an owner counts nothing, without an error

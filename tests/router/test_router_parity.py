@@ -728,7 +728,7 @@ class Checker:
         if method == "memory/session/list":
             counts: dict[str, dict[str, int]] = {}
             for rec in mine.values():
-                if rec["session"] is not None and rec["tier"] != "procedural":
+                if rec["session"] is not None:
                     counts.setdefault(rec["session"], {}).setdefault(rec["tier"], 0)
                     counts[rec["session"]][rec["tier"]] += 1
             got_sessions = {s["session"]: {t: n for t, n in s.get("tiers", {}).items() if n}
