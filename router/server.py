@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVa
 
 from a2m import errors, prompt as prompts
 from a2m.capabilities import CAPABILITIES
+from a2m.client import Unavailable
 from a2m.dispatch import Context, Handler, bound_handlers
 from a2m.embedder import make_embedder, try_embed
 from a2m.errors import A2MError, invalid
@@ -38,6 +39,7 @@ from .policy import Policy, Refusals
 log = logging.getLogger("a2m.router")
 
 DEFAULT_RECALL_LIMIT = 10
+TAKE_BACK_PAUSE = 0.5  # before forgetting again what a tier the router stopped waiting for had not applied yet
 SCOPE_PARAMS = ("where", "key_prefix", "after", "before")
 T = TypeVar("T")
 
@@ -366,7 +368,12 @@ class Router(EventMethods):
             try:
                 result = await tier.call("memory/remember", _with_owner({"records": batch}, owner))
             except A2MError as exc:
-                await self._compensate(written, owner)  # all or nothing across tiers, as far as we can
+                # Cut off (timed out, connection lost after the request went): the tier may still apply its
+                # part, so what the router sent it is taken back too. A refusal wrote nothing there. A key
+                # replaced there is left, as in a tier that answered: its id is the earlier revision's.
+                sent = [b["id"] for i, b in zip(indexes, batch) if i not in revisions] \
+                    if isinstance(exc, Unavailable) else []
+                await self._compensate(written, owner, cut_off=(tier, sent))  # all or nothing, as far as we can
                 raise _in_caller_batch(exc, indexes) from None
             new_ids = result["ids"]
             for i, new_id in zip(indexes, new_ids):
@@ -489,13 +496,46 @@ class Router(EventMethods):
                                    tier=tiers.pop() if len(tiers) == 1 else None,
                                    session=sessions.pop() if len(sessions) == 1 else None)
 
-    async def _compensate(self, written: list[tuple[Tier, list[str]]], owner: str | None) -> None:
-        for tier, new_ids in written:
-            if new_ids:
-                try:
-                    await tier.call("memory/forget", _with_owner({"ids": new_ids}, owner))
-                except A2MError as exc:
-                    log.error("could not undo a partial write on %s (%s): ids %s", tier.name, exc, new_ids)
+    async def _compensate(self, written: list[tuple[Tier, list[str]]], owner: str | None,
+                          cut_off: tuple[Tier, list[str]] | None = None) -> None:
+        """Take back a batch that a tier failed: forget the new records the tiers before it wrote
+        (`written`; a replaced key is not among them, forgetting its id would delete its earlier
+        revision too), and, where the failing tier's call was cut off, the ids the router sent it
+        (`cut_off`), since it may apply the write after the router stopped waiting. Best effort:
+        what cannot be undone is logged."""
+        async def forget(tier: Tier, new_ids: list[str]) -> None:
+            try:
+                await tier.call("memory/forget", _with_owner({"ids": new_ids}, owner))
+            except A2MError as exc:
+                log.error("could not undo a partial write on %s (%s): ids %s", tier.name, exc, new_ids)
+
+        undo = [forget(tier, new_ids) for tier, new_ids in written if new_ids]
+        if cut_off is not None and cut_off[1]:
+            undo.append(self._take_back(*cut_off, owner))
+        await asyncio.gather(*undo)
+
+    async def _take_back(self, tier: Tier, sent: list[str], owner: str | None) -> None:
+        """Forget `sent` (ids the router assigned or the caller supplied, new in the federation) on a
+        tier whose write call was cut off. Bounded: one forget under the tier's timeout; if the tier
+        answers but has not every id yet, the write may still be queued behind the forget there, so
+        one more after TAKE_BACK_PAUSE. A write that lands later still is left, logged."""
+        found = 0
+        for attempt in range(2):
+            if attempt:
+                await asyncio.sleep(TAKE_BACK_PAUSE)
+            try:
+                result = await tier.call("memory/forget", _with_owner({"ids": sent}, owner))
+            except A2MError as exc:
+                log.error("could not take back a write to %s that the router stopped waiting for (%s): "
+                          "ids %s may be stored there", tier.name, exc, sent)
+                return
+            forgotten = result.get("forgotten")
+            found += forgotten if isinstance(forgotten, int) else 0
+            if found >= len(sent):
+                log.warning("took back a write to %s that the router stopped waiting for: ids %s", tier.name, sent)
+                return
+        log.warning("took back %d of %d records of a write to %s that the router stopped waiting for; the rest "
+                    "were not written, or are written later and stay: ids %s", found, len(sent), tier.name, sent)
 
     async def _locate(self, field: str, values: list[str], owner: str | None,
                       tiers: Iterable[Tier]) -> tuple[dict[str, tuple[str, dict[str, Any]]], list[str]]:

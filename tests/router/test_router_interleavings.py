@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import pytest
 
-from a2m.client import HTTPClient
+from a2m.client import HTTPClient, Unavailable
 from a2m.dispatch import Context
 from a2m.errors import A2MError
 from router.config import load
@@ -553,3 +553,95 @@ async def test_a_tier_whose_timeline_reply_is_malformed_is_left_out(stack: Stack
         assert [r["id"] for r in got["records"]] == written and got["degraded"] == ["episodic"]
     finally:
         await router.shutdown()
+
+
+class CutOff(GatedClient):
+    """Episodic's next `memory/remember` is cut off: the router hears `Unavailable` as on a timeout,
+    while the tier applies the write anyway, at once (`late=False`) or only once the router's first
+    forget there has been answered (`late=True`: the take-back arrived before the delayed write)."""
+
+    armed: bool = False
+    late: bool = False
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.landing: asyncio.Task[Any] | None = None
+        self.land = asyncio.Event()
+        self.forgets: list[dict[str, Any]] = []
+
+    async def call(self, method: str, params: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        if self.name == "episodic" and method == "memory/remember" and CutOff.armed:
+            CutOff.armed = False
+            if not CutOff.late:
+                await self.client.call(method, params, timeout=timeout)
+                raise Unavailable("connection lost after the request went")
+
+            async def later() -> Any:
+                await self.land.wait()
+                return await self.client.call(method, params, timeout=timeout)
+
+            self.landing = asyncio.ensure_future(later())
+            raise Unavailable("no response in 2 s")
+        answer = await super().call(method, params, timeout=timeout)
+        if self.name == "episodic" and method == "memory/forget":
+            self.forgets.append({**answer, "ids": params["ids"]})
+            if self.landing is not None and not self.land.is_set():
+                self.land.set()
+                await self.landing  # lands after the first forget, before the router hears its answer
+        return answer
+
+
+@pytest.fixture
+async def cutoff(stack: Stack) -> Any:
+    config = load(str(stack.config))
+    clients: dict[str, CutOff] = {}
+
+    def make(t: Any) -> CutOff:
+        clients[t.name] = CutOff(t.name, t.url, config.service_token, t.timeout, [])
+        return clients[t.name]
+
+    router = Router(config, client_factory=make)
+    await router.startup()
+    try:
+        yield router, clients
+    finally:
+        CutOff.armed = CutOff.late = False
+        await router.shutdown()
+
+
+async def test_a_take_back_that_arrives_before_the_delayed_write_is_sent_again(cutoff: Any, stack: Stack) -> None:
+    """The router's forget on a tier it stopped waiting for may run before that tier applies the
+    write: it then finds nothing, and the write lands after it. A take-back that finds fewer records
+    than it sent forgets once more after a short pause, which catches a write queued behind it."""
+    router, clients = cutoff
+    me = owner()
+    CutOff.armed, CutOff.late = True, True
+    with pytest.raises(A2MError) as caught:
+        await router.handlers()["memory/remember"]({"owner": me, "records": [
+            {"content": "a turn"}, {"content": "an episode", "tier": "episodic"}]}, Context())
+    assert caught.value.code == -32603 and caught.value.data["tier"] == "episodic"
+    forgets = clients["episodic"].forgets
+    assert [f["forgotten"] for f in forgets] == [0, 1] and forgets[0]["ids"] == forgets[1]["ids"]
+    assert await homes(stack, me) == {}
+
+
+async def test_a_cut_off_write_takes_back_new_records_and_never_deletes_a_replaced_key(cutoff: Any,
+                                                                                      stack: Stack) -> None:
+    """A keyed write replaces the record in place (same id, revision + 1): forgetting by id would delete
+    the key's earlier revision with it. The take-back forgets only the records the batch made new; a
+    replacement the tier applied stays, as it does in a tier that answered before another refused."""
+    router, clients = cutoff
+    me = owner()
+    remember = router.handlers()["memory/remember"]
+    [kept] = (await remember({"owner": me, "records": [
+        {"key": "city", "content": "Rome", "tier": "episodic"}]}, Context()))["ids"]
+    CutOff.armed = True
+    with pytest.raises(A2MError) as caught:
+        await remember({"owner": me, "records": [
+            {"content": "a turn"}, {"key": "city", "content": "Milan"},
+            {"content": "an episode", "tier": "episodic"}]}, Context())
+    assert caught.value.code == -32603
+    [forget] = clients["episodic"].forgets
+    assert kept not in forget["ids"] and len(forget["ids"]) == 1 and forget["forgotten"] == 1
+    held = await homes(stack, me)
+    assert list(held) == [kept] and held[kept][0][0] == "episodic"

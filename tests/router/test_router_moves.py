@@ -407,3 +407,37 @@ async def test_a_promote_the_destination_refuses_fails_with_its_answer(tmp_path:
     assert alone.code == -32008 and alone.data == {"promoted": 0, "refused": [bad], "tier": "episodic"}, alone
     assert both.code == -32008 and both.data == {"promoted": 1, "refused": [bad], "tier": "episodic"}, both
     assert left == [bad] and good in there and bad not in there
+
+
+SLOW_TIERS = [{"name": "working", "kind": "working", "spill_to": "episodic", "timeout": 2.0},
+              {"name": "episodic", "kind": "episodic", "timeout": 2.0}]
+
+
+@pytest.mark.anyio
+async def test_a_write_a_tier_timed_out_on_is_taken_back_there_too(tmp_path: Path) -> None:
+    """A tier that does not answer in time may still apply the write once it runs again: the caller was
+    told the write failed, and the router forgot only what the tiers that answered had written, so the
+    late tier kept an orphan (written again on the caller's retry: a duplicate). The router now also
+    forgets, on the tier it stopped waiting for, the ids it sent there (it assigned them), waiting at
+    most the tier's timeout once more, then once again after a short pause if not every id was found
+    (the forget may have run before the delayed write). Here the tier comes back while the take-back
+    waits: once it answers, no record of the failed write is left in any tier."""
+    me = owner()
+    with federation(tmp_path, SLOW_TIERS, mode="real") as small:
+        async with HTTPClient(small.url, timeout=30) as router:
+            small.tiers["episodic"].pause()
+            try:
+                call = asyncio.ensure_future(refused(router.call("memory/remember", {"owner": me, "records": [
+                    {"content": "a turn"}, {"content": "an episode", "tier": "episodic"}]})))
+                # the write times out at ~2 s; the take-back then waits for the tier up to 2 s more
+                await asyncio.sleep(3.0)
+            finally:
+                small.tiers["episodic"].resume()
+            error = await call
+        # the tier answers again; whatever it still had queued has run by the time this is read
+        await direct(small, "episodic", "memory/describe", {})
+        await asyncio.sleep(0.5)
+        held = {name: (await direct(small, name, "memory/timeline", {"owner": me, "limit": 0}))["records"]
+                for name in ("working", "episodic")}
+    assert error.code == -32603 and error.data["tier"] == "episodic", error
+    assert held == {"working": [], "episodic": []}, held
