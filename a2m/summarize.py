@@ -100,6 +100,8 @@ def summarize(records: Sequence[Record], max_chars: int = 1200) -> str:
             if not sentence or not _says_something(sentence):
                 continue
             for piece in _pieces(sentence, max_chars):
+                if not _says_something(piece):  # a cut's last piece may be a lone `?` or `...`
+                    continue
                 if piece not in seen:
                     seen.add(piece)
                     candidates.append((_weight(piece, first), order, piece))

@@ -66,3 +66,16 @@ def test_lines_that_only_frame_or_rule_are_no_sentences() -> None:
     text = "```js\nlet x = 1\n```\n~~~\n***\n---\n|:--|--:|\n...\n🙂\n©"
     assert summarize([record(text)]).split("\n") == ["let x = 1", "🙂", "©"]
     assert summarize([record("```\n---\n")]) == ""
+
+
+
+def test_a_cut_leaves_no_piece_of_punctuation_alone() -> None:
+    """A sentence longer than the summary is cut at spaces, and its last piece may be only a `?`
+    (French puts a space before it) or a `...`: that piece says nothing, and it was kept as a line of
+    its own ("Est-ce que tu\n?"), so the summary did not split back into its own sentences either
+    (summarised again, the line went)."""
+    for text, size in (("Est-ce que tu viens demain matin ?", 18), ("Est-ce que tu viens demain matin ?", 12),
+                       ("and then we waited and waited and waited ...", 7)):
+        summary = summarize([record(text)], max_chars=size)
+        assert summary and all(line.strip("?.") for line in summary.split("\n")), repr(summary)
+        assert summarize([record(summary)], max_chars=size) == summary
