@@ -26,6 +26,8 @@ from .records import Record
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*|\s*\n\s*")
 _ENDS = (".", "!", "?", "。", "！", "？")  # a sentence ending so is split from the next by a space alone
 _WORD = re.compile(r"[^\W\d_]+")  # a run of letters, in any script
+SUMMARY_CHARS = 1200  # a summary's length, unless the server that keeps it takes less
+
 _FENCE = re.compile(r"`{3,}[^`]*|~{3,}.*")  # a Markdown code fence line, with its info string
 
 
@@ -85,7 +87,7 @@ def _pieces(sentence: str, max_chars: int) -> Iterator[str]:
         yield sentence
 
 
-def summarize(records: Sequence[Record], max_chars: int = 1200) -> str:
+def summarize(records: Sequence[Record], max_chars: int = SUMMARY_CHARS) -> str:
     """One text summarising `records`, at most `max_chars` long. They are told oldest first; records
     of equal `created_at` in the order given (pass them as timeline orders them)."""
     if max_chars < 1:

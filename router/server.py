@@ -26,7 +26,7 @@ from a2m.filters import parse_scope, test_matches
 from a2m.http import HTTPSettings
 from a2m.paging import CrowdedMillisecond, pages_backwards
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
-from a2m.summarize import summarize as extract_summary
+from a2m.summarize import SUMMARY_CHARS, summarize as extract_summary
 from a2m.timefmt import now
 from a2m.params import bool_param, ids_param, int_param, str_param
 
@@ -922,7 +922,10 @@ class Router(EventMethods):
                 raise invalid(f"key {key!r} holds {held}, one of the records summarised; a summary never "
                               "replaces its sources: choose another key", field="key", id=held)
         records = [Record.from_wire(r) for r in sources]
-        text = extract_summary(records)
+        # As long as the router and the tier written to take (a summary refused by its own write
+        # answered -32602 about `records[0].content`, a param the caller never sent).
+        room = [self.limits.get("max_content_length"), ((into.info or {}).get("limits") or {}).get("max_content_length")]
+        text = extract_summary(records, max_chars=min([SUMMARY_CHARS, *(n for n in room if n)]))
         if not text:
             return {"records": [], "read": len(records), "written": 0, **partial}
         summary: dict[str, Any] = {"content": text, "role": "memory", "metadata": {"summary_of": [r.id for r in records]}}

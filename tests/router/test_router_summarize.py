@@ -162,3 +162,27 @@ def test_a_summary_made_while_a_tier_is_down_says_so(tmp_path: Path) -> None:
 
     with federation(tmp_path, tiers, mode="real") as running:
         anyio.run(run, running)
+
+
+def test_a_summary_fits_the_routers_own_content_limit(tmp_path: Path) -> None:
+    """A router that declares a `max_content_length` below the summary's length still summarises:
+    the summary is made to fit, instead of the router refusing its own write with an error about
+    `records[0].content`, a param the caller never sent."""
+    import anyio
+
+    tiers = [{"name": "episodic", "kind": "episodic"}, {"name": "semantic", "kind": "semantic"}]
+    me = owner()
+
+    async def run(stack: Stack) -> None:
+        async with HTTPClient(stack.url) as router:
+            assert (await router.call("memory/describe", {"owner": me}))["limits"]["max_content_length"] == 60
+            await router.call("memory/remember", {"owner": me, "records": [
+                {"content": "Anna met Marco in Rome on 3 May 2023.", "tier": "episodic"},
+                {"content": "Marco paid 42 euros for the dinner.", "tier": "episodic"}]})
+            for selector in ({"tier": "episodic"}, {"query": "Marco"}):
+                result = await router.call("memory/summarize", {"owner": me, **selector})
+                assert result["written"] == 1, selector
+                assert 0 < len(result["records"][0]["content"]) <= 60, selector
+
+    with federation(tmp_path, tiers, mode="real", top={"limits": {"max_content_length": 60}}) as running:
+        anyio.run(run, running)
