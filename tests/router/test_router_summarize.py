@@ -164,6 +164,23 @@ def test_a_summary_made_while_a_tier_is_down_says_so(tmp_path: Path) -> None:
         anyio.run(run, running)
 
 
+async def test_a_query_summary_tells_a_batch_in_the_order_it_was_written(stack: Stack) -> None:
+    """A question and its answer written in one call share their `created_at`; a query's summary
+    told them, and listed them in `summary_of`, in rank order (the answer, the better hit, first).
+    It tells them as timeline replays them, as a tier server does."""
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        ids = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "Anna asked which city Marco lives in.", "tier": "episodic"},
+            {"content": "Marco lives in Milan, Milan since 2019.", "tier": "episodic"}]}))["ids"]
+        hits = await router.call("memory/recall", {"owner": me, "query": "Milan Marco", "touch": False})
+        assert [r["id"] for r in hits["records"]] == ids[::-1]  # the answer is the better hit
+        result = await router.call("memory/summarize", {"owner": me, "query": "Milan Marco"})
+        summary = result["records"][0]
+        assert summary["metadata"]["summary_of"] == ids
+        assert summary["content"] == "Anna asked which city Marco lives in. Marco lives in Milan, Milan since 2019."
+
+
 def test_a_summary_fits_the_routers_own_content_limit(tmp_path: Path) -> None:
     """A router that declares a `max_content_length` below the summary's length still summarises:
     the summary is made to fit, instead of the router refusing its own write with an error about
