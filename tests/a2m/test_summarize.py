@@ -79,3 +79,15 @@ def test_a_cut_leaves_no_piece_of_punctuation_alone() -> None:
         summary = summarize([record(text)], max_chars=size)
         assert summary and all(line.strip("?.") for line in summary.split("\n")), repr(summary)
         assert summarize([record(summary)], max_chars=size) == summary
+
+
+def test_hindi_arabic_and_urdu_sentences_are_sentences() -> None:
+    """Hindi ends a sentence with `।`, Arabic asks with `؟`, Urdu ends with `۔`, each before a space.
+    Those were no sentence ends: a long text was one sentence, cut into pieces at any space (the
+    summary began mid-sentence) and a sentence said again was kept again."""
+    for said, fact in (("आज मौसम बहुत अच्छा था और हम बगीचे में टहलने गए।", "राम 3 मई 2023 को दिल्ली गया।"),
+                       ("هل كان الطقس جميلا في الحديقة اليوم؟", "سافر أحمد إلى القاهرة في 3 مايو 2023."),
+                       ("آج موسم بہت اچھا تھا اور ہم باغ میں گئے۔", "رام 3 مئی 2023 کو دہلی گیا۔")):
+        summary = summarize([record(" ".join([said] * 40 + [fact]))], max_chars=200)
+        assert summary == f"{said} {fact}", repr(summary)
+        assert summarize([record(summary)], max_chars=200) == summary
