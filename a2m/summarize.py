@@ -2,13 +2,13 @@
 
 Keeps the sentences that carry the facts a later question is likely to need —
 dates, numbers, named entities — in the order they were said, up to a length.
-Sentences end at `.!?` before a space, at `。！？` (no space follows in Chinese or
-Japanese) and at line breaks; a sentence said twice (in two records, or in a record
-and an earlier summary of it) is kept once; a sentence longer than the whole summary
+Sentences end at `.!?` (and Hindi's `।`, Arabic's `؟`, Urdu's `۔`) before a space, at
+`。！？` (no space follows in Chinese or Japanese) and at line breaks; a sentence said
+twice (in two records, or in a record and an earlier summary of it) is kept once; a sentence longer than the whole summary
 is cut into pieces that fit, so one long unpunctuated record still yields a summary.
 
 A summary splits back into exactly the sentences it was made of: a sentence that
-ends without `.!?。！？` (a line of a list, a cut piece) is followed by a line break,
+ends without one of those (a line of a list, a cut piece) is followed by a line break,
 any other by a space. So a summary read again as a source (a later summary of the
 same records) adds nothing, and a summary of a summary is itself. A line that only
 frames or rules (a code fence, `---`, a table's `|---|`) holds no letter, digit or
@@ -23,9 +23,12 @@ from typing import Iterator, Sequence
 
 from .records import Record
 
-_SENTENCE = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*|\s*\n\s*")
-_ENDS = (".", "!", "?", "。", "！", "？")  # a sentence ending so is split from the next by a space alone
+# `।` `॥` (Devanagari, Bengali), `؟` (Arabic) and `۔` (Urdu) end sentences before a space, as `.!?` do
+_SENTENCE = re.compile(r"(?<=[.!?।॥؟۔])\s+|(?<=[。！？])\s*|\s*\n\s*")
+_ENDS = (".", "!", "?", "।", "॥", "؟", "۔", "。", "！", "？")  # a sentence ending so is split from the next by a space alone
 _WORD = re.compile(r"[^\W\d_]+")  # a run of letters, in any script
+SUMMARY_CHARS = 1200  # a summary's length, unless the server that keeps it takes less
+
 _FENCE = re.compile(r"`{3,}[^`]*|~{3,}.*")  # a Markdown code fence line, with its info string
 
 
@@ -85,7 +88,7 @@ def _pieces(sentence: str, max_chars: int) -> Iterator[str]:
         yield sentence
 
 
-def summarize(records: Sequence[Record], max_chars: int = 1200) -> str:
+def summarize(records: Sequence[Record], max_chars: int = SUMMARY_CHARS) -> str:
     """One text summarising `records`, at most `max_chars` long. They are told oldest first; records
     of equal `created_at` in the order given (pass them as timeline orders them)."""
     if max_chars < 1:
@@ -100,6 +103,8 @@ def summarize(records: Sequence[Record], max_chars: int = 1200) -> str:
             if not sentence or not _says_something(sentence):
                 continue
             for piece in _pieces(sentence, max_chars):
+                if not _says_something(piece):  # a cut's last piece may be a lone `?` or `...`
+                    continue
                 if piece not in seen:
                     seen.add(piece)
                     candidates.append((_weight(piece, first), order, piece))

@@ -27,7 +27,7 @@ from a2m.filters import parse_scope, test_matches
 from a2m.http import HTTPSettings
 from a2m.paging import CrowdedMillisecond, pages_backwards
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
-from a2m.summarize import summarize as extract_summary
+from a2m.summarize import SUMMARY_CHARS, summarize as extract_summary
 from a2m.timefmt import now
 from a2m.params import bool_param, ids_param, int_param, str_param
 
@@ -635,12 +635,13 @@ class Router(EventMethods):
         return result
 
     async def _written_order(self, owner: str | None, records: Sequence[Record],
-                             options: dict[str, Any]) -> list[str] | None:
-        """For a recall's transcript prompt: the records' ids in the order timeline shows them, which
-        their `created_at` alone does not tell for records written in one call (each tier ranked
-        them by relevance). Read only when two of them share a stamp."""
-        if (options["style"] != "transcript" or options["method"] == "none"
-                or len({r.created_at for r in records}) == len(records)):
+                             options: dict[str, Any] | None = None) -> list[str] | None:
+        """For a recall's transcript prompt (`options`), or a query's summary (none): the records' ids
+        in the order timeline shows them, which their `created_at` alone does not tell for records
+        written in one call (each tier ranked them by relevance). Read only when two share a stamp."""
+        if options is not None and (options["style"] != "transcript" or options["method"] == "none"):
+            return None
+        if len({r.created_at for r in records}) == len(records):
             return None
         by_tier: dict[str, list[str]] = {}
         for record in records:
@@ -962,7 +963,13 @@ class Router(EventMethods):
                 raise invalid(f"key {key!r} holds {held}, one of the records summarised; a summary never "
                               "replaces its sources: choose another key", field="key", id=held)
         records = [Record.from_wire(r) for r in sources]
-        text = extract_summary(records)
+        if query:  # told, and listed in summary_of, as timeline replays them: not in rank order
+            place = {record_id: i for i, record_id in enumerate(await self._written_order(owner, records) or ())}
+            records.sort(key=lambda r: (r.created_at, place.get(r.id, 0)))
+        # As long as the router and the tier written to take (a summary refused by its own write
+        # answered -32602 about `records[0].content`, a param the caller never sent).
+        room = [self.limits.get("max_content_length"), ((into.info or {}).get("limits") or {}).get("max_content_length")]
+        text = extract_summary(records, max_chars=min([SUMMARY_CHARS, *(n for n in room if n)]))
         if not text:
             return {"records": [], "read": len(records), "written": 0, **partial}
         summary: dict[str, Any] = {"content": text, "role": "memory", "metadata": {"summary_of": [r.id for r in records]}}

@@ -66,3 +66,28 @@ def test_lines_that_only_frame_or_rule_are_no_sentences() -> None:
     text = "```js\nlet x = 1\n```\n~~~\n***\n---\n|:--|--:|\n...\n🙂\n©"
     assert summarize([record(text)]).split("\n") == ["let x = 1", "🙂", "©"]
     assert summarize([record("```\n---\n")]) == ""
+
+
+
+def test_a_cut_leaves_no_piece_of_punctuation_alone() -> None:
+    """A sentence longer than the summary is cut at spaces, and its last piece may be only a `?`
+    (French puts a space before it) or a `...`: that piece says nothing, and it was kept as a line of
+    its own ("Est-ce que tu\n?"), so the summary did not split back into its own sentences either
+    (summarised again, the line went)."""
+    for text, size in (("Est-ce que tu viens demain matin ?", 18), ("Est-ce que tu viens demain matin ?", 12),
+                       ("and then we waited and waited and waited ...", 7)):
+        summary = summarize([record(text)], max_chars=size)
+        assert summary and all(line.strip("?.") for line in summary.split("\n")), repr(summary)
+        assert summarize([record(summary)], max_chars=size) == summary
+
+
+def test_hindi_arabic_and_urdu_sentences_are_sentences() -> None:
+    """Hindi ends a sentence with `।`, Arabic asks with `؟`, Urdu ends with `۔`, each before a space.
+    Those were no sentence ends: a long text was one sentence, cut into pieces at any space (the
+    summary began mid-sentence) and a sentence said again was kept again."""
+    for said, fact in (("आज मौसम बहुत अच्छा था और हम बगीचे में टहलने गए।", "राम 3 मई 2023 को दिल्ली गया।"),
+                       ("هل كان الطقس جميلا في الحديقة اليوم؟", "سافر أحمد إلى القاهرة في 3 مايو 2023."),
+                       ("آج موسم بہت اچھا تھا اور ہم باغ میں گئے۔", "رام 3 مئی 2023 کو دہلی گیا۔")):
+        summary = summarize([record(" ".join([said] * 40 + [fact]))], max_chars=200)
+        assert summary == f"{said} {fact}", repr(summary)
+        assert summarize([record(summary)], max_chars=200) == summary

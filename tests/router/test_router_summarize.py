@@ -162,3 +162,44 @@ def test_a_summary_made_while_a_tier_is_down_says_so(tmp_path: Path) -> None:
 
     with federation(tmp_path, tiers, mode="real") as running:
         anyio.run(run, running)
+
+
+async def test_a_query_summary_tells_a_batch_in_the_order_it_was_written(stack: Stack) -> None:
+    """A question and its answer written in one call share their `created_at`; a query's summary
+    told them, and listed them in `summary_of`, in rank order (the answer, the better hit, first).
+    It tells them as timeline replays them, as a tier server does."""
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        ids = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "Anna asked which city Marco lives in.", "tier": "episodic"},
+            {"content": "Marco lives in Milan, Milan since 2019.", "tier": "episodic"}]}))["ids"]
+        hits = await router.call("memory/recall", {"owner": me, "query": "Milan Marco", "touch": False})
+        assert [r["id"] for r in hits["records"]] == ids[::-1]  # the answer is the better hit
+        result = await router.call("memory/summarize", {"owner": me, "query": "Milan Marco"})
+        summary = result["records"][0]
+        assert summary["metadata"]["summary_of"] == ids
+        assert summary["content"] == "Anna asked which city Marco lives in. Marco lives in Milan, Milan since 2019."
+
+
+def test_a_summary_fits_the_routers_own_content_limit(tmp_path: Path) -> None:
+    """A router that declares a `max_content_length` below the summary's length still summarises:
+    the summary is made to fit, instead of the router refusing its own write with an error about
+    `records[0].content`, a param the caller never sent."""
+    import anyio
+
+    tiers = [{"name": "episodic", "kind": "episodic"}, {"name": "semantic", "kind": "semantic"}]
+    me = owner()
+
+    async def run(stack: Stack) -> None:
+        async with HTTPClient(stack.url) as router:
+            assert (await router.call("memory/describe", {"owner": me}))["limits"]["max_content_length"] == 60
+            await router.call("memory/remember", {"owner": me, "records": [
+                {"content": "Anna met Marco in Rome on 3 May 2023.", "tier": "episodic"},
+                {"content": "Marco paid 42 euros for the dinner.", "tier": "episodic"}]})
+            for selector in ({"tier": "episodic"}, {"query": "Marco"}):
+                result = await router.call("memory/summarize", {"owner": me, **selector})
+                assert result["written"] == 1, selector
+                assert 0 < len(result["records"][0]["content"]) <= 60, selector
+
+    with federation(tmp_path, tiers, mode="real", top={"limits": {"max_content_length": 60}}) as running:
+        anyio.run(run, running)
