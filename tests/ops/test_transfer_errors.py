@@ -113,7 +113,9 @@ async def test_ctrl_c_stops_an_import_with_a_statement_and_a_second_run_finishes
     dump = _write(tmp_path / "big.jsonl", [{"id": f"r{i:05d}", "content": f"record {i}",
                                             "created_at": f"2026-01-01T00:{i // 60000:02d}:{i // 1000 % 60:02d}.{i % 1000:03d}Z"}
                                            for i in range(n)])
-    proc = subprocess.Popen(a2m_command("import", working, str(dump), "--batch", "50"), cwd=ROOT,
+    # Batches of 5: 4,000 calls, seconds of work left when the first 500 records are seen. With 50 the
+    # whole file went in under a second on a fast run, and the Ctrl-C found the import done.
+    proc = subprocess.Popen(a2m_command("import", working, str(dump), "--batch", "5"), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         async with HTTPClient(working) as client:
@@ -121,6 +123,7 @@ async def test_ctrl_c_stops_an_import_with_a_statement_and_a_second_run_finishes
             while (await client.call("memory/describe", {}))["tiers"][0]["count"] < 500:
                 assert proc.poll() is None and time.monotonic() < deadline, "the import ended before it was stopped"
                 time.sleep(0.05)
+        assert proc.poll() is None, "the import ended before it was stopped"
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -543,6 +543,9 @@ class Checker:
             await self.settle(p, where, changed=False)
             self.stats[f"error {plan} {method}"] += 1
             return
+        if method == "memory/promote" and "error" in answer:
+            await self.promote_refused(p, params, answer, before, where)
+            return
         assert "error" not in answer, where
         self.stats[method] += 1
         if method == "memory/remember":
@@ -589,6 +592,24 @@ class Checker:
         # reads: nothing changes (recall counts its own records' access)
         await self.settle(p, where, changed=method == "memory/recall")
         self.read(p, method, params, answer, where)
+
+    async def promote_refused(self, p: str, params: dict[str, Any], answer: dict[str, Any],
+                              before: dict[str, dict[str, Any]], where: str) -> None:
+        """A promote the destination refused in part (decision 100): only another principal's id
+        there refuses here (-32005); what moved is counted, what stayed is named, and nothing that
+        was free to move stayed."""
+        await self.settle(p, where, changed=True)
+        mine, dest = self.model.records[p], params["tier"]
+        moved = {rid for rid in params["ids"] if rid in mine and before[rid]["tier"] != dest and mine[rid]["tier"] == dest}
+        data = answer.get("data") or {}
+        assert answer["error"] == -32005 and data.get("promoted") == len(moved) and data.get("tier") == dest, where
+        stayed = set(data.get("refused") or [])
+        assert stayed and all(rid in mine and mine[rid]["tier"] != dest for rid in stayed), where
+        assert any(self.blocked(p, rid, dest) for rid in stayed), where
+        for rid in params["ids"]:
+            if rid in mine and mine[rid]["tier"] != dest and not self.blocked(p, rid, dest):
+                raise AssertionError(f"{rid} not promoted to {dest}: {where}")
+        self.stats["memory/promote refused in part"] += 1
 
     def blocked(self, p: str, rid: str, dest: str) -> bool:
         """A move of `rid` (or of its group) into `dest` that another principal's id there refuses."""
