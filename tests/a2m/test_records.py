@@ -47,6 +47,10 @@ def test_parse_write_keeps_every_field_and_metadata_verbatim() -> None:
            "accessed_at": "2026-01-02T00:00:00.000Z", "revision": 4, "unknown_field": "ignored"}
     record = parse_write(raw, 0, owner="alice")
     assert record.metadata == {"a": [1, {"b": None}]}
+    # each field read from the write (the round trip below holds of a field dropped to None as well)
+    assert (record.id, record.content, record.role, record.group, record.salience, record.session, record.key,
+            record.uri, record.media_type, record.accessed_at) == (
+        "r1", "hello", "user", "g", 0.9, "s", "k/1", "s3://x", "text/plain", "2026-01-02T00:00:00.000Z")
     assert (record.owner, record.created_at, record.access_count, record.revision) == (
         "alice", "2026-01-01T00:00:00.000Z", 3, 4)
     assert record.embedding == [1.0, 2.5]
