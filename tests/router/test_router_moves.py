@@ -211,7 +211,7 @@ async def test_repair_keeps_the_newer_revision_of_a_key(stack: Stack) -> None:
 @pytest.mark.anyio
 async def test_a_keyed_write_fails_while_a_tier_that_may_hold_the_key_is_down(tmp_path: Path) -> None:
     tiers = [{**TIERS[0], "timeout": 1.0}, {"name": "episodic", "kind": "episodic", "timeout": 1.0}]
-    with federation(tmp_path, tiers) as small:
+    with federation(tmp_path, tiers, mode="real") as small:
         async with HTTPClient(small.url) as router:
             await router.call("memory/remember", {"records": [{"key": "city", "content": "Rome", "tier": "episodic"}]})
             small.tiers["episodic"].pause()
@@ -224,6 +224,9 @@ async def test_a_keyed_write_fails_while_a_tier_that_may_hold_the_key_is_down(tm
                 small.tiers["episodic"].resume()
         async with HTTPClient(small.tiers["working"].url) as working:
             assert [r["content"] for r in (await working.call("memory/timeline", {}))["records"]] == ["no key here"]
+        async with HTTPClient(small.tiers["episodic"].url) as episodic:
+            held = (await episodic.call("memory/timeline", {}))["records"]
+            assert [(r["content"], r["revision"]) for r in held] == [("Rome", 1)]
 
 
 # Two moves of one record at once (a promote back, or a repair, between a move's write and its delete)
