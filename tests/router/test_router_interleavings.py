@@ -645,3 +645,37 @@ async def test_a_cut_off_write_takes_back_new_records_and_never_deletes_a_replac
     assert kept not in forget["ids"] and len(forget["ids"]) == 1 and forget["forgotten"] == 1
     held = await homes(stack, me)
     assert list(held) == [kept] and held[kept][0][0] == "episodic"
+
+
+# ---- two moves of one record at once -------------------------------------------------------------
+# A move is write, verify, delete. A second move of the same record in the other direction (a promote
+# back, or consolidate's repair of what looks like a duplicate) that runs between the first one's write
+# and its delete finds the record in both tiers, keeps the copy in its destination, the first one's
+# source, and deletes the other; the first move's delete then takes the last copy. Moves of an owner's
+# records run one at a time (the owner lock). Here the first move is held just before its delete.
+
+
+@pytest.mark.parametrize("second", ["promote", "repair"])
+async def test_a_second_move_of_a_record_waits_for_the_first_one_to_finish(inproc: InProcess, stack: Stack,
+                                                                           second: str) -> None:
+    me = owner()
+    rid = f"{me}-fact"
+    await direct(stack, "semantic", "memory/remember", {"owner": me, "records": [{"id": rid, "content": "a fact"}]})
+    deleting = inproc.hold("semantic", "memory/forget", lambda p: rid in p.get("ids", ()))
+    first = asyncio.create_task(inproc.call("memory/promote", {"owner": me, "ids": [rid], "tier": "episodic"}))
+    try:
+        await asyncio.wait_for(deleting.reached.wait(), 20)
+        assert [t for t, _ in (await homes(stack, me))[rid]] == ["episodic", "semantic"]  # written, not deleted
+        other = (inproc.call("memory/promote", {"owner": me, "ids": [rid], "tier": "semantic"}) if second == "promote"
+                 else inproc.call("memory/consolidate", {"owner": me}))
+        later = asyncio.create_task(other)
+        # Under the owner lock the second move cannot start until the first has deleted; without it, it
+        # ran to the end here (kept semantic's copy, deleted episodic's) in well under this second.
+        await asyncio.wait({later}, timeout=1.0)
+        deleting.release()
+        await asyncio.wait_for(first, 20)
+        await asyncio.wait_for(later, 20)
+    finally:
+        deleting.release()
+    held = (await homes(stack, me)).get(rid, [])
+    assert len(held) == 1, f"{rid} held {held} after a {second} raced the promote"

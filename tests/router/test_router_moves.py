@@ -211,7 +211,7 @@ async def test_repair_keeps_the_newer_revision_of_a_key(stack: Stack) -> None:
 @pytest.mark.anyio
 async def test_a_keyed_write_fails_while_a_tier_that_may_hold_the_key_is_down(tmp_path: Path) -> None:
     tiers = [{**TIERS[0], "timeout": 1.0}, {"name": "episodic", "kind": "episodic", "timeout": 1.0}]
-    with federation(tmp_path, tiers) as small:
+    with federation(tmp_path, tiers, mode="real") as small:
         async with HTTPClient(small.url) as router:
             await router.call("memory/remember", {"records": [{"key": "city", "content": "Rome", "tier": "episodic"}]})
             small.tiers["episodic"].pause()
@@ -224,37 +224,14 @@ async def test_a_keyed_write_fails_while_a_tier_that_may_hold_the_key_is_down(tm
                 small.tiers["episodic"].resume()
         async with HTTPClient(small.tiers["working"].url) as working:
             assert [r["content"] for r in (await working.call("memory/timeline", {}))["records"]] == ["no key here"]
+        async with HTTPClient(small.tiers["episodic"].url) as episodic:
+            held = (await episodic.call("memory/timeline", {}))["records"]
+            assert [(r["content"], r["revision"]) for r in held] == [("Rome", 1)]
 
 
-async def rounds_lost(stack: Stack, rounds: int, other_call: str) -> list[str]:
-    """Moves of one record in opposite directions, or a move and a repair, at once: each would see
-    the other's copy and delete its own source. Returns what ended in no tier."""
-    rnd = random.Random(11)
-    lost: list[str] = []
-    async with HTTPClient(stack.url) as a, HTTPClient(stack.url) as b:
-        for _ in range(rounds):
-            me = owner()
-            ids = [f"{me}-{i}" for i in range(5)]
-            await direct(stack, "semantic", "memory/remember", {"owner": me, "records": [
-                {"id": i, "content": f"fact {i}"} for i in ids] + [{"content": f"other {k}"} for k in range(6)]})
-            await direct(stack, "episodic", "memory/remember", {"owner": me, "records": [{"content": "an episode"}]})
-
-            async def later() -> Any:
-                await asyncio.sleep(rnd.uniform(0, 0.012))
-                if other_call == "repair":
-                    return await b.call("memory/consolidate", {"owner": me})
-                return await b.call("memory/promote", {"owner": me, "ids": ids, "tier": "semantic"})
-
-            await asyncio.gather(a.call("memory/promote", {"owner": me, "ids": ids, "tier": "episodic"}), later())
-            held = homes(await placement(stack, me), set(ids))
-            lost += [i for i in ids if i not in held]
-    return lost
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("other_call", ["repair", "promote"])
-async def test_concurrent_moves_of_one_record_never_lose_it(stack: Stack, other_call: str) -> None:
-    assert await rounds_lost(stack, 15, other_call) == []
+# Two moves of one record at once (a promote back, or a repair, between a move's write and its delete)
+# are forced in test_router_interleavings.py::test_a_second_move_of_a_record_waits_for_the_first_one_to_finish:
+# by random sleeps, as here before, the overlap was rarely hit, and the test passed without the owner lock.
 
 
 @pytest.mark.anyio

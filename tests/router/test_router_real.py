@@ -30,6 +30,19 @@ async def placement(stack, names: list[str]) -> dict[str, list[str]]:
     return out
 
 
+TURNS = 1000  # two move batches of 500 (working holds them all; a tier reads back at most 1000)
+
+
+async def landed_in_episodic(stack, closing: asyncio.Task) -> int:
+    """Poll episodic's own count until the flush has written to it; the count then."""
+    async with HTTPClient(stack.tiers["episodic"].url, token=TOKEN) as episodic:
+        while True:
+            count = (await episodic.call("memory/describe", {}))["tiers"][0]["count"]
+            if count or closing.done():
+                return count
+            await asyncio.sleep(0.005)
+
+
 def check_once(where: dict[str, list[str]], ids: list[str]) -> dict[str, str]:
     seen: dict[str, str] = {}
     for tier, held in where.items():
@@ -45,19 +58,24 @@ async def test_killing_episodic_mid_flush_loses_nothing_and_consolidate_leaves_n
     with federation(tmp_path, TIERS, mode="real", env={"A2M_SERVICE_TOKEN": TOKEN}) as stack:
         async with HTTPClient(stack.url, timeout=60) as router:
             ids: list[str] = []
-            for start in range(0, 600, 100):
+            for start in range(0, TURNS, 500):
                 ids += (await router.call("memory/remember", {"records": [
                     {"content": f"turn {i} about the quarterly plan", "session": "long", "metadata": {"i": i}}
-                    for i in range(start, start + 100)]}))["ids"]
+                    for i in range(start, start + 500)]}))["ids"]
             closing = asyncio.create_task(router.call("memory/session/close", {"session": "long"}))
-            await asyncio.sleep(0.15)
+            # Killed once the flush's first batch has landed in episodic, not after a fixed sleep: a
+            # close of 600 turns used to finish in under the 0.15 s this test slept, so episodic was
+            # killed after the flush and nothing here ran mid-flush.
+            landed = await landed_in_episodic(stack, closing)
             stack.tiers["episodic"].kill()
             try:
-                await closing
-            except A2MError:
-                pass  # the flush may fail outright; what matters is where the records are
+                cut = await closing
+            except A2MError as exc:
+                cut = {"error": exc.code}
+            assert 0 < landed < len(ids) and cut.get("flushed", 0) < len(ids), \
+                f"episodic was killed after the flush, not in it: {landed} landed, close answered {cut}"
             held = await placement(stack, ["working", "semantic"])
-            assert len(held["working"]) + len(held["semantic"]) <= len(ids)
+            assert len(held["working"]) + len(held["semantic"]) >= len(ids) - landed  # the rest never left
             stack.tiers["episodic"].start()
             stack.tiers["episodic"].wait()
             deadline = time.monotonic() + 30
