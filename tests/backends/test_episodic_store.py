@@ -793,7 +793,8 @@ def test_the_embedded_servers_log_is_rotated_before_a_fresh_start_when_over_its_
     """`pg_ctl -l` appends to the server's log at every start and nothing cut it: a deployment that
     ran (and restarted) long enough filled its disk. Before a fresh server starts, a log over the
     limit is moved to log.1; never under a running server, which keeps writing to the file it opened."""
-    from backends.episodic.embedded import LOG_LIMIT, rotate_log
+    from backends.children import LOG_LIMIT
+    from backends.episodic.embedded import rotate_server_log
 
     embedded = EmbeddedPostgres(tmp_path)
     embedded.start()
@@ -801,7 +802,7 @@ def test_the_embedded_servers_log_is_rotated_before_a_fresh_start_when_over_its_
     try:
         with log.open("ab") as out:
             out.write(b"old line\n" * (LOG_LIMIT // 9 + 1))
-        rotate_log(embedded.pgdata)
+        rotate_server_log(embedded.pgdata)
         assert not previous.exists()  # it runs
     finally:
         embedded.stop()

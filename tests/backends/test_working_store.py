@@ -649,7 +649,7 @@ async def test_the_embedded_redis_logs_what_goes_wrong_not_the_routine(tmp_path:
 async def test_the_embedded_redis_log_is_rotated_at_start_when_over_its_limit(tmp_path: Path) -> None:
     """Redis appends to redis.log at every start and nothing ever cut it: a deployment that ran
     (and restarted) long enough filled its disk. A start moves a log over the limit to redis.log.1."""
-    from backends.working.embedded import LOG_LIMIT
+    from backends.children import LOG_LIMIT
 
     log, previous = tmp_path / "redis.log", tmp_path / "redis.log.1"
     old = b"old line\n" * (LOG_LIMIT // 9 + 1)
