@@ -100,7 +100,16 @@ class TierServer(EventMethods):
         raise A2MError(errors.READ_ONLY, f"tier {self.name} is read-only", {"tier": self.name})
 
     def _handlers(self) -> dict[str, Handler]:
-        return {**bound_handlers(self), **self.extensions}
+        return {**bound_handlers(self), **{name: self._engine_mapped(h) for name, h in self.extensions.items()}}
+
+    def _engine_mapped(self, handler: Handler) -> Handler:
+        """An extension method answering engine failures as the protocol methods do (`engine`): a down
+        engine names the tier, where the dispatcher could only say "internal error: StoreUnavailable"."""
+        async def mapped(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+            with self.engine():
+                return await handler(params, ctx)
+
+        return mapped
 
     @contextmanager
     def engine(self) -> Iterator[None]:

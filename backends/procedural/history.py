@@ -17,11 +17,11 @@ from typing import Any, Awaitable, Callable
 import anyio
 import git
 
-from a2m.errors import INTERNAL_ERROR, SCOPE_DENIED, A2MError, invalid
+from a2m.errors import SCOPE_DENIED, A2MError, invalid
 from a2m.events import EventLog
 from a2m.records import Record, new_id
 from a2m.timefmt import format_ts
-from backends.store import StoreIdTaken, StoreRejected, StoreUnavailable
+from backends.store import StoreIdTaken, StoreRejected
 
 from . import files
 from .store import PROPOSED, Approval, GitStore
@@ -256,8 +256,7 @@ def extensions(store: GitStore, events: EventLog | None = None) -> dict[str, Han
             await _tell_approved(events, store.settings.name, approval)
         return approval.to_wire()
 
-    handlers = {"memory/history": history, "memory/restore": restore, "memory/approve": approve}
-    return {name: _engine(store, handler) for name, handler in handlers.items()}
+    return {"memory/history": history, "memory/restore": restore, "memory/approve": approve}
 
 
 async def _tell_approved(events: EventLog, tier: str, approval: Approval) -> None:
@@ -277,18 +276,3 @@ async def _tell_approved(events: EventLog, tier: str, approval: Approval) -> Non
     for owner, items in written.items():
         await events.emit_many("written", owner, items)
 
-
-def _engine(store: GitStore, handler: Handler) -> Handler:
-    """`handler` answering an engine failure as the surface answers one of a protocol method: -32603
-    naming the tier (not "internal error: StoreUnavailable", which is all the dispatcher can say of an
-    exception it does not know)."""
-
-    async def guarded(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        try:
-            return await handler(params, ctx)
-        except (StoreUnavailable, git.GitError) as exc:
-            name = store.settings.name
-            raise A2MError(INTERNAL_ERROR, f"tier {name} ({store.engine}) unavailable: {exc}",
-                           {"tier": name, "engine": store.engine}) from exc
-
-    return guarded

@@ -949,10 +949,14 @@ class GitStore:
             await self._write_locked(puts, deletes, message)
 
     async def run_git(self, fn: Any, *args: Any) -> Any:
-        """Run `fn(repo, *args)` in a thread under the writer lock (the object database is not thread-safe)."""
+        """Run `fn(repo, *args)` in a thread under the writer lock (the object database is not thread-safe);
+        git failing is StoreUnavailable, as in every other method."""
         async with self._lock:
             self._require_open()
-            return await anyio.to_thread.run_sync(fn, self.repo, *args)
+            try:
+                return await anyio.to_thread.run_sync(fn, self.repo, *args)
+            except git.GitError as exc:
+                raise StoreUnavailable(f"git failed in {self.path}: {exc}") from exc
 
     # ------------------------------------------------------------------- reads
 
