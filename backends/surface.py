@@ -523,8 +523,10 @@ class TierServer(EventMethods):
             raise invalid("session is required", field="session")
         owner = ctx.owner(params)
         with self.engine():
+            known = await self.store.select(Scope(owner=owner, where={"session": session}), limit=1)
             count = await self.store.count(owner)
-        await self.events.emit("session_closed", owner, session=session)
+        if known:  # closing an unknown session is a no-op (the protocol): nothing happened to tell
+            await self.events.emit("session_closed", owner, session=session)
         return {"moved": 0, "promoted": 0, "dropped": 0, "summarized": 0, "counts": {self.name: count},
                 "closed": session, "flushed": 0}
 

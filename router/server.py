@@ -906,6 +906,9 @@ class Router(EventMethods):
         owner = ctx.owner(params)
         await self.policy.counted()
         flushed = await self.policy.flush(owner, session)
+        if not flushed and not await self._session_known(owner, session):  # the protocol: a no-op
+            return {"moved": 0, "promoted": 0, "dropped": 0, "summarized": 0, **await self._counts(owner),
+                    "closed": session, "flushed": 0}
         promoted = await self.policy.promote_pending(owner)
         spilled = await self.policy.enforce_all(owner, [t for t in self.fed if not t.config.per_session])
         moved = flushed + promoted + spilled["moved"]
@@ -915,6 +918,14 @@ class Router(EventMethods):
                                    dropped=spilled["dropped"], summarized=0, session=session)
         return {"moved": moved, "promoted": promoted, "dropped": spilled["dropped"], "summarized": 0,
                 **await self._counts(owner), "closed": session, "flushed": flushed}
+
+    async def _session_known(self, owner: str | None, session: str) -> bool:
+        """Whether any tier holds a record of `session`; True when a tier that could did not answer,
+        so a close is never skipped for a session the router could not see."""
+        tiers = [t for t in self.fed if t.has("sessions")]
+        fan = await self.fed.fan_out("memory/timeline", _with_owner({"where": {"session": session}, "limit": 1},
+                                                                    owner), tiers)
+        return bool(fan.degraded) or any(result.get("records") for result in fan.results.values())
 
     # ---- summarize --------------------------------------------------------------------------
 

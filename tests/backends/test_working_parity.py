@@ -417,7 +417,8 @@ async def check(t: Tier, method: str, params: dict[str, Any]) -> None:
             assert s["opened_at"] == sessions[s["session"]][0]["created_at"], f"{where}: {s}"
     elif method == "memory/session/close":
         assert answer["closed"] == params["session"] and answer["counts"] == {TIER: len(before)}, f"{where}: {answer}"
-        events = [("session_closed", params["session"])]
+        known = any(r["session"] == params["session"] for r in before)
+        events = [("session_closed", params["session"])] if known else []  # unknown: a no-op
     elif method == "memory/consolidate":
         assert answer["counts"] == {TIER: len(before)}, f"{where}: {answer}"
         events = [("consolidated", 0, 0, 0, 0)]

@@ -1235,6 +1235,22 @@ async def _events_session_closed(s: Session) -> None:
            f"consolidated event: {events}")
 
 
+@check("events", "closing an unknown session is a no-op: no event, every record stays", writes=True,
+       needs=("events", "sessions"))
+async def _events_unknown_session_closed(s: Session) -> None:
+    m = s.marker()
+    ids = await s.remember({"content": f"{m} talk", "session": f"s-{m}"})
+    before = (await s.t.call("memory/timeline", {"where": {"id": ids}}))["records"]
+    head = (await s.t.call("memory/events", {}))["cursor"]
+    answer = await s.t.call("memory/session/close", {"session": f"never-{m}"})
+    events = (await s.t.call("memory/events", {"cursor": head}))["events"]
+    expect(events == [], f"closing an unknown session told {events}")
+    expect(answer.get("closed") == f"never-{m}" and answer.get("moved") == 0 and answer.get("flushed") == 0,
+           f"closing an unknown session answered {answer}")
+    after = (await s.t.call("memory/timeline", {"where": {"id": ids}}))["records"]
+    expect([r.get("tier") for r in after] == [r.get("tier") for r in before], f"{before} became {after}")
+
+
 @check("events", "with scopes, an owner's events reach only that owner", writes=True, needs=("events", "scopes"))
 async def _events_scoped(s: Session) -> None:
     m = s.marker()
