@@ -137,6 +137,8 @@ class TierServer(EventMethods):
             del tier["count"], tier["engine"]
         if self.read_only:
             tier["read_only"] = True
+        if not self._writes_visible():  # a writer that tells events (the router) must not tell these yet
+            tier["gated"] = True
         if "scopes" not in self.capabilities:  # no owner partitions: every caller reads the same records
             tier["shared"] = True
         if self.kind == "working":

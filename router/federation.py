@@ -51,6 +51,12 @@ class Tier:
         return not self.config.read_only and not any(t.get("read_only") for t in (self.info or {}).get("tiers") or ())
 
     @property
+    def gated(self) -> bool:
+        """Saying its writes are recallable only once approved (a reviewed procedural tier): the
+        router tells no `written` or `forgotten` for them; the tier tells them at the approve."""
+        return any(t.get("gated") for t in (self.info or {}).get("tiers") or ())
+
+    @property
     def capabilities(self) -> frozenset[str]:
         return frozenset((self.info or {}).get("capabilities", ()))
 

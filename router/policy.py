@@ -216,6 +216,10 @@ class Policy:
         if not dest.available():  # waiting out its backoff: the records stay where they are
             log.info("move %s -> %s skipped: %s is down", source.name, dest.name, dest.name)
             return [], set(ids)
+        if dest.gated:  # a write there is a proposal no read shows: never verified, so never a move
+            log.warning("move %s -> %s skipped: %s holds writes for review (memory/approve); records stay in %s",
+                        source.name, dest.name, dest.name, source.name)
+            return [], set(ids)
         async with self.owner_lock(owner):
             records = (await self.scan(source, owner, where=where, embeddings=True) if where is not None
                        else await self.by_ids(source, owner, ids, embeddings=True))

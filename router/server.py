@@ -386,7 +386,7 @@ class Router(EventMethods):
         # One event per record written, in the batch's order (not tier by tier: a batch that replaces a
         # key and writes a new record elsewhere told the new one first), appended together. An older
         # revision of an imported key is none: the tier kept its own, nothing was written.
-        tier_of = {i: name for name, indexes in by_tier.items() for i in indexes}
+        tier_of = {i: name for name, indexes in by_tier.items() for i in indexes if not self.fed[name].gated}
         await self.events.emit_many("written", owner, [
             {"id": ids[i], "tier": tier_of[i], "session": records[i].session, "key": records[i].key,
              "revision": revisions.get(i, records[i].revision) if records[i].key else None}
@@ -758,7 +758,9 @@ class Router(EventMethods):
             fan = await self.fed.fan_out("memory/forget", {}, [t for t in tiers if t.writable], skip_down=False,
                                          per_tier=lambda t: _settle_tier(asked, t, keep=True))
         count = sum(int(r.get("forgotten", 0)) for r in fan.results.values())
-        await self.events.emit("forgotten", owner, count=count)
+        told = count - sum(int(r.get("forgotten", 0)) for name, r in fan.results.items() if self.fed[name].gated)
+        if told or count == 0:  # a gated tier's forget is a proposal, told at its approve
+            await self.events.emit("forgotten", owner, count=told)
         if fan.degraded:
             raise A2MError(errors.INTERNAL_ERROR, f"forget incomplete: tiers {', '.join(fan.degraded)} did not answer "
                            f"({count} forgotten elsewhere); repeat it when they are back",
@@ -826,6 +828,9 @@ class Router(EventMethods):
             raise invalid("salience must be a number in [0, 1]", field="salience")
         if not dest.writable:
             raise A2MError(errors.READ_ONLY, f"tier {dest.name} is read-only", {"tier": dest.name})
+        if dest.gated:
+            raise invalid(f"tier {dest.name} holds writes for review until memory/approve, so a move there cannot be "
+                          "verified; write the record there with memory/remember instead", field="tier")
         wanted = set(ids)
         moved: list[str] = []
         refused: Refusals = []

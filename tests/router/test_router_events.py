@@ -212,3 +212,40 @@ async def test_a_bulk_writer_overflowing_the_window_resets_only_its_own_cursor(r
         again = await router.call("memory/events", {"owner": bulk, "cursor": page["cursor"]})
         assert again["events"] == [] and "reset" not in again
         assert [e["id"] for e in await since(router, cursors[quiet], quiet)] == kept
+
+
+@pytest.mark.anyio
+async def test_writes_into_a_gated_tier_are_told_by_it_at_the_approve_not_by_the_router(tmp_path: Any) -> None:
+    """A reviewed procedural tier holds a write on `proposed` until `memory/approve` (decision 101)
+    and describes itself `gated`: the router tells nothing of what it routed there (a `written`
+    for a record no recall shows yet), while the write it routed elsewhere is told as ever."""
+    tiers = [{"name": "working", "kind": "working", "serve": "fixture"},
+             {"name": "procedural", "kind": "procedural", "serve": "real", "args": ["--option", "review=true"]}]
+    me = new_owner()
+    with federation(tmp_path, tiers) as stack:
+        async with HTTPClient(stack.url, timeout=30) as router:
+            described = await tier_call(stack, "procedural", "memory/describe", {"owner": me})
+            assert described["tiers"][0].get("gated") is True, described
+            cursor = await head(router, me)
+            ids = (await router.call("memory/remember", {"owner": me, "records": [
+                {"content": "said hello"}, {"content": "deploy: run make ship", "tier": "procedural"}]}))["ids"]
+            assert [(e["kind"], e["id"]) for e in await since(router, cursor, me)] == [("written", ids[0])]
+            tier_cursor = (await tier_call(stack, "procedural", "memory/events", {"owner": me}))["cursor"]
+            await tier_call(stack, "procedural", "memory/approve", {})
+            told = (await tier_call(stack, "procedural", "memory/events", {"owner": me, "cursor": tier_cursor}))
+            assert [(e["kind"], e["id"]) for e in told["events"]] == [("written", ids[1])]
+            cursor = await head(router, me)
+            assert await router.call("memory/forget", {"owner": me, "ids": [ids[1]]}) == {"forgotten": 1}
+            assert await since(router, cursor, me) == []  # proposed: told by the tier at the next approve
+            await router.call("memory/remember", {"owner": me, "records": [{"content": "kept", "tier": "procedural"}]})
+            await tier_call(stack, "procedural", "memory/approve", {})
+            cursor = await head(router, me)
+            assert await router.call("memory/forget", {"owner": me, "query": "said kept"}) == {"forgotten": 2}
+            assert [(e["kind"], e["count"]) for e in await since(router, cursor, me)] == [("forgotten", 1)]
+            # A move there could never be verified (no read shows a proposal): refused before any write.
+            ids = (await router.call("memory/remember", {"owner": me, "records": [{"content": "how to roll back"}]}))["ids"]
+            with pytest.raises(A2MError) as refused:
+                await router.call("memory/promote", {"owner": me, "ids": ids, "tier": "procedural"})
+            assert refused.value.code == -32602 and "memory/approve" in str(refused.value), refused.value
+            history = await tier_call(stack, "procedural", "memory/history", {"owner": me, "id": ids[0]})
+            assert history["revisions"] == [], history
