@@ -2,8 +2,9 @@
 
 Keeps the sentences that carry the facts a later question is likely to need —
 dates, numbers, named entities — in the order they were said, up to a length.
-Sentences end at `.!?` (and Hindi's `।`, Arabic's `؟`, Urdu's `۔`) before a space, at
-`。！？` (no space follows in Chinese or Japanese) and at line breaks; a sentence said
+Sentences end at `.!?` (and Hindi's `।`, Arabic's `؟`, Urdu's `۔`, Armenian's `։`,
+Ethiopic's `።` `፧`) before a space, at `。！？` (no space follows in Chinese or
+Japanese) and at line breaks; a sentence said
 twice (in two records, or in a record and an earlier summary of it) is kept once; a sentence longer than the whole summary
 is cut into pieces that fit, so one long unpunctuated record still yields a summary.
 
@@ -23,9 +24,10 @@ from typing import Iterator, Sequence
 
 from .records import Record
 
-# `।` `॥` (Devanagari, Bengali), `؟` (Arabic) and `۔` (Urdu) end sentences before a space, as `.!?` do
-_SENTENCE = re.compile(r"(?<=[.!?।॥؟۔])\s+|(?<=[。！？])\s*|\s*\n\s*")
-_ENDS = (".", "!", "?", "।", "॥", "؟", "۔", "。", "！", "？")  # a sentence ending so is split from the next by a space alone
+# `।` `॥` (Devanagari, Bengali), `؟` (Arabic), `۔` (Urdu), `։` (Armenian), `።` `፧` (Ethiopic) end
+# sentences before a space, as `.!?` do
+_SENTENCE = re.compile(r"(?<=[.!?।॥؟۔։።፧])\s+|(?<=[。！？])\s*|\s*\n\s*")
+_ENDS = (".", "!", "?", "।", "॥", "؟", "۔", "։", "።", "፧", "。", "！", "？")  # a sentence ending so is split from the next by a space alone
 _WORD = re.compile(r"[^\W\d_]+")  # a run of letters, in any script
 SUMMARY_CHARS = 1200  # a summary's length, unless the server that keeps it takes less
 

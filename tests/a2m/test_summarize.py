@@ -81,13 +81,16 @@ def test_a_cut_leaves_no_piece_of_punctuation_alone() -> None:
         assert summarize([record(summary)], max_chars=size) == summary
 
 
-def test_hindi_arabic_and_urdu_sentences_are_sentences() -> None:
-    """Hindi ends a sentence with `।`, Arabic asks with `؟`, Urdu ends with `۔`, each before a space.
+def test_hindi_arabic_urdu_armenian_and_ethiopic_sentences_are_sentences() -> None:
+    """Hindi ends a sentence with `।`, Arabic asks with `؟`, Urdu ends with `۔`, Armenian with `։`,
+    Amharic with `።` (asks with `፧`), each before a space.
     Those were no sentence ends: a long text was one sentence, cut into pieces at any space (the
     summary began mid-sentence) and a sentence said again was kept again."""
     for said, fact in (("आज मौसम बहुत अच्छा था और हम बगीचे में टहलने गए।", "राम 3 मई 2023 को दिल्ली गया।"),
                        ("هل كان الطقس جميلا في الحديقة اليوم؟", "سافر أحمد إلى القاهرة في 3 مايو 2023."),
-                       ("آج موسم بہت اچھا تھا اور ہم باغ میں گئے۔", "رام 3 مئی 2023 کو دہلی گیا۔")):
+                       ("آج موسم بہت اچھا تھا اور ہم باغ میں گئے۔", "رام 3 مئی 2023 کو دہلی گیا۔"),
+                       ("Այսօր եղանակը շատ լավ էր, և մենք գնացինք այգի։", "Արամը մայիսի 3-ին 2023 գնաց Երևան։"),
+                       ("ዛሬ የአየር ሁኔታው በጣም ጥሩ ነበር እና ወደ አትክልቱ ሄድን።", "አበበ ግንቦት 3 2023 ወደ አዲስ አበባ ሄደ፧")):
         summary = summarize([record(" ".join([said] * 40 + [fact]))], max_chars=200)
         assert summary == f"{said} {fact}", repr(summary)
         assert summarize([record(summary)], max_chars=200) == summary
