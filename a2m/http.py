@@ -10,6 +10,7 @@ the CORS answers a browser needs to call at all: the preflight (`OPTIONS`) and
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
 
@@ -21,6 +22,8 @@ from . import errors
 from .capabilities import PROTOCOL
 from .dispatch import Context, Dispatcher
 from .errors import A2MError
+
+log = logging.getLogger("a2m.http")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -187,7 +190,19 @@ class HTTPApp:
                     body["error"] = type(exc).__name__
             await _respond(send, 200 if ready else 503, orjson.dumps(body))
         else:  # /metrics
+            await self._before_scrape()
             await _respond(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode())
+
+    async def _before_scrape(self) -> None:
+        """Let the service bring what its gauges read up to date (the router probes tiers that may be
+        back). A failure there is logged and the scrape still answers: stale gauges beat no metrics."""
+        hook = getattr(self.dispatcher.service, "before_scrape", None)
+        if hook is None:
+            return
+        try:
+            await hook()
+        except Exception:
+            log.exception("before_scrape failed; /metrics answers with what it has")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

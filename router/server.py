@@ -38,6 +38,9 @@ from .policy import Policy, Refusals
 
 log = logging.getLogger("a2m.router")
 
+# How long a /metrics scrape waits for the probes of down tiers (Prometheus times a scrape out at 10 s).
+SCRAPE_PROBE_WAIT = 1.0
+
 DEFAULT_RECALL_LIMIT = 10
 TAKE_BACK_PAUSE = 0.5  # before forgetting again what a tier the router stopped waiting for had not applied yet
 SCOPE_PARAMS = ("where", "key_prefix", "after", "before")
@@ -194,6 +197,23 @@ class Router(EventMethods):
         for name in self.fed.order:  # the tiers themselves exist only once the federation starts
             up.labels(name).set_function(
                 lambda name=name: 1.0 if name in self.fed.tiers and self.fed.tiers[name].healthy else 0.0)
+        self._scrape_probes: dict[str, asyncio.Task[Any]] = {}
+
+    async def before_scrape(self) -> None:
+        """Probe each down tier whose backoff has run out before /metrics reads `tier_up`, as /readyz
+        does: a scrape may be a quiet router's only traffic, and the gauge (an alert's input) would
+        say "down" for a tier that is back until some request happened to reach it. The scrape waits
+        at most SCRAPE_PROBE_WAIT s; a slower probe (a hung tier) goes on, one per tier at a time,
+        and a later scrape reads its verdict."""
+        for tier in self.fed:
+            if not tier.healthy and tier.available() and tier.name not in self._scrape_probes:
+                task = asyncio.get_running_loop().create_task(tier.refresh())
+                self._scrape_probes[tier.name] = task
+                self._tasks.add(task)  # drained at shutdown, as every background task
+                task.add_done_callback(self._tasks.discard)
+                task.add_done_callback(lambda _, name=tier.name: self._scrape_probes.pop(name, None))
+        if self._scrape_probes:
+            await asyncio.wait(list(self._scrape_probes.values()), timeout=SCRAPE_PROBE_WAIT)
 
     async def health(self) -> dict[str, Any]:
         """Per-tier status for /readyz: ready needs only the default tier, the rest is reported.

@@ -45,3 +45,28 @@ async def test_readyz_sees_a_tier_come_back_without_other_traffic(tmp_path: Path
         while httpx.get(stack.url + "readyz").json()["tiers"]["procedural"] != "up":
             assert time.monotonic() < deadline, "readyz never saw the tier come back"
             time.sleep(0.2)
+
+
+def _sample(metrics: str, name: str) -> float | None:
+    """The value of the exposition line whose series is exactly `name` (with its labels), or None."""
+    for line in metrics.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series == name:
+            return float(value)
+    return None
+
+
+@pytest.mark.anyio
+async def test_tier_up_sees_a_tier_come_back_without_other_traffic(tmp_path: Path) -> None:
+    """A scrape is the only traffic a quiet router may get: `a2m_router_tier_up` stayed 0 for a tier
+    that was back until some request happened to reach it, so the alert on it never cleared."""
+    with federation(tmp_path) as stack:
+        stack.tiers["procedural"].kill()
+        recall = {"jsonrpc": "2.0", "id": 1, "method": "memory/recall", "params": {"query": "anything"}}
+        assert httpx.post(stack.url, json=recall).json()["result"]["degraded"] == ["procedural"]
+        assert _sample(httpx.get(stack.url + "metrics").text, 'a2m_router_tier_up{tier="procedural"}') == 0.0
+        stack.tiers["procedural"].start().wait()
+        deadline = time.monotonic() + 30  # the backoff after one failure is short; only scrapes are sent
+        while _sample(httpx.get(stack.url + "metrics").text, 'a2m_router_tier_up{tier="procedural"}') != 1.0:
+            assert time.monotonic() < deadline, "a2m_router_tier_up never saw the tier come back"
+            time.sleep(0.2)
