@@ -83,6 +83,13 @@ def origin_problem(origin: str) -> str | None:
     return None
 
 
+# Latency buckets, in seconds, for a call that may take 100 us (describe on a tier) or a minute (a
+# session close that moves a long conversation; a tier timing out): no gap wider than 2.5x below 1 s,
+# where quantiles are read, and room past the 5 s default tier timeout.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
 class Metrics:
     """Per-app registry, so several servers in one process (tests) do not collide."""
 
@@ -91,7 +98,7 @@ class Metrics:
         self.requests = Counter("a2m_requests", "JSON-RPC requests", ["method", "outcome"], registry=self.registry)
         self.latency = Histogram(
             "a2m_request_seconds", "JSON-RPC latency", ["method"], registry=self.registry,
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
+            buckets=LATENCY_BUCKETS,
         )
 
         self._children: dict[tuple[str, bool], tuple[Any, Any]] = {}
