@@ -24,7 +24,7 @@ from a2m.embedder import make_embedder, try_embed
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
 from a2m.filters import parse_scope, test_matches
-from a2m.http import HTTPSettings
+from a2m.http import LATENCY_BUCKETS, HTTPSettings
 from a2m.paging import CrowdedMillisecond, pages_backwards
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
 from a2m.summarize import SUMMARY_CHARS, summarize as extract_summary
@@ -198,6 +198,7 @@ class Router(EventMethods):
             up.labels(name).set_function(
                 lambda name=name: 1.0 if name in self.fed.tiers and self.fed.tiers[name].healthy else 0.0)
         self._scrape_probes: dict[str, asyncio.Task[Any]] = {}
+        self.fed.observe_calls(_tier_call_metrics(registry))
 
     async def before_scrape(self) -> None:
         """Probe each down tier whose backoff has run out before /metrics reads `tier_up`, as /readyz
@@ -1057,6 +1058,31 @@ class Router(EventMethods):
             "prompt": prompts.describe(),
             "fusion": self.config.fusion.strategy,
         }
+
+
+def _tier_call_metrics(registry: Any) -> Callable[[str, str, float, str], None]:
+    """The observer of every call the router makes to a tier: how many, how each ended and how long
+    it took, per tier and method. A tier that hangs has no /metrics of its own to scrape, and what a
+    tier measures of itself leaves out the network and the router's timeout; this is what callers
+    of the router wait for. Labels are bounded: tier names come from router.toml, methods from the
+    router's own code, outcomes are ok | error | unavailable."""
+    from prometheus_client import Counter, Histogram
+
+    calls = Counter("a2m_router_tier_calls", "calls the router made to a tier, by how they ended",
+                    ["tier", "method", "outcome"], registry=registry)
+    seconds = Histogram("a2m_router_tier_call_seconds", "latency of the router's calls to a tier, failures included",
+                        ["tier", "method"], registry=registry, buckets=LATENCY_BUCKETS)
+    children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
+    def observe(tier: str, method: str, elapsed: float, outcome: str) -> None:
+        found = children.get((tier, method, outcome))
+        if found is None:  # label lookup is the costly part of prometheus-client: once per series
+            found = children[(tier, method, outcome)] = (calls.labels(tier, method, outcome),
+                                                         seconds.labels(tier, method))
+        found[0].inc()
+        found[1].observe(elapsed)
+
+    return observe
 
 
 def shared_metrics(per_tier: Iterable[Iterable[str]]) -> tuple[str | None, list[str]]:

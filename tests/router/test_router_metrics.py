@@ -73,6 +73,38 @@ async def test_tier_up_sees_a_tier_come_back_without_other_traffic(tmp_path: Pat
 
 
 @pytest.mark.anyio
+async def test_each_tiers_latency_and_failures_are_exported_by_the_router(tmp_path: Path) -> None:
+    """A tier that is slow or fails must show on the router's /metrics, per tier: a tier that hangs
+    has no metrics of its own to scrape, and the router's `degraded` count says neither how long
+    it waited nor which calls (writes included) failed."""
+    with federation(tmp_path) as stack:
+        recall = {"jsonrpc": "2.0", "id": 1, "method": "memory/recall", "params": {"query": "anything"}}
+        assert "degraded" not in httpx.post(stack.url, json=recall).json()["result"]
+        stack.tiers["working"].pause()  # hangs: the router waits out its 2 s timeout
+        try:
+            assert httpx.post(stack.url, json=recall, timeout=30).json()["result"]["degraded"] == ["working"]
+        finally:
+            stack.tiers["working"].resume()
+        stack.tiers["procedural"].kill()
+        write = {"jsonrpc": "2.0", "id": 2, "method": "memory/remember",
+                 "params": {"records": [{"content": "how to", "tier": "procedural"}]}}
+        assert httpx.post(stack.url, json=write).json()["error"]["code"] == -32603
+        metrics = httpx.get(stack.url + "metrics").text
+    ok = _sample(metrics, 'a2m_router_tier_calls_total{method="memory/recall",outcome="ok",tier="episodic"}')
+    assert ok is not None and ok >= 2
+    hung = _sample(metrics, 'a2m_router_tier_calls_total{method="memory/recall",outcome="unavailable",tier="working"}')
+    assert hung == 1.0
+    failed = _sample(metrics,
+                     'a2m_router_tier_calls_total{method="memory/remember",outcome="unavailable",tier="procedural"}')
+    assert failed is not None and failed >= 1
+    waited = _sample(metrics, 'a2m_router_tier_call_seconds_sum{method="memory/recall",tier="working"}')
+    assert waited is not None and waited >= 2.0  # the timeout it waited out is in the latency
+    slow = _sample(metrics, 'a2m_router_tier_call_seconds_bucket{le="1.0",method="memory/recall",tier="working"}')
+    total = _sample(metrics, 'a2m_router_tier_call_seconds_count{method="memory/recall",tier="working"}')
+    assert slow is not None and total is not None and total - slow == 1  # one call slower than 1 s
+
+
+@pytest.mark.anyio
 async def test_latency_buckets_resolve_sub_millisecond_to_multi_second_calls(tmp_path: Path) -> None:
     """A quantile is interpolated inside one bucket: with bounds 0.25, 1 and 5 s a p99 of 1.2 s and one
     of 4.8 s read the same, and a tier's 100 us describe shared its bucket with 500 us. Every bound
