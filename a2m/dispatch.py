@@ -21,6 +21,9 @@ from .errors import A2MError, invalid
 
 log = logging.getLogger("a2m")
 
+# The method label of a message that names no method to run (not JSON, a batch, no string method).
+INVALID_METHOD = "invalid"
+
 Push = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -150,10 +153,11 @@ class Dispatcher:
 
     async def handle_bytes(self, body: bytes, ctx: Context) -> bytes | None:
         """One message's bytes -> the response's bytes, or None for a notification (what bindings call)."""
+        started = time.perf_counter()
         try:
             message = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return orjson.dumps(_error(None, A2MError(errors.PARSE_ERROR, "body is not valid JSON")))
+            return self._reply(None, A2MError(errors.PARSE_ERROR, "body is not valid JSON"), True, started)[1]
         _, encoded = await self._handle(message, ctx, encode=True)
         return encoded
 
@@ -166,23 +170,25 @@ class Dispatcher:
         like any other, logged and answered -32603, never an HTTP 500 or a
         silent stdio line.
         """
+        started = time.perf_counter()
         if isinstance(message, list):
             return self._reply(None, A2MError(errors.INVALID_REQUEST,
-                                              "batches are not supported: send one message at a time"), encode)
+                                              "batches are not supported: send one message at a time"), encode, started)
         if not isinstance(message, dict):
-            return self._reply(None, A2MError(errors.INVALID_REQUEST, "a request must be a JSON object"), encode)
+            return self._reply(None, A2MError(errors.INVALID_REQUEST, "a request must be a JSON object"), encode,
+                               started)
         notification = "id" not in message
         id_ = message.get("id")
         if not _valid_id(id_):
-            return self._reply(None, A2MError(errors.INVALID_REQUEST, "id must be a string, a number or null"), encode)
+            return self._reply(None, A2MError(errors.INVALID_REQUEST, "id must be a string, a number or null"), encode,
+                               started)
         method = message.get("method")
         if message.get("jsonrpc") != "2.0" or not isinstance(method, str):
             return self._reply(id_, A2MError(errors.INVALID_REQUEST, "expected jsonrpc \"2.0\" and a string method"),
-                               encode)
+                               encode, started)
         params = message.get("params", {})
         if params is None:
             params = {}
-        started = time.perf_counter()
         ok = False
         encoded: bytes | None = None
         with tracing.server_span(method, ctx.traceparent) as span:
@@ -211,8 +217,13 @@ class Dispatcher:
             encoded = _encode_error(response, method)
         return response, encoded
 
-    @staticmethod
-    def _reply(id_: Any, error: A2MError, encode: bool) -> tuple[dict[str, Any], bytes | None]:
+    def _reply(self, id_: Any, error: A2MError, encode: bool,
+               started: float) -> tuple[dict[str, Any], bytes | None]:
+        """The error answer to a message that names no method to run (not JSON, a batch, no string
+        method), counted as method "invalid": a client sending such bodies fails on every call, and
+        an operator sees it only if the request counts do. Never labelled by what the caller sent."""
+        if self.observer is not None:
+            self.observer(INVALID_METHOD, time.perf_counter() - started, False)
         response = _error(id_, error)
         return response, dumps(response) if encode else None
 

@@ -101,6 +101,9 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
         )
 
+        # Labelled by the status the binding answers (a fixed set), never by anything the caller sent.
+        self.refused = Counter("a2m_http_refused", "HTTP requests refused before any JSON-RPC method ran",
+                               ["status"], registry=self.registry)
         self._children: dict[tuple[str, bool], tuple[Any, Any]] = {}
 
     def observe(self, method: str, seconds: float, ok: bool) -> None:
@@ -169,13 +172,13 @@ class HTTPApp:
                 await self._preflight(scope, send)
                 return
             if method != "POST":
-                await _respond(send, 405, b'{"error":"use POST"}', headers=[(b"allow", b"POST")])
+                await self._refuse(send, 405, b'{"error":"use POST"}', headers=[(b"allow", b"POST")])
                 return
             await self._rpc(scope, receive, send)
         elif path not in _GET_PATHS:  # before the method: a 405 would say the path exists
-            await _respond(send, 404, b'{"error":"not found"}')
+            await self._refuse(send, 404, b'{"error":"not found"}')
         elif method != "GET":
-            await _respond(send, 405, b'{"error":"use GET"}', headers=[(b"allow", b"GET")])
+            await self._refuse(send, 405, b'{"error":"use GET"}', headers=[(b"allow", b"GET")])
         elif path == "/.well-known/a2m-server.json":
             # No token is needed here (protocol §8): with tokens configured the caller is anonymous.
             result = await self.dispatcher.call("memory/describe", {},
@@ -199,6 +202,14 @@ class HTTPApp:
         else:  # /metrics
             await self._before_scrape()
             await _respond(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode())
+
+    async def _refuse(self, send: Send, status: int, body: bytes,
+                      headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """Answer a refusal and count it in `a2m_http_refused_total{status}`: a client with a revoked
+        token or an unlisted Origin fails every call before the dispatcher, which counts nothing, sees
+        it (and logging each one would let any caller flood the log)."""
+        self.metrics.refused.labels(str(status)).inc()
+        await _respond(send, status, body, headers=headers)
 
     async def _before_scrape(self) -> None:
         """Let the service bring what its gauges read up to date (the router probes tiers that may be
@@ -233,9 +244,9 @@ class HTTPApp:
         request itself would be); without an Origin it is no preflight, and the endpoint is POST-only."""
         origin = _request_headers(scope).get("origin")
         if origin is None:
-            await _respond(send, 405, b'{"error":"use POST"}', headers=[(b"allow", b"POST")])
+            await self._refuse(send, 405, b'{"error":"use POST"}', headers=[(b"allow", b"POST")])
         elif origin not in self.settings.allowed_origins:
-            await _respond(send, 403, b'{"error":"origin not allowed"}')
+            await self._refuse(send, 403, b'{"error":"origin not allowed"}')
         else:
             await _respond(send, 204, headers=[*_cors(origin), (b"access-control-allow-methods", b"POST"),
                                                (b"access-control-allow-headers", _CORS_REQUEST_HEADERS),
@@ -246,7 +257,7 @@ class HTTPApp:
         origin = headers.get("origin")
         if origin is not None:
             if origin not in self.settings.allowed_origins:
-                await _respond(send, 403, b'{"error":"origin not allowed"}')
+                await self._refuse(send, 403, b'{"error":"origin not allowed"}')
                 return
             send = _with_cors(send, origin)
         principal = None
@@ -254,30 +265,30 @@ class HTTPApp:
             auth = headers.get("authorization", "")
             scheme, _, token = auth.partition(" ")
             if scheme.lower() != "bearer" or token.strip() not in self.settings.tokens:
-                await _respond(send, 401, b'{"error":"missing or wrong bearer token"}',
+                await self._refuse(send, 401, b'{"error":"missing or wrong bearer token"}',
                                headers=[(b"www-authenticate", b'Bearer realm="a2m"')])
                 return
             mapped = self.settings.tokens[token.strip()]
             principal = None if mapped is SERVICE else str(mapped)
         version = headers.get("a2m-protocol-version")
         if version is not None and version.strip() != PROTOCOL:
-            await _respond(send, 400, orjson.dumps({"jsonrpc": "2.0", "id": None, "error": A2MError(
+            await self._refuse(send, 400, orjson.dumps({"jsonrpc": "2.0", "id": None, "error": A2MError(
                 errors.PROTOCOL_NOT_SUPPORTED, f"this server speaks {PROTOCOL}", {"supported": [PROTOCOL]}).to_error()}))
             return
         ctype = headers.get("content-type")
         if ctype is not None and "json" not in ctype.lower():
-            await _respond(send, 415, b'{"error":"send Content-Type: application/json (a JSON-RPC body)"}')
+            await self._refuse(send, 415, b'{"error":"send Content-Type: application/json (a JSON-RPC body)"}')
             return
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.settings.max_body:
-            await _respond(send, 413, b'{"error":"body too large"}')
+            await self._refuse(send, 413, b'{"error":"body too large"}')
             return
         first = await receive()
         if first["type"] == "http.disconnect":
             return
         body = first.get("body", b"")
         if len(body) > self.settings.max_body:
-            await _respond(send, 413, b'{"error":"body too large"}')
+            await self._refuse(send, 413, b'{"error":"body too large"}')
             return
         chunks: list[bytes] = [body]
         size = len(body)
@@ -289,7 +300,7 @@ class HTTPApp:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.settings.max_body:
-                await _respond(send, 413, b'{"error":"body too large"}')
+                await self._refuse(send, 413, b'{"error":"body too large"}')
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)

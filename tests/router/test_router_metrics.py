@@ -118,3 +118,31 @@ async def test_latency_buckets_resolve_sub_millisecond_to_multi_second_calls(tmp
             assert bounds[0] <= 0.0001 and bounds[-1] >= 30, (url, bounds)
             wide = [(low, high) for low, high in zip(bounds, bounds[1:]) if high < 30 and high / low > 2.5]
             assert not wide, (url, wide)
+
+
+@pytest.mark.anyio
+async def test_refused_requests_are_counted(tmp_path: Path) -> None:
+    """Requests refused before any method runs were in no metric and no log: a client with a
+    rotated-out token, a browser page from an unlisted origin or a client sending batches failed
+    every call while a2m_requests_total stayed flat. They are counted by the HTTP status (transport
+    refusals) or under method="invalid" (a body that is no JSON-RPC request), never by what the
+    caller sent, so a caller cannot add series."""
+    with federation(tmp_path, top={"auth": {"tokens": {"tok-a": "alice"}}}) as stack:
+        describe = {"jsonrpc": "2.0", "id": 1, "method": "memory/describe"}
+        good = {"authorization": "Bearer tok-a"}
+        assert httpx.post(stack.url, json=describe).status_code == 401
+        assert httpx.post(stack.url, json=describe, headers={"authorization": "Bearer old"}).status_code == 401
+        assert httpx.post(stack.url, json=describe, headers={**good, "origin": "https://evil.example"}).status_code == 403
+        assert httpx.post(stack.url, json=describe, headers={**good, "a2m-protocol-version": "a2m/9"}).status_code == 400
+        assert httpx.post(stack.url, content=b"x", headers={**good, "content-type": "text/plain"}).status_code == 415
+        assert httpx.post(stack.url, content=b"{", headers=good).json()["error"]["code"] == -32700
+        assert httpx.post(stack.url, json=[describe], headers=good).json()["error"]["code"] == -32600
+        assert httpx.post(stack.url, json={"id": 2, "method": 7}, headers=good).json()["error"]["code"] == -32600
+        assert "result" in httpx.post(stack.url, json=describe, headers=good).json()
+        metrics = httpx.get(stack.url + "metrics").text
+    assert _sample(metrics, 'a2m_http_refused_total{status="401"}') == 2.0
+    assert _sample(metrics, 'a2m_http_refused_total{status="403"}') == 1.0
+    assert _sample(metrics, 'a2m_http_refused_total{status="400"}') == 1.0
+    assert _sample(metrics, 'a2m_http_refused_total{status="415"}') == 1.0
+    assert _sample(metrics, 'a2m_requests_total{method="invalid",outcome="error"}') == 3.0
+    assert _sample(metrics, 'a2m_requests_total{method="memory/describe",outcome="ok"}') == 1.0
