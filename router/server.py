@@ -191,6 +191,9 @@ class Router(EventMethods):
         moved = Counter("a2m_router_moved_records", "records moved between tiers", ["reason", "source", "dest"],
                         registry=registry)
         self.policy.observe_move = lambda reason, source, dest, n: moved.labels(reason, source, dest).inc(n)
+        dropped = Counter("a2m_router_dropped_records", 'records deleted over capacity (retention = "drop")',
+                          ["tier"], registry=registry)
+        self.policy.observe_drop = lambda tier, n: dropped.labels(tier).inc(n)
         self._degraded_calls = Counter("a2m_router_degraded_calls", "calls that left a tier out", ["tier"],
                                  registry=registry)
         up = Gauge("a2m_router_tier_up", "1 while the router reaches the tier", ["tier"], registry=registry)

@@ -146,3 +146,20 @@ async def test_refused_requests_are_counted(tmp_path: Path) -> None:
     assert _sample(metrics, 'a2m_http_refused_total{status="415"}') == 1.0
     assert _sample(metrics, 'a2m_requests_total{method="invalid",outcome="error"}') == 3.0
     assert _sample(metrics, 'a2m_requests_total{method="memory/describe",outcome="ok"}') == 1.0
+
+
+@pytest.mark.anyio
+async def test_records_the_router_drops_are_counted(tmp_path: Path) -> None:
+    """With `retention = "drop"` the router deletes what is over capacity: the only records it ever
+    deletes by policy, and the one count /metrics did not have (moves had a counter, drops none)."""
+    tiers = [{"name": "working", "kind": "working", "capacity": 4, "per_session": True, "retention": "drop"}]
+    with federation(tmp_path, tiers) as stack:
+        turns = [{"content": f"turn {i}", "session": "s", "role": "user"} for i in range(10)]
+        write = {"jsonrpc": "2.0", "id": 1, "method": "memory/remember", "params": {"records": turns}}
+        assert len(httpx.post(stack.url, json=write).json()["result"]["ids"]) == 10
+        consolidate = {"jsonrpc": "2.0", "id": 2, "method": "memory/consolidate", "params": {}}
+        assert "result" in httpx.post(stack.url, json=consolidate).json()  # whatever the write left over
+        timeline = {"jsonrpc": "2.0", "id": 3, "method": "memory/timeline", "params": {}}
+        assert len(httpx.post(stack.url, json=timeline).json()["result"]["records"]) == 4
+        metrics = httpx.get(stack.url + "metrics").text
+    assert _sample(metrics, 'a2m_router_dropped_records_total{tier="working"}') == 6.0
