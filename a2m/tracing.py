@@ -132,3 +132,17 @@ def failed(span: Any, code: int, message: str) -> None:
 
     span.set_attribute("rpc.jsonrpc.error_code", code)
     span.set_status(Status(StatusCode.ERROR, message))
+
+
+def answered(status: int) -> None:
+    """Record the HTTP status on the current client span, failed unless 200 or 202: a server that
+    refuses a call before its own span (a wrong path, a wrong token, an overload 503) leaves the
+    caller's span as the trace's only record of that call, and it must not say OK."""
+    if _tracer is None:
+        return
+    from opentelemetry.trace import Status, StatusCode, get_current_span
+
+    span = get_current_span()
+    span.set_attribute("http.response.status_code", status)
+    if status not in (200, 202):
+        span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
