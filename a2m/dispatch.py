@@ -23,6 +23,8 @@ log = logging.getLogger("a2m")
 
 # The method label of a message that names no method to run (not JSON, a batch, no string method).
 INVALID_METHOD = "invalid"
+# The method label of a method name that is neither an A2M method nor one this server handles.
+UNKNOWN_METHOD = "unknown"
 
 Push = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -118,6 +120,11 @@ class Dispatcher:
             if METHOD_CAPABILITY.get(name) is None or METHOD_CAPABILITY[name] in caps
         )
 
+    def label(self, method: str) -> str:
+        """The name metrics and spans give `method`: itself when it is an A2M method or one this server
+        handles, else "unknown", so a caller sending made-up names cannot add series or span names."""
+        return method if method in METHOD_CAPABILITY or method in self._handlers else UNKNOWN_METHOD
+
     async def _describe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         if "protocol" in params and not compatible(params["protocol"]):
             raise A2MError(errors.PROTOCOL_NOT_SUPPORTED, f"this server speaks {PROTOCOL}",
@@ -191,7 +198,8 @@ class Dispatcher:
             params = {}
         ok = False
         encoded: bytes | None = None
-        with tracing.server_span(method, ctx.traceparent) as span:
+        label = self.label(method)
+        with tracing.server_span(label, ctx.traceparent, None if label == method else method) as span:
             try:
                 if not isinstance(params, dict):
                     raise invalid("params must be an object (by name)")
@@ -209,8 +217,7 @@ class Dispatcher:
                                                 {"method": method}))
                 tracing.failed(span, errors.INTERNAL_ERROR, type(exc).__name__)
         if self.observer is not None:
-            self.observer(method if method in METHOD_CAPABILITY or method in self._handlers else "unknown",
-                          time.perf_counter() - started, ok)
+            self.observer(label, time.perf_counter() - started, ok)
         if notification:
             return None, None
         if encode and encoded is None:

@@ -85,3 +85,22 @@ async def test_a_tier_call_that_failed_is_a_failed_span(tmp_path: Path) -> None:
     [wrong] = [s for s in calls if s["attributes"]["server.address"].endswith("/wrong/path/")]
     assert wrong["status"]["status_code"] == "ERROR" and wrong["attributes"]["http.response.status_code"] == 404
     assert all(s["status"]["status_code"] == "UNSET" for s in calls if "/wrong/" not in s["attributes"]["server.address"])
+
+
+@pytest.mark.anyio
+async def test_a_method_no_server_has_gives_one_span_name(tmp_path: Path) -> None:
+    """Span names are what tracing backends index and group by: any caller could make one new name
+    per request by sending made-up method names. Those spans are all `a2m unknown`, as the request
+    counter labels them, with what was sent kept, cut short, in `rpc.method_original`."""
+    spans_file = tmp_path / "spans.jsonl"
+    tiers = [{"name": "working", "kind": "working"}]
+    with federation(tmp_path, tiers, env={"A2M_TRACE_FILE": str(spans_file)}) as stack:
+        for i, method in enumerate(["memory/nope-1", "x" * 1000]):
+            reply = httpx.post(stack.url, headers={"traceparent": f"00-{TRACE}-{CALLER_SPAN}-01"}, json={
+                "jsonrpc": "2.0", "id": i, "method": method, "params": {}})
+            assert reply.json()["error"]["code"] == -32601
+    spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
+    mine = [s for s in spans if s["context"]["trace_id"] == "0x" + TRACE]
+    assert [s["name"] for s in mine] == ["a2m unknown", "a2m unknown"]
+    assert [s["attributes"]["rpc.method"] for s in mine] == ["unknown", "unknown"]
+    assert [s["attributes"]["rpc.method_original"] for s in mine] == ["memory/nope-1", "x" * 100]
