@@ -116,7 +116,7 @@ class Tier:
         a protocol error from the tier is raised as the tier's A2MError."""
         was_down = not self.healthy
         started = time.monotonic()
-        outcome = "error"  # anything but the two below: the tier answered an error (or the call broke)
+        outcome: str | None = None  # stays None when cancelled: neither the tier's success nor its fault
         try:
             limit = timeout or self.config.timeout
             async with asyncio.timeout(limit + 1.0):  # not wait_for: on 3.11 that is one more task per call
@@ -128,10 +128,13 @@ class Tier:
             self._down(error, started)
             raise Unavailable(f"tier {self.name} unavailable: {error.message}",
                               {"tier": self.name, "url": self.config.url}) from exc
+        except Exception:
+            outcome = "error"  # the tier answered a JSON-RPC error (or the call broke)
+            raise
         finally:
             if probe:
                 self._probe_until = 0.0
-            if self.observe is not None:
+            if self.observe is not None and outcome is not None:
                 self.observe(self.name, method, time.monotonic() - started, outcome)
         if was_down and not self.healthy:  # concurrent probes that all succeed announce it once
             self.healthy, self.failures, self.last_error, self.retry_at = True, 0, None, 0.0
