@@ -113,7 +113,8 @@ class Dispatcher:
             raise ValueError(f"unknown capabilities declared: {sorted(unknown)}")
         if "core" not in service.capabilities:
             raise ValueError("every server declares core")
-        self.observer: Callable[[str, float, bool], None] | None = None
+        # (method label, seconds, None when it succeeded else the JSON-RPC error code): the metrics.
+        self.observer: Callable[[str, float, int | None], None] | None = None
         caps = service.capabilities
         self.methods = sorted(
             name for name in self._handlers
@@ -196,7 +197,7 @@ class Dispatcher:
         params = message.get("params", {})
         if params is None:
             params = {}
-        ok = False
+        code: int | None = errors.INTERNAL_ERROR
         encoded: bytes | None = None
         label = self.label(method)
         with tracing.server_span(label, ctx.traceparent, None if label == method else method) as span:
@@ -207,8 +208,9 @@ class Dispatcher:
                 response: dict[str, Any] = {"jsonrpc": "2.0", "id": id_, "result": result}
                 if encode and not notification:
                     encoded = dumps(response)
-                ok = True
+                code = None
             except A2MError as exc:
+                code = exc.code
                 response = _error(id_, exc)
                 tracing.failed(span, exc.code, exc.message)
             except Exception as exc:  # a bug or an engine failure: report it, never crash the binding
@@ -217,7 +219,7 @@ class Dispatcher:
                                                 {"method": method}))
                 tracing.failed(span, errors.INTERNAL_ERROR, type(exc).__name__)
         if self.observer is not None:
-            self.observer(label, time.perf_counter() - started, ok)
+            self.observer(label, time.perf_counter() - started, code)
         if notification:
             return None, None
         if encode and encoded is None:
@@ -230,7 +232,7 @@ class Dispatcher:
         method), counted as method "invalid": a client sending such bodies fails on every call, and
         an operator sees it only if the request counts do. Never labelled by what the caller sent."""
         if self.observer is not None:
-            self.observer(INVALID_METHOD, time.perf_counter() - started, False)
+            self.observer(INVALID_METHOD, time.perf_counter() - started, error.code)
         response = _error(id_, error)
         return response, dumps(response) if encode else None
 

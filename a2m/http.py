@@ -90,6 +90,11 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
                    1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
+# The error codes a2m_request_errors_total names; any other counts as "other".
+PROTOCOL_CODES = frozenset(value for name, value in vars(errors).items() if name.isupper() and isinstance(value, int)
+                           and -32768 <= value <= -32000)
+
+
 class Metrics:
     """Per-app registry, so several servers in one process (tests) do not collide."""
 
@@ -101,12 +106,24 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
         )
 
+        # Labelled by the protocol's codes only: a mounted tier may answer any integer, passed on.
+        self.errors = Counter("a2m_request_errors", "JSON-RPC requests answered with an error, by code",
+                              ["method", "code"], registry=self.registry)
+        self._error_children: dict[tuple[str, str], Any] = {}
         # Labelled by the status the binding answers (a fixed set), never by anything the caller sent.
         self.refused = Counter("a2m_http_refused", "HTTP requests refused before any JSON-RPC method ran",
                                ["status"], registry=self.registry)
         self._children: dict[tuple[str, bool], tuple[Any, Any]] = {}
 
-    def observe(self, method: str, seconds: float, ok: bool) -> None:
+    def observe(self, method: str, seconds: float, code: int | None) -> None:
+        """One message answered: `code` None when it succeeded, else its JSON-RPC error code."""
+        ok = code is None
+        if code is not None:
+            label = str(code) if code in PROTOCOL_CODES else "other"
+            counter = self._error_children.get((method, label))
+            if counter is None:
+                counter = self._error_children[(method, label)] = self.errors.labels(method, label)
+            counter.inc()
         children = self._children.get((method, ok))
         if children is None:  # label lookup is the costly part of prometheus-client: do it once
             children = (self.requests.labels(method, "ok" if ok else "error"), self.latency.labels(method))

@@ -163,3 +163,27 @@ async def test_records_the_router_drops_are_counted(tmp_path: Path) -> None:
         assert len(httpx.post(stack.url, json=timeline).json()["result"]["records"]) == 4
         metrics = httpx.get(stack.url + "metrics").text
     assert _sample(metrics, 'a2m_router_dropped_records_total{tier="working"}') == 6.0
+
+
+@pytest.mark.anyio
+async def test_errors_are_counted_by_code_so_a_callers_mistake_is_not_an_outage(tmp_path: Path) -> None:
+    """`outcome="error"` lumped a client's bad params (-32602) with the router failing (-32603): an
+    alert on the error rate fired for a buggy client and could not say when the service broke.
+    `a2m_request_errors_total{method,code}` tells them apart; codes outside the protocol's own
+    set (a mounted third-party tier may answer anything) count as "other"."""
+    with federation(tmp_path) as stack:
+        def rpc(method: str, params: dict) -> dict:
+            return httpx.post(stack.url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).json()
+
+        assert rpc("memory/remember", {"records": []})["error"]["code"] == -32602
+        assert rpc("memory/recall", {"tier": "nowhere"})["error"]["code"] == -32002
+        stack.tiers["procedural"].kill()
+        assert rpc("memory/remember", {"records": [{"content": "x", "tier": "procedural"}]})["error"]["code"] == -32603
+        assert "result" in rpc("memory/recall", {})
+        metrics = httpx.get(stack.url + "metrics").text
+    assert _sample(metrics, 'a2m_request_errors_total{code="-32602",method="memory/remember"}') == 1.0
+    assert _sample(metrics, 'a2m_request_errors_total{code="-32603",method="memory/remember"}') == 1.0
+    assert _sample(metrics, 'a2m_request_errors_total{code="-32002",method="memory/recall"}') == 1.0
+    assert _sample(metrics, 'a2m_requests_total{method="memory/remember",outcome="error"}') == 2.0
+    assert not [line for line in metrics.splitlines()
+                if line.startswith('a2m_request_errors_total{') and 'method="memory/recall"' in line and "-32002" not in line]
