@@ -283,7 +283,7 @@ class HTTPApp:
             scheme, _, token = auth.partition(" ")
             if scheme.lower() != "bearer" or token.strip() not in self.settings.tokens:
                 await self._refuse(send, 401, b'{"error":"missing or wrong bearer token"}',
-                               headers=[(b"www-authenticate", b'Bearer realm="a2m"')])
+                                   headers=[(b"www-authenticate", b'Bearer realm="a2m"')])
                 return
             mapped = self.settings.tokens[token.strip()]
             principal = None if mapped is SERVICE else str(mapped)
