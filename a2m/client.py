@@ -65,9 +65,11 @@ class HTTPClient:
     async def _post(self, body: bytes, timeout: float | None, method: str) -> tuple[int, bytes]:
         with tracing.client_span(method, self.url) as headers:
             try:
-                return await self._pool.post(body, timeout=timeout or self.timeout, headers=headers)
+                status, payload = await self._pool.post(body, timeout=timeout or self.timeout, headers=headers)
             except ConnectionFailed as exc:
                 raise Unavailable(f"{self.url} unreachable: {exc}", {"url": self.url}) from exc
+            tracing.answered(status)
+            return status, payload
 
     async def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> dict[str, Any]:
         body = orjson.dumps({"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params or {}})

@@ -21,6 +21,11 @@ from .errors import A2MError, invalid
 
 log = logging.getLogger("a2m")
 
+# The method label of a message that names no method to run (not JSON, a batch, no string method).
+INVALID_METHOD = "invalid"
+# The method label of a method name that is neither an A2M method nor one this server handles.
+UNKNOWN_METHOD = "unknown"
+
 Push = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -108,12 +113,18 @@ class Dispatcher:
             raise ValueError(f"unknown capabilities declared: {sorted(unknown)}")
         if "core" not in service.capabilities:
             raise ValueError("every server declares core")
-        self.observer: Callable[[str, float, bool], None] | None = None
+        # (method label, seconds, None when it succeeded else the JSON-RPC error code): the metrics.
+        self.observer: Callable[[str, float, int | None], None] | None = None
         caps = service.capabilities
         self.methods = sorted(
             name for name in self._handlers
             if METHOD_CAPABILITY.get(name) is None or METHOD_CAPABILITY[name] in caps
         )
+
+    def label(self, method: str) -> str:
+        """The name metrics and spans give `method`: itself when it is an A2M method or one this server
+        handles, else "unknown", so a caller sending made-up names cannot add series or span names."""
+        return method if method in METHOD_CAPABILITY or method in self._handlers else UNKNOWN_METHOD
 
     async def _describe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         if "protocol" in params and not compatible(params["protocol"]):
@@ -150,10 +161,11 @@ class Dispatcher:
 
     async def handle_bytes(self, body: bytes, ctx: Context) -> bytes | None:
         """One message's bytes -> the response's bytes, or None for a notification (what bindings call)."""
+        started = time.perf_counter()
         try:
             message = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return orjson.dumps(_error(None, A2MError(errors.PARSE_ERROR, "body is not valid JSON")))
+            return self._reply(None, A2MError(errors.PARSE_ERROR, "body is not valid JSON"), True, started)[1]
         _, encoded = await self._handle(message, ctx, encode=True)
         return encoded
 
@@ -166,26 +178,29 @@ class Dispatcher:
         like any other, logged and answered -32603, never an HTTP 500 or a
         silent stdio line.
         """
+        started = time.perf_counter()
         if isinstance(message, list):
             return self._reply(None, A2MError(errors.INVALID_REQUEST,
-                                              "batches are not supported: send one message at a time"), encode)
+                                              "batches are not supported: send one message at a time"), encode, started)
         if not isinstance(message, dict):
-            return self._reply(None, A2MError(errors.INVALID_REQUEST, "a request must be a JSON object"), encode)
+            return self._reply(None, A2MError(errors.INVALID_REQUEST, "a request must be a JSON object"), encode,
+                               started)
         notification = "id" not in message
         id_ = message.get("id")
         if not _valid_id(id_):
-            return self._reply(None, A2MError(errors.INVALID_REQUEST, "id must be a string, a number or null"), encode)
+            return self._reply(None, A2MError(errors.INVALID_REQUEST, "id must be a string, a number or null"), encode,
+                               started)
         method = message.get("method")
         if message.get("jsonrpc") != "2.0" or not isinstance(method, str):
             return self._reply(id_, A2MError(errors.INVALID_REQUEST, "expected jsonrpc \"2.0\" and a string method"),
-                               encode)
+                               encode, started)
         params = message.get("params", {})
         if params is None:
             params = {}
-        started = time.perf_counter()
-        ok = False
+        code: int | None = errors.INTERNAL_ERROR
         encoded: bytes | None = None
-        with tracing.server_span(method, ctx.traceparent) as span:
+        label = self.label(method)
+        with tracing.server_span(label, ctx.traceparent, None if label == method else method) as span:
             try:
                 if not isinstance(params, dict):
                     raise invalid("params must be an object (by name)")
@@ -193,8 +208,9 @@ class Dispatcher:
                 response: dict[str, Any] = {"jsonrpc": "2.0", "id": id_, "result": result}
                 if encode and not notification:
                     encoded = dumps(response)
-                ok = True
+                code = None
             except A2MError as exc:
+                code = exc.code
                 response = _error(id_, exc)
                 tracing.failed(span, exc.code, exc.message)
             except Exception as exc:  # a bug or an engine failure: report it, never crash the binding
@@ -203,16 +219,20 @@ class Dispatcher:
                                                 {"method": method}))
                 tracing.failed(span, errors.INTERNAL_ERROR, type(exc).__name__)
         if self.observer is not None:
-            self.observer(method if method in METHOD_CAPABILITY or method in self._handlers else "unknown",
-                          time.perf_counter() - started, ok)
+            self.observer(label, time.perf_counter() - started, code)
         if notification:
             return None, None
         if encode and encoded is None:
             encoded = _encode_error(response, method)
         return response, encoded
 
-    @staticmethod
-    def _reply(id_: Any, error: A2MError, encode: bool) -> tuple[dict[str, Any], bytes | None]:
+    def _reply(self, id_: Any, error: A2MError, encode: bool,
+               started: float) -> tuple[dict[str, Any], bytes | None]:
+        """The error answer to a message that names no method to run (not JSON, a batch, no string
+        method), counted as method "invalid": a client sending such bodies fails on every call, and
+        an operator sees it only if the request counts do. Never labelled by what the caller sent."""
+        if self.observer is not None:
+            self.observer(INVALID_METHOD, time.perf_counter() - started, error.code)
         response = _error(id_, error)
         return response, dumps(response) if encode else None
 

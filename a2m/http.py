@@ -10,6 +10,7 @@ the CORS answers a browser needs to call at all: the preflight (`OPTIONS`) and
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
 
@@ -21,6 +22,8 @@ from . import errors
 from .capabilities import PROTOCOL
 from .dispatch import Context, Dispatcher
 from .errors import A2MError
+
+log = logging.getLogger("a2m.http")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -80,6 +83,18 @@ def origin_problem(origin: str) -> str | None:
     return None
 
 
+# Latency buckets, in seconds, for a call that may take 100 us (describe on a tier) or a minute (a
+# session close that moves a long conversation; a tier timing out): no gap wider than 2.5x below 1 s,
+# where quantiles are read, and room past the 5 s default tier timeout.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+# The error codes a2m_request_errors_total names; any other counts as "other".
+PROTOCOL_CODES = frozenset(value for name, value in vars(errors).items() if name.isupper() and isinstance(value, int)
+                           and -32768 <= value <= -32000)
+
+
 class Metrics:
     """Per-app registry, so several servers in one process (tests) do not collide."""
 
@@ -88,12 +103,27 @@ class Metrics:
         self.requests = Counter("a2m_requests", "JSON-RPC requests", ["method", "outcome"], registry=self.registry)
         self.latency = Histogram(
             "a2m_request_seconds", "JSON-RPC latency", ["method"], registry=self.registry,
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
+            buckets=LATENCY_BUCKETS,
         )
 
+        # Labelled by the protocol's codes only: a mounted tier may answer any integer, passed on.
+        self.errors = Counter("a2m_request_errors", "JSON-RPC requests answered with an error, by code",
+                              ["method", "code"], registry=self.registry)
+        self._error_children: dict[tuple[str, str], Any] = {}
+        # Labelled by the status the binding answers (a fixed set), never by anything the caller sent.
+        self.refused = Counter("a2m_http_refused", "HTTP requests refused before any JSON-RPC method ran",
+                               ["status"], registry=self.registry)
         self._children: dict[tuple[str, bool], tuple[Any, Any]] = {}
 
-    def observe(self, method: str, seconds: float, ok: bool) -> None:
+    def observe(self, method: str, seconds: float, code: int | None) -> None:
+        """One message answered: `code` None when it succeeded, else its JSON-RPC error code."""
+        ok = code is None
+        if code is not None:
+            label = str(code) if code in PROTOCOL_CODES else "other"
+            counter = self._error_children.get((method, label))
+            if counter is None:
+                counter = self._error_children[(method, label)] = self.errors.labels(method, label)
+            counter.inc()
         children = self._children.get((method, ok))
         if children is None:  # label lookup is the costly part of prometheus-client: do it once
             children = (self.requests.labels(method, "ok" if ok else "error"), self.latency.labels(method))
@@ -159,13 +189,13 @@ class HTTPApp:
                 await self._preflight(scope, send)
                 return
             if method != "POST":
-                await _respond(send, 405, b'{"error":"use POST"}', headers=[(b"allow", b"POST")])
+                await self._refuse(send, 405, b'{"error":"use POST"}', headers=[(b"allow", b"POST")])
                 return
             await self._rpc(scope, receive, send)
         elif path not in _GET_PATHS:  # before the method: a 405 would say the path exists
-            await _respond(send, 404, b'{"error":"not found"}')
+            await self._refuse(send, 404, b'{"error":"not found"}')
         elif method != "GET":
-            await _respond(send, 405, b'{"error":"use GET"}', headers=[(b"allow", b"GET")])
+            await self._refuse(send, 405, b'{"error":"use GET"}', headers=[(b"allow", b"GET")])
         elif path == "/.well-known/a2m-server.json":
             # No token is needed here (protocol §8): with tokens configured the caller is anonymous.
             result = await self.dispatcher.call("memory/describe", {},
@@ -187,7 +217,27 @@ class HTTPApp:
                     body["error"] = type(exc).__name__
             await _respond(send, 200 if ready else 503, orjson.dumps(body))
         else:  # /metrics
+            await self._before_scrape()
             await _respond(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode())
+
+    async def _refuse(self, send: Send, status: int, body: bytes,
+                      headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """Answer a refusal and count it in `a2m_http_refused_total{status}`: a client with a revoked
+        token or an unlisted Origin fails every call before the dispatcher, which counts nothing, sees
+        it (and logging each one would let any caller flood the log)."""
+        self.metrics.refused.labels(str(status)).inc()
+        await _respond(send, status, body, headers=headers)
+
+    async def _before_scrape(self) -> None:
+        """Let the service bring what its gauges read up to date (the router probes tiers that may be
+        back). A failure there is logged and the scrape still answers: stale gauges beat no metrics."""
+        hook = getattr(self.dispatcher.service, "before_scrape", None)
+        if hook is None:
+            return
+        try:
+            await hook()
+        except Exception:
+            log.exception("before_scrape failed; /metrics answers with what it has")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -211,9 +261,9 @@ class HTTPApp:
         request itself would be); without an Origin it is no preflight, and the endpoint is POST-only."""
         origin = _request_headers(scope).get("origin")
         if origin is None:
-            await _respond(send, 405, b'{"error":"use POST"}', headers=[(b"allow", b"POST")])
+            await self._refuse(send, 405, b'{"error":"use POST"}', headers=[(b"allow", b"POST")])
         elif origin not in self.settings.allowed_origins:
-            await _respond(send, 403, b'{"error":"origin not allowed"}')
+            await self._refuse(send, 403, b'{"error":"origin not allowed"}')
         else:
             await _respond(send, 204, headers=[*_cors(origin), (b"access-control-allow-methods", b"POST"),
                                                (b"access-control-allow-headers", _CORS_REQUEST_HEADERS),
@@ -224,7 +274,7 @@ class HTTPApp:
         origin = headers.get("origin")
         if origin is not None:
             if origin not in self.settings.allowed_origins:
-                await _respond(send, 403, b'{"error":"origin not allowed"}')
+                await self._refuse(send, 403, b'{"error":"origin not allowed"}')
                 return
             send = _with_cors(send, origin)
         principal = None
@@ -232,30 +282,30 @@ class HTTPApp:
             auth = headers.get("authorization", "")
             scheme, _, token = auth.partition(" ")
             if scheme.lower() != "bearer" or token.strip() not in self.settings.tokens:
-                await _respond(send, 401, b'{"error":"missing or wrong bearer token"}',
-                               headers=[(b"www-authenticate", b'Bearer realm="a2m"')])
+                await self._refuse(send, 401, b'{"error":"missing or wrong bearer token"}',
+                                   headers=[(b"www-authenticate", b'Bearer realm="a2m"')])
                 return
             mapped = self.settings.tokens[token.strip()]
             principal = None if mapped is SERVICE else str(mapped)
         version = headers.get("a2m-protocol-version")
         if version is not None and version.strip() != PROTOCOL:
-            await _respond(send, 400, orjson.dumps({"jsonrpc": "2.0", "id": None, "error": A2MError(
+            await self._refuse(send, 400, orjson.dumps({"jsonrpc": "2.0", "id": None, "error": A2MError(
                 errors.PROTOCOL_NOT_SUPPORTED, f"this server speaks {PROTOCOL}", {"supported": [PROTOCOL]}).to_error()}))
             return
         ctype = headers.get("content-type")
         if ctype is not None and "json" not in ctype.lower():
-            await _respond(send, 415, b'{"error":"send Content-Type: application/json (a JSON-RPC body)"}')
+            await self._refuse(send, 415, b'{"error":"send Content-Type: application/json (a JSON-RPC body)"}')
             return
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.settings.max_body:
-            await _respond(send, 413, b'{"error":"body too large"}')
+            await self._refuse(send, 413, b'{"error":"body too large"}')
             return
         first = await receive()
         if first["type"] == "http.disconnect":
             return
         body = first.get("body", b"")
         if len(body) > self.settings.max_body:
-            await _respond(send, 413, b'{"error":"body too large"}')
+            await self._refuse(send, 413, b'{"error":"body too large"}')
             return
         chunks: list[bytes] = [body]
         size = len(body)
@@ -267,7 +317,7 @@ class HTTPApp:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.settings.max_body:
-                await _respond(send, 413, b'{"error":"body too large"}')
+                await self._refuse(send, 413, b'{"error":"body too large"}')
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)

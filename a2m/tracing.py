@@ -88,9 +88,15 @@ def enabled() -> bool:
 _OFF: AbstractContextManager[None] = nullcontext()
 
 
-def server_span(method: str, traceparent: str | None) -> AbstractContextManager[Any]:
-    """The span of one request this process serves, a child of the caller's when it sent one."""
-    return _OFF if _tracer is None else _server_span(method, traceparent)
+# How much of a method name no server knows a span keeps (`rpc.method_original`).
+ORIGINAL_CHARS = 100
+
+
+def server_span(method: str, traceparent: str | None, original: str | None = None) -> AbstractContextManager[Any]:
+    """The span of one request this process serves, a child of the caller's when it sent one.
+    `method` names it and must come from a bounded set; `original` is what the caller sent when
+    that differs (an unknown method), kept cut short as an attribute."""
+    return _OFF if _tracer is None else _server_span(method, traceparent, original)
 
 
 def client_span(method: str, url: str) -> AbstractContextManager[dict[str, str] | None]:
@@ -99,14 +105,17 @@ def client_span(method: str, url: str) -> AbstractContextManager[dict[str, str] 
 
 
 @contextmanager
-def _server_span(method: str, traceparent: str | None) -> Iterator[Any]:
+def _server_span(method: str, traceparent: str | None, original: str | None) -> Iterator[Any]:
     assert _tracer is not None
     from opentelemetry.propagate import extract
     from opentelemetry.trace import SpanKind
 
     parent = extract({"traceparent": traceparent}) if traceparent else None
+    attributes = {"rpc.system": "jsonrpc", "rpc.method": method}
+    if original is not None:
+        attributes["rpc.method_original"] = original[:ORIGINAL_CHARS]
     with _tracer.start_as_current_span(f"a2m {method}", context=parent, kind=SpanKind.SERVER,
-                                       attributes={"rpc.system": "jsonrpc", "rpc.method": method}) as span:
+                                       attributes=attributes) as span:
         yield span
 
 
@@ -132,3 +141,17 @@ def failed(span: Any, code: int, message: str) -> None:
 
     span.set_attribute("rpc.jsonrpc.error_code", code)
     span.set_status(Status(StatusCode.ERROR, message))
+
+
+def answered(status: int) -> None:
+    """Record the HTTP status on the current client span, failed unless 200 or 202: a server that
+    refuses a call before its own span (a wrong path, a wrong token, an overload 503) leaves the
+    caller's span as the trace's only record of that call, and it must not say OK."""
+    if _tracer is None:
+        return
+    from opentelemetry.trace import Status, StatusCode, get_current_span
+
+    span = get_current_span()
+    span.set_attribute("http.response.status_code", status)
+    if status not in (200, 202):
+        span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))

@@ -28,6 +28,9 @@ BACKOFF_MIN = 0.25
 BACKOFF_MAX = 15.0
 
 
+Observer = Callable[[str, str, float, str], None]
+
+
 @dataclass(eq=False)
 class Tier:
     config: TierConfig
@@ -40,6 +43,9 @@ class Tier:
     _revive: "asyncio.Task[Any] | None" = None  # the describe after a comeback (held: the loop keeps only weak refs)
     reached: bool = False  # has answered at least once (a tier still starting is not news)
     _probe_until: float = 0.0  # a read after the backoff is in flight: the others skip the tier until then
+    # (tier, method, seconds, outcome) after every call: the router's per-tier metrics. Outcome is
+    # "ok", "error" (the tier answered an A2M error) or "unavailable" (unreachable or timed out).
+    observe: "Observer | None" = None
 
     @property
     def name(self) -> str:
@@ -116,18 +122,26 @@ class Tier:
         a protocol error from the tier is raised as the tier's A2MError."""
         was_down = not self.healthy
         started = time.monotonic()
+        outcome: str | None = None  # stays None when cancelled: neither the tier's success nor its fault
         try:
             limit = timeout or self.config.timeout
             async with asyncio.timeout(limit + 1.0):  # not wait_for: on 3.11 that is one more task per call
                 result = await self.client.call(method, params, timeout=limit)
+            outcome = "ok"
         except (Unavailable, asyncio.TimeoutError, OSError) as exc:
+            outcome = "unavailable"
             error = exc if isinstance(exc, Unavailable) else Unavailable(f"{self.name}: {type(exc).__name__}")
             self._down(error, started)
             raise Unavailable(f"tier {self.name} unavailable: {error.message}",
                               {"tier": self.name, "url": self.config.url}) from exc
+        except Exception:
+            outcome = "error"  # the tier answered a JSON-RPC error (or the call broke)
+            raise
         finally:
             if probe:
                 self._probe_until = 0.0
+            if self.observe is not None and outcome is not None:
+                self.observe(self.name, method, time.monotonic() - started, outcome)
         if was_down and not self.healthy:  # concurrent probes that all succeed announce it once
             self.healthy, self.failures, self.last_error, self.retry_at = True, 0, None, 0.0
             log.log(logging.WARNING if self.reached else logging.INFO, "tier %s is %s", self.name,
@@ -171,10 +185,17 @@ class Federation:
         self._factory = client_factory or (lambda t: HTTPClient(t.url, token=config.service_token, timeout=t.timeout))
         self.tiers: dict[str, Tier] = {}
         self.order = [t.name for t in config.tiers]
+        self._observe: Observer | None = None
+
+    def observe_calls(self, observer: Observer | None) -> None:
+        """Report every tier call, as it ends, to `observer` (tiers made before or after this)."""
+        self._observe = observer
+        for tier in self.tiers.values():
+            tier.observe = observer
 
     async def start(self) -> None:
         for tier_config in self.config.tiers:
-            self.tiers[tier_config.name] = Tier(tier_config, self._factory(tier_config))
+            self.tiers[tier_config.name] = Tier(tier_config, self._factory(tier_config), observe=self._observe)
         await asyncio.gather(*(t.refresh() for t in self.tiers.values()))
         down = [t.name for t in self.tiers.values() if not t.healthy]
         if down:

@@ -127,6 +127,7 @@ class Policy:
         self._counted = 0
         self._progress = asyncio.Event()  # set (and replaced) each time `_counted` moves or a flush stops
         self.observe_move: Any = None  # (reason, source, dest, count) -> None: the router's metrics
+        self.observe_drop: Any = None  # (tier, count) -> None: records deleted by retention = "drop"
         # Source deletes begun by moves, per owner slot (`moves_seen`).
         self._deletes = [0] * MOVE_SLOTS
 
@@ -362,7 +363,10 @@ class Policy:
                     # Whole groups, as a move takes them: members in other sessions go too, never half a group.
                     ids = [r["id"] for r in await self._whole_groups(tier, owner, victims, embeddings=False)]
                     result = await tier.call("memory/forget", _owner({"ids": ids}, owner))
-                return {"moved": 0, "dropped": int(result.get("forgotten", 0))}
+                dropped = int(result.get("forgotten", 0))
+                if dropped and self.observe_drop is not None:
+                    self.observe_drop(tier.name, dropped)
+                return {"moved": 0, "dropped": dropped}
             if not config.spill_to:
                 return {"moved": 0, "dropped": 0}
             dest = self.fed[config.spill_to]

@@ -24,7 +24,7 @@ from a2m.embedder import make_embedder, try_embed
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
 from a2m.filters import parse_scope, test_matches
-from a2m.http import HTTPSettings
+from a2m.http import LATENCY_BUCKETS, HTTPSettings
 from a2m.paging import CrowdedMillisecond, pages_backwards
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
 from a2m.summarize import SUMMARY_CHARS, summarize as extract_summary
@@ -37,6 +37,9 @@ from .federation import FanOut, Federation, Tier
 from .policy import Policy, Refusals
 
 log = logging.getLogger("a2m.router")
+
+# How long a /metrics scrape waits for the probes of down tiers (Prometheus times a scrape out at 10 s).
+SCRAPE_PROBE_WAIT = 1.0
 
 DEFAULT_RECALL_LIMIT = 10
 TAKE_BACK_PAUSE = 0.5  # before forgetting again what a tier the router stopped waiting for had not applied yet
@@ -188,12 +191,33 @@ class Router(EventMethods):
         moved = Counter("a2m_router_moved_records", "records moved between tiers", ["reason", "source", "dest"],
                         registry=registry)
         self.policy.observe_move = lambda reason, source, dest, n: moved.labels(reason, source, dest).inc(n)
+        dropped = Counter("a2m_router_dropped_records", 'records deleted over capacity (retention = "drop")',
+                          ["tier"], registry=registry)
+        self.policy.observe_drop = lambda tier, n: dropped.labels(tier).inc(n)
         self._degraded_calls = Counter("a2m_router_degraded_calls", "calls that left a tier out", ["tier"],
                                  registry=registry)
         up = Gauge("a2m_router_tier_up", "1 while the router reaches the tier", ["tier"], registry=registry)
         for name in self.fed.order:  # the tiers themselves exist only once the federation starts
             up.labels(name).set_function(
                 lambda name=name: 1.0 if name in self.fed.tiers and self.fed.tiers[name].healthy else 0.0)
+        self._scrape_probes: dict[str, asyncio.Task[Any]] = {}
+        self.fed.observe_calls(_tier_call_metrics(registry))
+
+    async def before_scrape(self) -> None:
+        """Probe each down tier whose backoff has run out before /metrics reads `tier_up`, as /readyz
+        does: a scrape may be a quiet router's only traffic, and the gauge (an alert's input) would
+        say "down" for a tier that is back until some request happened to reach it. The scrape waits
+        at most SCRAPE_PROBE_WAIT s; a slower probe (a hung tier) goes on, one per tier at a time,
+        and a later scrape reads its verdict."""
+        for tier in self.fed:
+            if not tier.healthy and tier.available() and tier.name not in self._scrape_probes:
+                task = asyncio.get_running_loop().create_task(tier.refresh())
+                self._scrape_probes[tier.name] = task
+                self._tasks.add(task)  # drained at shutdown, as every background task
+                task.add_done_callback(self._tasks.discard)
+                task.add_done_callback(lambda _, name=tier.name: self._scrape_probes.pop(name, None))
+        if self._scrape_probes:
+            await asyncio.wait(list(self._scrape_probes.values()), timeout=SCRAPE_PROBE_WAIT)
 
     async def health(self) -> dict[str, Any]:
         """Per-tier status for /readyz: ready needs only the default tier, the rest is reported.
@@ -1053,6 +1077,31 @@ class Router(EventMethods):
             "prompt": prompts.describe(),
             "fusion": self.config.fusion.strategy,
         }
+
+
+def _tier_call_metrics(registry: Any) -> Callable[[str, str, float, str], None]:
+    """The observer of every call the router makes to a tier: how many, how each ended and how long
+    it took, per tier and method. A tier that hangs has no /metrics of its own to scrape, and what a
+    tier measures of itself leaves out the network and the router's timeout; this is what callers
+    of the router wait for. Labels are bounded: tier names come from router.toml, methods from the
+    router's own code, outcomes are ok | error | unavailable."""
+    from prometheus_client import Counter, Histogram
+
+    calls = Counter("a2m_router_tier_calls", "calls the router made to a tier, by how they ended",
+                    ["tier", "method", "outcome"], registry=registry)
+    seconds = Histogram("a2m_router_tier_call_seconds", "latency of the router's calls to a tier, failures included",
+                        ["tier", "method"], registry=registry, buckets=LATENCY_BUCKETS)
+    children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
+    def observe(tier: str, method: str, elapsed: float, outcome: str) -> None:
+        found = children.get((tier, method, outcome))
+        if found is None:  # label lookup is the costly part of prometheus-client: once per series
+            found = children[(tier, method, outcome)] = (calls.labels(tier, method, outcome),
+                                                         seconds.labels(tier, method))
+        found[0].inc()
+        found[1].observe(elapsed)
+
+    return observe
 
 
 def shared_metrics(per_tier: Iterable[Iterable[str]]) -> tuple[str | None, list[str]]:

@@ -45,3 +45,147 @@ async def test_readyz_sees_a_tier_come_back_without_other_traffic(tmp_path: Path
         while httpx.get(stack.url + "readyz").json()["tiers"]["procedural"] != "up":
             assert time.monotonic() < deadline, "readyz never saw the tier come back"
             time.sleep(0.2)
+
+
+def _sample(metrics: str, name: str) -> float | None:
+    """The value of the exposition line whose series is exactly `name` (with its labels), or None."""
+    for line in metrics.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series == name:
+            return float(value)
+    return None
+
+
+@pytest.mark.anyio
+async def test_tier_up_sees_a_tier_come_back_without_other_traffic(tmp_path: Path) -> None:
+    """A scrape is the only traffic a quiet router may get: `a2m_router_tier_up` stayed 0 for a tier
+    that was back until some request happened to reach it, so the alert on it never cleared."""
+    with federation(tmp_path) as stack:
+        stack.tiers["procedural"].kill()
+        recall = {"jsonrpc": "2.0", "id": 1, "method": "memory/recall", "params": {"query": "anything"}}
+        assert httpx.post(stack.url, json=recall).json()["result"]["degraded"] == ["procedural"]
+        assert _sample(httpx.get(stack.url + "metrics").text, 'a2m_router_tier_up{tier="procedural"}') == 0.0
+        stack.tiers["procedural"].start().wait()
+        deadline = time.monotonic() + 30  # the backoff after one failure is short; only scrapes are sent
+        while _sample(httpx.get(stack.url + "metrics").text, 'a2m_router_tier_up{tier="procedural"}') != 1.0:
+            assert time.monotonic() < deadline, "a2m_router_tier_up never saw the tier come back"
+            time.sleep(0.2)
+
+
+@pytest.mark.anyio
+async def test_each_tiers_latency_and_failures_are_exported_by_the_router(tmp_path: Path) -> None:
+    """A tier that is slow or fails must show on the router's /metrics, per tier: a tier that hangs
+    has no metrics of its own to scrape, and the router's `degraded` count says neither how long
+    it waited nor which calls (writes included) failed."""
+    with federation(tmp_path) as stack:
+        recall = {"jsonrpc": "2.0", "id": 1, "method": "memory/recall", "params": {"query": "anything"}}
+        assert "degraded" not in httpx.post(stack.url, json=recall).json()["result"]
+        stack.tiers["working"].pause()  # hangs: the router waits out its 2 s timeout
+        try:
+            assert httpx.post(stack.url, json=recall, timeout=30).json()["result"]["degraded"] == ["working"]
+        finally:
+            stack.tiers["working"].resume()
+        stack.tiers["procedural"].kill()
+        write = {"jsonrpc": "2.0", "id": 2, "method": "memory/remember",
+                 "params": {"records": [{"content": "how to", "tier": "procedural"}]}}
+        assert httpx.post(stack.url, json=write).json()["error"]["code"] == -32603
+        metrics = httpx.get(stack.url + "metrics").text
+    ok = _sample(metrics, 'a2m_router_tier_calls_total{method="memory/recall",outcome="ok",tier="episodic"}')
+    assert ok is not None and ok >= 2
+    hung = _sample(metrics, 'a2m_router_tier_calls_total{method="memory/recall",outcome="unavailable",tier="working"}')
+    assert hung == 1.0
+    failed = _sample(metrics,
+                     'a2m_router_tier_calls_total{method="memory/remember",outcome="unavailable",tier="procedural"}')
+    assert failed is not None and failed >= 1
+    waited = _sample(metrics, 'a2m_router_tier_call_seconds_sum{method="memory/recall",tier="working"}')
+    assert waited is not None and waited >= 2.0  # the timeout it waited out is in the latency
+    slow = _sample(metrics, 'a2m_router_tier_call_seconds_bucket{le="1.0",method="memory/recall",tier="working"}')
+    total = _sample(metrics, 'a2m_router_tier_call_seconds_count{method="memory/recall",tier="working"}')
+    assert slow is not None and total is not None and total - slow == 1  # one call slower than 1 s
+
+
+@pytest.mark.anyio
+async def test_latency_buckets_resolve_sub_millisecond_to_multi_second_calls(tmp_path: Path) -> None:
+    """A quantile is interpolated inside one bucket: with bounds 0.25, 1 and 5 s a p99 of 1.2 s and one
+    of 4.8 s read the same, and a tier's 100 us describe shared its bucket with 500 us. Every bound
+    below 30 s is within 2.5x of the next, from 100 us up, on the router as on each tier."""
+    with federation(tmp_path) as stack:
+        httpx.post(stack.url, json={"jsonrpc": "2.0", "id": 1, "method": "memory/recall", "params": {}})
+        for url in (stack.url, stack.tiers["working"].url):
+            metrics = httpx.get(url + "metrics").text
+            bounds = sorted({float(line.split('le="')[1].split('"')[0]) for line in metrics.splitlines()
+                             if line.startswith("a2m_request_seconds_bucket{") and 'le="+Inf"' not in line})
+            assert bounds[0] <= 0.0001 and bounds[-1] >= 30, (url, bounds)
+            wide = [(low, high) for low, high in zip(bounds, bounds[1:]) if high < 30 and high / low > 2.5]
+            assert not wide, (url, wide)
+
+
+@pytest.mark.anyio
+async def test_refused_requests_are_counted(tmp_path: Path) -> None:
+    """Requests refused before any method runs were in no metric and no log: a client with a
+    rotated-out token, a browser page from an unlisted origin or a client sending batches failed
+    every call while a2m_requests_total stayed flat. They are counted by the HTTP status (transport
+    refusals) or under method="invalid" (a body that is no JSON-RPC request), never by what the
+    caller sent, so a caller cannot add series."""
+    with federation(tmp_path, top={"auth": {"tokens": {"tok-a": "alice"}}}) as stack:
+        describe = {"jsonrpc": "2.0", "id": 1, "method": "memory/describe"}
+        good = {"authorization": "Bearer tok-a"}
+        assert httpx.post(stack.url, json=describe).status_code == 401
+        assert httpx.post(stack.url, json=describe, headers={"authorization": "Bearer old"}).status_code == 401
+        for header, status in (("origin", 403), ("a2m-protocol-version", 400)):
+            value = "https://evil.example" if header == "origin" else "a2m/9"
+            assert httpx.post(stack.url, json=describe, headers={**good, header: value}).status_code == status
+        assert httpx.post(stack.url, content=b"x", headers={**good, "content-type": "text/plain"}).status_code == 415
+        assert httpx.post(stack.url, content=b"{", headers=good).json()["error"]["code"] == -32700
+        assert httpx.post(stack.url, json=[describe], headers=good).json()["error"]["code"] == -32600
+        assert httpx.post(stack.url, json={"id": 2, "method": 7}, headers=good).json()["error"]["code"] == -32600
+        assert "result" in httpx.post(stack.url, json=describe, headers=good).json()
+        metrics = httpx.get(stack.url + "metrics").text
+    assert _sample(metrics, 'a2m_http_refused_total{status="401"}') == 2.0
+    assert _sample(metrics, 'a2m_http_refused_total{status="403"}') == 1.0
+    assert _sample(metrics, 'a2m_http_refused_total{status="400"}') == 1.0
+    assert _sample(metrics, 'a2m_http_refused_total{status="415"}') == 1.0
+    assert _sample(metrics, 'a2m_requests_total{method="invalid",outcome="error"}') == 3.0
+    assert _sample(metrics, 'a2m_requests_total{method="memory/describe",outcome="ok"}') == 1.0
+
+
+@pytest.mark.anyio
+async def test_records_the_router_drops_are_counted(tmp_path: Path) -> None:
+    """With `retention = "drop"` the router deletes what is over capacity: the only records it ever
+    deletes by policy, and the one count /metrics did not have (moves had a counter, drops none)."""
+    tiers = [{"name": "working", "kind": "working", "capacity": 4, "per_session": True, "retention": "drop"}]
+    with federation(tmp_path, tiers) as stack:
+        turns = [{"content": f"turn {i}", "session": "s", "role": "user"} for i in range(10)]
+        write = {"jsonrpc": "2.0", "id": 1, "method": "memory/remember", "params": {"records": turns}}
+        assert len(httpx.post(stack.url, json=write).json()["result"]["ids"]) == 10
+        consolidate = {"jsonrpc": "2.0", "id": 2, "method": "memory/consolidate", "params": {}}
+        assert "result" in httpx.post(stack.url, json=consolidate).json()  # whatever the write left over
+        timeline = {"jsonrpc": "2.0", "id": 3, "method": "memory/timeline", "params": {}}
+        assert len(httpx.post(stack.url, json=timeline).json()["result"]["records"]) == 4
+        metrics = httpx.get(stack.url + "metrics").text
+    assert _sample(metrics, 'a2m_router_dropped_records_total{tier="working"}') == 6.0
+
+
+@pytest.mark.anyio
+async def test_errors_are_counted_by_code_so_a_callers_mistake_is_not_an_outage(tmp_path: Path) -> None:
+    """`outcome="error"` lumped a client's bad params (-32602) with the router failing (-32603): an
+    alert on the error rate fired for a buggy client and could not say when the service broke.
+    `a2m_request_errors_total{method,code}` tells them apart; codes outside the protocol's own
+    set (a mounted third-party tier may answer anything) count as "other"."""
+    with federation(tmp_path) as stack:
+        def rpc(method: str, params: dict) -> dict:
+            return httpx.post(stack.url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).json()
+
+        assert rpc("memory/remember", {"records": []})["error"]["code"] == -32602
+        assert rpc("memory/recall", {"tier": "nowhere"})["error"]["code"] == -32002
+        stack.tiers["procedural"].kill()
+        assert rpc("memory/remember", {"records": [{"content": "x", "tier": "procedural"}]})["error"]["code"] == -32603
+        assert "result" in rpc("memory/recall", {})
+        metrics = httpx.get(stack.url + "metrics").text
+    assert _sample(metrics, 'a2m_request_errors_total{code="-32602",method="memory/remember"}') == 1.0
+    assert _sample(metrics, 'a2m_request_errors_total{code="-32603",method="memory/remember"}') == 1.0
+    assert _sample(metrics, 'a2m_request_errors_total{code="-32002",method="memory/recall"}') == 1.0
+    assert _sample(metrics, 'a2m_requests_total{method="memory/remember",outcome="error"}') == 2.0
+    recall_errors = [line for line in metrics.splitlines()
+                     if line.startswith('a2m_request_errors_total{') and 'method="memory/recall"' in line]
+    assert len(recall_errors) == 1  # the recall that came back degraded is no error
