@@ -95,12 +95,13 @@ class HTTPEmbedder:
                  timeout: float = 30.0, retry_wait: float = 0.25) -> None:
         import httpx
 
-        self.url = url.rstrip("/") + "/embeddings"
+        self.url = embeddings_url(url)
         self.model = model
         self.dimensions: int | None = None
         self.batch_size = batch_size
         self.retry_wait = retry_wait
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        key = clean_api_key(api_key)
+        headers = {"authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.AsyncClient(headers=headers, timeout=timeout)
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
@@ -152,6 +153,42 @@ class HTTPEmbedder:
                 raise EmbedderError(f"the endpoint answered {len(vector)} dimensions, earlier {self.dimensions}")
             vectors[index] = vector
         return [v for v in vectors if v is not None]
+
+
+def embeddings_url(base: str) -> str:
+    """The `/embeddings` endpoint under an OpenAI-compatible base URL, however the user wrote it.
+
+    OpenAI's clients take the base with `/v1` (`https://api.openai.com/v1`), but vLLM and Ollama
+    are often given as `http://host:port`, and some users paste the endpoint itself. Each used to
+    be posted to as `<base>/embeddings`, which such a server answers 404: every record then went
+    without a vector, every call logged. A bare host gets `/v1`; a URL already ending in
+    `/embeddings` is used as it is; any other path (a proxy's prefix) is kept, as OpenAI's clients do.
+    """
+    import httpx
+
+    parsed = httpx.URL(base)
+    path = parsed.path.rstrip("/")
+    if not path.endswith("/embeddings"):
+        path = (path or "/v1") + "/embeddings"
+    return str(parsed.copy_with(path=path))
+
+
+def clean_api_key(key: str | None) -> str | None:
+    """The key without the spaces or newline around it (a key read from a file or a secret often
+    ends in one), or ValueError for one no HTTP header can carry, naming no character of it.
+
+    A key with a trailing newline failed every request inside httpx, whose error, logged on each
+    call, quoted the whole `Bearer <key>` header.
+    """
+    if key is None:
+        return None
+    key = key.strip()
+    if not key:
+        return None
+    if not all(" " <= c <= "~" for c in key):
+        raise ValueError("the embedder's API key ($A2M_EMBEDDER_KEY) holds a character an HTTP header cannot "
+                         f"carry (a control or non-ASCII character, {len(key)} characters in all); check how it is set")
+    return key
 
 
 def _retry_after(header: str | None, default: float) -> float:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from a2m.embedder import EmbedderError, HTTPEmbedder, InputRefused, try_embed
+from a2m.embedder import EmbedderError, HTTPEmbedder, InputRefused, make_embedder, try_embed
 from tests.support.procs import free_port
 
 pytestmark = pytest.mark.anyio
@@ -25,8 +25,12 @@ def good(texts: list[str]) -> Reply:
 
 
 @contextmanager
-def endpoint(replies: list[Callable[[list[str]], Reply]]) -> Iterator[tuple[list[list[str]], str]]:
-    """Answer the n-th request with replies[n] (the last one from then on); yields (the inputs seen, its URL)."""
+def endpoint(replies: list[Callable[[list[str]], Reply]],
+             requests: list[tuple[str, str | None]] | None = None) -> Iterator[tuple[list[list[str]], str]]:
+    """Answer the n-th request with replies[n] (the last one from then on); yields (the inputs seen, its URL).
+
+    As vLLM and OpenAI do, it serves only POST /v1/embeddings (404 elsewhere); each request's path
+    and authorization header go to `requests` when one is given."""
     seen: list[list[str]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -36,7 +40,15 @@ def endpoint(replies: list[Callable[[list[str]], Reply]]) -> Iterator[tuple[list
             pass
 
         def do_POST(self) -> None:  # noqa: N802
-            texts = json.loads(self.rfile.read(int(self.headers["content-length"])))["input"]
+            raw_body = self.rfile.read(int(self.headers["content-length"]))
+            if requests is not None:
+                requests.append((self.path, self.headers.get("authorization")))
+            if self.path != "/v1/embeddings":
+                self.send_response(404)
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
+            texts = json.loads(raw_body)["input"]
             seen.append(texts)
             status, body, headers = replies[min(len(seen), len(replies)) - 1](texts)
             raw = json.dumps(body).encode()
@@ -135,3 +147,32 @@ async def test_a_refused_text_alone_goes_without_a_vector() -> None:
     assert [v is None for v in vectors] == [False, False, True, False, False, True, False]
     assert [v[0] for v in vectors if v is not None] == [1.0, 2.0, 3.0, 4.0, 1.0]
     assert len(seen) <= 2 * len(texts)  # halves, each refused batch asked once (a 400 is not retried)
+
+
+@pytest.mark.parametrize("suffix", ["", "/", "/v1", "/v1/", "/v1/embeddings", "/v1/embeddings/"])
+async def test_the_base_url_may_be_the_host_the_v1_base_or_the_endpoint_itself(suffix: str) -> None:
+    """vLLM and Ollama are often given as http://host:port, and some paste the endpoint itself:
+    each used to be posted to at <url>/embeddings, a 404 on every call (every record without a vector)."""
+    requests: list[tuple[str, str | None]] = []
+    with endpoint([good], requests) as (_, url):
+        embedder = HTTPEmbedder(url.removesuffix("/v1") + suffix, "m")
+        assert await try_embed(embedder, ["a"]) == [[1.0, 1.0, 0.5]]
+    assert [path for path, _ in requests] == ["/v1/embeddings"]
+
+
+async def test_the_api_key_goes_without_the_newline_a_secret_file_leaves_on_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A key read from a file or a Kubernetes secret often ends in a newline: httpx refused every
+    request for it, and the warning logged on each call quoted the whole `Bearer <key>` header."""
+    requests: list[tuple[str, str | None]] = []
+    with endpoint([good], requests) as (_, url):
+        assert await try_embed(HTTPEmbedder(url, "m", api_key=" sk-secret-123\n"), ["a"]) == [[1.0, 1.0, 0.5]]
+        assert await try_embed(HTTPEmbedder(url, "m", api_key="\n"), ["a"]) == [[1.0, 1.0, 0.5]]
+    assert [auth for _, auth in requests] == ["Bearer sk-secret-123", None]
+    assert "sk-secret" not in caplog.text
+
+
+async def test_a_key_no_header_can_carry_is_refused_at_start_without_showing_it() -> None:
+    with pytest.raises(ValueError, match="A2M_EMBEDDER_KEY") as refused:
+        make_embedder("http://127.0.0.1:9/v1", api_key="sk-sec\nret")
+    assert "sk-sec" not in str(refused.value)
