@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import math
 import os
 from typing import Any, Protocol, Sequence
 
@@ -69,6 +70,8 @@ class LocalEmbedder:
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 RETRIES = 2
 MAX_RETRY_WAIT_S = 2.0
+TIMEOUT_S = 30.0  # one request's answer; `A2M_EMBEDDER_TIMEOUT` sets it
+CONNECT_TIMEOUT_S = 3.0
 
 
 class EmbedderError(Exception):
@@ -102,7 +105,10 @@ class HTTPEmbedder:
         self.retry_wait = retry_wait
         key = clean_api_key(api_key)
         headers = {"authorization": f"Bearer {key}"} if key else {}
-        self._http = httpx.AsyncClient(headers=headers, timeout=timeout)
+        # An endpoint that cannot be reached says so in a few seconds, whatever the answer's own limit:
+        # a host that drops packets held every write and every recall for the whole timeout.
+        limits = httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
+        self._http = httpx.AsyncClient(headers=headers, timeout=limits)
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         out: list[list[float]] = []
@@ -153,6 +159,23 @@ class HTTPEmbedder:
                 raise EmbedderError(f"the endpoint answered {len(vector)} dimensions, earlier {self.dimensions}")
             vectors[index] = vector
         return [v for v in vectors if v is not None]
+
+
+def timeout_setting(value: str | None) -> float:
+    """Seconds an HTTP embedder waits for one answer: `A2M_EMBEDDER_TIMEOUT`, else TIMEOUT_S.
+
+    A write and a recall wait on the embedder, so an endpoint that takes the request and never
+    answers holds each of them this long; a deployment whose callers give up sooner sets it lower.
+    """
+    if value is None or not value.strip():
+        return TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"A2M_EMBEDDER_TIMEOUT must be a number of seconds above 0, got {value!r}")
+    return seconds
 
 
 def embeddings_url(base: str) -> str:
@@ -220,7 +243,8 @@ def make_embedder(spec: str | None, *, model: str | None = None, api_key: str | 
             raise ValueError(f"local {LOCAL_MISSING}")
         return LocalEmbedder()
     if spec.startswith(("http://", "https://")):
-        return HTTPEmbedder(spec, model or "text-embedding-3-small", api_key or os.environ.get("A2M_EMBEDDER_KEY"))
+        return HTTPEmbedder(spec, model or "text-embedding-3-small", api_key or os.environ.get("A2M_EMBEDDER_KEY"),
+                            timeout=timeout_setting(os.environ.get("A2M_EMBEDDER_TIMEOUT")))
     raise ValueError(f"unknown embedder {spec!r}: use none, local or an http(s) URL")
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator
 
+import anyio
 import pytest
 
 from a2m.embedder import EmbedderError, HTTPEmbedder, InputRefused, make_embedder, try_embed
@@ -176,3 +178,26 @@ async def test_a_key_no_header_can_carry_is_refused_at_start_without_showing_it(
     with pytest.raises(ValueError, match="A2M_EMBEDDER_KEY") as refused:
         make_embedder("http://127.0.0.1:9/v1", api_key="sk-sec\nret")
     assert "sk-sec" not in str(refused.value)
+
+
+async def test_an_endpoint_that_takes_the_request_and_never_answers_holds_a_call_only_as_long_as_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hung vLLM queue held each write and each recall for a fixed 30 s, a setting no one could change."""
+    def hung(texts: list[str]) -> Reply:
+        time.sleep(4)
+        return good(texts)
+
+    monkeypatch.setenv("A2M_EMBEDDER_TIMEOUT", "0.3")
+    with endpoint([hung]) as (seen, url):
+        embedder = make_embedder(url)
+        with anyio.fail_after(3):
+            assert await try_embed(embedder, ["a"]) is None  # ranked lexically, soon
+    assert len(seen) == 1  # a timeout is not asked again: its time is spent
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_refused_at_start(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("A2M_EMBEDDER_TIMEOUT", value)
+    with pytest.raises(ValueError, match="A2M_EMBEDDER_TIMEOUT"):
+        make_embedder("http://127.0.0.1:9/v1")
