@@ -14,6 +14,9 @@ import importlib.util
 import logging
 import math
 import os
+import time
+import weakref
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import anyio
@@ -103,6 +106,11 @@ class HTTPEmbedder:
         self.dimensions: int | None = None
         self.batch_size = batch_size
         self.retry_wait = retry_wait
+        # Whether the last request failed for the endpoint's own sake (unreachable, timed out, still
+        # busy or rate-limited after its retries). Retries are for a blip: once the endpoint is known
+        # down each call asks it once, so an outage costs each write and recall one refused
+        # connection, not the 1.25 s of waits.
+        self.down = False
         key = clean_api_key(api_key)
         headers = {"authorization": f"Bearer {key}"} if key else {}
         # An endpoint that cannot be reached says so in a few seconds, whatever the answer's own limit:
@@ -120,21 +128,28 @@ class HTTPEmbedder:
     async def _post(self, batch: list[str]) -> Any:
         import httpx
 
-        for attempt in range(RETRIES + 1):
+        retries = 0 if self.down else RETRIES
+        for attempt in range(retries + 1):
             wait = self.retry_wait * 4**attempt
             try:
                 response = await self._http.post(self.url, json={"model": self.model, "input": batch})
             except httpx.ConnectError:
-                if attempt == RETRIES:
+                if attempt == retries:
+                    self.down = True
                     raise
+            except httpx.TransportError:
+                self.down = True
+                raise
             else:
                 if response.status_code in REFUSED_STATUSES:
+                    self.down = False
                     raise InputRefused(f"{self.url} answered HTTP {response.status_code}: {response.text[:200]}")
-                if response.status_code not in RETRY_STATUSES or attempt == RETRIES:
+                if response.status_code not in RETRY_STATUSES or attempt == retries:
+                    self.down = response.status_code in RETRY_STATUSES
                     response.raise_for_status()
                     return response.json()
                 wait = _retry_after(response.headers.get("retry-after"), wait)
-            log.info("embedder %s: attempt %d failed, again in %.2f s", self.url, attempt + 1, wait)
+            log.debug("embedder %s: attempt %d failed, again in %.2f s", self.url, attempt + 1, wait)
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -248,6 +263,48 @@ def make_embedder(spec: str | None, *, model: str | None = None, api_key: str | 
     raise ValueError(f"unknown embedder {spec!r}: use none, local or an http(s) URL")
 
 
+@dataclass
+class Outage:
+    """An embedder failing call after call: logged when it starts, each minute while it lasts, and
+    when it ends, rather than once per write and recall (a busy router logged hundreds a second)."""
+
+    reason: str
+    since: float = field(default_factory=time.monotonic)
+    warned: float = field(default_factory=time.monotonic)
+    calls: int = 1
+
+
+OUTAGE_LOG_EVERY_S = 60.0
+_outages: weakref.WeakKeyDictionary[Any, Outage] = weakref.WeakKeyDictionary()
+
+
+def _failed(embedder: Embedder, exc: Exception) -> None:
+    """Log a failed call: in full the first of an outage, then each OUTAGE_LOG_EVERY_S with a count."""
+    reason = str(exc) or type(exc).__name__
+    outage = _outages.get(embedder)
+    if outage is None:
+        _outages[embedder] = Outage(reason)
+        log.warning("embedder %s failed (%s); falling back to lexical ranking, and records go without "
+                    "vectors, until it answers (logged again each minute while it fails)", embedder.model, reason)
+        return
+    outage.calls += 1
+    now = time.monotonic()
+    if now - outage.warned >= OUTAGE_LOG_EVERY_S:
+        outage.warned = now
+        log.warning("embedder %s still failing (%s): %d calls without it in %.0f s", embedder.model, reason,
+                    outage.calls, now - outage.since)
+    else:
+        log.debug("embedder %s failed (%s)", embedder.model, reason)
+
+
+def _answered(embedder: Embedder) -> None:
+    """Log the end of an outage, if one was under way."""
+    outage = _outages.pop(embedder, None)
+    if outage is not None:
+        log.warning("embedder %s answers again after %.0f s; %d calls went without it", embedder.model,
+                    time.monotonic() - outage.since, outage.calls)
+
+
 async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[list[float] | None] | None:
     """One vector per text, None for a text the endpoint refused; or None (logged) when there is no
     embedder or it failed: callers then rank lexically.
@@ -259,8 +316,11 @@ async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[lis
     if embedder is None or not texts:
         return None
     try:
-        return list(await embedder.embed(texts))
+        vectors: list[list[float] | None] = list(await embedder.embed(texts))
+        _answered(embedder)
+        return vectors
     except InputRefused as exc:
+        _answered(embedder)
         if len(texts) == 1:
             log.warning("embedder %s refused a text of %d characters (%s); it is kept without a vector",
                         embedder.model, len(texts[0]), exc)
@@ -269,5 +329,5 @@ async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[lis
         first, second = await try_embed(embedder, texts[:half]), await try_embed(embedder, texts[half:])
         return None if first is None or second is None else first + second
     except Exception as exc:
-        log.warning("embedder %s failed (%s); falling back to lexical ranking", embedder.model, exc)
+        _failed(embedder, exc)
         return None

@@ -5,6 +5,7 @@ and a rate limit or a busy service is asked again, a few times and briefly."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from contextlib import contextmanager
@@ -201,3 +202,31 @@ def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_refused_at_start(
     monkeypatch.setenv("A2M_EMBEDDER_TIMEOUT", value)
     with pytest.raises(ValueError, match="A2M_EMBEDDER_TIMEOUT"):
         make_embedder("http://127.0.0.1:9/v1")
+
+
+async def test_an_outage_is_logged_when_it_starts_and_ends_and_retried_only_at_its_start(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A busy router logged three lines a write and a recall while the endpoint was down, and each
+    call waited out both retries (1.25 s): the waits are for a blip, not for an outage."""
+    state = {"up": False}
+
+    def flaky(texts: list[str]) -> Reply:
+        return good(texts) if state["up"] else (503, {"error": "down"}, {})
+
+    caplog.set_level(logging.INFO, logger="a2m.embedder")
+    with endpoint([flaky]) as (seen, url):
+        embedder = HTTPEmbedder(url, "m", retry_wait=0.01)
+        for _ in range(5):
+            assert await try_embed(embedder, ["a"]) is None
+        assert len(seen) == 3 + 4  # the first call and its two retries, then one ask a call
+        state["up"] = True
+        assert await try_embed(embedder, ["a"]) == [[1.0, 1.0, 0.5]]
+        assert await try_embed(embedder, ["a"]) == [[1.0, 1.0, 0.5]]
+    lines = [r.getMessage() for r in caplog.records if r.name == "a2m.embedder" and r.levelno >= logging.INFO]
+    assert len(lines) == 2, lines
+    assert "failed" in lines[0] and "falling back to lexical ranking" in lines[0]
+    assert "answers again" in lines[1] and "5 calls went without it" in lines[1]
+    state["up"] = False
+    with endpoint([flaky]) as (seen, url):  # a new outage retries again at its start
+        assert await try_embed(HTTPEmbedder(url, "m", retry_wait=0.01), ["a"]) is None
+        assert len(seen) == 3
