@@ -305,6 +305,19 @@ def _answered(embedder: Embedder) -> None:
                     time.monotonic() - outage.since, outage.calls)
 
 
+def _batch_refused(embedder: Embedder, size: int) -> None:
+    """A batch of `size` texts was refused and both its halves were embedded whole: what it was
+    refused for is its size (TEI's --max-client-batch-size is 32; OpenAI takes 300k tokens a
+    request), so later batches are no larger than the larger half. Until then each call of more
+    texts than the limit was refused again and halved again: about three requests where one does."""
+    current = getattr(embedder, "batch_size", None)
+    limit = size - size // 2
+    if isinstance(current, int) and limit < current:
+        embedder.batch_size = limit  # type: ignore[attr-defined]
+        log.info("embedder %s refused a batch of %d texts and took its halves: batches of %d from now on",
+                 embedder.model, size, limit)
+
+
 async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[list[float] | None] | None:
     """One vector per text, None for a text the endpoint refused; or None (logged) when there is no
     embedder or it failed: callers then rank lexically.
@@ -327,7 +340,11 @@ async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[lis
             return [None]
         half = len(texts) // 2
         first, second = await try_embed(embedder, texts[:half]), await try_embed(embedder, texts[half:])
-        return None if first is None or second is None else first + second
+        if first is None or second is None:
+            return None
+        if None not in first and None not in second:
+            _batch_refused(embedder, len(texts))
+        return first + second
     except Exception as exc:
         _failed(embedder, exc)
         return None

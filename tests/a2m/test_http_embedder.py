@@ -230,3 +230,32 @@ async def test_an_outage_is_logged_when_it_starts_and_ends_and_retried_only_at_i
     with endpoint([flaky]) as (seen, url):  # a new outage retries again at its start
         assert await try_embed(HTTPEmbedder(url, "m", retry_wait=0.01), ["a"]) is None
         assert len(seen) == 3
+
+
+async def test_a_batch_refused_for_its_size_is_learnt_so_later_calls_are_not_refused_again() -> None:
+    """TEI refuses more than 32 inputs a request (413) by default: each call of more texts was
+    refused and halved again, about three requests where one does."""
+    def at_most_four(texts: list[str]) -> Reply:
+        return (413, {"error": f"batch size {len(texts)} > maximum allowed batch size 4"}, {}) \
+            if len(texts) > 4 else good(texts)
+
+    texts = [chr(97 + i) * (i + 1) for i in range(20)]
+    with endpoint([at_most_four]) as (seen, url):
+        embedder = HTTPEmbedder(url, "m")
+        first = await try_embed(embedder, texts)
+        seen.clear()
+        again = await try_embed(embedder, texts)
+    assert first == again and again is not None and [v[0] for v in again if v] == [float(i + 1) for i in range(20)]
+    # No request is refused any more; the size learnt is the larger half of the smallest batch refused
+    # (5 -> 3), so one request or two more than the limit would allow, not three for each.
+    assert all(len(batch) <= 4 for batch in seen) and len(seen) == 7
+
+
+async def test_a_batch_refused_for_one_text_in_it_keeps_the_batch_size() -> None:
+    def short_only(texts: list[str]) -> Reply:
+        return (400, {"error": "too long"}, {}) if any(len(t) > 10 for t in texts) else good(texts)
+
+    with endpoint([short_only]) as (_, url):
+        embedder = HTTPEmbedder(url, "m")
+        vectors = await try_embed(embedder, ["a", "b", "x" * 50, "c"])
+    assert vectors is not None and vectors[2] is None and embedder.batch_size == 128
