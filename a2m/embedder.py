@@ -348,3 +348,27 @@ async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[lis
     except Exception as exc:
         _failed(embedder, exc)
         return None
+
+
+_width_warned: set[tuple[str, int, int]] = set()
+
+
+async def try_embed_into(embedder: Embedder | None, texts: Sequence[str], width: int | None,
+                         tier: str) -> list[list[float] | None] | None:
+    """`try_embed` for records bound for a tier that holds `width`-dim vectors (None: none yet).
+
+    An embedder of another width (its model changed; an HTTP embedder's width is learnt only at its
+    first call) gives None, as a failure does: the records are written without vectors and found by
+    text. Sent on, its vectors made the tier refuse the caller's whole write, and every spill into
+    that tier, with -32008, for a fault that was not the caller's. Logged once per tier and widths.
+    """
+    vectors = await try_embed(embedder, texts)
+    made = {len(v) for v in vectors or () if v is not None}
+    if not width or not made or made == {width}:
+        return vectors
+    if (tier, width, max(made)) not in _width_warned:
+        _width_warned.add((tier, width, max(made)))
+        log.warning("tier %s holds %d-dim vectors and the embedder makes %d: records written there go without "
+                    "vectors (found by text; embed the tier again with this model, or serve it with its own)",
+                    tier, width, max(made))
+    return None

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from a2m import errors, prompt as prompts
 from a2m.dispatch import Context, Handler, bound_handlers
-from a2m.embedder import Embedder, try_embed
+from a2m.embedder import Embedder, try_embed, try_embed_into
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
 from a2m.filters import Scope, parse_scope, settle_field
@@ -293,7 +293,8 @@ class TierServer(EventMethods):
 
     async def _embed_missing(self, records: list[Record]) -> None:
         missing = [r for r in records if r.embedding is None and r.content]
-        vectors = await try_embed(self.embedder, [r.content for r in missing])
+        held = await self.dimensions() or next((len(r.embedding) for r in records if r.embedding is not None), None)
+        vectors = await try_embed_into(self.embedder, [r.content for r in missing], held, self.name)
         if vectors is None:
             return
         for record, vector in zip(missing, vectors):
