@@ -142,6 +142,8 @@ def test_serve_on_a_port_in_use_says_so(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args, env, message", [
     (("procedural", "--stdio"), {"A2M_PORT": "eighty"}, "a port is a number from 0 to 65535, not 'eighty'"),
     (("procedural", "--stdio", "--embedder", "bogus"), {}, "unknown embedder 'bogus'"),
+    (("procedural", "--stdio", "--embedder", "http://127.0.0.1:9/v1"), {"A2M_EMBEDDER_TIMEOUT": "soon"},
+     "--embedder / A2M_EMBEDDER: A2M_EMBEDDER_TIMEOUT must be a number of seconds above 0, got 'soon'"),
     # A user token that is the service token would hand that user the trust to name any owner.
     (("procedural", "--stdio", "--token", "t=alice", "--service-token", "t"), {}, "is the service token"),
     (("procedural", "--stdio", "--token", " t =alice"), {}, "printable ASCII without spaces around it"),
