@@ -155,7 +155,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     # One flag for both logs. Without it uvicorn stays at warning (its start and stop steps are info)
     # and the server's own log (`a2m.*`, engines, router) at info, where its one-off notes are.
-    log_to_stderr(getattr(logging, (args.log_level or "info").replace("trace", "debug").upper()))
+    level = getattr(logging, (args.log_level or "info").replace("trace", "debug").upper())
+    log_to_stderr(level)
+    if level > logging.DEBUG:  # httpx logs each request at info: a line per embed (tier) or tier call (router)
+        logging.getLogger("httpx").setLevel(max(level, logging.WARNING))
     origins = _origins(args.origin or [o.strip() for o in os.environ.get("A2M_ALLOWED_ORIGINS", "").split(",")
                                        if o.strip()])
     if args.what == "router":
