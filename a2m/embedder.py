@@ -14,6 +14,7 @@ import importlib.util
 import logging
 import math
 import os
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -44,8 +45,13 @@ class LocalEmbedder:
     def __init__(self, batch_size: int = 64) -> None:
         self.batch_size = batch_size
         self._model = None
+        self._loading = threading.Lock()  # two first calls at once loaded the model twice
 
     def _load(self):  # type: ignore[no-untyped-def]
+        with self._loading:
+            return self._load_once()
+
+    def _load_once(self):  # type: ignore[no-untyped-def]
         if self._model is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -256,7 +262,12 @@ def make_embedder(spec: str | None, *, model: str | None = None, api_key: str | 
     if spec == "local":
         if not local_available():
             raise ValueError(f"local {LOCAL_MISSING}")
-        return LocalEmbedder()
+        local = LocalEmbedder()
+        # Loaded here, at start, not by the first write or recall: importing torch and the model takes
+        # seconds (3 s warm on 2 cores, more from a cold disk), which a tier server's first call spent
+        # inside the router's 5 s tier timeout, to come back degraded or cut off.
+        local._load()
+        return local
     if spec.startswith(("http://", "https://")):
         return HTTPEmbedder(spec, model or "text-embedding-3-small", api_key or os.environ.get("A2M_EMBEDDER_KEY"),
                             timeout=timeout_setting(os.environ.get("A2M_EMBEDDER_TIMEOUT")))
