@@ -330,15 +330,34 @@ def _batch_refused(embedder: Embedder, size: int) -> None:
 
 
 async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[list[float] | None] | None:
-    """One vector per text, None for a text the endpoint refused; or None (logged) when there is no
-    embedder or it failed: callers then rank lexically.
+    """One vector per text, None for a text that went without one; or None (logged) when there is
+    no embedder or its first batch failed: callers then rank lexically.
+
+    Texts go to the embedder a batch (its `batch_size`) at a time, and a batch that fails costs
+    only its own texts and the later ones their vectors (the endpoint is failing: they are not
+    asked for), not those already embedded. Before, one failed batch of an import or a large
+    write threw away every vector of the call, and a refused text had the whole call split and
+    embedded again, batches already embedded included.
+    """
+    if embedder is None or not texts:
+        return None
+    out: list[list[float] | None] = []
+    while len(out) < len(texts):
+        size = max(1, getattr(embedder, "batch_size", None) or len(texts))  # may shrink (_batch_refused)
+        part = await _embed_batch(embedder, texts[len(out) : len(out) + size])
+        if part is None:
+            return out + [None] * (len(texts) - len(out)) if out else None
+        out.extend(part)
+    return out
+
+
+async def _embed_batch(embedder: Embedder, texts: Sequence[str]) -> list[list[float] | None] | None:
+    """One batch: its vectors, or None (logged) when the embedder failed.
 
     A batch refused for what it holds (`InputRefused`: one text too long for
     the model, say) is split in halves until the refused texts stand alone, so
     they alone go without a vector; the rest of the batch is embedded.
     """
-    if embedder is None or not texts:
-        return None
     try:
         vectors: list[list[float] | None] = list(await embedder.embed(texts))
         _answered(embedder)
@@ -350,9 +369,12 @@ async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[lis
                         embedder.model, len(texts[0]), exc)
             return [None]
         half = len(texts) // 2
-        first, second = await try_embed(embedder, texts[:half]), await try_embed(embedder, texts[half:])
-        if first is None or second is None:
+        first = await _embed_batch(embedder, texts[:half])
+        if first is None:
             return None
+        second = await _embed_batch(embedder, texts[half:])
+        if second is None:
+            return first + [None] * (len(texts) - half)
         if None not in first and None not in second:
             _batch_refused(embedder, len(texts))
         return first + second

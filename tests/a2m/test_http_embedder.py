@@ -259,3 +259,26 @@ async def test_a_batch_refused_for_one_text_in_it_keeps_the_batch_size() -> None
         embedder = HTTPEmbedder(url, "m")
         vectors = await try_embed(embedder, ["a", "b", "x" * 50, "c"])
     assert vectors is not None and vectors[2] is None and embedder.batch_size == 128
+
+
+async def test_a_failed_batch_costs_only_its_own_and_later_texts_their_vectors() -> None:
+    """A write or an import of more texts than one request takes (128) lost every vector of the
+    call when one request failed, those already embedded included."""
+    requests = [good, good, lambda texts: (401, {"error": "key revoked"}, {})]
+    texts = [f"t{i}" for i in range(300)]
+    with endpoint(requests) as (seen, url):
+        vectors = await try_embed(HTTPEmbedder(url, "m", retry_wait=0.01), texts)
+    assert [len(batch) for batch in seen] == [128, 128, 44]
+    assert vectors is not None and len(vectors) == 300
+    assert all(v is not None for v in vectors[:256]) and all(v is None for v in vectors[256:])
+
+
+async def test_a_refused_text_has_only_its_own_batch_asked_again() -> None:
+    def short_only(texts: list[str]) -> Reply:
+        return (400, {"error": "too long"}, {}) if any(len(t) > 10 for t in texts) else good(texts)
+
+    texts = ["a"] * 256 + ["x" * 50] + ["b"] * 43
+    with endpoint([short_only]) as (seen, url):
+        vectors = await try_embed(HTTPEmbedder(url, "m"), texts)
+    assert vectors is not None and [i for i, v in enumerate(vectors) if v is None] == [256]
+    assert sum(len(batch) for batch in seen[:2]) == 256 and all(len(batch) <= 44 for batch in seen[2:])
