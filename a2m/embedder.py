@@ -81,6 +81,7 @@ RETRIES = 2
 MAX_RETRY_WAIT_S = 2.0
 TIMEOUT_S = 30.0  # one request's answer; `A2M_EMBEDDER_TIMEOUT` sets it
 CONNECT_TIMEOUT_S = 3.0
+ASK_EVERY_S = 5.0  # while an endpoint fails, how often one call asks it again
 
 
 class EmbedderError(Exception):
@@ -94,6 +95,10 @@ class InputRefused(EmbedderError):
 REFUSED_STATUSES = frozenset({400, 413, 422})
 
 
+class EndpointDown(EmbedderError):
+    """Not asked: the endpoint failed moments ago, and another call asks it again soon."""
+
+
 class HTTPEmbedder:
     """An OpenAI-compatible embeddings endpoint the user configures (base URL ending in /v1).
 
@@ -104,7 +109,7 @@ class HTTPEmbedder:
     """
 
     def __init__(self, url: str, model: str, api_key: str | None = None, batch_size: int = 128,
-                 timeout: float = 30.0, retry_wait: float = 0.25) -> None:
+                 timeout: float = TIMEOUT_S, retry_wait: float = 0.25, ask_every: float = ASK_EVERY_S) -> None:
         import httpx
 
         self.url = embeddings_url(url)
@@ -114,9 +119,12 @@ class HTTPEmbedder:
         self.retry_wait = retry_wait
         # Whether the last request failed for the endpoint's own sake (unreachable, timed out, still
         # busy or rate-limited after its retries). Retries are for a blip: once the endpoint is known
-        # down each call asks it once, so an outage costs each write and recall one refused
-        # connection, not the 1.25 s of waits.
+        # down one call asks it, once, each `ask_every` seconds, and the calls between go without at
+        # once. Each write and recall used to wait out the retries (1.25 s) or, on an endpoint that
+        # takes requests and never answers, the whole timeout.
         self.down = False
+        self.ask_every = ask_every
+        self._next_ask = 0.0
         key = clean_api_key(api_key)
         headers = {"authorization": f"Bearer {key}"} if key else {}
         # An endpoint that cannot be reached says so in a few seconds, whatever the answer's own limit:
@@ -134,6 +142,11 @@ class HTTPEmbedder:
     async def _post(self, batch: list[str]) -> Any:
         import httpx
 
+        if self.down:
+            now = time.monotonic()
+            if now < self._next_ask:
+                raise EndpointDown(f"{self.url} is failing; not asked (asked again each {self.ask_every:g} s)")
+            self._next_ask = now + self.ask_every  # this call asks; those until then do not
         retries = 0 if self.down else RETRIES
         for attempt in range(retries + 1):
             wait = self.retry_wait * 4**attempt
@@ -141,23 +154,28 @@ class HTTPEmbedder:
                 response = await self._http.post(self.url, json={"model": self.model, "input": batch})
             except httpx.ConnectError:
                 if attempt == retries:
-                    self.down = True
+                    self._set_down(True)
                     raise
             except httpx.TransportError:
-                self.down = True
+                self._set_down(True)
                 raise
             else:
                 if response.status_code in REFUSED_STATUSES:
-                    self.down = False
+                    self._set_down(False)
                     raise InputRefused(f"{self.url} answered HTTP {response.status_code}: {response.text[:200]}")
                 if response.status_code not in RETRY_STATUSES or attempt == retries:
-                    self.down = response.status_code in RETRY_STATUSES
+                    self._set_down(response.status_code in RETRY_STATUSES)
                     response.raise_for_status()
                     return response.json()
                 wait = _retry_after(response.headers.get("retry-after"), wait)
             log.debug("embedder %s: attempt %d failed, again in %.2f s", self.url, attempt + 1, wait)
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _set_down(self, down: bool) -> None:
+        self.down = down
+        if down:
+            self._next_ask = time.monotonic() + self.ask_every
 
     def _vectors(self, payload: Any, count: int) -> list[list[float]]:
         data = payload.get("data") if isinstance(payload, dict) else None

@@ -215,7 +215,7 @@ async def test_an_outage_is_logged_when_it_starts_and_ends_and_retried_only_at_i
 
     caplog.set_level(logging.INFO, logger="a2m.embedder")
     with endpoint([flaky]) as (seen, url):
-        embedder = HTTPEmbedder(url, "m", retry_wait=0.01)
+        embedder = HTTPEmbedder(url, "m", retry_wait=0.01, ask_every=0)
         for _ in range(5):
             assert await try_embed(embedder, ["a"]) is None
         assert len(seen) == 3 + 4  # the first call and its two retries, then one ask a call
@@ -282,3 +282,38 @@ async def test_a_refused_text_has_only_its_own_batch_asked_again() -> None:
         vectors = await try_embed(HTTPEmbedder(url, "m"), texts)
     assert vectors is not None and [i for i, v in enumerate(vectors) if v is None] == [256]
     assert sum(len(batch) for batch in seen[:2]) == 256 and all(len(batch) <= 44 for batch in seen[2:])
+
+
+async def test_an_endpoint_that_hangs_holds_one_call_in_each_interval_not_every_call() -> None:
+    """An endpoint that took requests and never answered held every write and recall for the whole
+    timeout, one after another. Once it has failed, one call asks it each `ask_every` seconds; the
+    calls between (at once or after) go without, at once."""
+    state = {"hung": True}
+
+    def hanging(texts: list[str]) -> Reply:
+        if state["hung"]:
+            time.sleep(2)
+        return good(texts)
+
+    with endpoint([hanging]) as (seen, url):
+        embedder = HTTPEmbedder(url, "m", timeout=0.3, ask_every=0.6)
+        assert await try_embed(embedder, ["a"]) is None  # waits its timeout: not known down yet
+        with anyio.fail_after(0.25):
+            for _ in range(3):
+                assert await try_embed(embedder, ["a"]) is None
+        assert len(seen) == 1
+        await anyio.sleep(0.7)
+        results: list[Any] = []
+
+        async def recall() -> None:
+            results.append(await try_embed(embedder, ["a"]))
+
+        with anyio.fail_after(1.5):
+            async with anyio.create_task_group() as tg:  # at once: one asks, the others do not wait for it
+                for _ in range(4):
+                    tg.start_soon(recall)
+        assert results == [None] * 4 and len(seen) == 2
+        state["hung"] = False
+        await anyio.sleep(0.7)
+        assert await try_embed(embedder, ["a"]) == [[1.0, 1.0, 0.5]]  # back: asked, answered
+        assert await try_embed(embedder, ["a"]) == [[1.0, 1.0, 0.5]]
