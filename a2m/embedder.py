@@ -334,6 +334,17 @@ def _answered(embedder: Embedder) -> None:
                     time.monotonic() - outage.since, outage.calls)
 
 
+async def _refuses_anything(embedder: Embedder) -> bool:
+    """Whether the embedder refuses a one-character text as well (a refusal not of the texts)."""
+    try:
+        await embedder.embed(["a"])
+    except InputRefused:
+        return True
+    except Exception:  # failing otherwise: the split that follows finds out and says so
+        return False
+    return False
+
+
 def _batch_refused(embedder: Embedder, size: int) -> None:
     """A batch of `size` texts was refused and both its halves were embedded whole: what it was
     refused for is its size (TEI's --max-client-batch-size is 32; OpenAI takes 300k tokens a
@@ -362,25 +373,32 @@ async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[lis
     out: list[list[float] | None] = []
     while len(out) < len(texts):
         size = max(1, getattr(embedder, "batch_size", None) or len(texts))  # may shrink (_batch_refused)
-        part = await _embed_batch(embedder, texts[len(out) : len(out) + size])
+        part = await _embed_batch(embedder, texts[len(out) : len(out) + size], whole=True)
         if part is None:
             return out + [None] * (len(texts) - len(out)) if out else None
         out.extend(part)
     return out
 
 
-async def _embed_batch(embedder: Embedder, texts: Sequence[str]) -> list[list[float] | None] | None:
+async def _embed_batch(embedder: Embedder, texts: Sequence[str],
+                       whole: bool = False) -> list[list[float] | None] | None:
     """One batch: its vectors, or None (logged) when the embedder failed.
 
     A batch refused for what it holds (`InputRefused`: one text too long for
     the model, say) is split in halves until the refused texts stand alone, so
-    they alone go without a vector; the rest of the batch is embedded.
+    they alone go without a vector; the rest of the batch is embedded. Unless
+    the endpoint refuses a one-character text too (`whole`: asked once per
+    batch): then the refusal is of the request (a model name a gateway such as
+    LiteLLM answers 400 for), and splitting asked once per text, each logged.
     """
     try:
         vectors: list[list[float] | None] = list(await embedder.embed(texts))
         _answered(embedder)
         return vectors
     except InputRefused as exc:
+        if whole and await _refuses_anything(embedder):
+            _failed(embedder, EmbedderError(f"it refuses even a one-character text: {exc}"))
+            return None
         _answered(embedder)
         if len(texts) == 1:
             log.warning("embedder %s refused a text of %d characters (%s); it is kept without a vector",

@@ -125,9 +125,11 @@ async def test_retries_are_bounded_and_a_client_error_is_not_retried() -> None:
     with endpoint([lambda texts: (401, {"error": "bad key"}, {})]) as (seen, url):
         assert await try_embed(HTTPEmbedder(url, "m", retry_wait=0.01), ["a", "b"]) is None
     assert len(seen) == 1
-    with endpoint([lambda texts: (400, {"error": "input too long"}, {})]) as (seen, url):
-        assert await try_embed(HTTPEmbedder(url, "m", retry_wait=0.01), ["a"]) == [None]
-    assert len(seen) == 1
+    too_long = lambda texts: (400, {"error": "input too long"}, {}) if any(len(t) > 10 for t in texts) \
+        else good(texts)  # noqa: E731
+    with endpoint([too_long]) as (seen, url):
+        assert await try_embed(HTTPEmbedder(url, "m", retry_wait=0.01), ["x" * 50]) == [None]
+    assert len(seen) == 2  # the text, once, and a one-character text: the refusal is of the text
 
 
 async def test_an_endpoint_that_is_not_there_fails_after_its_retries() -> None:
@@ -317,3 +319,17 @@ async def test_an_endpoint_that_hangs_holds_one_call_in_each_interval_not_every_
         await anyio.sleep(0.7)
         assert await try_embed(embedder, ["a"]) == [[1.0, 1.0, 0.5]]  # back: asked, answered
         assert await try_embed(embedder, ["a"]) == [[1.0, 1.0, 0.5]]
+
+
+async def test_a_request_refused_whatever_it_holds_is_a_failure_not_one_refusal_a_text(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A gateway answering 400 for the request itself (LiteLLM for a model it does not know) had each
+    batch split down to single texts: 2n - 1 requests and a warning for every record of every write."""
+    caplog.set_level(logging.INFO, logger="a2m.embedder")
+    with endpoint([lambda texts: (400, {"error": "Invalid model name passed in model=m"}, {})]) as (seen, url):
+        embedder = HTTPEmbedder(url, "m")
+        assert await try_embed(embedder, [f"t{i}" for i in range(16)]) is None
+        assert await try_embed(embedder, [f"t{i}" for i in range(16)]) is None
+    assert len(seen) == 4  # each call: its batch, then one one-character text
+    lines = [r.getMessage() for r in caplog.records if r.name == "a2m.embedder" and r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and "refuses even a one-character text" in lines[0], lines
