@@ -47,6 +47,10 @@ class LocalEmbedder:
         self._model = None
         self._loading = threading.Lock()  # two first calls at once loaded the model twice
 
+    def load(self) -> None:
+        """Load the model now (`preload`), rather than in the first write or recall."""
+        self._load()
+
     def _load(self):  # type: ignore[no-untyped-def]
         with self._loading:
             return self._load_once()
@@ -273,6 +277,18 @@ def local_available() -> bool:
     return all(importlib.util.find_spec(m) for m in LOCAL_MODULES)
 
 
+def preload(embedder: Embedder | None) -> None:
+    """Load a local model at start, where the server uses the embedder (not a tier that never embeds).
+
+    Loaded by the first write or recall instead, importing torch and the weights took seconds (3 s
+    warm on 2 cores, more from a cold disk): a tier server's first call spent them inside the
+    router's 5 s tier timeout, to come back degraded or cut off.
+    """
+    load = getattr(embedder, "load", None)
+    if load is not None:
+        load()
+
+
 def make_embedder(spec: str | None, *, model: str | None = None, api_key: str | None = None) -> Embedder | None:
     """`none`/None -> no embedder; `local` -> the packaged MiniLM; an http(s) URL -> OpenAI-compatible."""
     if spec in (None, "", "none"):
@@ -280,12 +296,7 @@ def make_embedder(spec: str | None, *, model: str | None = None, api_key: str | 
     if spec == "local":
         if not local_available():
             raise ValueError(f"local {LOCAL_MISSING}")
-        local = LocalEmbedder()
-        # Loaded here, at start, not by the first write or recall: importing torch and the model takes
-        # seconds (3 s warm on 2 cores, more from a cold disk), which a tier server's first call spent
-        # inside the router's 5 s tier timeout, to come back degraded or cut off.
-        local._load()
-        return local
+        return LocalEmbedder()
     if spec.startswith(("http://", "https://")):
         return HTTPEmbedder(spec, model or "text-embedding-3-small", api_key or os.environ.get("A2M_EMBEDDER_KEY"),
                             timeout=timeout_setting(os.environ.get("A2M_EMBEDDER_TIMEOUT")))

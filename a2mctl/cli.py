@@ -170,6 +170,9 @@ def _serve(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"a2m serve router: {exc}", file=sys.stderr)
             return 2
+        from a2m.embedder import preload
+
+        preload(server.embedder)
         configured = server.http_settings()  # [auth] tokens and origins from router.toml
         tokens = _tokens(args.token, server.config.service_token)
         clash = [t for t in tokens if t in configured.tokens and configured.tokens[t] != tokens[t]]
@@ -189,7 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
             if problem:
                 raise SystemExit(f"--service-token / A2M_SERVICE_TOKEN {problem}")
             tokens[service_token] = SERVICE
-        from a2m.embedder import make_embedder
+        from a2m.embedder import make_embedder, preload
         from backends.serve import build
         from backends.settings import TierSettings
 
@@ -213,6 +216,7 @@ def _serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"a2m serve {args.what}: --embedder / A2M_EMBEDDER: {exc}") from None
         server = build(args.what, settings, embedder=embedder)
+        preload(server.embedder)  # None where the tier never embeds
     from a2m import tracing
     from a2m.dispatch import Dispatcher
 
