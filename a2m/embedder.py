@@ -104,7 +104,7 @@ class EndpointDown(EmbedderError):
 
 
 class HTTPEmbedder:
-    """An OpenAI-compatible embeddings endpoint the user configures (base URL ending in /v1).
+    """An OpenAI-compatible embeddings endpoint the user configures (`embeddings_url` reads its URL).
 
     The answer is checked before any vector is used: one embedding per input,
     each index once, finite numbers of one width (the width seen first). The
