@@ -430,7 +430,7 @@ async def _embed_batch(embedder: Embedder, texts: Sequence[str],
         return None
 
 
-_width_warned: set[tuple[str, int, int]] = set()
+_width_warned: weakref.WeakKeyDictionary[Any, set[tuple[str, int]]] = weakref.WeakKeyDictionary()
 
 
 async def try_embed_into(embedder: Embedder | None, texts: Sequence[str], width: int | None,
@@ -440,15 +440,16 @@ async def try_embed_into(embedder: Embedder | None, texts: Sequence[str], width:
     An embedder of another width (its model changed; an HTTP embedder's width is learnt only at its
     first call) gives None, as a failure does: the records are written without vectors and found by
     text. Sent on, its vectors made the tier refuse the caller's whole write, and every spill into
-    that tier, with -32008, for a fault that was not the caller's. Logged once per tier and widths.
+    that tier, with -32008, for a fault that was not the caller's. Logged once per embedder and tier.
     """
     vectors = await try_embed(embedder, texts)
     made = {len(v) for v in vectors or () if v is not None}
     if not width or not made or made == {width}:
         return vectors
-    if (tier, width, max(made)) not in _width_warned:
-        _width_warned.add((tier, width, max(made)))
-        log.warning("tier %s holds %d-dim vectors and the embedder makes %d: records written there go without "
-                    "vectors (found by text; embed the tier again with this model, or serve it with its own)",
-                    tier, width, max(made))
+    warned = _width_warned.setdefault(embedder, set())  # embedder is not None: it made vectors
+    if (tier, width) not in warned:
+        warned.add((tier, width))
+        log.warning("tier %s holds %d-dim vectors and the embedder makes %d: it is recalled by text alone and "
+                    "records written there go without vectors (embed it again with this model, or use the model "
+                    "that embedded it)", tier, width, max(made))
     return None
