@@ -35,7 +35,7 @@ from typing import Any, Iterable, Sequence
 import orjson
 
 from a2m.client import Unavailable
-from a2m.embedder import Embedder, try_embed, try_embed_into
+from a2m.embedder import Embedder, try_embed_into
 from a2m.errors import A2MError
 from a2m.paging import CrowdedMillisecond, pages_backwards
 
