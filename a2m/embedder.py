@@ -12,7 +12,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import math
 import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import anyio
@@ -40,8 +45,17 @@ class LocalEmbedder:
     def __init__(self, batch_size: int = 64) -> None:
         self.batch_size = batch_size
         self._model = None
+        self._loading = threading.Lock()  # two first calls at once loaded the model twice
+
+    def load(self) -> None:
+        """Load the model now (`preload`), rather than in the first write or recall."""
+        self._load()
 
     def _load(self):  # type: ignore[no-untyped-def]
+        with self._loading:
+            return self._load_once()
+
+    def _load_once(self):  # type: ignore[no-untyped-def]
         if self._model is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -69,6 +83,9 @@ class LocalEmbedder:
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 RETRIES = 2
 MAX_RETRY_WAIT_S = 2.0
+TIMEOUT_S = 30.0  # one request's answer; `A2M_EMBEDDER_TIMEOUT` sets it
+CONNECT_TIMEOUT_S = 3.0
+ASK_EVERY_S = 5.0  # while an endpoint fails, how often one call asks it again
 
 
 class EmbedderError(Exception):
@@ -82,8 +99,12 @@ class InputRefused(EmbedderError):
 REFUSED_STATUSES = frozenset({400, 413, 422})
 
 
+class EndpointDown(EmbedderError):
+    """Not asked: the endpoint failed moments ago, and another call asks it again soon."""
+
+
 class HTTPEmbedder:
-    """An OpenAI-compatible embeddings endpoint the user configures (base URL ending in /v1).
+    """An OpenAI-compatible embeddings endpoint the user configures (`embeddings_url` reads its URL).
 
     The answer is checked before any vector is used: one embedding per input,
     each index once, finite numbers of one width (the width seen first). The
@@ -92,16 +113,28 @@ class HTTPEmbedder:
     """
 
     def __init__(self, url: str, model: str, api_key: str | None = None, batch_size: int = 128,
-                 timeout: float = 30.0, retry_wait: float = 0.25) -> None:
+                 timeout: float = TIMEOUT_S, retry_wait: float = 0.25, ask_every: float = ASK_EVERY_S) -> None:
         import httpx
 
-        self.url = url.rstrip("/") + "/embeddings"
+        self.url = embeddings_url(url)
         self.model = model
         self.dimensions: int | None = None
         self.batch_size = batch_size
         self.retry_wait = retry_wait
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(headers=headers, timeout=timeout)
+        # Whether the last request failed for the endpoint's own sake (unreachable, timed out, still
+        # busy or rate-limited after its retries). Retries are for a blip: once the endpoint is known
+        # down one call asks it, once, each `ask_every` seconds, and the calls between go without at
+        # once. Each write and recall used to wait out the retries (1.25 s) or, on an endpoint that
+        # takes requests and never answers, the whole timeout.
+        self.down = False
+        self.ask_every = ask_every
+        self._next_ask = 0.0
+        key = clean_api_key(api_key)
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        # An endpoint that cannot be reached says so in a few seconds, whatever the answer's own limit:
+        # a host that drops packets held every write and every recall for the whole timeout.
+        limits = httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
+        self._http = httpx.AsyncClient(headers=headers, timeout=limits)
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         out: list[list[float]] = []
@@ -113,23 +146,40 @@ class HTTPEmbedder:
     async def _post(self, batch: list[str]) -> Any:
         import httpx
 
-        for attempt in range(RETRIES + 1):
+        if self.down:
+            now = time.monotonic()
+            if now < self._next_ask:
+                raise EndpointDown(f"{self.url} is failing; not asked (asked again each {self.ask_every:g} s)")
+            self._next_ask = now + self.ask_every  # this call asks; those until then do not
+        retries = 0 if self.down else RETRIES
+        for attempt in range(retries + 1):
             wait = self.retry_wait * 4**attempt
             try:
                 response = await self._http.post(self.url, json={"model": self.model, "input": batch})
             except httpx.ConnectError:
-                if attempt == RETRIES:
+                if attempt == retries:
+                    self._set_down(True)
                     raise
+            except httpx.TransportError:
+                self._set_down(True)
+                raise
             else:
                 if response.status_code in REFUSED_STATUSES:
+                    self._set_down(False)
                     raise InputRefused(f"{self.url} answered HTTP {response.status_code}: {response.text[:200]}")
-                if response.status_code not in RETRY_STATUSES or attempt == RETRIES:
+                if response.status_code not in RETRY_STATUSES or attempt == retries:
+                    self._set_down(response.status_code in RETRY_STATUSES)
                     response.raise_for_status()
                     return response.json()
                 wait = _retry_after(response.headers.get("retry-after"), wait)
-            log.info("embedder %s: attempt %d failed, again in %.2f s", self.url, attempt + 1, wait)
+            log.debug("embedder %s: attempt %d failed, again in %.2f s", self.url, attempt + 1, wait)
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _set_down(self, down: bool) -> None:
+        self.down = down
+        if down:
+            self._next_ask = time.monotonic() + self.ask_every
 
     def _vectors(self, payload: Any, count: int) -> list[list[float]]:
         data = payload.get("data") if isinstance(payload, dict) else None
@@ -154,6 +204,59 @@ class HTTPEmbedder:
         return [v for v in vectors if v is not None]
 
 
+def timeout_setting(value: str | None) -> float:
+    """Seconds an HTTP embedder waits for one answer: `A2M_EMBEDDER_TIMEOUT`, else TIMEOUT_S.
+
+    A write and a recall wait on the embedder, so an endpoint that takes the request and never
+    answers holds each of them this long; a deployment whose callers give up sooner sets it lower.
+    """
+    if value is None or not value.strip():
+        return TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"A2M_EMBEDDER_TIMEOUT must be a number of seconds above 0, got {value!r}")
+    return seconds
+
+
+def embeddings_url(base: str) -> str:
+    """The `/embeddings` endpoint under an OpenAI-compatible base URL, however the user wrote it.
+
+    OpenAI's clients take the base with `/v1` (`https://api.openai.com/v1`), but vLLM and Ollama
+    are often given as `http://host:port`, and some users paste the endpoint itself. Each used to
+    be posted to as `<base>/embeddings`, which such a server answers 404: every record then went
+    without a vector, every call logged. A bare host gets `/v1`; a URL already ending in
+    `/embeddings` is used as it is; any other path (a proxy's prefix) is kept, as OpenAI's clients do.
+    """
+    import httpx
+
+    parsed = httpx.URL(base)
+    path = parsed.path.rstrip("/")
+    if not path.endswith("/embeddings"):
+        path = (path or "/v1") + "/embeddings"
+    return str(parsed.copy_with(path=path))
+
+
+def clean_api_key(key: str | None) -> str | None:
+    """The key without the spaces or newline around it (a key read from a file or a secret often
+    ends in one), or ValueError for one no HTTP header can carry, naming no character of it.
+
+    A key with a trailing newline failed every request inside httpx, whose error, logged on each
+    call, quoted the whole `Bearer <key>` header.
+    """
+    if key is None:
+        return None
+    key = key.strip()
+    if not key:
+        return None
+    if not all(" " <= c <= "~" for c in key):
+        raise ValueError("the embedder's API key ($A2M_EMBEDDER_KEY) holds a character an HTTP header cannot "
+                         f"carry (a control or non-ASCII character, {len(key)} characters in all); check how it is set")
+    return key
+
+
 def _retry_after(header: str | None, default: float) -> float:
     """Seconds to wait: the server's Retry-After (in seconds) when it gives one, at most MAX_RETRY_WAIT_S."""
     try:
@@ -174,6 +277,18 @@ def local_available() -> bool:
     return all(importlib.util.find_spec(m) for m in LOCAL_MODULES)
 
 
+def preload(embedder: Embedder | None) -> None:
+    """Load a local model at start, where the server uses the embedder (not a tier that never embeds).
+
+    Loaded by the first write or recall instead, importing torch and the weights took seconds (3 s
+    warm on 2 cores, more from a cold disk): a tier server's first call spent them inside the
+    router's 5 s tier timeout, to come back degraded or cut off.
+    """
+    load = getattr(embedder, "load", None)
+    if load is not None:
+        load()
+
+
 def make_embedder(spec: str | None, *, model: str | None = None, api_key: str | None = None) -> Embedder | None:
     """`none`/None -> no embedder; `local` -> the packaged MiniLM; an http(s) URL -> OpenAI-compatible."""
     if spec in (None, "", "none"):
@@ -183,30 +298,158 @@ def make_embedder(spec: str | None, *, model: str | None = None, api_key: str | 
             raise ValueError(f"local {LOCAL_MISSING}")
         return LocalEmbedder()
     if spec.startswith(("http://", "https://")):
-        return HTTPEmbedder(spec, model or "text-embedding-3-small", api_key or os.environ.get("A2M_EMBEDDER_KEY"))
+        return HTTPEmbedder(spec, model or "text-embedding-3-small", api_key or os.environ.get("A2M_EMBEDDER_KEY"),
+                            timeout=timeout_setting(os.environ.get("A2M_EMBEDDER_TIMEOUT")))
     raise ValueError(f"unknown embedder {spec!r}: use none, local or an http(s) URL")
 
 
-async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[list[float] | None] | None:
-    """One vector per text, None for a text the endpoint refused; or None (logged) when there is no
-    embedder or it failed: callers then rank lexically.
+@dataclass
+class Outage:
+    """An embedder failing call after call: logged when it starts, each minute while it lasts, and
+    when it ends, rather than once per write and recall (a busy router logged hundreds a second)."""
 
-    A batch refused for what it holds (`InputRefused`: one text too long for
-    the model, say) is split in halves until the refused texts stand alone, so
-    they alone go without a vector; the rest of the batch is embedded.
+    reason: str
+    since: float = field(default_factory=time.monotonic)
+    warned: float = field(default_factory=time.monotonic)
+    calls: int = 1
+
+
+OUTAGE_LOG_EVERY_S = 60.0
+_outages: weakref.WeakKeyDictionary[Any, Outage] = weakref.WeakKeyDictionary()
+
+
+def _failed(embedder: Embedder, exc: Exception) -> None:
+    """Log a failed call: in full the first of an outage, then each OUTAGE_LOG_EVERY_S with a count."""
+    reason = str(exc) or type(exc).__name__
+    outage = _outages.get(embedder)
+    if outage is None:
+        _outages[embedder] = Outage(reason)
+        log.warning("embedder %s failed (%s); falling back to lexical ranking, and records go without "
+                    "vectors, until it answers (logged again each minute while it fails)", embedder.model, reason)
+        return
+    outage.calls += 1
+    now = time.monotonic()
+    if now - outage.warned >= OUTAGE_LOG_EVERY_S:
+        outage.warned = now
+        log.warning("embedder %s still failing (%s): %d calls without it in %.0f s", embedder.model, reason,
+                    outage.calls, now - outage.since)
+    else:
+        log.debug("embedder %s failed (%s)", embedder.model, reason)
+
+
+def _answered(embedder: Embedder) -> None:
+    """Log the end of an outage, if one was under way."""
+    outage = _outages.pop(embedder, None)
+    if outage is not None:
+        log.warning("embedder %s answers again after %.0f s; %d calls went without it", embedder.model,
+                    time.monotonic() - outage.since, outage.calls)
+
+
+async def _refuses_anything(embedder: Embedder) -> bool:
+    """Whether the embedder refuses a one-character text as well (a refusal not of the texts)."""
+    try:
+        await embedder.embed(["a"])
+    except InputRefused:
+        return True
+    except Exception:  # failing otherwise: the split that follows finds out and says so
+        return False
+    return False
+
+
+def _batch_refused(embedder: Embedder, size: int) -> None:
+    """A batch of `size` texts was refused and both its halves were embedded whole: what it was
+    refused for is its size (TEI's --max-client-batch-size is 32; OpenAI takes 300k tokens a
+    request), so later batches are no larger than the larger half. Until then each call of more
+    texts than the limit was refused again and halved again: about three requests where one does."""
+    current = getattr(embedder, "batch_size", None)
+    limit = size - size // 2
+    if isinstance(current, int) and limit < current:
+        embedder.batch_size = limit  # type: ignore[attr-defined]
+        log.info("embedder %s refused a batch of %d texts and took its halves: batches of %d from now on",
+                 embedder.model, size, limit)
+
+
+async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[list[float] | None] | None:
+    """One vector per text, None for a text that went without one; or None (logged) when there is
+    no embedder or its first batch failed: callers then rank lexically.
+
+    Texts go to the embedder a batch (its `batch_size`) at a time, and a batch that fails costs
+    only its own texts and the later ones their vectors (the endpoint is failing: they are not
+    asked for), not those already embedded. Before, one failed batch of an import or a large
+    write threw away every vector of the call, and a refused text had the whole call split and
+    embedded again, batches already embedded included.
     """
     if embedder is None or not texts:
         return None
+    out: list[list[float] | None] = []
+    while len(out) < len(texts):
+        size = max(1, getattr(embedder, "batch_size", None) or len(texts))  # may shrink (_batch_refused)
+        part = await _embed_batch(embedder, texts[len(out) : len(out) + size], whole=True)
+        if part is None:
+            return out + [None] * (len(texts) - len(out)) if out else None
+        out.extend(part)
+    return out
+
+
+async def _embed_batch(embedder: Embedder, texts: Sequence[str],
+                       whole: bool = False) -> list[list[float] | None] | None:
+    """One batch: its vectors, or None (logged) when the embedder failed.
+
+    A batch refused for what it holds (`InputRefused`: one text too long for
+    the model, say) is split in halves until the refused texts stand alone, so
+    they alone go without a vector; the rest of the batch is embedded. Unless
+    the endpoint refuses a one-character text too (`whole`: asked once per
+    batch): then the refusal is of the request (a model name a gateway such as
+    LiteLLM answers 400 for), and splitting asked once per text, each logged.
+    """
     try:
-        return list(await embedder.embed(texts))
+        vectors: list[list[float] | None] = list(await embedder.embed(texts))
+        _answered(embedder)
+        return vectors
     except InputRefused as exc:
+        if whole and await _refuses_anything(embedder):
+            _failed(embedder, EmbedderError(f"it refuses even a one-character text: {exc}"))
+            return None
+        _answered(embedder)
         if len(texts) == 1:
             log.warning("embedder %s refused a text of %d characters (%s); it is kept without a vector",
                         embedder.model, len(texts[0]), exc)
             return [None]
         half = len(texts) // 2
-        first, second = await try_embed(embedder, texts[:half]), await try_embed(embedder, texts[half:])
-        return None if first is None or second is None else first + second
+        first = await _embed_batch(embedder, texts[:half])
+        if first is None:
+            return None
+        second = await _embed_batch(embedder, texts[half:])
+        if second is None:
+            return first + [None] * (len(texts) - half)
+        if None not in first and None not in second:
+            _batch_refused(embedder, len(texts))
+        return first + second
     except Exception as exc:
-        log.warning("embedder %s failed (%s); falling back to lexical ranking", embedder.model, exc)
+        _failed(embedder, exc)
         return None
+
+
+_width_warned: weakref.WeakKeyDictionary[Any, set[tuple[str, int]]] = weakref.WeakKeyDictionary()
+
+
+async def try_embed_into(embedder: Embedder | None, texts: Sequence[str], width: int | None,
+                         tier: str) -> list[list[float] | None] | None:
+    """`try_embed` for records bound for a tier that holds `width`-dim vectors (None: none yet).
+
+    An embedder of another width (its model changed; an HTTP embedder's width is learnt only at its
+    first call) gives None, as a failure does: the records are written without vectors and found by
+    text. Sent on, its vectors made the tier refuse the caller's whole write, and every spill into
+    that tier, with -32008, for a fault that was not the caller's. Logged once per embedder and tier.
+    """
+    vectors = await try_embed(embedder, texts)
+    made = {len(v) for v in vectors or () if v is not None}
+    if not width or not made or made == {width}:
+        return vectors
+    warned = _width_warned.setdefault(embedder, set())  # embedder is not None: it made vectors
+    if (tier, width) not in warned:
+        warned.add((tier, width))
+        log.warning("tier %s holds %d-dim vectors and the embedder makes %d: it is recalled by text alone and "
+                    "records written there go without vectors (embed it again with this model, or use the model "
+                    "that embedded it)", tier, width, max(made))
+    return None

@@ -155,7 +155,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     # One flag for both logs. Without it uvicorn stays at warning (its start and stop steps are info)
     # and the server's own log (`a2m.*`, engines, router) at info, where its one-off notes are.
-    log_to_stderr(getattr(logging, (args.log_level or "info").replace("trace", "debug").upper()))
+    level = getattr(logging, (args.log_level or "info").replace("trace", "debug").upper())
+    log_to_stderr(level)
+    if level > logging.DEBUG:  # httpx logs each request at info: a line per embed (tier) or tier call (router)
+        logging.getLogger("httpx").setLevel(max(level, logging.WARNING))
     origins = _origins(args.origin or [o.strip() for o in os.environ.get("A2M_ALLOWED_ORIGINS", "").split(",")
                                        if o.strip()])
     if args.what == "router":
@@ -167,6 +170,9 @@ def _serve(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"a2m serve router: {exc}", file=sys.stderr)
             return 2
+        from a2m.embedder import preload
+
+        preload(server.embedder)
         configured = server.http_settings()  # [auth] tokens and origins from router.toml
         tokens = _tokens(args.token, server.config.service_token)
         clash = [t for t in tokens if t in configured.tokens and configured.tokens[t] != tokens[t]]
@@ -186,7 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
             if problem:
                 raise SystemExit(f"--service-token / A2M_SERVICE_TOKEN {problem}")
             tokens[service_token] = SERVICE
-        from a2m.embedder import make_embedder
+        from a2m.embedder import make_embedder, preload
         from backends.serve import build
         from backends.settings import TierSettings
 
@@ -210,6 +216,7 @@ def _serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"a2m serve {args.what}: --embedder / A2M_EMBEDDER: {exc}") from None
         server = build(args.what, settings, embedder=embedder)
+        preload(server.embedder)  # None where the tier never embeds
     from a2m import tracing
     from a2m.dispatch import Dispatcher
 

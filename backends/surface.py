@@ -15,7 +15,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from a2m import errors, prompt as prompts
 from a2m.dispatch import Context, Handler, bound_handlers
-from a2m.embedder import Embedder, try_embed
+from a2m.embedder import Embedder, try_embed_into
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
 from a2m.filters import Scope, parse_scope, settle_field
@@ -295,7 +295,8 @@ class TierServer(EventMethods):
 
     async def _embed_missing(self, records: list[Record]) -> None:
         missing = [r for r in records if r.embedding is None and r.content]
-        vectors = await try_embed(self.embedder, [r.content for r in missing])
+        held = await self.dimensions() or next((len(r.embedding) for r in records if r.embedding is not None), None)
+        vectors = await try_embed_into(self.embedder, [r.content for r in missing], held, self.name)
         if vectors is None:
             return
         for record, vector in zip(missing, vectors):
@@ -403,13 +404,9 @@ class TierServer(EventMethods):
                 vector = validate_embedding(vector)
                 await self._check_width([vector])
             elif query and self.embedder is not None:
-                embedded = await try_embed(self.embedder, [query])
+                # Our own embedder's vector, not the caller's: of another width, the query ranks by text.
+                embedded = await try_embed_into(self.embedder, [query], await self.dimensions(), self.name)
                 vector = embedded[0] if embedded else None
-                held = await self.dimensions() if vector is not None else None
-                if held and vector is not None and len(vector) != held:  # our own embedder's, not the caller's
-                    log.warning("tier %s holds %d-dim vectors and its embedder made %d: ranked by text alone",
-                                self.name, held, len(vector))
-                    vector = None
             if limit == 0:  # no limit (no max_recall_limit declared): every record in scope
                 limit = max(await self.store.count(scope.owner), 1)
             # A vector alone asks a tier that never searches by one for nothing it can rank: the newest

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from a2m.capabilities import TIER_KINDS
-from a2m.embedder import LOCAL_MISSING, local_available
+from a2m.embedder import LOCAL_MISSING, clean_api_key, local_available, timeout_setting
 from a2m.http import origin_problem, token_problem
 
 DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000, "max_recall_limit": 1000}
@@ -401,6 +401,12 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
         raise ConfigError(f"embedder must be none, local or an OpenAI-compatible http(s) URL, got {embedder_raw!r}")
     if embedder_raw == "local" and not local_available():
         raise ConfigError(f"embedder = \"local\" {LOCAL_MISSING}")
+    if embedder_raw is not None and embedder_raw != "local":
+        try:  # the HTTP embedder's settings from the environment, refused here as the file's are
+            timeout_setting(env.get("A2M_EMBEDDER_TIMEOUT"))
+            clean_api_key(env.get("A2M_EMBEDDER_KEY"))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     auth = data.get("auth", {})
     if not isinstance(auth, dict):

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Sequence
 import orjson
 
 from a2m.client import Unavailable
-from a2m.embedder import Embedder, try_embed
+from a2m.embedder import Embedder, try_embed_into
 from a2m.errors import A2MError
 from a2m.paging import CrowdedMillisecond, pages_backwards
 
@@ -251,7 +251,7 @@ class Policy:
                 write["salience"] = salience
         if self.embedder is not None and dest.searched:
             missing = [w for w in writes if w.get("embedding") is None and w.get("content")]
-            vectors = await try_embed(self.embedder, [w["content"] for w in missing])
+            vectors = await try_embed_into(self.embedder, [w["content"] for w in missing], dest.dimensions, dest.name)
             for write, vector in zip(missing, vectors or []):
                 if vector is not None:
                     write["embedding"] = vector

@@ -20,7 +20,7 @@ from a2m import errors, prompt as prompts
 from a2m.capabilities import CAPABILITIES
 from a2m.client import Unavailable
 from a2m.dispatch import Context, Handler, bound_handlers
-from a2m.embedder import make_embedder, try_embed
+from a2m.embedder import make_embedder, try_embed, try_embed_into
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
 from a2m.filters import parse_scope, test_matches
@@ -385,7 +385,7 @@ class Router(EventMethods):
                 batch.append(out)
             if self.embedder is not None and tier.searched:
                 missing = [b for b in batch if b.get("embedding") is None and b.get("content")]
-                vectors = await try_embed(self.embedder, [b["content"] for b in missing])
+                vectors = await try_embed_into(self.embedder, [b["content"] for b in missing], tier.dimensions, name)
                 for b, vector in zip(missing, vectors or []):
                     if vector is not None:
                         b["embedding"] = vector

@@ -5,6 +5,7 @@ The embedder is the real `HTTPEmbedder` against the router tests' OpenAI-compati
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,55 @@ async def test_an_embedder_of_another_width_is_refused_at_start_or_leaves_text_r
         assert embedder.dimensions == DIMS  # learnt from that query
         with pytest.raises(SettingsError, match="holds 4-dim vectors and --embedder makes 16"):
             await build("semantic", settings, embedder=embedder).startup()
+
+
+async def test_a_write_is_kept_without_vectors_when_the_embedder_makes_another_width(tmp_path: Path) -> None:
+    """Learnt only at the first call (an HTTP embedder, say after a change of model), a width other
+    than the tier's failed the caller's write with -32008, a fault that was not the caller's:
+    embedding never fails a write, so the record is written without a vector and found by text."""
+    settings = TierSettings(name="notes", data_dir=tmp_path / "semantic")
+    plain = build("semantic", settings)
+    await plain.startup()
+    try:
+        await Dispatcher(plain).call("memory/remember", {"records": [
+            {"content": "the kettle manual, page four", "embedding": [1.0, 0.0, 0.0, 0.0]}]}, Context())
+    finally:
+        await plain.shutdown()
+    with serving(Embeddings()) as stand_in:
+        embedder = HTTPEmbedder(f"http://127.0.0.1:{stand_in.server_address[1]}/v1", "hashed-bow", None)
+        served = build("semantic", settings, embedder=embedder)
+        await served.startup()
+        try:
+            rpc = Dispatcher(served)
+            written = await rpc.call("memory/remember", {"records": [{"content": "the toaster manual"}]}, Context())
+            found = await rpc.call("memory/recall", {"query": "toaster", "embeddings": True}, Context())
+        finally:
+            await served.shutdown()
+    assert len(written["ids"]) == 1 and embedder.dimensions == DIMS
+    assert [(r["content"], r.get("embedding")) for r in found["records"]] == [("the toaster manual", None)]
+
+
+async def test_a_query_of_another_width_is_logged_once_not_on_every_recall(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Each recall with a query logged the width mismatch again: one warning a recall, for a
+    setting that only a restart changes."""
+    settings = TierSettings(name="corpus", data_dir=tmp_path / "semantic")
+    plain = build("semantic", settings)
+    await plain.startup()
+    try:
+        await Dispatcher(plain).call("memory/remember", {"records": [
+            {"content": "the kettle manual, page four", "embedding": [1.0, 0.0, 0.0, 0.0]}]}, Context())
+    finally:
+        await plain.shutdown()
+    caplog.set_level(logging.WARNING)
+    with serving(Embeddings()) as stand_in:
+        embedder = HTTPEmbedder(f"http://127.0.0.1:{stand_in.server_address[1]}/v1", "hashed-bow", None)
+        served = build("semantic", settings, embedder=embedder)
+        await served.startup()
+        try:
+            for _ in range(3):
+                found = await Dispatcher(served).call("memory/recall", {"query": "kettle"}, Context())
+                assert [r["content"] for r in found["records"]] == ["the kettle manual, page four"]
+        finally:
+            await served.shutdown()
+    assert len([r for r in caplog.records if "4-dim vectors" in r.getMessage()]) == 1, caplog.text

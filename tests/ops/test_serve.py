@@ -142,6 +142,8 @@ def test_serve_on_a_port_in_use_says_so(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args, env, message", [
     (("procedural", "--stdio"), {"A2M_PORT": "eighty"}, "a port is a number from 0 to 65535, not 'eighty'"),
     (("procedural", "--stdio", "--embedder", "bogus"), {}, "unknown embedder 'bogus'"),
+    (("procedural", "--stdio", "--embedder", "http://127.0.0.1:9/v1"), {"A2M_EMBEDDER_TIMEOUT": "soon"},
+     "--embedder / A2M_EMBEDDER: A2M_EMBEDDER_TIMEOUT must be a number of seconds above 0, got 'soon'"),
     # A user token that is the service token would hand that user the trust to name any owner.
     (("procedural", "--stdio", "--token", "t=alice", "--service-token", "t"), {}, "is the service token"),
     (("procedural", "--stdio", "--token", " t =alice"), {}, "printable ASCII without spaces around it"),
@@ -300,3 +302,25 @@ def test_log_level_reaches_the_servers_own_log(tmp_path: Path, log_level: str | 
     assert proc.stderr is not None
     seen.append(proc.stderr.read())
     assert any("tracing on as a2m-procedural" in line for line in seen) is shown, seen
+
+
+def test_a_tier_servers_http_embedder_does_not_log_each_request(tmp_path: Path) -> None:
+    """httpx logs each request at info, the tier server's default level: a tier with an HTTP
+    embedder wrote a line for every write and every recall with a query (the router silenced it)."""
+    from tests.router.test_router_embedder import Embeddings, serving
+
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "memory/remember", "params": {"records": [{"content": "kettle notes"}]}},
+        {"jsonrpc": "2.0", "id": 2, "method": "memory/recall", "params": {"query": "kettle"}},
+    ]
+    with serving(Embeddings()) as stand_in:
+        done = subprocess.run(
+            a2m_command("serve", "semantic", "--stdio", "--data", str(tmp_path / "data"),
+                        "--embedder", f"http://127.0.0.1:{stand_in.server_address[1]}/v1"),
+            cwd=tmp_path, timeout=90, input=b"".join(orjson.dumps(r) + b"\n" for r in requests), capture_output=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+        asked = len(stand_in.inputs)
+    replies = {r["id"]: r for r in map(orjson.loads, done.stdout.splitlines())}
+    assert done.returncode == 0 and [r["content"] for r in replies[2]["result"]["records"]] == ["kettle notes"]
+    assert asked == 2  # the record, then the query
+    assert "HTTP Request" not in done.stderr.decode(), done.stderr.decode()[-2000:]

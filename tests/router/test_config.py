@@ -288,6 +288,20 @@ def test_embedder_settings_that_would_be_dropped_are_refused(data: dict, message
         parse(data, env={})
 
 
+@pytest.mark.parametrize("env, message", [
+    ({"A2M_EMBEDDER_TIMEOUT": "soon"}, "A2M_EMBEDDER_TIMEOUT must be a number of seconds above 0, got 'soon'"),
+    ({"A2M_EMBEDDER_TIMEOUT": "0"}, "A2M_EMBEDDER_TIMEOUT must be a number of seconds above 0"),
+    ({"A2M_EMBEDDER_KEY": "sk-one\ntwo"}, "a character an HTTP header cannot carry"),
+])
+def test_the_http_embedders_settings_from_the_environment_are_checked_at_start(env: dict, message: str) -> None:
+    """Found by make_embedder inside the router's constructor they stopped `a2m serve router` with a
+    traceback, and `a2m up --config` started every tier first."""
+    with pytest.raises(ConfigError, match=re.escape(message)) as refused:
+        parse({"embedder": "http://127.0.0.1:9/v1"}, env=env)
+    assert "sk-one" not in str(refused.value)
+    assert parse({"embedder": "none"}, env=env).embedder is None  # read only for an HTTP embedder
+
+
 def test_a_local_embedder_without_its_extra_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     # Without the `embed` extra every embed failed at run time, logged, and records went without vectors.
     monkeypatch.setattr("a2m.embedder.LOCAL_MODULES", ("a2m_no_such_module",))

@@ -321,3 +321,27 @@ async def test_a_tier_holding_vectors_of_another_width_is_recalled_by_its_text(t
             with pytest.raises(A2MError) as refused:  # named with a vector of the caller's: its own answer
                 await client.call("memory/recall", {"embedding": hashed("kettle"), "tier": "corpus"})
             assert refused.value.code == -32008
+
+
+@pytest.mark.anyio
+async def test_a_write_into_a_tier_of_another_width_is_kept_without_the_routers_vectors(tmp_path: Path) -> None:
+    """The router's embedder making 16-dim vectors for a tier that holds 4-dim ones (its model was
+    changed, say) failed the caller's write with -32008, and every spill into that tier likewise: a
+    fault that was not the caller's. Those records are written without vectors, found by text."""
+    tiers = [{"name": "working", "kind": "working", "capacity": 1, "spill_to": "notes", "serve": "real"},
+             {"name": "notes", "kind": "semantic", "serve": "fixture"}]
+    with serving(Embeddings()) as embedder, launched(tiers, tmp_path) as (procs, started):
+        async with HTTPClient(procs["notes"].url) as notes:
+            await notes.call("memory/remember", {"records": [
+                {"content": "the kettle manual, page four", "embedding": [1.0, 0.0, 0.0, 0.0]}]})
+        config = write_config(tmp_path / "router.toml", [{**t, "url": procs[t["name"]].url} for t in tiers],
+                              {"embedder": embedder_table(embedder), "background_promotion": False})
+        async with HTTPClient(router_over(config, tmp_path, started).url) as client:
+            await client.call("memory/remember", {"records": [{"content": "the toaster manual", "tier": "notes"}]})
+            for n in range(3):  # over working's capacity: the older ones spill into notes
+                await client.call("memory/remember", {"records": [{"content": f"toaster note {n}", "session": "s"}]})
+            await client.call("memory/consolidate", {})
+        async with HTTPClient(procs["notes"].url) as notes:
+            held = await notes.call("memory/recall", {"query": "toaster", "embeddings": True, "limit": 10})
+    assert sorted(r["content"] for r in held["records"]) == ["the toaster manual", "toaster note 0", "toaster note 1"]
+    assert all(r.get("embedding") is None for r in held["records"])
