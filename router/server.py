@@ -38,8 +38,9 @@ from .policy import Policy, Refusals
 
 log = logging.getLogger("a2m.router")
 
-# How long a /metrics scrape waits for the probes of down tiers (Prometheus times a scrape out at 10 s).
-SCRAPE_PROBE_WAIT = 1.0
+# How long /readyz (twice: the default tier, then the rest) and a /metrics scrape wait for the probes of
+# down tiers: a Kubernetes readiness probe gives up after 2 s (deploy/k8s), Prometheus after 10.
+PROBE_WAIT = 0.75
 
 DEFAULT_RECALL_LIMIT = 10
 TAKE_BACK_PAUSE = 0.5  # before forgetting again what a tier the router stopped waiting for had not applied yet
@@ -128,6 +129,7 @@ class Router(EventMethods):
         self.policy = Policy(self.fed, embedder=self.embedder, emit=self._emit)
         self._dims: int | None = getattr(self.embedder, "dimensions", None)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._probes: dict[str, asyncio.Task[Any]] = {}  # tier -> its describe in flight (`_probe_down`)
         self._depths: dict[str, int] | None = None
 
     # ---- plumbing ----------------------------------------------------------------
@@ -154,8 +156,7 @@ class Router(EventMethods):
 
     async def ready(self) -> bool:
         tier = self.fed[self.config.default_tier]
-        if not tier.healthy and tier.available():
-            await tier.refresh()
+        await self._probe_down([tier])
         return tier.healthy
 
     def spawn(self, coro: Any) -> None:
@@ -200,34 +201,34 @@ class Router(EventMethods):
         for name in self.fed.order:  # the tiers themselves exist only once the federation starts
             up.labels(name).set_function(
                 lambda name=name: 1.0 if name in self.fed.tiers and self.fed.tiers[name].healthy else 0.0)
-        self._scrape_probes: dict[str, asyncio.Task[Any]] = {}
         self.fed.observe_calls(_tier_call_metrics(registry))
 
-    async def before_scrape(self) -> None:
-        """Probe each down tier whose backoff has run out before /metrics reads `tier_up`, as /readyz
-        does: a scrape may be a quiet router's only traffic, and the gauge (an alert's input) would
-        say "down" for a tier that is back until some request happened to reach it. The scrape waits
-        at most SCRAPE_PROBE_WAIT s; a slower probe (a hung tier) goes on, one per tier at a time,
-        and a later scrape reads its verdict."""
-        for tier in self.fed:
-            if not tier.healthy and tier.available() and tier.name not in self._scrape_probes:
+    async def _probe_down(self, tiers: Sequence[Tier]) -> None:
+        """Describe again each of `tiers` that is down and whose backoff has run out, waiting at most
+        PROBE_WAIT s: otherwise a tier that came back (or came up after the router: `a2m up` starts
+        them together) reads "down" in /readyz and `tier_up` until some request happens to reach it,
+        and a scrape or a readiness check may be a quiet router's only traffic. A slower probe (a
+        hung tier) goes on in the background, one per tier at a time; a later check reads its verdict
+        (waiting for it, /readyz took the tier's whole timeout, past a readiness probe's 2 s)."""
+        for tier in tiers:
+            if not tier.healthy and tier.available() and tier.name not in self._probes:
                 task = asyncio.get_running_loop().create_task(tier.refresh())
-                self._scrape_probes[tier.name] = task
+                self._probes[tier.name] = task
                 self._tasks.add(task)  # drained at shutdown, as every background task
                 task.add_done_callback(self._tasks.discard)
-                task.add_done_callback(lambda _, name=tier.name: self._scrape_probes.pop(name, None))
-        if self._scrape_probes:
-            await asyncio.wait(list(self._scrape_probes.values()), timeout=SCRAPE_PROBE_WAIT)
+                task.add_done_callback(lambda _, name=tier.name: self._probes.pop(name, None))
+        waiting = [self._probes[t.name] for t in tiers if t.name in self._probes]
+        if waiting:
+            await asyncio.wait(waiting, timeout=PROBE_WAIT)
+
+    async def before_scrape(self) -> None:
+        """`tier_up` on /metrics as fresh as /readyz: down tiers are probed first (`_probe_down`)."""
+        await self._probe_down(list(self.fed))
 
     async def health(self) -> dict[str, Any]:
-        """Per-tier status for /readyz: ready needs only the default tier, the rest is reported.
-
-        A down tier whose backoff has run out is probed first: otherwise a tier that came up
-        after the router (`a2m up` starts them together) stays "down" here until some request
-        happens to reach it."""
-        waiting = [t for t in self.fed if not t.healthy and t.available()]
-        if waiting:
-            await asyncio.gather(*(t.refresh() for t in waiting))
+        """Per-tier status for /readyz: ready needs only the default tier, the rest is reported
+        (down tiers probed first, `_probe_down`)."""
+        await self._probe_down(list(self.fed))
         return {"tiers": {t.name: ("up" if t.healthy else "down") for t in self.fed}}
 
     # ---- helpers ---------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 from a2m.client import HTTPClient
 
-from .stack import federation
+from .stack import FOUR, federation
 
 
 @pytest.mark.anyio
@@ -45,6 +45,27 @@ async def test_readyz_sees_a_tier_come_back_without_other_traffic(tmp_path: Path
         while httpx.get(stack.url + "readyz").json()["tiers"]["procedural"] != "up":
             assert time.monotonic() < deadline, "readyz never saw the tier come back"
             time.sleep(0.2)
+
+
+@pytest.mark.anyio
+async def test_readyz_answers_within_a_readiness_probes_time_while_a_tier_hangs(tmp_path: Path) -> None:
+    """/readyz probed a down tier whose backoff had run out and waited for it: a hung tier held the
+    answer for its whole timeout (4 s here, 5 by default), past the 2 s a Kubernetes readiness probe
+    waits (deploy/k8s), so the router read unready through the first part of another tier's outage."""
+    tiers = [{**t, "timeout": 4.0} if t["name"] == "procedural" else t for t in FOUR]
+    with federation(tmp_path, tiers) as stack:
+        stack.tiers["procedural"].pause()
+        try:
+            recall = {"jsonrpc": "2.0", "id": 1, "method": "memory/recall", "params": {"query": "anything"}}
+            assert httpx.post(stack.url, json=recall, timeout=30).json()["result"]["degraded"] == ["procedural"]
+            for _ in range(6):  # across several backoffs: each check finds the probe due or in flight
+                started = time.monotonic()
+                ready = httpx.get(stack.url + "readyz", timeout=30)
+                assert time.monotonic() - started < 2.0, "readyz waited for the hung tier"
+                assert ready.status_code == 200 and ready.json()["tiers"]["procedural"] == "down", ready.text
+                time.sleep(0.5)
+        finally:
+            stack.tiers["procedural"].resume()
 
 
 def _sample(metrics: str, name: str) -> float | None:
