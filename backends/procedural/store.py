@@ -10,6 +10,10 @@ Why it is built this way:
 - **One writer.** Writes hold an asyncio lock and run in a worker thread; the
   in-memory index changes only after the commit landed, so a reader never sees
   a write that could still fail.
+- **Durable commits.** gitdb fsyncs nothing, and a ref naming an object the
+  disk never got (a power loss) is a repository nobody can read: a write's
+  objects are fsynced before its branch moves, then the ref (`set_ref`), and
+  git's own writes here run with `core.fsync = objects,reference`.
 - **Recovery at open.** A write that was not committed was never acknowledged,
   so discarding it is correct: stale lock files are removed and the working
   tree is reset to HEAD (`reset --hard`, then `clean` of the record roots).
@@ -108,15 +112,63 @@ class InProcessObjectDB(GitCmdObjectDB):
     temp file and renames it into place, so an object is either complete or absent.
     """
 
+    def __init__(self, root_path: str, git_cmd: Any) -> None:
+        super().__init__(root_path, git_cmd)
+        self.unsynced: set[str] = set()  # object files stored since the last `sync`
+
     def store(self, istream: IStream) -> IStream:
-        return LooseObjectDB.store(self, istream)
+        istream = LooseObjectDB.store(self, istream)
+        self.unsynced.add(self.db_path(self.object_path(istream.hexsha)))
+        return istream
+
+    def sync(self) -> None:
+        """Make every object stored since the last sync durable (its data, and its name in its
+        directory), before a ref names it: gitdb fsyncs nothing, and after a power loss a ref
+        naming an object the disk never got is a repository git and this store cannot read."""
+        paths, self.unsynced = self.unsynced, set()
+        for path in paths:
+            fsync_path(path)
+        for directory in {os.path.dirname(path) for path in paths}:
+            fsync_path(directory)
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a directory (a directory's entries: a rename into it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def set_ref(repo: git.Repo, ref: git.Reference, commit: Commit, logmsg: str) -> None:
+    """Point `ref` at `commit` durably: its objects first, then the ref file and its directory.
+    A write is acknowledged after this, so after a power loss it is there (or, cut before the
+    ref's fsync, not acknowledged)."""
+    sync_objects(repo)
+    ref.set_commit(commit, logmsg=logmsg)
+    fsync_ref(repo, ref)
+
+
+def sync_objects(repo: git.Repo) -> None:
+    if isinstance(repo.odb, InProcessObjectDB):
+        repo.odb.sync()
+
+
+def fsync_ref(repo: git.Repo, ref: git.Reference) -> None:
+    path = Path(repo.common_dir) / ref.path
+    fsync_path(path)
+    fsync_path(path.parent)
 
 
 _EMPTY_COMMIT = "dcf5b16e76cce7425d0beaef62d79a7d10fce1f5"  # `git hash-object -t commit --literally </dev/null`
 
 
 def loose_odb(repo: git.Repo) -> LooseObjectDB:
-    """Write objects in-process, whatever odb type `repo` was opened with."""
+    """Write objects in-process, whatever odb type `repo` was opened with (the store's own, which
+    keeps them for `set_ref` to sync, when it is that)."""
+    if isinstance(repo.odb, InProcessObjectDB):
+        return repo.odb
     return LooseObjectDB(os.path.join(repo.common_dir, "objects"))
 
 
@@ -375,12 +427,15 @@ class GitStore:
             if not config.has_option("user", "name"):
                 config.set_value("user", "name", self.identity.name)
                 config.set_value("user", "email", self.identity.email)
+            if not config.has_option("core", "fsync"):  # what git itself writes here (an approve's merge)
+                config.set_value("core", "fsync", "objects,reference")
         if not repo.head.is_valid():
             index = git.IndexFile(repo)
-            Commit.create_from_tree(
-                repo, index.write_tree(), "initialise procedural memory", parent_commits=[],
-                head=True, author=self.identity, committer=self.identity,
-            )
+            message = "initialise procedural memory"
+            commit = Commit.create_from_tree(repo, index.write_tree(), message, parent_commits=[], head=False,
+                                             author=self.identity, committer=self.identity)
+            sync_objects(repo)  # then the unborn branch, as `head=True` would make it
+            fsync_ref(repo, git.Head.create(repo, repo.head.ref.path, commit, logmsg=f"commit (initial): {message}"))
             index.write()  # a valid (empty) index: git refuses a missing-but-truncated one
         self.main = repo.active_branch.name
         self._load_state()
@@ -788,10 +843,11 @@ class GitStore:
             file.parent.mkdir(parents=True, exist_ok=True)
             file.write_bytes(data)
         tree = GitTree(repo, self._stage(plan))
-        Commit.create_from_tree(
-            repo, tree, plan.message, parent_commits=[repo.head.commit], head=True,
+        commit = Commit.create_from_tree(
+            repo, tree, plan.message, parent_commits=[repo.head.commit], head=False,
             author=plan.author, committer=self.identity,
         )
+        set_ref(repo, repo.head.ref, commit, plan.message)  # the reflog line `head=True` writes
         self._update_index(plan)
 
     def _update_index(self, plan: _Plan) -> None:
@@ -835,7 +891,7 @@ class GitStore:
                 repo, tree, plan.message, parent_commits=[head.commit], head=False,
                 author=plan.author, committer=self.identity,
             )
-            head.set_commit(commit, logmsg=f"commit: {plan.message.splitlines()[0]}")
+            set_ref(repo, head, commit, f"commit: {plan.message.splitlines()[0]}")
         except BaseException:
             self._reload_trees()
             raise

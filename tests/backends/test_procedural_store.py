@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import statistics
 import subprocess
@@ -94,6 +95,38 @@ async def test_every_write_is_one_commit_by_the_owner(store: GitStore) -> None:
     # An empty write (deleting ids that do not exist) makes no commit.
     await store.write([], ["nope"])
     assert int(git(repo, "rev-list", "--count", "HEAD")) == base + 4
+
+
+@pytest.mark.parametrize("review", [False, True])
+async def test_a_writes_objects_are_on_disk_before_its_ref_names_them(tmp_path: Path, monkeypatch: Any,
+                                                                      review: bool) -> None:
+    """gitdb fsyncs nothing: after a power loss the ref could name a commit whose objects never
+    reached the disk, a repository neither git nor the store can read. Every object a write adds
+    is fsynced while its branch still names the old commit; then the ref file and its directory."""
+    store = await opened(tmp_path, review=review)
+    try:
+        repo = repo_of(store)
+        branch = "proposed" if review else "main"
+        ref_file = Path(os.path.realpath(repo / ".git" / "refs" / "heads" / branch))
+        synced: list[tuple[str, str]] = []  # (path fsynced, what the branch named then)
+        fsync = os.fsync
+
+        def recording(fd: int) -> None:
+            synced.append((os.readlink(f"/proc/self/fd/{fd}"), ref_file.read_text().strip()))
+            fsync(fd)
+
+        before = git(repo, "rev-parse", branch).strip()
+        monkeypatch.setattr(os, "fsync", recording)
+        await store.write([rec(1, key="skills/refund/verify"), rec(2, owner="bob")])
+        monkeypatch.setattr(os, "fsync", fsync)
+        after = git(repo, "rev-parse", branch).strip()
+        added = {line.split()[0] for line in git(repo, "rev-list", "--objects", after, f"^{before}").splitlines()}
+        when = dict(synced)
+        objects = Path(os.path.realpath(repo / ".git" / "objects"))
+        assert added and all(when.get(str(objects / sha[:2] / sha[2:])) == before for sha in added), synced
+        assert when.get(str(ref_file)) == after and when.get(str(ref_file.parent)) == after, synced
+    finally:
+        await store.close()
 
 
 async def test_git_log_and_history_show_revisions(store: GitStore) -> None:
