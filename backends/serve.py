@@ -124,7 +124,7 @@ def _program(key: str, value: Any) -> str:
 
 KIND_OPTION: dict[str, Check] = {"kind": _choice(*TIER_KINDS)}  # the kind declared in describe
 TABLE_OPTIONS = {key: _text for key in ("table", "id_column", "text_column", "vector_column", "created_column",
-                                        "metadata_columns")}
+                                        "metadata_columns", "metadata_column", "metadata_keys", "row_filter")}
 COLLECTION_OPTIONS = {key: _text for key in ("collection", "text_field", "vector_name", "created_field",
                                              "metadata_fields", "metadata_field", "text_json_key", "api_key")}
 OPTIONS: dict[str, dict[str, Check]] = {
