@@ -489,6 +489,11 @@ class TableStore(ReadOnlyStore):
             " WHERE i.indrelid = %s AND i.indisvalid AND i.indpred IS NULL ORDER BY c.relname", (oid,))).fetchall()
         log = logging.getLogger("a2m.corpus")
         kind = (await (await conn.execute("SELECT relkind FROM pg_class WHERE oid = %s", (oid,))).fetchone())[0]
+        if spec.row_filter and kind != "v" and not any(
+                keys and keys[0] == columns[spec.row_filter[0]][0] for _, keys, _, _ in indexes):
+            log.warning("the timeline and count of %r read the rows of every %s: no index starts with it (e.g. "
+                        "CREATE INDEX ON %s (%s)); a vector recall tests it inside the vector index's scan",
+                        spec.table, spec.row_filter[0], spec.table, spec.row_filter[0])
         if kind == "v":  # a view has no indexes of its own: those of the tables beneath it answer, if they can
             if spec.vector_column:
                 self._vector_index = "hnsw"  # the likelier index beneath: its filtered scans read on

@@ -31,6 +31,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from a2m.filters import Scope
 from backends.episodic.embedded import EmbeddedPostgres
 from tests.support.corpora import DOCS
 
@@ -313,3 +314,88 @@ def test_legacy_llamaindex_qdrant_mounts(tmp_path: Path) -> None:
     answers, done = serve(str(tmp_path / "kb"), tmp_path / "data", "collection=kb", calls=calls("file_name", "txt"))
     assert done.returncode == 0, done.stderr
     assert_mounted(answers, metadata_key="file_name")
+
+
+# ---- a metadata object's keys answer `where` as the reference matcher does -----------------------------------
+
+OBJECT_VALUES: list[Any] = ["x", "y", "5", "", 5, 5.0, 2**53 + 1, 0.1, True, False, None, ["x", 5], [], {"k": 1},
+                            'q"uote', "a\\b"]
+OBJECT_KEYS = ["source", "page", "tags", "odd key", "role"]  # `role`: where.role names the record field
+DOCUMENTS: list[Any] = [None, "null", "[1, 2]", '"text"', "{}"]  # no object: records show no metadata
+
+
+def make_object_table(dsn: str) -> None:
+    """`objects`: the same random metadata in a jsonb and in a json column, two collections."""
+    import random
+
+    rng = random.Random(5150)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE objects (id serial PRIMARY KEY, coll int, body text, emb vector(3), "
+                     "created timestamptz, meta jsonb, meta_js json)")
+        conn.execute("CREATE INDEX objects_meta ON objects USING gin (meta jsonb_path_ops)")
+        for n in range(120):
+            if n % 11 == 3:
+                document = rng.choice(DOCUMENTS)
+            else:
+                document = json.dumps({k: rng.choice(OBJECT_VALUES) for k in OBJECT_KEYS if rng.random() < 0.7})
+            created = None if n % 7 == 0 else f"2026-01-{1 + n % 28:02d}T09:00:00Z"
+            conn.execute("INSERT INTO objects (coll, body, emb, created, meta, meta_js) VALUES (%s, %s, %s::vector, "
+                         "%s, %s::jsonb, %s::json)", (n % 3, rng.choice(["zebra one", "quartz two", None]),
+                                                      _vector([rng.random(), rng.random(), rng.random()]), created,
+                                                      document, document))
+
+
+def object_wheres(every: list[Any]) -> list[dict[str, Any]]:
+    """Each value some record shows under each key (list members too), values equal in JSON but
+    spelled apart, null, and "any of" with null."""
+    out: list[dict[str, Any]] = [{}]
+    for key in OBJECT_KEYS + ["unknown"]:
+        for value in ["x", "5", 5, 5.0, 2**53 + 1, 0.1, 1, True, False, "", 'q"uote', "a\\b", "nope"]:
+            out.append({key: value})
+        out += [{key: None}, {key: ["x", None]}, {key: []}, {key: [5, "y", True]}]
+    return out + [{"source": "x", "page": 5}, {"content": "zebra one"}]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("column", ["meta", "meta_js"])
+async def test_where_on_a_metadata_objects_keys_answers_as_the_reference_does(rag_pg: str, column: str) -> None:
+    from tests.support.corpora import opened_table
+
+    from .test_corpus_table_parity import agree
+
+    with psycopg.connect(rag_pg, autocommit=True) as conn:
+        if not conn.execute("SELECT to_regclass('objects')").fetchone()[0]:
+            make_object_table(rag_pg)
+    for keys in (None, ["source", "tags"]):
+        async with opened_table(rag_pg, table="objects", text_column="body", vector_column="emb",
+                                created_column="created", metadata_column=column, metadata_keys=keys,
+                                row_filter=("coll", "1")) as store:
+            every = await store.select(Scope(), with_embeddings=True)
+            assert len(every) == 40 and any(r.metadata for r in every) and any(not r.metadata for r in every)
+            assert keys is None or all(set(r.metadata) <= set(keys) for r in every)
+            wrong: list[Any] = []
+            for where in object_wheres(every):
+                await agree(store, every, where, (None, None), wrong)
+            assert not wrong, f"{len(wrong)} disagreements:\n" + "\n".join(map(str, wrong[:40]))
+            assert await store.count(None) == 40
+            assert [r.id for r in await store.get(None, ["1", "2"])] == ["2"]  # row 1 is another collection's
+
+
+@pytest.mark.anyio
+async def test_where_on_langchain_metadata_is_answered_by_its_gin_index(rag_pg: str,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """`where: {source}` is `cmetadata @> '{"source": ...}'`, which LangChain's `ix_cmetadata_gin`
+    (jsonb_path_ops) answers; start says the collection column has no index of its own."""
+    from tests.support.corpora import opened_table
+
+    from .test_corpus_mounting import explained, no_seq_scan
+
+    with caplog.at_level("WARNING", logger="a2m.corpus"):
+        async with opened_table(no_seq_scan(rag_pg), table="langchain_pg_embedding", text_column="document",
+                                vector_column="embedding", metadata_column="cmetadata",
+                                row_filter=("collection_id", HANDBOOK)) as store:
+            plans = explained(store)
+            found = await store.select(Scope(where={"source": "policy.md"}), limit=10)
+            assert [r.id for r in found] == ["lc-0", "lc-2"]
+            assert plans and all("ix_cmetadata_gin" in p for p in plans), plans
+    assert "no index starts with it (e.g. CREATE INDEX ON langchain_pg_embedding (collection_id))" in caplog.text
