@@ -399,3 +399,56 @@ async def test_where_on_langchain_metadata_is_answered_by_its_gin_index(rag_pg: 
             assert [r.id for r in found] == ["lc-0", "lc-2"]
             assert plans and all("ix_cmetadata_gin" in p for p in plans), plans
     assert "no index starts with it (e.g. CREATE INDEX ON langchain_pg_embedding (collection_id))" in caplog.text
+
+
+# ---- through the router ---------------------------------------------------------------------------------------
+
+@pytest.mark.anyio
+async def test_the_framework_stores_join_a_federation_as_read_only_tiers(rag_pg: str, tmp_path: Path) -> None:
+    """LangChain's pgvector collection, LlamaIndex's hybrid pgvector table and LlamaIndex's Qdrant
+    collection, each `a2m serve corpus` by its recipe, mounted beside a working tier: a recall fuses
+    all four, a caller vector and `where` on a metadata key reach each, a timeline names one, and the
+    stores are left as they were."""
+    from a2m.client import HTTPClient
+    from a2m.errors import A2MError
+
+    from .test_corpus_mounting import mounted
+
+    qdrant_collection(tmp_path / "li", llamaindex_payloads(), LI_IDS, _dense())
+    with psycopg.connect(rag_pg) as conn:
+        before = conn.execute("SELECT count(*), md5(string_agg(id || document, ',' ORDER BY id)) "
+                              "FROM langchain_pg_embedding").fetchone()
+
+    def corpus(name: str, url: str, options: list[str]) -> dict[str, Any]:
+        return {"name": name, "kind": "semantic", "read_only": True, "engine": "corpus", "serve": "real",
+                "args": ["--url", url, *[a for o in options for a in ("--option", o)]]}
+
+    tiers = [{"name": "working", "kind": "working", "capacity": 8},
+             corpus("lc", rag_pg, LANGCHAIN_PG), corpus("li", rag_pg, LLAMAINDEX_HYBRID_PG),
+             corpus("liq", str(tmp_path / "li"), LLAMAINDEX_QDRANT)]
+    with mounted(tmp_path, tiers) as stack:
+        async with HTTPClient(stack.url) as router:
+            layout = {t["name"]: t for t in (await router.call("memory/describe", {}))["tiers"]}
+            assert {n: layout[n]["count"] for n in ("lc", "li", "liq")} == {"lc": 4, "li": 4, "liq": 4}
+            said = (await router.call("memory/remember", {"owner": "ann", "records": [
+                {"content": "the customer asked how refunds work", "session": "s1"}]}))["ids"]
+            hits = (await router.call("memory/recall", {"owner": "ann", "query": "refunds", "limit": 20}))["records"]
+            assert {h["tier"] for h in hits} == {"working", "lc", "li", "liq"} and said[0] in {h["id"] for h in hits}
+            assert not {h["content"] for h in hits} & {text for text, _ in OTHER}  # not the faq collection
+            for tier in ("lc", "li", "liq"):
+                near = (await router.call("memory/recall", {"owner": "ann", "tier": tier, "limit": 1,
+                                                            "embedding": [0.0, 1.0, 0.0, 0.0]}))["records"]
+                assert [h["content"] for h in near] == [DOCS[1][0]], (tier, near)
+            lc = (await router.call("memory/timeline", {"owner": "ann", "tier": "lc",
+                                                        "where": {"source": "policy.md"}}))["records"]
+            assert [r["metadata"]["page"] for r in lc] == [1, 3]
+            li = (await router.call("memory/recall", {"owner": "ann", "query": "shipping weekday",
+                                                      "where": {"file_name": "shipping.txt"}}))["records"]
+            assert {(h["tier"], h["content"]) for h in li} >= {("li", DOCS[1][0]), ("liq", DOCS[3][0])}
+            assert {h["metadata"]["file_name"] for h in li} == {"shipping.txt"}
+            with pytest.raises(A2MError) as err:
+                await router.call("memory/remember", {"owner": "ann", "records": [{"content": "x", "tier": "lc"}]})
+            assert err.value.code == -32004
+    with psycopg.connect(rag_pg) as conn:
+        assert conn.execute("SELECT count(*), md5(string_agg(id || document, ',' ORDER BY id)) "
+                            "FROM langchain_pg_embedding").fetchone() == before
