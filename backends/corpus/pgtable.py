@@ -12,6 +12,12 @@ time read apart), words as `to_tsvector(config, text_column)` in the
 configuration of the GIN index found over it (or a generated tsvector column
 of it), vectors by the distance of the HNSW/IVFFlat index on the column. What
 no index answers reads every row, and start says so in the log.
+
+Two options fit the layouts the common frameworks write: `metadata_column`
+makes one json/jsonb object the metadata (LangChain's `cmetadata`, LlamaIndex's
+`metadata_`), its keys tested by containment (what a jsonb GIN index answers),
+and `row_filter` mounts the rows of one value of a column (one LangChain
+collection of its shared table).
 """
 
 from __future__ import annotations
