@@ -141,7 +141,7 @@ OPTIONS: dict[str, dict[str, Check]] = {
 }
 # The corpus adapters' names for one thing: a table's option given to a collection, or back, is pointed here.
 COUNTERPARTS = {"text_field": "text_column", "created_field": "created_column", "metadata_fields": "metadata_columns",
-                "vector_name": "vector_column", "collection": "table"}
+                "vector_name": "vector_column", "collection": "table", "metadata_field": "metadata_column"}
 COUNTERPARTS.update({v: k for k, v in list(COUNTERPARTS.items())})
 # Options only an engine the URL (or its absence) does not pick would read: refused rather than dropped.
 EMBEDDED_ONLY = {"working": ("appendfsync", "redis_server")}

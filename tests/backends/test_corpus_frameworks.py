@@ -218,6 +218,8 @@ def test_llamaindex_pgvectorstore_mounts_with_its_json_metadata(rag_pg: str, tmp
     (["table=langchain_pg_embedding", "text_column=document", f"row_filter=collection_id={HANDBOOK[:-1]}9"],
      "row_filter: no row of table 'langchain_pg_embedding' has collection_id = "),
     (["table=data_docs", "text_column=text", "metadata_keys=file_name"], "metadata_keys needs metadata_column"),
+    # Qdrant's name for it: was "did you mean 'metadata_keys'?"
+    (["table=data_docs", "text_column=text", "metadata_field=metadata_"], "(did you mean 'metadata_column'?)"),
 ])
 def test_a_layout_option_that_does_not_fit_the_table_is_refused_at_start(rag_pg: str, tmp_path: Path,
                                                                         options: list[str], says: str) -> None:
