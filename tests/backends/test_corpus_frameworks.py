@@ -86,6 +86,21 @@ def langchain_tables(conn: psycopg.Connection[Any]) -> None:
                      (FAQ, _vector(vector), text, metadata, f"faq-{n}", f"00000000-0000-4000-8000-00000000010{n}"))
 
 
+def langchain_store_table(conn: psycopg.Connection[Any]) -> None:
+    """langchain_postgres 0.0.14+'s `PGVectorStore`: `PGEngine.init_vectorstore_table("lc_store", 4)`
+    (a table per store, metadata in the json `langchain_metadata`) and `apply_vector_index(HNSWIndex())`."""
+    conn.execute("""
+        CREATE TABLE "public"."lc_store"(
+            "langchain_id" UUID PRIMARY KEY, "content" TEXT NOT NULL, "embedding" vector(4) NOT NULL,
+            "langchain_metadata" JSON);
+        CREATE INDEX langchain_vector_index ON "public"."lc_store" USING hnsw (embedding vector_cosine_ops);
+    """)
+    for n, (text, source, vector) in enumerate(DOCS):
+        conn.execute("INSERT INTO lc_store VALUES (%s, %s, %s::vector, %s::json)",
+                     (f"00000000-0000-4000-8000-00000000020{n}", text, _vector(vector),
+                      json.dumps({"source": f"{source}.md", "page": n + 1})))
+
+
 def llamaindex_metadata(n: int, source: str, text: str) -> str:
     """`metadata_` as `node_to_metadata_dict(node, remove_text=True, flat_metadata=False)` writes it."""
     node_id = f"7c2e0b63-1d2f-4a2b-8e5f-2b3c4d5e6f{n:02d}"
@@ -129,6 +144,7 @@ def rag_pg(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             langchain_tables(conn)
+            langchain_store_table(conn)
             llamaindex_tables(conn)
         yield dsn
     finally:
@@ -140,6 +156,8 @@ LANGCHAIN_PG = ["table=langchain_pg_embedding", "text_column=document", "vector_
                 "metadata_column=cmetadata", f"row_filter=collection_id={HANDBOOK}"]
 LANGCHAIN_COMMUNITY_PG = ["table=legacy.langchain_pg_embedding", "id_column=custom_id", "text_column=document",
                           "vector_column=embedding", "metadata_column=cmetadata", f"row_filter=collection_id={HANDBOOK}"]
+LANGCHAIN_PGVECTORSTORE = ["table=lc_store", "id_column=langchain_id", "vector_column=embedding",
+                           "metadata_column=langchain_metadata"]
 LLAMAINDEX_PG = ["table=data_docs", "id_column=node_id", "text_column=text", "vector_column=embedding",
                  "metadata_column=metadata_", "metadata_keys=file_name,page_label,ref_doc_id"]
 LLAMAINDEX_HYBRID_PG = ["table=data_hybrid", "text_column=text", "vector_column=embedding",
@@ -190,6 +208,14 @@ def test_langchain_community_pgvector_mounts_with_its_json_metadata(rag_pg: str,
     assert done.returncode == 0, done.stderr
     assert_mounted(answers, metadata_key="source")
     assert {r["id"] for r in records(answers[3])} == {f"lc-{n}" for n in range(4)}
+
+
+def test_langchain_pgvectorstore_mounts_with_its_json_metadata(rag_pg: str, tmp_path: Path) -> None:
+    """langchain_postgres's newer store: a table per store, so no row filter."""
+    answers, done = serve(rag_pg, tmp_path, *LANGCHAIN_PGVECTORSTORE, calls=calls("source", "md"))
+    assert done.returncode == 0, done.stderr
+    assert_mounted(answers, metadata_key="source")
+    assert "no HNSW" not in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("options", [LLAMAINDEX_PG, LLAMAINDEX_HYBRID_PG], ids=["plain", "hybrid"])
