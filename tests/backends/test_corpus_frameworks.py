@@ -6,8 +6,10 @@ Each store is built by hand exactly as its library creates it (no LangChain or L
   `EmbeddingStore`): `langchain_pg_collection (uuid, name, cmetadata json)` and
   `langchain_pg_embedding (id varchar, collection_id uuid, embedding vector, document varchar,
   cmetadata jsonb)` with its `ix_cmetadata_gin` (jsonb_path_ops) index; several collections share the
-  table. And langchain_community's older `PGVector` (0.2.x, `use_jsonb=False`): `uuid` key,
-  `custom_id`, and `cmetadata json`.
+  table (here embedded at two widths). And langchain_community's older `PGVector` (0.2.x,
+  `use_jsonb=False`): `uuid` key, `custom_id`, and `cmetadata json`. And langchain_postgres 0.0.14+'s
+  `PGVectorStore` (`PGEngine.init_vectorstore_table`): a table per store, `langchain_id uuid`,
+  `content`, `embedding vector(N)`, `langchain_metadata json`.
 - LlamaIndex `PGVectorStore`, llama-index-vector-stores-postgres 0.2-0.4 (`get_data_model`):
   `data_<name> (id bigserial, text varchar, metadata_ json, node_id varchar, embedding vector(N))`, its
   btree on `metadata_->>'ref_doc_id'`, and with `hybrid_search=True` a generated `text_search_tsv`
@@ -41,8 +43,9 @@ pytestmark = pytest.mark.timeout(300)
 
 HANDBOOK = "1b5a3c2e-0d1f-4e2a-9b3c-4d5e6f7a8b01"  # langchain_pg_collection.uuid of each collection
 FAQ = "1b5a3c2e-0d1f-4e2a-9b3c-4d5e6f7a8b02"
-OTHER = [("Refunds for gift cards are never possible.", [0.9, 0.1, 0.0, 0.0]),
-         ("Refunds on sale items are store credit.", [1.0, 0.0, 0.1, 0.0])]
+# The other collection, embedded by another model (3 wide): the unsized `vector` column holds both.
+OTHER = [("Refunds for gift cards are never possible.", [0.9, 0.1, 0.0]),
+         ("Refunds on sale items are store credit.", [1.0, 0.0, 0.1])]
 
 
 def _vector(values: list[float]) -> str:
