@@ -628,8 +628,12 @@ class TableStore(ReadOnlyStore):
             if self._shows_key(name):
                 column = self.spec.metadata_column or ""
                 test = _key_test(sql.Identifier(column), self._types.get(column, ""), name, options)
-            elif name not in self.spec.metadata_columns or name in RECORD_FIELDS:
+            elif name in RECORD_FIELDS:
                 continue  # a record field (a column named `role` is metadata, but `where.role` is the field)
+            elif name not in self.spec.metadata_columns:  # a key no record shows: only null matches it
+                if None not in options:  # (was read through to the end, every row refused by the exact check)
+                    clauses.append(sql.SQL("FALSE"))
+                continue
             else:
                 test = _column_test(sql.Identifier(name), self._types.get(name, ""), options)
             if test is not None:

@@ -483,3 +483,19 @@ async def test_the_framework_stores_join_a_federation_as_read_only_tiers(rag_pg:
     with psycopg.connect(rag_pg) as conn:
         assert conn.execute("SELECT count(*), md5(string_agg(id || document, ',' ORDER BY id)) "
                             "FROM langchain_pg_embedding").fetchone() == before
+
+
+@pytest.mark.anyio
+async def test_where_on_a_key_no_record_shows_reads_no_row(rag_pg: str) -> None:
+    """LlamaIndex's `_node_type` is left out by metadata_keys: `where` on it matches nothing, answered
+    without reading the table (it was read to the end, a page four times longer each time)."""
+    from tests.support.corpora import opened_table
+
+    from .test_corpus_mounting import explained
+
+    async with opened_table(rag_pg, table="data_docs", text_column="text", metadata_column="metadata_",
+                            metadata_keys=["file_name"]) as store:
+        plans = explained(store)
+        assert await store.select(Scope(where={"_node_type": "TextNode"}), limit=1) == []
+        assert plans and all("One-Time Filter: false" in p for p in plans), plans
+        assert len(await store.select(Scope(where={"_node_type": None}))) == len(DOCS)
