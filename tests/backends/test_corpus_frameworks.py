@@ -458,6 +458,12 @@ async def test_the_framework_stores_join_a_federation_as_read_only_tiers(rag_pg:
              corpus("lc", rag_pg, LANGCHAIN_PG), corpus("li", rag_pg, LLAMAINDEX_HYBRID_PG),
              corpus("liq", str(tmp_path / "li"), LLAMAINDEX_QDRANT)]
     with mounted(tmp_path, tiers) as stack:
+        from tests.conformance.test_conformance import failures, run_http
+
+        for tier in ("lc", "li"):  # each a conformant read-only A2M server on its own
+            results = await run_http(stack.tiers[tier].url)
+            assert not failures(results), "\n".join(failures(results))
+            assert any(r.group == "read-only" and r.outcome == "pass" for r in results)
         async with HTTPClient(stack.url) as router:
             layout = {t["name"]: t for t in (await router.call("memory/describe", {}))["tiers"]}
             assert {n: layout[n]["count"] for n in ("lc", "li", "liq")} == {"lc": 4, "li": 4, "liq": 4}
