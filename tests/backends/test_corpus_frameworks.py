@@ -183,7 +183,7 @@ def calls(source_key: str, suffix: str) -> list[tuple[str, dict[str, Any]]]:
 
 def assert_mounted(answers: list[dict[str, Any]], *, metadata_key: str) -> None:
     """What each layout answers CALLS with: the four documents and nothing of any other collection."""
-    described, text, vector, timeline, text_where, timeline_where = answers
+    described, text, vector, timeline, text_where, timeline_where = answers[:6]
     assert described["result"]["embeddings"]["dimensions"] == 4, described
     found = [r["content"] for r in records(text)]
     # "refunds" (and "refunded" where the engine stems); never the refunds of another collection
@@ -312,9 +312,11 @@ def test_langchain_qdrant_mounts(tmp_path: Path, vector_name: str) -> None:
 
     qdrant_collection(tmp_path / "kb", langchain_payloads(), LC_IDS, {vector_name: _dense()},
                       sparse={"langchain-sparse": m.SparseVectorParams()})
-    answers, done = serve(str(tmp_path / "kb"), tmp_path / "data", *LANGCHAIN_QDRANT, calls=calls("source", "md"))
+    answers, done = serve(str(tmp_path / "kb"), tmp_path / "data", *LANGCHAIN_QDRANT, calls=[
+        *calls("source", "md"), ("memory/recall", {"embedding": DOCS[1][2], "limit": 1, "embeddings": True})])
     assert done.returncode == 0, done.stderr
-    assert_mounted(answers, metadata_key="source")
+    assert_mounted(answers[:-1], metadata_key="source")
+    assert [r["embedding"] for r in records(answers[-1])] == [DOCS[1][2]]  # the vector named "" too
 
 
 def test_langchain_qdrant_written_without_metadata_mounts(tmp_path: Path) -> None:
