@@ -124,7 +124,7 @@ def _program(key: str, value: Any) -> str:
 
 KIND_OPTION: dict[str, Check] = {"kind": _choice(*TIER_KINDS)}  # the kind declared in describe
 TABLE_OPTIONS = {key: _text for key in ("table", "id_column", "text_column", "vector_column", "created_column",
-                                        "metadata_columns")}
+                                        "metadata_columns", "metadata_column", "metadata_keys", "row_filter")}
 COLLECTION_OPTIONS = {key: _text for key in ("collection", "text_field", "vector_name", "created_field",
                                              "metadata_fields", "metadata_field", "text_json_key", "api_key")}
 OPTIONS: dict[str, dict[str, Check]] = {
@@ -141,7 +141,7 @@ OPTIONS: dict[str, dict[str, Check]] = {
 }
 # The corpus adapters' names for one thing: a table's option given to a collection, or back, is pointed here.
 COUNTERPARTS = {"text_field": "text_column", "created_field": "created_column", "metadata_fields": "metadata_columns",
-                "vector_name": "vector_column", "collection": "table"}
+                "vector_name": "vector_column", "collection": "table", "metadata_field": "metadata_column"}
 COUNTERPARTS.update({v: k for k, v in list(COUNTERPARTS.items())})
 # Options only an engine the URL (or its absence) does not pick would read: refused rather than dropped.
 EMBEDDED_ONLY = {"working": ("appendfsync", "redis_server")}

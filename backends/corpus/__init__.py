@@ -4,11 +4,14 @@ RAG without copying it.
     a2m serve corpus --url postgresql://... --option table=docs --option text_column=body \
         --option vector_column=embedding --option metadata_columns=source,lang
     a2m serve corpus --url http://qdrant:6333 --option collection=docs --option text_field=page_content
+    a2m serve corpus --url postgresql://... --option table=langchain_pg_embedding --option text_column=document \
+        --option vector_column=embedding --option metadata_column=cmetadata --option row_filter=collection_id=UUID
 
 Writes answer -32004 (read only). The `--url` picks the adapter: `postgresql://`
 a table (pgtable.py), `http(s)://` a Qdrant server, and a directory a
 collection in qdrant-client's local mode (qdrant.py). Options: see
-docs/configuration.md; `kind` is the tier kind the router sees (default semantic).
+docs/configuration.md, which has a recipe for each LangChain and LlamaIndex
+store; `kind` is the tier kind the router sees (default semantic).
 """
 
 from __future__ import annotations

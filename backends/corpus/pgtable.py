@@ -12,6 +12,12 @@ time read apart), words as `to_tsvector(config, text_column)` in the
 configuration of the GIN index found over it (or a generated tsvector column
 of it), vectors by the distance of the HNSW/IVFFlat index on the column. What
 no index answers reads every row, and start says so in the log.
+
+Two options fit the layouts the common frameworks write: `metadata_column`
+makes one json/jsonb object the metadata (LangChain's `cmetadata`, LlamaIndex's
+`metadata_`), its keys tested by containment (what a jsonb GIN index answers),
+and `row_filter` mounts the rows of one value of a column (one LangChain
+collection of its shared table).
 """
 
 from __future__ import annotations
@@ -79,23 +85,77 @@ class TableSpec:
     vector_column: str | None = None
     created_column: str | None = None
     metadata_columns: list[str] = field(default_factory=list)
+    # A json/jsonb column holding the metadata as one object (LangChain's `cmetadata`, LlamaIndex's
+    # `metadata_`): records show its keys (only `metadata_keys` of them, when given) and `where` tests them.
+    metadata_column: str | None = None
+    metadata_keys: list[str] | None = None
+    # (column, value): the mount holds only the rows whose column equals the value (one LangChain
+    # collection of the shared table), compared in the column's own type.
+    row_filter: tuple[str, str] | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "TableSpec":
         if not options.get("table"):
             raise SystemExit("corpus: --option table=NAME is required")
-        columns = options.get("metadata_columns") or ""
-        if not isinstance(columns, list):
-            columns = [c.strip() for c in str(columns).split(",") if c.strip()]
+
+        def names(key: str) -> list[str] | None:
+            value = options.get(key)
+            if value is None:
+                return None
+            listed = value if isinstance(value, list) else str(value).split(",")
+            return [str(c).strip() for c in listed if str(c).strip()]
 
         def name(key: str, default: str | None) -> str | None:
             value = options.get(key) or default
             return None if value is None else str(value)
 
+        keys = names("metadata_keys")
+        if keys is not None and not options.get("metadata_column"):
+            raise SystemExit("corpus: --option metadata_keys needs metadata_column (the json or jsonb column "
+                             "whose keys it picks)")
         return cls(table=str(options["table"]), id_column=name("id_column", "id") or "id",
                    text_column=name("text_column", "content") or "content",
                    vector_column=name("vector_column", None), created_column=name("created_column", None),
-                   metadata_columns=[str(c) for c in columns])
+                   metadata_columns=names("metadata_columns") or [], metadata_column=name("metadata_column", None),
+                   metadata_keys=keys, row_filter=_row_filter(options.get("row_filter")))
+
+
+def _row_filter(value: Any) -> tuple[str, str] | None:
+    """`row_filter=COLUMN=VALUE` as (column, value); the value may itself hold `=`."""
+    if value is None or value == "":
+        return None
+    column, equals, expected = str(value).partition("=")
+    if not equals or not column.strip():
+        raise SystemExit(f"corpus: --option row_filter must be COLUMN=VALUE (e.g. row_filter=collection_id=UUID); "
+                         f"got {value!r}")
+    return column.strip(), expected
+
+
+def _key_test(column: sql.Identifier, kind: str, key: str, options: list[Any]) -> tuple[sql.Composable, list[Any]]:
+    """SQL for `where[key]` (any of `options`) on a key of the json/jsonb object in `column`, at least as
+    wide as `matches` on the metadata the record shows. Text and booleans by containment, the form
+    LangChain's `jsonb_path_ops` GIN index answers (`{"k": v}`, or `{"k": [v]}` for a list holding it);
+    null as a key that is absent or null (a row without an object shows none); numbers only by their
+    JSON kind (JSON compares them exactly, a record shows them as floats). A json column is read as
+    jsonb: correct, but no index answers it."""
+    from psycopg.types.json import Jsonb
+
+    document = column if kind == "jsonb" else sql.SQL("{}::jsonb").format(column)
+    parts: list[sql.Composable] = []
+    args: list[Any] = []
+    for value in options:
+        if value is None:
+            parts.append(sql.SQL("coalesce({} -> %s, 'null'::jsonb) = 'null'::jsonb").format(document))
+            args.append(key)
+        elif isinstance(value, bool) or (isinstance(value, str) and "\x00" not in value):
+            parts.append(sql.SQL("({} @> %s OR {} @> %s)").format(document, document))
+            args += [Jsonb({key: value}), Jsonb({key: [value]})]
+        elif _number(value):
+            parts.append(sql.SQL("jsonb_typeof({} -> %s) IN ('number', 'array')").format(document))
+            args.append(key)
+    if not parts:
+        return sql.SQL("FALSE"), []  # text holding NUL: no JSON text in PostgreSQL holds one
+    return sql.SQL("({})").format(sql.SQL(" OR ").join(parts)), args
 
 
 def _first_line(exc: BaseException) -> str:
@@ -339,7 +399,8 @@ class TableStore(ReadOnlyStore):
         self._types = {name: r[2] for name, r in columns.items()}
         self._nullable = {name for name, r in columns.items() if not r[4]}
         wanted = [spec.id_column, spec.text_column, *spec.metadata_columns]
-        wanted += [c for c in (spec.vector_column, spec.created_column) if c]
+        wanted += [c for c in (spec.vector_column, spec.created_column, spec.metadata_column) if c]
+        wanted += [spec.row_filter[0]] if spec.row_filter else []
         missing = [c for c in wanted if c not in columns]
         if missing:
             raise SystemExit(f"corpus: table {spec.table!r} has no column(s) {missing}; it has {sorted(columns)}")
@@ -352,6 +413,8 @@ class TableStore(ReadOnlyStore):
             raise refuse("text_column", "the content must be a text column (text, varchar, char)")
         if spec.created_column and columns[spec.created_column][2] not in _TIMES:
             raise refuse("created_column", "it must be a timestamptz, timestamp or date column")
+        if spec.metadata_column and columns[spec.metadata_column][2] not in ("json", "jsonb"):
+            raise refuse("metadata_column", "it must be a json or jsonb column holding an object")
         if spec.vector_column:
             kind, width = columns[spec.vector_column][2], columns[spec.vector_column][5]
             if kind not in _VECTORS:
@@ -362,11 +425,45 @@ class TableStore(ReadOnlyStore):
             await conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(self._columns(True), self._table()))
         except psycopg.Error as exc:
             raise SystemExit(f"corpus: cannot read table {spec.table!r}: {_first_line(exc)}") from None
+        if spec.row_filter:
+            await self._check_row_filter(conn, columns[spec.row_filter[0]][6])
         if spec.vector_column and self._dims is None:  # vector without a width: the first row's
-            row = await (await conn.execute(sql.SQL("SELECT vector_dims({}) FROM {} WHERE {} IS NOT NULL LIMIT 1").format(
-                sql.Identifier(spec.vector_column), self._table(), sql.Identifier(spec.vector_column)))).fetchone()
+            mounted, args = self._rows()
+            row = await (await conn.execute(sql.SQL("SELECT vector_dims({}) FROM {} WHERE {} LIMIT 1").format(
+                sql.Identifier(spec.vector_column), self._table(), sql.SQL(" AND ").join(
+                    [*mounted, sql.SQL("{} IS NOT NULL").format(sql.Identifier(spec.vector_column))])),
+                args)).fetchone()
             self._dims = row[0] if row else None
         await self._settle_indexes(conn, oid, columns)
+
+    async def _check_row_filter(self, conn: Any, kind: str) -> None:
+        """Refuse a row filter whose value the column's type cannot hold, or that holds no row of a table
+        that has some (a collection's id mistyped would mount a corpus that answers nothing), naming a few
+        values the column does hold."""
+        import psycopg
+
+        column, value = self.spec.row_filter or ("", "")
+        test, args = self._rows()
+        try:
+            row = await (await conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE {}), EXISTS (SELECT 1 FROM {})")
+                                            .format(self._table(), test[0], self._table()), args)).fetchone()
+        except psycopg.Error as exc:
+            raise SystemExit(f"corpus: row_filter: {value!r} is not a value of {column} ({kind}): "
+                             f"{_first_line(exc)}") from None
+        if row[1] and not row[0]:
+            held = await (await conn.execute(sql.SQL(
+                "SELECT DISTINCT v::text FROM (SELECT {} AS v FROM {} LIMIT 1000) s ORDER BY 1 LIMIT 5").format(
+                    sql.Identifier(column), self._table()))).fetchall()
+            raise SystemExit(f"corpus: row_filter: no row of table {self.spec.table!r} has {column} = {value!r}; "
+                             f"it holds e.g. {', '.join(str(r[0]) for r in held)}")
+
+    def _rows(self) -> tuple[list[sql.Composable], list[Any]]:
+        """The rows the mount holds: those the row filter names (its value read as the column's type, so
+        that an index on the column answers), or all of them."""
+        if self.spec.row_filter is None:
+            return [], []
+        column, value = self.spec.row_filter
+        return [sql.SQL("{} = %s").format(sql.Identifier(column))], [value]
 
     async def _not_found(self, conn: Any) -> str:
         """Why `table` was not found, with the tables of that name the role could mean: in a schema
@@ -398,6 +495,11 @@ class TableStore(ReadOnlyStore):
             " WHERE i.indrelid = %s AND i.indisvalid AND i.indpred IS NULL ORDER BY c.relname", (oid,))).fetchall()
         log = logging.getLogger("a2m.corpus")
         kind = (await (await conn.execute("SELECT relkind FROM pg_class WHERE oid = %s", (oid,))).fetchone())[0]
+        if spec.row_filter and kind != "v" and not any(
+                keys and keys[0] == columns[spec.row_filter[0]][0] for _, keys, _, _ in indexes):
+            log.warning("the timeline and count of %r read the rows of every %s: no index starts with it (e.g. "
+                        "CREATE INDEX ON %s (%s)); a vector recall tests it inside the vector index's scan",
+                        spec.table, spec.row_filter[0], spec.table, spec.row_filter[0])
         if kind == "v":  # a view has no indexes of its own: those of the tables beneath it answer, if they can
             if spec.vector_column:
                 self._vector_index = "hnsw"  # the likelier index beneath: its filtered scans read on
@@ -465,6 +567,8 @@ class TableStore(ReadOnlyStore):
             cols.append(sql.SQL("{} AS a2m_created").format(sql.Identifier(spec.created_column)))
         if with_embeddings and spec.vector_column:
             cols.append(sql.SQL("{} AS a2m_vector").format(sql.Identifier(spec.vector_column)))
+        if spec.metadata_column:
+            cols.append(sql.SQL("{} AS a2m_metadata").format(sql.Identifier(spec.metadata_column)))
         cols += [sql.Identifier(c) for c in spec.metadata_columns]
         return sql.SQL(", ").join(cols)
 
@@ -474,9 +578,25 @@ class TableStore(ReadOnlyStore):
         return Record(
             id=row["a2m_id"], content=row["a2m_content"] or "",
             created_at=format_ts(_utc(created)) if isinstance(created, date) else EPOCH,
-            metadata={c: json_safe(row[c]) for c in self.spec.metadata_columns},
+            metadata={**self._object(row.get("a2m_metadata")),
+                      **{c: json_safe(row[c]) for c in self.spec.metadata_columns}},
             embedding=None if vector is None else _floats(vector),
         )
+
+    def _object(self, value: Any) -> dict[str, Any]:
+        """The metadata a `metadata_column` value gives: its keys (`metadata_keys` of them), or none when
+        it holds no object (SQL or JSON null, an array)."""
+        if not isinstance(value, dict):
+            return {}
+        keys = self.spec.metadata_keys
+        return json_safe(value if keys is None else {k: value[k] for k in keys if k in value})
+
+    def _shows_key(self, name: str) -> bool:
+        """Whether `where[name]` names a key of the metadata column that records show (a metadata column
+        of the same name is shown instead, and a record field is the field)."""
+        if not self.spec.metadata_column or name in RECORD_FIELDS or name in self.spec.metadata_columns:
+            return False
+        return self.spec.metadata_keys is None or name in self.spec.metadata_keys
 
     def _ids(self, ids: Sequence[str]) -> tuple[sql.Composable, list[Any]]:
         """`id_column` is one of `ids`, compared in the column's own type so that its index (the
@@ -497,18 +617,25 @@ class TableStore(ReadOnlyStore):
         """SQL for what the table can answer exactly of the scope, less its time range, and a wider test
         (or none) for what it cannot: `visible` re-checks everything with `matches` afterwards, so this
         may be a superset of the scope, never a subset."""
-        clauses: list[sql.Composable] = []
-        args: list[Any] = []
+        clauses, args = self._rows()
         named = scope.named_ids()
         if named is not None:
             clause, values = self._ids(named)
             clauses.append(clause)
             args += values
         for name, expected in scope.where.items():
-            if name not in self.spec.metadata_columns or name in RECORD_FIELDS:
+            options = expected if isinstance(expected, list) else [expected]
+            if self._shows_key(name):
+                column = self.spec.metadata_column or ""
+                test = _key_test(sql.Identifier(column), self._types.get(column, ""), name, options)
+            elif name in RECORD_FIELDS:
                 continue  # a record field (a column named `role` is metadata, but `where.role` is the field)
-            test = _column_test(sql.Identifier(name), self._types.get(name, ""),
-                                expected if isinstance(expected, list) else [expected])
+            elif name not in self.spec.metadata_columns:  # a key no record shows: only null matches it
+                if None not in options:  # (was read through to the end, every row refused by the exact check)
+                    clauses.append(sql.SQL("FALSE"))
+                continue
+            else:
+                test = _column_test(sql.Identifier(name), self._types.get(name, ""), options)
             if test is not None:
                 clauses.append(test[0])
                 args += test[1]
@@ -583,8 +710,9 @@ class TableStore(ReadOnlyStore):
         if not ids:
             return []
         clause, args = self._ids(ids)
+        mounted, held = self._rows()
         rows = await self._query(sql.SQL("SELECT {} FROM {} WHERE {}").format(
-            self._columns(with_embeddings), self._table(), clause), args)
+            self._columns(with_embeddings), self._table(), sql.SQL(" AND ").join([clause, *mounted])), args + held)
         return [self._record(r) for r in rows]
 
     async def select(self, scope: Scope, *, order: Literal["asc", "desc"] = "asc", limit: int | None = None,
@@ -676,7 +804,9 @@ class TableStore(ReadOnlyStore):
         return [self._record(rows[i]).with_(score=s) for i, s in fuse(rankings)], full
 
     async def count(self, owner: str | None) -> int:
-        rows = await self._query(sql.SQL("SELECT count(*) AS n FROM {}").format(self._table()), ())
+        mounted, args = self._rows()
+        rows = await self._query(sql.SQL("SELECT count(*) AS n FROM {} WHERE {}").format(
+            self._table(), sql.SQL(" AND ").join(mounted or [sql.SQL("TRUE")])), args)
         return int(rows[0]["n"])
 
     async def dimensions(self) -> int | None:

@@ -308,7 +308,9 @@ class CollectionStore(ReadOnlyStore):
             raise refused("text_field", f"this payload field of collection {name} holds no text (e.g. {texts[0]!r})")
         if spec.metadata_field is not None:
             objects = await holding(spec.metadata_field)
-            if not any(isinstance(v, dict) for v in objects):
+            # LangChain's `add_texts` without metadatas writes `"metadata": null` on every point: the field
+            # is the layout's, only empty so far, and its records show no metadata.
+            if not any(isinstance(v, dict) for v in objects) and not await self._holds_null(spec.metadata_field):
                 raise refused("metadata_field", f"no point of collection {name} holds an object under this "
                                                 f"payload field (its points hold: {await fields()})")
         if spec.created_field is not None:
@@ -324,6 +326,18 @@ class CollectionStore(ReadOnlyStore):
                 raise SystemExit(f"corpus: --option metadata_fields names {field!r}, which no point of collection "
                                  f"{name} holds" + (f" inside {spec.metadata_field!r}" if spec.metadata_field
                                                     else f" (its points hold: {await fields()})"))
+
+    async def _holds_null(self, field: str) -> bool:
+        """Whether some point holds `field` as null (present, unlike a field no point has)."""
+        from qdrant_client import models as m
+
+        path = payload_path(field)
+        if path is None:
+            return False
+        points, _ = await self._call(self.client.scroll(
+            self.spec.collection, scroll_filter=m.Filter(must=[m.IsNullCondition(is_null=m.PayloadField(key=path))]),
+            limit=1, with_payload=False, with_vectors=False))
+        return bool(points)
 
     def _check_fields(self) -> None:
         """Refuse at start a text or time field Qdrant's filters cannot name (see `payload_path`)."""
