@@ -117,6 +117,7 @@ class HTTPEmbedder:
         import httpx
 
         self.url = embeddings_url(url)
+        self.shown = shown_url(self.url)  # what messages and logs name: no credentials
         self.model = model
         self.dimensions: int | None = None
         self.batch_size = batch_size
@@ -149,7 +150,7 @@ class HTTPEmbedder:
         if self.down:
             now = time.monotonic()
             if now < self._next_ask:
-                raise EndpointDown(f"{self.url} is failing; not asked (asked again each {self.ask_every:g} s)")
+                raise EndpointDown(f"{self.shown} is failing; not asked (asked again each {self.ask_every:g} s)")
             self._next_ask = now + self.ask_every  # this call asks; those until then do not
         retries = 0 if self.down else RETRIES
         for attempt in range(retries + 1):
@@ -166,15 +167,26 @@ class HTTPEmbedder:
             else:
                 if response.status_code in REFUSED_STATUSES:
                     self._set_down(False)
-                    raise InputRefused(f"{self.url} answered HTTP {response.status_code}: {response.text[:200]}")
+                    raise InputRefused(f"{self.shown} answered HTTP {response.status_code}: {response.text[:200]}")
                 if response.status_code not in RETRY_STATUSES or attempt == retries:
                     self._set_down(response.status_code in RETRY_STATUSES)
-                    response.raise_for_status()
+                    self._check_status(response)
                     return response.json()
                 wait = _retry_after(response.headers.get("retry-after"), wait)
-            log.debug("embedder %s: attempt %d failed, again in %.2f s", self.url, attempt + 1, wait)
+            log.debug("embedder %s: attempt %d failed, again in %.2f s", self.shown, attempt + 1, wait)
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_status(self, response: Any) -> None:
+        """EmbedderError for any answer but a 2xx, naming the endpoint as `shown`: httpx's own error
+        quotes the full URL, credentials in it included, into every log line of the outage. A
+        redirect (http:// to a service that is https://) says where to: it is not followed."""
+        code = response.status_code
+        if 200 <= code < 300:
+            return
+        moved = response.headers.get("location") if 300 <= code < 400 else None
+        detail = f"redirects to {shown_url(moved)}: configure that URL" if moved else response.text[:200]
+        raise EmbedderError(f"{self.shown} answered HTTP {code}: {detail}")
 
     def _set_down(self, down: bool) -> None:
         self.down = down
@@ -237,6 +249,22 @@ def embeddings_url(base: str) -> str:
     if not path.endswith("/embeddings"):
         path = (path or "/v1") + "/embeddings"
     return str(parsed.copy_with(path=path))
+
+
+def shown_url(url: str) -> str:
+    """`url` fit for a log: a password or user in it, and a query (a key some gateways take there),
+    replaced by `***`."""
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError):
+        return "(an unreadable URL)"
+    if parsed.userinfo:
+        parsed = parsed.copy_with(username="***", password=None)
+    if parsed.query:
+        parsed = parsed.copy_with(query=b"***")
+    return str(parsed)
 
 
 def clean_api_key(key: str | None) -> str | None:

@@ -333,3 +333,21 @@ async def test_a_request_refused_whatever_it_holds_is_a_failure_not_one_refusal_
     assert len(seen) == 4  # each call: its batch, then one one-character text
     lines = [r.getMessage() for r in caplog.records if r.name == "a2m.embedder" and r.levelno >= logging.WARNING]
     assert len(lines) == 1 and "refuses even a one-character text" in lines[0], lines
+
+
+async def test_credentials_in_the_url_are_never_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """httpx's error for a non-2xx answer quotes the whole URL: a `user:password@` or a `?key=` in
+    the embedder URL went into every warning of the outage. Messages name the URL without them,
+    and a redirect (an http:// URL for an https:// service) says where to, since it is not followed."""
+    with endpoint([lambda texts: (404, {"error": "no such model"}, {})]) as (_, url), \
+            caplog.at_level(logging.DEBUG, logger="a2m.embedder"):
+        port = url.split(":")[2].split("/")[0]
+        embedder = HTTPEmbedder(f"http://someone:hunter2@127.0.0.1:{port}/v1?key=sk-secret", "m", retry_wait=0.01)
+        assert await try_embed(embedder, ["hello"]) is None
+    logged = caplog.text
+    assert "HTTP 404" in logged and "127.0.0.1" in logged, logged
+    assert "hunter2" not in logged and "sk-secret" not in logged and "someone" not in logged, logged
+    with endpoint([lambda texts: (301, {}, {"location": "https://user:pw@example.org/v1/embeddings"})]) as (_, url):
+        with pytest.raises(EmbedderError, match=r"redirects to https://\*\*\*@example.org/v1/embeddings") as moved:
+            await HTTPEmbedder(url, "m", retry_wait=0.01).embed(["hello"])
+    assert "pw" not in str(moved.value)
