@@ -39,8 +39,9 @@ async def snapshot(d: Dispatcher) -> dict[str, Any]:
     out = {}
     for owner in OWNERS:
         o = {} if owner is None else {"owner": owner}
-        entry = {"timeline": (await call(d, "memory/timeline", {"limit": 100, "embeddings": True, **o}))["records"],
-                 "fetch": (await call(d, "memory/fetch", {"key": "app/prefs/drink", "embeddings": True, **o}))["record"]}
+        timeline = await call(d, "memory/timeline", {"limit": 100, "embeddings": True, **o})
+        fetched = await call(d, "memory/fetch", {"key": "app/prefs/drink", "embeddings": True, **o})
+        entry = {"timeline": timeline["records"], "fetch": fetched["record"]}
         if "sessions" in caps:
             entry["sessions"] = (await call(d, "memory/session/list", o))["sessions"]
         out[owner or ""] = entry
@@ -69,9 +70,11 @@ async def still_works(d: Dispatcher, old: dict[str, Any], *, vectors: bool) -> N
         o = {} if owner is None else {"owner": owner}
         was = old[owner or ""]
         keyed = was["fetch"]
-        await call(d, "memory/remember", {"records": [{"content": "prefers coffee now", "key": "app/prefs/drink"}], **o})
+        await call(d, "memory/remember",
+                   {"records": [{"content": "prefers coffee now", "key": "app/prefs/drink"}], **o})
         now = (await call(d, "memory/fetch", {"key": "app/prefs/drink", **o}))["record"]
-        assert (now["id"], now["revision"], now["content"]) == (keyed["id"], keyed["revision"] + 1, "prefers coffee now")
+        assert (now["id"], now["revision"], now["content"]) == (
+            keyed["id"], keyed["revision"] + 1, "prefers coffee now")
 
         milan = [r for r in was["timeline"] if "moved to Milan" in r["content"]][0]
         hits = (await call(d, "memory/recall", {"query": "moved to Milan", "limit": 10, **o}))["records"]
@@ -83,7 +86,8 @@ async def still_works(d: Dispatcher, old: dict[str, Any], *, vectors: bool) -> N
             assert [r["id"] for r in hits["records"]] == [milan["id"]]
         assert (await call(d, "memory/reinforce", {"ids": [milan["id"]], "amount": 0.1, **o}))["reinforced"] == 1
 
-        new = (await call(d, "memory/remember", {"records": [{"content": "zebra crossing", "session": "s1"}], **o}))["ids"][0]
+        written = await call(d, "memory/remember", {"records": [{"content": "zebra crossing", "session": "s1"}], **o})
+        new = written["ids"][0]
         hits = (await call(d, "memory/recall", {"query": "zebra", **o}))["records"]
         assert hits[0]["id"] == new  # episodic lends the best hits' session neighbours a share
 
