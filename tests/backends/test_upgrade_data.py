@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,14 @@ async def test_episodic_schema_1_table_is_migrated_with_every_record(tmp_path: P
             await still_works(tiers["episodic"], old, vectors=True)
     finally:
         await anyio.to_thread.run_sync(engine.stop)
+
+
+async def test_semantic_collection_of_the_previous_release(tmp_path: Path) -> None:
+    """qdrant-client's local mode (`engine=local`): its files are a few KB where a Qdrant Edge shard
+    is sparse files of 30 MB; the payload layout read back is the one every engine stores."""
+    with tarfile.open(DATA / "semantic-local-ffb6f7c.tgz") as archive:
+        archive.extractall(tmp_path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    old = expected("semantic-local-ffb6f7c")
+    async with dispatchers(tmp_path, ["semantic"], {"engine": "local"}) as tiers:
+        assert_same(old, await snapshot(tiers["semantic"]))
+        await still_works(tiers["semantic"], old, vectors=True)
