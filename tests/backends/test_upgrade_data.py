@@ -171,3 +171,19 @@ def test_an_upgrade_keeps_the_embedded_postgresql_major_version() -> None:
     assert requirement.specifier.contains(installed)
     assert not requirement.specifier.contains(f"{major + 1}.0"), requirement
     assert not requirement.specifier.contains(f"{major + 1}.0.1"), requirement
+
+
+def test_terms_stored_by_the_previous_release_are_the_terms_this_tokenizer_makes() -> None:
+    """The episodic `terms` column and the semantic tier's BM25 sparse vectors are computed when a
+    record is written and never again, while queries are tokenized by the running code: a change
+    to `a2m.text.tokenize` (folding, stemming, stopwords, CJK grams) or to `sparse_vector` leaves
+    every record written before it ranked by terms no query makes. Such a change needs a migration
+    that stores the new terms (an episodic schema step, rewritten sparse vectors) before this
+    file is regenerated (`terms-*.json`: the outputs of revision ffb6f7c for these texts)."""
+    from a2m.text import sparse_vector, tokenize, tokenize_once
+
+    stored = json.loads((DATA / "terms-ffb6f7c.json").read_text(encoding="utf-8"))
+    for text, was in stored.items():
+        assert list(tokenize(text)) == was["tokenize"], text
+        assert list(tokenize_once(text)) == was["tokenize"], text
+        assert [list(part) for part in sparse_vector(text)] == was["sparse"], text
