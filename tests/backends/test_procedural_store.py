@@ -125,6 +125,8 @@ async def test_a_writes_objects_are_on_disk_before_its_ref_names_them(tmp_path: 
         objects = Path(os.path.realpath(repo / ".git" / "objects"))
         assert added and all(when.get(str(objects / sha[:2] / sha[2:])) == before for sha in added), synced
         assert when.get(str(ref_file)) == after and when.get(str(ref_file.parent)) == after, synced
+        # What git itself writes there (an approve's fast-forward of main) is fsynced by git.
+        assert git(repo, "config", "core.fsync").strip() == "objects,reference"
     finally:
         await store.close()
 
