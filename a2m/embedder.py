@@ -244,7 +244,15 @@ def embeddings_url(base: str) -> str:
     """
     import httpx
 
-    parsed = httpx.URL(base)
+    try:
+        parsed: httpx.URL | None = httpx.URL(base)
+    except httpx.InvalidURL:
+        parsed = None
+    if (parsed is None or parsed.scheme not in ("http", "https") or not parsed.host
+            or not (parsed.port is None or 0 < parsed.port < 65536)):
+        # ValueError, as make_embedder's other refusals: `a2m serve` says it, where httpx.InvalidURL
+        # was a traceback and a URL without a host an embedder that failed every call
+        raise ValueError(f"the embedder URL must be http(s)://HOST[:PORT][/PATH], got {shown_url(base)}")
     path = parsed.path.rstrip("/")
     if not path.endswith("/embeddings"):
         path = (path or "/v1") + "/embeddings"

@@ -159,10 +159,12 @@ class Router(EventMethods):
         await self._probe_down([tier])
         return tier.healthy
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Run `coro` in the background, held until it ends and drained at shutdown."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def drain(self) -> None:
         """Wait for every background task (at shutdown)."""
@@ -212,10 +214,7 @@ class Router(EventMethods):
         (waiting for it, /readyz took the tier's whole timeout, past a readiness probe's 2 s)."""
         for tier in tiers:
             if not tier.healthy and tier.available() and tier.name not in self._probes:
-                task = asyncio.get_running_loop().create_task(tier.refresh())
-                self._probes[tier.name] = task
-                self._tasks.add(task)  # drained at shutdown, as every background task
-                task.add_done_callback(self._tasks.discard)
+                task = self._probes[tier.name] = self.spawn(tier.refresh())
                 task.add_done_callback(lambda _, name=tier.name: self._probes.pop(name, None))
         waiting = [self._probes[t.name] for t in tiers if t.name in self._probes]
         if waiting:

@@ -115,6 +115,9 @@ class InProcessObjectDB(GitCmdObjectDB):
     def __init__(self, root_path: str, git_cmd: Any) -> None:
         super().__init__(root_path, git_cmd)
         self.unsynced: set[str] = set()  # object files stored since the last `sync`
+        # Fan-out directories (objects/ab/) whose entry in objects/ is on disk: those there at open,
+        # and those a `sync` made durable since.
+        self._durable_dirs = {entry.path for entry in os.scandir(root_path) if entry.is_dir()}
 
     def store(self, istream: IStream) -> IStream:
         istream = LooseObjectDB.store(self, istream)
@@ -128,8 +131,12 @@ class InProcessObjectDB(GitCmdObjectDB):
         paths, self.unsynced = self.unsynced, set()
         for path in paths:
             fsync_path(path)
-        for directory in {os.path.dirname(path) for path in paths}:
+        directories = {os.path.dirname(path) for path in paths}
+        for directory in directories:
             fsync_path(directory)
+        if directories - self._durable_dirs:  # a directory gitdb made: its own name is in objects/
+            fsync_path(self.root_path())
+            self._durable_dirs |= directories
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:

@@ -104,3 +104,19 @@ async def test_health_ready_metrics_well_known() -> None:
         await c.post("/", content=BODY)
         metrics = (await c.get("/metrics")).text
         assert 'a2m_requests_total{method="memory/describe",outcome="ok"}' in metrics
+
+
+def test_an_error_code_outside_the_protocols_counts_as_other() -> None:
+    """A mounted third-party tier may answer any integer, which the router passes on: labelled by
+    it, each new code would be a new series (what decision 106 keeps bounded)."""
+    from prometheus_client import generate_latest
+
+    from a2m.http import Metrics
+
+    metrics = Metrics()
+    for code in (-32602, 12345, -1, -32602):
+        metrics.observe("memory/recall", 0.001, code)
+    shown = generate_latest(metrics.registry).decode()
+    assert 'a2m_request_errors_total{code="-32602",method="memory/recall"} 2.0' in shown
+    assert 'a2m_request_errors_total{code="other",method="memory/recall"} 2.0' in shown
+    assert 'code="12345"' not in shown and 'code="-1"' not in shown

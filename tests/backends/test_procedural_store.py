@@ -125,6 +125,38 @@ async def test_a_writes_objects_are_on_disk_before_its_ref_names_them(tmp_path: 
         objects = Path(os.path.realpath(repo / ".git" / "objects"))
         assert added and all(when.get(str(objects / sha[:2] / sha[2:])) == before for sha in added), synced
         assert when.get(str(ref_file)) == after and when.get(str(ref_file.parent)) == after, synced
+        # What git itself writes there (an approve's fast-forward of main) is fsynced by git.
+        assert git(repo, "config", "core.fsync").strip() == "objects,reference"
+    finally:
+        await store.close()
+
+
+async def test_a_new_object_directory_is_on_disk_before_its_ref_names_it(tmp_path: Path, monkeypatch: Any) -> None:
+    """An object in a fan-out directory (objects/ab/) the write created is named by that directory's
+    entry in objects/, which an fsync of the object and of objects/ab/ does not make durable: after a
+    power loss the directory, and the objects in it, could be gone while the ref names them. So
+    objects/ itself is fsynced too, before the branch moves, when the write made a directory there."""
+    store = await opened(tmp_path)
+    try:
+        repo = repo_of(store)
+        objects = Path(os.path.realpath(repo / ".git" / "objects"))
+        ref_file = Path(os.path.realpath(repo / ".git" / "refs" / "heads" / "main"))
+        synced: list[tuple[str, str]] = []
+        fsync = os.fsync
+
+        def recording(fd: int) -> None:
+            synced.append((os.readlink(f"/proc/self/fd/{fd}"), ref_file.read_text().strip()))
+            fsync(fd)
+
+        before = git(repo, "rev-parse", "main").strip()
+        had = {d.name for d in objects.iterdir()}
+        monkeypatch.setattr(os, "fsync", recording)
+        await store.write([rec(i, f"step {i} of the runbook", key=f"skills/step-{i}") for i in range(12)])
+        monkeypatch.setattr(os, "fsync", fsync)
+        after = git(repo, "rev-parse", "main").strip()
+        added = {line.split()[0] for line in git(repo, "rev-list", "--objects", after, f"^{before}").splitlines()}
+        assert {sha[:2] for sha in added} - had, "the write made no new fan-out directory: nothing to test"
+        assert before in [named for path, named in synced if path == str(objects)], synced
     finally:
         await store.close()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,8 +25,9 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def test_an_embedder_of_another_width_is_refused_at_start_or_leaves_text_recall(tmp_path: Path) -> None:
-    settings = TierSettings(name="corpus", data_dir=tmp_path / "semantic")
+async def holding_four_dims(name: str, tmp_path: Path) -> TierSettings:
+    """The settings of a semantic tier that holds one record with a 4-dim vector (the stand-in makes 16)."""
+    settings = TierSettings(name=name, data_dir=tmp_path / "semantic")
     plain = build("semantic", settings)
     await plain.startup()
     try:
@@ -33,8 +35,17 @@ async def test_an_embedder_of_another_width_is_refused_at_start_or_leaves_text_r
             {"content": "the kettle manual, page four", "embedding": [1.0, 0.0, 0.0, 0.0]}]}, Context())
     finally:
         await plain.shutdown()
+    return settings
+
+
+def embedder_of(stand_in: Any) -> HTTPEmbedder:
+    return HTTPEmbedder(f"http://127.0.0.1:{stand_in.server_address[1]}/v1", "hashed-bow", None)
+
+
+async def test_an_embedder_of_another_width_is_refused_at_start_or_leaves_text_recall(tmp_path: Path) -> None:
+    settings = await holding_four_dims("corpus", tmp_path)
     with serving(Embeddings()) as stand_in:
-        embedder = HTTPEmbedder(f"http://127.0.0.1:{stand_in.server_address[1]}/v1", "hashed-bow", None)
+        embedder = embedder_of(stand_in)
         served = build("semantic", settings, embedder=embedder)
         await served.startup()  # the embedder's width is not known yet
         try:
@@ -51,16 +62,9 @@ async def test_a_write_is_kept_without_vectors_when_the_embedder_makes_another_w
     """Learnt only at the first call (an HTTP embedder, say after a change of model), a width other
     than the tier's failed the caller's write with -32008, a fault that was not the caller's:
     embedding never fails a write, so the record is written without a vector and found by text."""
-    settings = TierSettings(name="notes", data_dir=tmp_path / "semantic")
-    plain = build("semantic", settings)
-    await plain.startup()
-    try:
-        await Dispatcher(plain).call("memory/remember", {"records": [
-            {"content": "the kettle manual, page four", "embedding": [1.0, 0.0, 0.0, 0.0]}]}, Context())
-    finally:
-        await plain.shutdown()
+    settings = await holding_four_dims("notes", tmp_path)
     with serving(Embeddings()) as stand_in:
-        embedder = HTTPEmbedder(f"http://127.0.0.1:{stand_in.server_address[1]}/v1", "hashed-bow", None)
+        embedder = embedder_of(stand_in)
         served = build("semantic", settings, embedder=embedder)
         await served.startup()
         try:
@@ -77,17 +81,10 @@ async def test_a_query_of_another_width_is_logged_once_not_on_every_recall(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Each recall with a query logged the width mismatch again: one warning a recall, for a
     setting that only a restart changes."""
-    settings = TierSettings(name="corpus", data_dir=tmp_path / "semantic")
-    plain = build("semantic", settings)
-    await plain.startup()
-    try:
-        await Dispatcher(plain).call("memory/remember", {"records": [
-            {"content": "the kettle manual, page four", "embedding": [1.0, 0.0, 0.0, 0.0]}]}, Context())
-    finally:
-        await plain.shutdown()
+    settings = await holding_four_dims("corpus", tmp_path)
     caplog.set_level(logging.WARNING)
     with serving(Embeddings()) as stand_in:
-        embedder = HTTPEmbedder(f"http://127.0.0.1:{stand_in.server_address[1]}/v1", "hashed-bow", None)
+        embedder = embedder_of(stand_in)
         served = build("semantic", settings, embedder=embedder)
         await served.startup()
         try:

@@ -144,6 +144,12 @@ def test_serve_on_a_port_in_use_says_so(tmp_path: Path) -> None:
     (("procedural", "--stdio", "--embedder", "bogus"), {}, "unknown embedder 'bogus'"),
     (("procedural", "--stdio", "--embedder", "http://127.0.0.1:9/v1"), {"A2M_EMBEDDER_TIMEOUT": "soon"},
      "--embedder / A2M_EMBEDDER: A2M_EMBEDDER_TIMEOUT must be a number of seconds above 0, got 'soon'"),
+    # Read as a URL since the embedder takes a bare host: one that names no host, or none at all, was a
+    # traceback (httpx.InvalidURL) or an embedder posting to `http:/v1/embeddings` on every write.
+    (("procedural", "--stdio", "--embedder", "https://[::1/v1"), {},
+     "--embedder / A2M_EMBEDDER: the embedder URL must be http(s)://HOST[:PORT][/PATH]"),
+    (("procedural", "--stdio", "--embedder", "http://"), {},
+     "--embedder / A2M_EMBEDDER: the embedder URL must be http(s)://HOST[:PORT][/PATH]"),
     # A user token that is the service token would hand that user the trust to name any owner.
     (("procedural", "--stdio", "--token", "t=alice", "--service-token", "t"), {}, "is the service token"),
     (("procedural", "--stdio", "--token", " t =alice"), {}, "printable ASCII without spaces around it"),

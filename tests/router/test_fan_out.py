@@ -73,3 +73,37 @@ async def test_a_tier_still_starting_is_info_and_one_that_was_up_going_down_is_a
         await tier.close()
     logged = [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records if r.name == "a2m.router"]
     assert logged == [("INFO", "tier late is down"), ("INFO", "tier late is up"), ("WARNING", "tier late is down")]
+
+
+@pytest.mark.anyio
+async def test_each_tier_call_is_reported_by_how_it_ended_and_a_cancelled_one_not_at_all() -> None:
+    """The router's per-tier call metrics: "ok", "error" for an answered JSON-RPC error, and nothing
+    for a call cancelled by its caller (a shutdown says nothing about the tier: counted as its
+    error, it would page someone for a deploy)."""
+    from a2m.errors import A2MError
+
+    class Mixed(Answering):
+        async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+            if method == "memory/forget":
+                raise A2MError(-32602, "no selector")
+            if method == "memory/timeline":
+                await asyncio.sleep(60)
+            return await super().call(method, params, timeout)
+
+    config = RouterConfig(tiers=(TierConfig(name="t", url="http://t"),))
+    fed = Federation(config, client_factory=lambda t: Mixed(t.name, 0.0))
+    seen: list[tuple[str, str, str]] = []
+    fed.observe_calls(lambda tier, method, seconds, outcome: seen.append((tier, method, outcome)))
+    await fed.start()
+    [tier] = list(fed)
+    await tier.call("memory/recall", {})
+    with pytest.raises(A2MError):
+        await tier.call("memory/forget", {})
+    hung = asyncio.ensure_future(tier.call("memory/timeline", {}))
+    await asyncio.sleep(0.01)
+    hung.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await hung
+    assert seen == [("t", "memory/describe", "ok"), ("t", "memory/recall", "ok"), ("t", "memory/forget", "error")]
+    assert tier.healthy
+    await fed.close()
