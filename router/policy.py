@@ -130,6 +130,7 @@ class Policy:
         self.observe_drop: Any = None  # (tier, count) -> None: records deleted by retention = "drop"
         # Source deletes begun by moves, per owner slot (`moves_seen`).
         self._deletes = [0] * MOVE_SLOTS
+        self._gated_told: set[tuple[str, str]] = set()  # (source, dest) pairs whose skipped moves were logged
 
     def lock(self, *key: Any) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -218,8 +219,10 @@ class Policy:
             log.info("move %s -> %s skipped: %s is down", source.name, dest.name, dest.name)
             return [], set(ids)
         if dest.gated:  # a write there is a proposal no read shows: never verified, so never a move
-            log.warning("move %s -> %s skipped: %s holds writes for review (memory/approve); records stay in %s",
-                        source.name, dest.name, dest.name, source.name)
+            if (source.name, dest.name) not in self._gated_told:  # once: a spill pass comes with every write
+                self._gated_told.add((source.name, dest.name))
+                log.warning("moves %s -> %s are skipped: %s holds writes for review (memory/approve); records "
+                            "stay in %s", source.name, dest.name, dest.name, source.name)
             return [], set(ids)
         async with self.owner_lock(owner):
             records = (await self.scan(source, owner, where=where, embeddings=True) if where is not None
