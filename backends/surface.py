@@ -294,6 +294,8 @@ class TierServer(EventMethods):
         raise AssertionError("unreachable")
 
     async def _embed_missing(self, records: list[Record]) -> None:
+        if self.embedder is None:
+            return
         missing = [r for r in records if r.embedding is None and r.content]
         held = await self.dimensions() or next((len(r.embedding) for r in records if r.embedding is not None), None)
         vectors = await try_embed_into(self.embedder, [r.content for r in missing], held, self.name)
