@@ -194,7 +194,8 @@ class FanOut:
 class Federation:
     def __init__(self, config: RouterConfig, client_factory: Callable[[TierConfig], Any] | None = None) -> None:
         self.config = config
-        self._factory = client_factory or (lambda t: HTTPClient(t.url, token=config.service_token, timeout=t.timeout))
+        self._factory = client_factory or (lambda t: HTTPClient(t.url, token=config.service_token, timeout=t.timeout,
+                                                                max_response=t.max_response))
         self.tiers: dict[str, Tier] = {}
         self.order = [t.name for t in config.tiers]
         self._observe: Observer | None = None

@@ -366,3 +366,29 @@ async def test_a_declared_length_past_the_cap_fails_before_the_body_arrives() ->
             await client.call("memory/describe", {}, timeout=5)
     finally:
         server.close()
+
+
+async def test_a_reply_past_the_tiers_max_response_leaves_it_out_and_the_key_is_read(tmp_path: Any) -> None:
+    from router.config import load
+
+    tiers = {name: await ScriptedTier(name, kind).start() for name, kind in (("working", "working"),
+                                                                             ("episodic", "episodic"))}
+    path = tmp_path / "router.toml"
+    path.write_text(f'[[tiers]]\nname = "working"\nkind = "working"\nurl = "{tiers["working"].url}"\n'
+                    f'[[tiers]]\nname = "episodic"\nkind = "episodic"\nurl = "{tiers["episodic"].url}"\n'
+                    f'max_response = 100000\n')
+    router = Router(load(str(path)))
+    await router.startup()
+    try:
+        fed = Fed(router, tiers)
+        [rid] = (await fed("memory/remember", {"records": [{"content": "milan, small"}]}))["ids"]
+        await fed("memory/remember", {"records": [{"content": "milan " * 30000, "tier": "episodic"}]})
+        got = await fed("memory/recall", {"query": "milan"})
+        assert [r["id"] for r in got["records"]] == [rid] and got["degraded"] == ["episodic"]
+    finally:
+        await router.shutdown()
+        for tier in tiers.values():
+            await tier.stop()
+    path.write_text(path.read_text().replace("100000", "0"))
+    with pytest.raises(Exception, match="max_response"):
+        load(str(path))
