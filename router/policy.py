@@ -417,6 +417,8 @@ class Policy:
             records = (await tier.call("memory/timeline", _owner({"where": where, "limit": 0}, owner)))["records"]
             if len(records) >= _limit(tier, "max_recall_limit", 1000):
                 records = await self.scan(tier, owner, where=where)
+            else:
+                records = [r for r in records if _within(r, where)]
         else:
             records = await self.scan(tier, owner)
         excess = len(records) - config.capacity
@@ -537,11 +539,13 @@ class Policy:
             except A2MError as exc:
                 log.info("could not count recalls on %s: %s", name, exc)
                 return
-            found = {r["id"] for r in result["records"]}
+            asked = set(chunk)  # a tier that ignores `where` answers with others: never counted nor promoted
+            records = [r for r in result["records"] if r["id"] in asked]
+            found = {r["id"] for r in records}
             gone += [i for i in chunk if i not in found]
-            touched.update((r["id"], int(r.get("access_count") or 0)) for r in result["records"])
+            touched.update((r["id"], int(r.get("access_count") or 0)) for r in records)
             if config.promote_to:
-                due = {r["id"] for r in result["records"] if int(r.get("access_count") or 0) >= config.promote_after}
+                due = {r["id"] for r in records if int(r.get("access_count") or 0) >= config.promote_after}
                 if due:
                     self.pending.setdefault((owner, name), set()).update(due)
         # A move that read these records before the touch copies them without it, then deletes the

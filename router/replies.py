@@ -156,7 +156,11 @@ def problem(method: str, params: Mapping[str, Any], result: dict[str, Any]) -> s
         return _records_problem(result.get("records"))
     if method == "memory/fetch":
         record = result.get("record")
-        return None if record is None else record_problem(record, "record")
+        if record is None:
+            return None
+        if isinstance(record, dict) and record.get("key") != params.get("key"):
+            return f"record holds key {str(record.get('key'))[:80]!r}, not the key asked for"
+        return record_problem(record, "record")
     if method == "memory/remember":
         ids, sent = result.get("ids"), params.get("records")
         if not isinstance(ids, list) or not all(type(i) is str and i for i in ids):

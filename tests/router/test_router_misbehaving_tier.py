@@ -392,3 +392,48 @@ async def test_a_reply_past_the_tiers_max_response_leaves_it_out_and_the_key_is_
     path.write_text(path.read_text().replace("100000", "0"))
     with pytest.raises(Exception, match="max_response"):
         load(str(path))
+
+
+async def test_a_fetch_answered_with_another_keys_record_leaves_that_tier_out(fed: Fed) -> None:
+    await fed("memory/remember", {"records": [{"content": "Rome", "key": "city", "tier": "semantic"}]})
+    fed.tiers["episodic"].twist = on("memory/fetch", {"record": {**GOOD, "key": "pet", "revision": 9}})
+    got = await fed("memory/fetch", {"key": "city"})
+    assert got["record"]["content"] == "Rome" and got["degraded"] == ["episodic"]
+
+
+def ignoring_where(tier: ScriptedTier, method: str = "memory/timeline"):  # type: ignore[no-untyped-def]
+    """`method` answered with every record of the owner, whatever `where` asked for."""
+    def twist(m: str, params: dict[str, Any], response: dict[str, Any]) -> Any:
+        if m != method or "where" not in params or "result" not in response:
+            return None
+        every = [record.to_wire(embeddings=bool(params.get("embeddings")))
+                 for _, record in sorted(tier.server.store.records.values(), key=lambda p: p[0])
+                 if record.owner == params.get("owner")]
+        return with_result(response, {"records": every})
+    return twist
+
+
+async def test_a_working_tier_that_ignores_where_spills_and_flushes_only_the_sessions_own(fed: Fed) -> None:
+    other = (await fed("memory/remember", {"records": [
+        {"content": f"s2 turn {i}", "session": "s2"} for i in range(3)]}))["ids"]
+    fed.tiers["working"].twist = ignoring_where(fed.tiers["working"])
+    mine = (await fed("memory/remember", {"records": [
+        {"content": f"s1 turn {i}", "session": "s1"} for i in range(2)]}))["ids"]
+    assert await fed.held("working") == set(other + mine)  # s1 holds 2 of a capacity of 3: nothing spills
+    await fed("memory/session/close", {"session": "s1"})
+    assert await fed.held("working") == set(other) and await fed.held("episodic") == set(mine)
+
+
+async def test_a_recall_count_answered_with_other_records_promotes_only_what_was_recalled(fed: Fed) -> None:
+    # episodic promotes into semantic after 1 recall here; its count call answers with every record
+    fed.router.fed["episodic"].config = TierConfig("episodic", fed.tiers["episodic"].url, kind="episodic",
+                                                   promote_to="semantic", promote_after=1, timeout=1.0)
+    ids = (await fed("memory/remember", {"records": [
+        {"content": "milan", "tier": "episodic"}, {"content": "unrelated words", "tier": "episodic",
+                                                   "access_count": 5, "accessed_at": "2026-01-01T00:00:00.000Z"}]}))["ids"]
+    fed.tiers["episodic"].twist = ignoring_where(fed.tiers["episodic"], "memory/recall")
+    got = await fed("memory/recall", {"query": "milan", "tier": "episodic", "limit": 1})
+    assert [r["id"] for r in got["records"]] == [ids[0]]
+    fed.tiers["episodic"].twist = None
+    await fed("memory/consolidate", {})
+    assert await fed.held("semantic") == {ids[0]} and await fed.held("episodic") == {ids[1]}
