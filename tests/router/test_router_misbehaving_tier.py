@@ -91,7 +91,7 @@ BAD_RECORD_LISTS = {
     "a string score": [{**GOOD, "score": "NaN"}],
     "duplicate ids": [GOOD, GOOD],
     "metadata a list": [{**GOOD, "metadata": [1]}],
-    "embedding of strings": [{**GOOD, "embedding": ["a", "b"]}],
+    "embedding not a list": [{**GOOD, "embedding": "0.1 0.2"}],
 }
 
 
@@ -437,3 +437,12 @@ async def test_a_recall_count_answered_with_other_records_promotes_only_what_was
     fed.tiers["episodic"].twist = None
     await fed("memory/consolidate", {})
     assert await fed.held("semantic") == {ids[0]} and await fed.held("episodic") == {ids[1]}
+
+
+async def test_a_recalled_vector_that_is_not_numbers_is_left_out_of_the_rerank(fed: Fed) -> None:
+    [rid] = (await fed("memory/remember", {"records": [
+        {"content": "milan", "tier": "semantic", "embedding": [1.0, 0.0]}]}))["ids"]
+    fed.tiers["episodic"].twist = on("memory/recall", {"records": [
+        {**GOOD, "embedding": ["a", "b"]}, {**GOOD, "id": "x2", "embedding": [[1.0], [0.0]]}]})
+    got = await fed("memory/recall", {"query": "milan", "embedding": [1.0, 0.0], "fusion": "rerank"})
+    assert rid in [r["id"] for r in got["records"]]
