@@ -146,9 +146,15 @@ class Tier:
                 if method not in self._malformed:  # once until it answers this method well again
                     self._malformed.add(method)
                     log.warning("tier %s answered %s with a malformed reply: %s", self.name, method, wrong)
-                raise Malformed(f"tier {self.name} answered {method} with a malformed reply: {wrong}",
-                                {"tier": self.name, "url": self.config.url, "method": method})
-            self._malformed.discard(method)
+                error = Malformed(f"tier {self.name} answered {method} with a malformed reply: {wrong}",
+                                  {"tier": self.name, "url": self.config.url, "method": method})
+                if self.healthy:  # what describe and `a2m doctor` show for it; a down tier's outage stays
+                    self.last_error = error.message
+                raise error
+            if self._malformed:
+                self._malformed.discard(method)
+                if self.healthy and self.last_error and f" answered {method} with a malformed" in self.last_error:
+                    self.last_error = None
         finally:
             if probe:
                 self._probe_until = 0.0

@@ -151,6 +151,8 @@ async def test_a_describe_that_lies_leaves_that_tier_out_of_describe(fed: Fed, l
     got = await fed("memory/describe", {})
     status = {t["name"]: t["status"] for t in got["tiers"]}
     assert status == {"working": "up", "episodic": "down", "semantic": "up"} and got["degraded"] == ["episodic"]
+    [entry] = [t for t in got["tiers"] if t["name"] == "episodic"]
+    assert "malformed reply" in entry["error"] or "outside JSON-RPC" in entry["error"]  # `a2m doctor` shows it
     # and what the router reads of it later (limits, dimensions) never breaks a read
     await seed(fed)
     assert (await fed("memory/recall", {"query": "milan"}))["records"]
