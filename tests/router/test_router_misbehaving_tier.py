@@ -229,12 +229,20 @@ async def test_a_spill_into_a_destination_that_lies_keeps_every_record(fed: Fed,
 async def test_a_promote_into_a_destination_that_lies_keeps_the_record_and_says_so(fed: Fed) -> None:
     [rid] = (await fed("memory/remember", {"records": [{"content": "keep me", "session": "s1"}]}))["ids"]
     fed.tiers["semantic"].twist = lying_dest
-    try:
-        got = await fed("memory/promote", {"ids": [rid], "tier": "semantic"})
-        assert got["promoted"] == 0
-    except A2MError as exc:
-        assert exc.code == -32603 and "semantic" in exc.message
+    with pytest.raises(A2MError) as caught:
+        await fed("memory/promote", {"ids": [rid], "tier": "semantic"})
+    assert caught.value.code == -32603 and "tier semantic" in caught.value.message
+    assert caught.value.data["refused"] == [rid]
     assert await fed.held("working") == {rid}
+
+
+async def test_an_error_answered_with_a_null_id_keeps_its_code(fed: Fed) -> None:
+    # JSON-RPC lets a server that could not read the id answer null; the error is still its answer
+    fed.tiers["episodic"].twist = lambda m, p, r: ({"jsonrpc": "2.0", "id": None, "error": {
+        "code": -32602, "message": "records[0].content is too long here"}} if m == "memory/remember" else None)
+    with pytest.raises(A2MError) as caught:
+        await fed("memory/remember", {"records": [{"content": "b", "tier": "episodic"}]})
+    assert caught.value.code == -32602
 
 
 async def test_a_source_that_ignores_where_moves_only_the_records_asked_for(fed: Fed) -> None:
