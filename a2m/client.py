@@ -97,8 +97,6 @@ class HTTPClient:
             response = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
             raise Unavailable(f"{self.url} answered invalid JSON", {"url": self.url}) from exc
-        if not isinstance(response, dict) or (not isinstance(response.get("result"), dict) and "error" not in response):
-            raise Unavailable(f"{self.url} answered outside JSON-RPC (no result object, no error)", {"url": self.url})
         try:
             return _unwrap(response, sent_id)
         except Unavailable as exc:

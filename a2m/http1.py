@@ -207,8 +207,8 @@ class ConnectionPool:
         return None
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Connection:
-        _, conn = await loop.create_connection(lambda: _Connection(self.max_response), self.host, self.port, ssl=self._ssl,
-                                               server_hostname=self.host if self._ssl else None)
+        _, conn = await loop.create_connection(lambda: _Connection(self.max_response), self.host, self.port,
+                                               ssl=self._ssl, server_hostname=self.host if self._ssl else None)
         return conn
 
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:

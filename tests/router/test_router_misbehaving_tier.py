@@ -152,7 +152,7 @@ async def test_a_describe_that_lies_leaves_that_tier_out_of_describe(fed: Fed, l
     status = {t["name"]: t["status"] for t in got["tiers"]}
     assert status == {"working": "up", "episodic": "down", "semantic": "up"} and got["degraded"] == ["episodic"]
     [entry] = [t for t in got["tiers"] if t["name"] == "episodic"]
-    assert "malformed reply" in entry["error"] or "outside JSON-RPC" in entry["error"]  # `a2m doctor` shows it
+    assert "malformed" in entry["error"]  # what `a2m doctor` shows
     # and what the router reads of it later (limits, dimensions) never breaks a read
     await seed(fed)
     assert (await fed("memory/recall", {"query": "milan"}))["records"]
@@ -438,9 +438,10 @@ async def test_a_recall_count_answered_with_other_records_promotes_only_what_was
     # episodic promotes into semantic after 1 recall here; its count call answers with every record
     fed.router.fed["episodic"].config = TierConfig("episodic", fed.tiers["episodic"].url, kind="episodic",
                                                    promote_to="semantic", promote_after=1, timeout=1.0)
+    recalled_before = {"access_count": 5, "accessed_at": "2026-01-01T00:00:00.000Z"}
     ids = (await fed("memory/remember", {"records": [
-        {"content": "milan", "tier": "episodic"}, {"content": "unrelated words", "tier": "episodic",
-                                                   "access_count": 5, "accessed_at": "2026-01-01T00:00:00.000Z"}]}))["ids"]
+        {"content": "milan", "tier": "episodic"},
+        {"content": "unrelated words", "tier": "episodic", **recalled_before}]}))["ids"]
     fed.tiers["episodic"].twist = ignoring_where(fed.tiers["episodic"], "memory/recall")
     got = await fed("memory/recall", {"query": "milan", "tier": "episodic", "limit": 1})
     assert [r["id"] for r in got["records"]] == [ids[0]]
