@@ -11,7 +11,6 @@ the other tiers' answers still come back; no move deletes a record its destinati
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any, AsyncIterator
 
 import pytest
@@ -247,9 +246,6 @@ async def test_an_error_answered_with_a_null_id_keeps_its_code(fed: Fed) -> None
 
 async def test_a_source_that_ignores_where_moves_only_the_records_asked_for(fed: Fed) -> None:
     ids = (await fed("memory/remember", {"records": [{"content": f"t{i}", "session": "s1"} for i in range(3)]}))["ids"]
-
-    def everything(m: str, params: dict[str, Any], response: dict[str, Any]) -> Any:
-        return None  # replaced below, once the records exist
 
     every = (await fed.tiers["working"].call("memory/timeline", {"owner": ME, "embeddings": True}))["records"]
     fed.tiers["working"].twist = lambda m, p, r: (with_result(r, {"records": every})
