@@ -34,9 +34,36 @@ _TEXT = ("role", "group", "tier", "accessed_at", "owner", "session", "key", "uri
 _LIMITS = ("max_records_per_call", "max_recall_limit", "max_content_length")
 
 
+MAX_COUNT = 2**53 - 1  # JSON's safe integers: two tiers' counts summed still encode (orjson stops at 2**64)
+MAX_DEPTH = 200  # levels of a record field's value: orjson encodes 254 at most, the reply's envelope takes 5
+
+
 def _count(value: Any) -> bool:
-    """A non-negative integer (a bool is not one)."""
-    return type(value) is int and value >= 0
+    """A non-negative integer (a bool is not one) the router can add up and encode."""
+    return type(value) is int and 0 <= value <= MAX_COUNT
+
+
+def _shallow(value: Any) -> bool:
+    """Nested no deeper than MAX_DEPTH: a reply holding it could not be encoded (internal error)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return False
+        for child in (item.values() if type(item) is dict else item):
+            if type(child) is dict or type(child) is list:
+                stack.append((child, depth + 1))
+    return True
+
+
+def _vector(value: Any) -> bool:
+    """A list of finite numbers; `sum` checks that in C (a Python loop cost a recall a millisecond)."""
+    if type(value) is not list:
+        return False
+    try:
+        return math.isfinite(sum(value, 0.0))
+    except TypeError:
+        return False
 
 
 def _number(value: Any) -> bool:
@@ -51,17 +78,15 @@ def _is_revision(value: Any) -> bool:
     return type(value) is int and value >= 1
 
 
-# Each optional field the router reads, and what it must be when not null. An embedding is only
-# checked to be a list: its numbers are the rerank's to read (`fusion._cosines` skips a bad one) and a
-# move's destination validates them itself; checking 384 floats a record cost a recall a millisecond.
+# Each optional field the router reads, and what it must be when not null.
 _CHECKS: dict[str, tuple[Any, str]] = {
     **{name: (_is_text, "a string") for name in _TEXT},
-    "metadata": (lambda v: type(v) is dict, "an object"),
+    "metadata": (lambda v: type(v) is dict and _shallow(v), f"an object nested at most {MAX_DEPTH} levels"),
     "revision": (_is_revision, "a positive integer"),
     "access_count": (_count, "a non-negative integer"),
     "salience": (_number, "a finite number"),
     "score": (_number, "a finite number"),
-    "embedding": (lambda v: type(v) is list, "a list"),
+    "embedding": (_vector, "a list of finite numbers"),
 }
 
 
@@ -84,8 +109,11 @@ def record_problem(record: Any, where: str) -> str | None:
     for name, value in record.items():
         if value is not None:
             check = _CHECKS.get(name)
-            if check is not None and not check[0](value):
-                return f"{where}.{name} is not {check[1]}"
+            if check is not None:
+                if not check[0](value):
+                    return f"{where}.{name} is not {check[1]}"
+            elif (type(value) is dict or type(value) is list) and not _shallow(value):  # an unknown field,
+                return f"{where}.{name} is nested deeper than {MAX_DEPTH} levels"  # passed on by timeline
     return None
 
 

@@ -453,3 +453,35 @@ async def test_a_recalled_vector_that_is_not_numbers_is_left_out_of_the_rerank(f
         {**GOOD, "embedding": ["a", "b"]}, {**GOOD, "id": "x2", "embedding": [[1.0], [0.0]]}]})
     got = await fed("memory/recall", {"query": "milan", "embedding": [1.0, 0.0], "fusion": "rerank"})
     assert rid in [r["id"] for r in got["records"]]
+
+
+def _deep(levels: int) -> str:
+    """JSON nested `levels` deep, as a server not on orjson (which stops at 254) may send it."""
+    return '{"a":' * levels + "1" + "}" * levels
+
+
+@pytest.mark.parametrize("field", ['"metadata": ' + _deep(300), '"extension": [' + _deep(300) + "]",
+                                   '"access_count": 9223372036854775808', '"embedding": [[0.1], [0.2]]'],
+                         ids=["deep metadata", "deep unknown field", "count past 2**63", "nested embedding"])
+async def test_a_record_the_router_could_not_encode_leaves_its_tier_out(fed: Fed, field: str) -> None:
+    rid = await seed(fed)
+    good = '"id": "x1", "content": "c", "created_at": "2026-01-01T00:00:00.000Z"'
+
+    def twist(m: str, p: dict[str, Any], r: dict[str, Any]) -> Any:
+        if m != "memory/timeline":
+            return None
+        body = '{"jsonrpc": "2.0", "id": %d, "result": {"records": [{%s, %s}]}}' % (r["id"], good, field)
+        return http_response(body.encode())
+
+    fed.tiers["episodic"].twist = twist
+    got = await fed("memory/timeline", {"embeddings": True})
+    assert [r["id"] for r in got["records"]] == [rid] and got["degraded"] == ["episodic"]
+
+
+async def test_counts_past_what_json_carries_are_malformed(fed: Fed) -> None:
+    rid = await seed(fed)
+    for name in ("working", "episodic"):
+        fed.tiers[name].twist = on("memory/forget", {"forgotten": 2**63})
+    with pytest.raises(A2MError) as caught:
+        await fed("memory/forget", {"ids": [rid]})
+    assert caught.value.code == -32603 and "working" in caught.value.message
