@@ -485,3 +485,17 @@ async def test_counts_past_what_json_carries_are_malformed(fed: Fed) -> None:
     with pytest.raises(A2MError) as caught:
         await fed("memory/forget", {"ids": [rid]})
     assert caught.value.code == -32603 and "working" in caught.value.message
+
+
+async def test_a_malformed_reply_is_logged_once_until_the_tier_answers_well(fed: Fed, caplog: Any) -> None:
+    await seed(fed)
+    fed.tiers["episodic"].twist = on("memory/recall", {"records": [{"id": 5}]})
+    with caplog.at_level("WARNING", logger="a2m.router"):
+        for _ in range(3):
+            assert (await fed("memory/recall", {"query": "milan"}))["degraded"] == ["episodic"]
+        fed.tiers["episodic"].twist = None
+        assert "degraded" not in await fed("memory/recall", {"query": "milan"})
+        fed.tiers["episodic"].twist = on("memory/recall", {"records": [{"id": 5}]})
+        await fed("memory/recall", {"query": "milan"})
+    told = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+    assert told == ["tier episodic answered memory/recall with a malformed reply: records[0].id is not a string"] * 2
