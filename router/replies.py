@@ -10,7 +10,8 @@ field for what the router uses, and one that fails is `Malformed`: that tier fai
 
 Fields the router does not read are not checked (unknown fields are the protocol's extension
 point). A `created_at` that is an RFC 3339 stamp but not the canonical form is rewritten to it
-in place, as the router merges and pages by that string.
+in place, as the router merges and pages by that string, and a timeline is put in ascending order
+if it came otherwise.
 """
 
 from __future__ import annotations
@@ -185,11 +186,21 @@ def _sessions_problem(sessions: Any) -> str | None:
     return None
 
 
+def _created(record: dict[str, Any]) -> str:
+    return record["created_at"]
+
+
 def problem(method: str, params: Mapping[str, Any], result: dict[str, Any]) -> str | None:
     """What is wrong with `result`, a tier's answer to `method` with `params`; None when the router
     can read it."""
     if method in ("memory/recall", "memory/timeline"):
-        return _records_problem(result.get("records"))
+        wrong = _records_problem(result.get("records"))
+        if wrong is None and method == "memory/timeline":
+            # Ascending, as the protocol has it (stable: a millisecond keeps the tier's order). Read
+            # newest first, a scan paged backwards over the same records again and again, and a
+            # capacity pass counted them twice and spilled too many. Already sorted: n comparisons.
+            result["records"].sort(key=_created)
+        return wrong
     if method == "memory/fetch":
         record = result.get("record")
         if record is None:

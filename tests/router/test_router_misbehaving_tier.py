@@ -499,3 +499,36 @@ async def test_a_malformed_reply_is_logged_once_until_the_tier_answers_well(fed:
         await fed("memory/recall", {"query": "milan"})
     told = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
     assert told == ["tier episodic answered memory/recall with a malformed reply: records[0].id is not a string"] * 2
+
+
+async def test_a_timeline_answered_newest_first_is_read_in_order(tmp_path: Any) -> None:
+    """A tier whose timeline comes newest first (the protocol says ascending): paging a scope read
+    the same records again and again, and a capacity pass counted them twice and spilled too many."""
+    tier = await ScriptedTier("episodic", "episodic").start()
+    dest = await ScriptedTier("semantic", "semantic").start()
+    page = 3
+
+    def twist(m: str, params: dict[str, Any], response: dict[str, Any]) -> Any:
+        if m == "memory/describe":
+            return with_result(response, {**response["result"], "limits": {"max_recall_limit": page}})
+        if m == "memory/timeline" and "result" in response:
+            return with_result(response, {"records": response["result"]["records"][::-1]})
+        return None
+
+    tier.twist = twist
+    config = RouterConfig(tiers=(
+        TierConfig("episodic", tier.url, kind="episodic", capacity=5, spill_to="semantic", timeout=1.0),
+        TierConfig("semantic", dest.url, kind="semantic", timeout=1.0)), default_tier="episodic",
+        background_promotion=False)
+    router = Router(config)
+    await router.startup()
+    try:
+        fed = Fed(router, {"episodic": tier, "semantic": dest})
+        for i in range(8):
+            await fed("memory/remember", {"records": [{"content": f"r{i}", "tier": "episodic"}]})
+            await asyncio.sleep(0.003)
+        assert len(await fed.held("episodic")) == 5 and len(await fed.held("semantic")) == 3
+    finally:
+        await router.shutdown()
+        await tier.stop()
+        await dest.stop()
