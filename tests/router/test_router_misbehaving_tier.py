@@ -532,3 +532,27 @@ async def test_a_timeline_answered_newest_first_is_read_in_order(tmp_path: Any) 
         await router.shutdown()
         await tier.stop()
         await dest.stop()
+
+
+async def test_paging_a_tier_that_ignores_before_stops_instead_of_reading_forever() -> None:
+    """A server without the after/before extension ignores them (unknown params are ignored, §1).
+    With no max_recall_limit, a scope scan (capacity, flush, repair, export) read its newest page
+    and its whole store again and again, forever, holding the owner's lock and growing."""
+    from a2m.paging import CrowdedMillisecond, pages_backwards
+
+    store = [{"id": f"r{i}", "content": "", "created_at": f"2026-01-01T00:00:{i:02d}.000Z"} for i in range(10)]
+    calls = 0
+
+    async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0)  # a real call yields: the timeout below bounds the test before the fix
+        limit = params.get("limit") or 0
+        return {"records": store[-limit:] if limit else list(store)}
+
+    read: list[str] = []
+    with pytest.raises(CrowdedMillisecond, match="ignores"):
+        async with asyncio.timeout(2):
+            async for page in pages_backwards(call, {}, page=3, cap=None):
+                read += [r["id"] for r in page]
+    assert calls <= 3 and len(read) == len(set(read))
