@@ -18,7 +18,7 @@ import orjson
 
 from . import errors, tracing
 from .errors import A2MError
-from .http1 import ConnectionFailed, ConnectionPool
+from .http1 import MAX_RESPONSE, ConnectionFailed, ConnectionPool
 from .stdio import MAX_LINE, LineTooLong, read_line
 
 log = logging.getLogger("a2m.client")
@@ -33,11 +33,21 @@ class Unavailable(A2MError):
         super().__init__(errors.INTERNAL_ERROR, message, data)
 
 
-def _unwrap(response: Any) -> dict[str, Any]:
+MAX_ERROR_MESSAGE = 1000  # characters of a server's error message kept: it is passed on and logged
+
+
+def _unwrap(response: Any, sent_id: int | None = None) -> dict[str, Any]:
     if not isinstance(response, dict):
         raise Unavailable("malformed JSON-RPC response")
+    if sent_id is not None:  # one request per HTTP exchange: any other id answers another request
+        got = response.get("id")
+        if not (type(got) is int and got == sent_id) and not (got is None and "error" in response):
+            raise Unavailable(f"a JSON-RPC response with id {str(got)[:40]!r} to request id {sent_id}")
     if "error" in response:
-        raise A2MError.from_error(response["error"])
+        error = A2MError.from_error(response["error"])
+        if len(error.message) > MAX_ERROR_MESSAGE:
+            error = A2MError(error.code, error.message[:MAX_ERROR_MESSAGE] + "...", error.data)
+        raise error
     result = response.get("result")
     if not isinstance(result, dict):
         raise Unavailable("malformed JSON-RPC result")
@@ -53,13 +63,15 @@ class HTTPClient:
     """
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0,
-                 max_connections: int = 64, headers: dict[str, str] | None = None) -> None:
+                 max_connections: int = 64, headers: dict[str, str] | None = None,
+                 max_response: int = MAX_RESPONSE) -> None:
         self.url = url.rstrip("/") + "/"
         self.timeout = timeout
         fixed = {"content-type": "application/json", **(headers or {})}
         if token:
             fixed["authorization"] = f"Bearer {token}"
-        self._pool = ConnectionPool(self.url, headers=fixed, max_connections=max_connections)
+        self._pool = ConnectionPool(self.url, headers=fixed, max_connections=max_connections,
+                                    max_response=max_response)
         self._ids = itertools.count(1)
 
     async def _post(self, body: bytes, timeout: float | None, method: str) -> tuple[int, bytes]:
@@ -72,7 +84,8 @@ class HTTPClient:
             return status, payload
 
     async def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> dict[str, Any]:
-        body = orjson.dumps({"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params or {}})
+        sent_id = next(self._ids)
+        body = orjson.dumps({"jsonrpc": "2.0", "id": sent_id, "method": method, "params": params or {}})
         status, payload = await self._post(body, timeout, method)
         if status == 413:  # the server is there and refused this request's size: its answer, not an outage
             raise A2MError(errors.INVALID_PARAMS, f"{self.url} refused a request of {len(body)} bytes as too large",
@@ -81,9 +94,13 @@ class HTTPClient:
             raise Unavailable(f"{self.url} answered HTTP {status}",
                               {"url": self.url, "status": status, "body": payload[:200].decode(errors="replace")})
         try:
-            return _unwrap(orjson.loads(payload))
+            response = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
             raise Unavailable(f"{self.url} answered invalid JSON", {"url": self.url}) from exc
+        try:
+            return _unwrap(response, sent_id)
+        except Unavailable as exc:
+            raise Unavailable(f"{self.url} answered {exc.message}", {"url": self.url}) from None
 
     async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
         await self._post(orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params or {}}), None, method)

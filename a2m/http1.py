@@ -16,6 +16,11 @@ connection idle longer than `idle_timeout` is not reused: the default (4 s)
 sits under uvicorn's 5 s keep-alive, so the pool never writes into a socket
 the server is closing. A request is never retried: a POST may have been
 applied before the connection broke.
+
+A response body is buffered whole, so it is capped (`max_response`, MAX_RESPONSE by default):
+past it, declared in `content-length` or counted as it arrives (chunked or until close), the
+call fails with ConnectionFailed saying so and the connection is closed. A server sending
+gigabytes no longer takes the caller's memory with it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from urllib.parse import urlsplit
 import httptools
 
 
+MAX_RESPONSE = 256 * 1024 * 1024  # bytes of one response body; a tier's reply past it is its failure
+
+
 class ConnectionFailed(Exception):
     """The server could not be reached, broke the connection, or sent something that is not HTTP."""
 
@@ -35,7 +43,9 @@ class ConnectionFailed(Exception):
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; `httptools` calls back `on_body` / `on_message_complete`."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_response: int = MAX_RESPONSE) -> None:
+        self.max_response = max_response
+        self.size = 0  # body bytes of the response in progress
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
@@ -60,25 +70,39 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() in (b"content-length", b"transfer-encoding"):
+        lower = name.lower()
+        if lower in (b"content-length", b"transfer-encoding"):
             self.framed = True
+        if lower == b"content-length" and value.strip().isdigit() and int(value) > self.max_response:
+            self._too_large(f"declared {int(value)} bytes")
 
     def on_headers_complete(self) -> None:
         self.interim = self.parser.get_status_code() < 200
         self.until_close = not self.framed and not self.interim
 
     def on_body(self, body: bytes) -> None:
+        if self.closed:
+            return  # refused as too large: the rest of what arrived is dropped
+        self.size += len(body)
+        if self.size > self.max_response:
+            self._too_large(f"more than {self.max_response} bytes arrived")
+            return
         self.body.append(body)
+
+    def _too_large(self, how: str) -> None:
+        self._fail(ConnectionFailed(f"response larger than {self.max_response} bytes ({how})"))
+        self.body = []
+        self.close()
 
     def on_message_complete(self) -> None:
         if self.interim:  # 100 Continue, 103 Early Hints (RFC 9110 §15.2): skipped; the answer is still to come
             self.interim = self.framed = False
-            self.body = []
+            self.body, self.size = [], 0
             return
         self._complete(self.parser.should_keep_alive())
 
     def _complete(self, keep_alive: bool) -> None:
-        waiter, body, self.body = self.waiter, b"".join(self.body), []
+        waiter, body, self.body, self.size = self.waiter, b"".join(self.body), [], 0
         self.framed = self.until_close = False
         if waiter is not None and not waiter.done():
             waiter.set_result((self.parser.get_status_code(), body, keep_alive))
@@ -124,7 +148,8 @@ class ConnectionPool:
     """Keep-alive connections to the origin of `url`, bound to the event loop that first uses them."""
 
     def __init__(self, url: str, *, headers: dict[str, str] | None = None, max_connections: int = 64,
-                 idle_timeout: float = 4.0, ssl_context: ssl.SSLContext | None = None) -> None:
+                 idle_timeout: float = 4.0, ssl_context: ssl.SSLContext | None = None,
+                 max_response: int = MAX_RESPONSE) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -135,6 +160,7 @@ class ConnectionPool:
         authority = parts.netloc.rpartition("@")[2]
         self._head = f"POST {target} HTTP/1.1\r\nhost: {authority}\r\n".encode("latin-1") + _header_lines(headers or {})
         self.max_connections = max_connections
+        self.max_response = max_response
         self.idle_timeout = idle_timeout
         self._idle: list[_Connection] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -181,8 +207,8 @@ class ConnectionPool:
         return None
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Connection:
-        _, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=self._ssl,
-                                               server_hostname=self.host if self._ssl else None)
+        _, conn = await loop.create_connection(lambda: _Connection(self.max_response), self.host, self.port,
+                                               ssl=self._ssl, server_hostname=self.host if self._ssl else None)
         return conn
 
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:

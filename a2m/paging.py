@@ -28,6 +28,23 @@ class CrowdedMillisecond(Exception):
     max_recall_limit): they cannot all be read by time."""
 
 
+class BoundsIgnored(CrowdedMillisecond):
+    """The endpoint answered a page with records outside the `before` / `after` it was asked for
+    (a server without that extension ignores them, as the protocol has it do with unknown params):
+    paging on would read the same records forever, so the walk stops where it is. A
+    CrowdedMillisecond for its callers: what was read stands, the rest is left out."""
+
+
+def _outside(records: list[dict[str, Any]], after: str | None, before: str | None) -> bool:
+    """Whether a page holds a record at or past `before`, or at or before `after` (one parse each)."""
+    stamps = [r["created_at"] for r in records]
+    try:
+        return ((before is not None and parse_ts(max(stamps)) >= parse_ts(before))
+                or (after is not None and parse_ts(min(stamps)) <= parse_ts(after)))
+    except Exception:  # a stamp that is not one: nothing to tell from it here
+        return False
+
+
 def _shift(stamp: str, ms: int) -> str | None:
     """`stamp` moved by `ms` milliseconds, or None past year 9999 or before year 1: no record lies
     there, so the bound it would have been is simply left off."""
@@ -55,6 +72,9 @@ async def pages_backwards(call: Call, params: dict[str, Any], *, page: int,
         records = (await call("memory/timeline", _bounded(base, before=before)))["records"]
         if not records:
             return
+        if _outside(records, None, before):
+            raise BoundsIgnored(f"a timeline page asked for records before {before} holds later ones: the "
+                                "endpoint ignores `before`, so it cannot be paged past its newest page")
         fresh = [r for r in records if r["id"] not in boundary]
         if len(records) < page:
             if fresh:
@@ -66,6 +86,9 @@ async def pages_backwards(call: Call, params: dict[str, Any], *, page: int,
             # the next page would be this one again. Read that millisecond alone, then go below it.
             exact = _bounded({**base, "limit": 0}, after=_shift(earliest, -1), before=_shift(earliest, 1))
             same = (await call("memory/timeline", exact))["records"]
+            if same and _outside(same, exact.get("after"), exact.get("before")):
+                raise BoundsIgnored(f"a timeline asked for the records of {earliest} alone holds others: the "
+                                    "endpoint ignores `after` / `before`")
             if cap is not None and len(same) >= cap:
                 raise CrowdedMillisecond(f"at least {len(same)} records share created_at {earliest}, more than "
                                          "one timeline page holds")

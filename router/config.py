@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from a2m.capabilities import TIER_KINDS
 from a2m.embedder import LOCAL_MISSING, clean_api_key, local_available, timeout_setting
 from a2m.http import origin_problem, token_problem
+from a2m.http1 import MAX_RESPONSE
 
 DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000, "max_recall_limit": 1000}
 FUSIONS = ("rrf", "rerank")
@@ -49,6 +50,7 @@ class TierConfig:
     read_only: bool = False
     timeout: float = 5.0
     retention: str = "keep"  # "drop": over capacity with no spill_to, the weakest records are deleted
+    max_response: int = MAX_RESPONSE  # bytes of one reply body; past it the call fails as the tier's
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "capacity": self.capacity,
@@ -170,6 +172,7 @@ def _tier(raw: Any, index: int, default_timeout: float) -> TierConfig:
                           f"(a router.toml copied from `a2m up` before it stopped writing it on every tier "
                           f"carries it where it does nothing)")
     timeout = _positive(raw.get("timeout", default_timeout), f"{where}: timeout", (int, float))
+    max_response = _positive(raw.get("max_response", MAX_RESPONSE), f"{where}: max_response")
     retention = raw.get("retention", "keep")
     if retention not in RETENTIONS:
         raise ConfigError(f"{where}: retention must be one of {list(RETENTIONS)}, got {retention!r}")
@@ -186,7 +189,7 @@ def _tier(raw: Any, index: int, default_timeout: float) -> TierConfig:
         name=name, url=url, kind=kind, capacity=capacity, per_session=per_session,
         spill_to=raw.get("spill_to"), promote_to=raw.get("promote_to"), promote_after=promote_after,
         read_only=_type(raw.get("read_only", False), bool, f"{where}: read_only", "true or false"),
-        timeout=float(timeout), retention=retention,
+        timeout=float(timeout), retention=retention, max_response=max_response,
     )
 
 
@@ -251,7 +254,7 @@ SECTIONS = ("router", "tiers", "auth", "limits", "fusion", "embedder")
 ROUTER_KEYS = ("name", "timeout", "default_tier", "fusion", "embedder", "service_token", "allowed_origins",
                "events_capacity", "background_promotion")
 TIER_KEYS = ("name", "kind", "url", "capacity", "per_session", "spill_to", "promote_to", "promote_after",
-             "read_only", "timeout", "retention")
+             "read_only", "timeout", "retention", "max_response")
 AUTH_KEYS = ("tokens", "service_token", "allowed_origins")
 FUSION_KEYS = ("strategy", "rrf_k", "pool", "half_life_days", "weights")
 EMBEDDER_KEYS = ("spec", "url", "model")

@@ -21,6 +21,7 @@ from a2m.client import HTTPClient, Unavailable
 from a2m.errors import A2MError, INTERNAL_ERROR
 
 from .config import RouterConfig, TierConfig
+from .replies import Malformed, problem
 
 log = logging.getLogger("a2m.router")
 
@@ -43,6 +44,7 @@ class Tier:
     _revive: "asyncio.Task[Any] | None" = None  # the describe after a comeback (held: the loop keeps only weak refs)
     reached: bool = False  # has answered at least once (a tier still starting is not news)
     _probe_until: float = 0.0  # a read after the backoff is in flight: the others skip the tier until then
+    _malformed: set[str] = field(default_factory=set)  # methods whose last reply was malformed (logged once)
     # (tier, method, seconds, outcome) after every call: the router's per-tier metrics. Outcome is
     # "ok", "error" (the tier answered an A2M error) or "unavailable" (unreachable or timed out).
     observe: "Observer | None" = None
@@ -137,6 +139,22 @@ class Tier:
         except Exception:
             outcome = "error"  # the tier answered a JSON-RPC error (or the call broke)
             raise
+        else:
+            wrong = problem(method, params, result)
+            if wrong is not None:
+                outcome = "error"  # it answered, so it is up; this answer is unusable
+                if method not in self._malformed:  # once until it answers this method well again
+                    self._malformed.add(method)
+                    log.warning("tier %s answered %s with a malformed reply: %s", self.name, method, wrong)
+                error = Malformed(f"tier {self.name} answered {method} with a malformed reply: {wrong}",
+                                  {"tier": self.name, "url": self.config.url, "method": method})
+                if self.healthy:  # what describe and `a2m doctor` show for it; a down tier's outage stays
+                    self.last_error = error.message
+                raise error
+            if self._malformed:
+                self._malformed.discard(method)
+                if self.healthy and self.last_error and f" answered {method} with a malformed" in self.last_error:
+                    self.last_error = None
         finally:
             if probe:
                 self._probe_until = 0.0
@@ -182,7 +200,8 @@ class FanOut:
 class Federation:
     def __init__(self, config: RouterConfig, client_factory: Callable[[TierConfig], Any] | None = None) -> None:
         self.config = config
-        self._factory = client_factory or (lambda t: HTTPClient(t.url, token=config.service_token, timeout=t.timeout))
+        self._factory = client_factory or (lambda t: HTTPClient(t.url, token=config.service_token, timeout=t.timeout,
+                                                                max_response=t.max_response))
         self.tiers: dict[str, Tier] = {}
         self.order = [t.name for t in config.tiers]
         self._observe: Observer | None = None

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -102,6 +102,13 @@ def _neg_time(record: Record) -> float:
     return -(_epoch(record) or 0.0)
 
 
+def _numeric(vector: Any, width: int) -> bool:
+    try:
+        return np.asarray(vector, dtype=np.float64).shape == (width,)
+    except (TypeError, ValueError):
+        return False
+
+
 def _cosines(pool: Sequence[Record], vector: Sequence[float]) -> dict[str, float]:
     """id -> max(0, cosine to `vector`) for the candidates whose embedding has its width, in one
     matrix product (a pool is ~100 vectors of 384 dims: ~4 ms as Python loops)."""
@@ -109,7 +116,13 @@ def _cosines(pool: Sequence[Record], vector: Sequence[float]) -> dict[str, float
     having = [r for r in pool if r.embedding and len(r.embedding) == width]
     if not having or not width:
         return {}
-    matrix = np.asarray([r.embedding for r in having], dtype=np.float64)
+    try:
+        matrix = np.asarray([r.embedding for r in having], dtype=np.float64)
+    except (TypeError, ValueError):  # a mounted tier's vector that is not numbers: that one is left out
+        having = [r for r in having if _numeric(r.embedding, width)]
+        if not having:
+            return {}
+        matrix = np.asarray([r.embedding for r in having], dtype=np.float64)
     q = np.asarray(vector, dtype=np.float64)
     norms = np.linalg.norm(matrix, axis=1) * np.linalg.norm(q)
     with np.errstate(divide="ignore", invalid="ignore"):

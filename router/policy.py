@@ -37,9 +37,11 @@ import orjson
 from a2m.client import Unavailable
 from a2m.embedder import Embedder, try_embed_into
 from a2m.errors import A2MError
+from a2m.filters import test_matches
 from a2m.paging import CrowdedMillisecond, pages_backwards
 
 from .federation import Federation, Tier
+from .replies import Malformed
 
 log = logging.getLogger("a2m.router.policy")
 Refusals = list[tuple[list[str], A2MError]]  # units a destination refused: their ids and its answer
@@ -102,6 +104,13 @@ def _limit(tier: Tier, name: str, default: int) -> int:
     limits = (tier.info or {}).get("limits") or {}
     value = limits.get(name)
     return min(default, value) if isinstance(value, int) and value > 0 else default
+
+
+def _within(record: dict[str, Any], where: dict[str, Any]) -> bool:
+    """Whether a tier's record matches the router's own `where` (session, group or id): a tier that
+    ignored the filter would otherwise have a flush or a group move carry away what it was not after."""
+    return all(test_matches(name in record, record.get(name), value) for name, value in where.items()
+               if name in ("session", "group", "id"))
 
 
 def _owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
@@ -174,7 +183,8 @@ class Policy:
             chunk = unique[start:start + page]
             result = await tier.call("memory/timeline", _owner(
                 {"where": {"id": chunk}, "limit": len(chunk), "embeddings": embeddings}, owner))
-            out.extend(result["records"])
+            asked = set(chunk)  # a tier that ignores `where` answers with others: never moved nor counted as found
+            out.extend(r for r in result["records"] if r["id"] in asked)
         return out
 
     async def scan(self, tier: Tier, owner: str | None, *, where: dict[str, Any] | None = None,
@@ -190,7 +200,7 @@ class Policy:
         out: list[dict[str, Any]] = []
         try:
             async for records in pages_backwards(tier.call, params, page=page, cap=capped):
-                out.extend(records)
+                out.extend(records if not where else [r for r in records if _within(r, where)])
         except CrowdedMillisecond as exc:
             log.warning("reading %s for %s: %s; the rest of them stay where they are", tier.name, owner, exc)
         return out
@@ -295,10 +305,16 @@ class Policy:
             for start in range(0, len(flat), size):  # one call unless a single unit outgrows a batch
                 chunk = flat[start:start + size]
                 written += (await dest.call("memory/remember", _owner({"records": chunk}, owner)))["ids"]
-            present = {r["id"] for r in await self.by_ids(dest, owner, written)}
+            present = {r["id"]: r for r in await self.by_ids(dest, owner, written)}
         except A2MError as exc:
             if written:
                 await self._take_back(source, dest, owner, [w["id"] for w, got in zip(flat, written) if got == w["id"]])
+            if isinstance(exc, Malformed):  # it answered, unusably: named to a caller that asked (promote)
+                log.warning("move %s -> %s: %s; %d records stay in %s", source.name, dest.name, exc, len(flat),
+                            source.name)
+                if refused is not None:
+                    refused.append(([w["id"] for w in flat], exc))
+                return [], True
             if isinstance(exc, Unavailable):
                 log.warning("move %s -> %s: %s; %d records stay in %s", source.name, dest.name, exc, len(flat),
                             source.name)
@@ -319,11 +335,22 @@ class Policy:
         kept = dict(zip((w["id"] for w in flat), written))
         verified = []
         for unit in batch:
-            if all(kept[w["id"]] == w["id"] and w["id"] in present for w in unit):
+            # Held there under its own id, with its content: a destination that says it stored a record
+            # and shows back something else for that id (or nothing) does not hold it.
+            other = [w["id"] for w in unit if kept[w["id"]] != w["id"]]
+            unseen = [w["id"] for w in unit if kept[w["id"]] == w["id"] and (
+                w["id"] not in present or present[w["id"]].get("content") != w.get("content"))]
+            if not other and not unseen:
                 verified.append(unit)
+            elif unseen:  # it said it stored them and does not show them back: whatever it holds, not these
+                error = Malformed(f"tier {dest.name} answered memory/remember with ids it then did not show back "
+                                  f"with their content: {unseen[:5]}", {"tier": dest.name, "ids": unseen})
+                log.warning("move %s -> %s: %s; they stay in %s", source.name, dest.name, error.message, source.name)
+                if refused is not None:
+                    refused.append(([w["id"] for w in unit], error))
             else:  # the destination kept another record for a key: never delete this one for it
                 log.warning("move %s -> %s: %s kept other records for %s; they stay in %s", source.name, dest.name,
-                            dest.name, [w["id"] for w in unit if kept[w["id"]] != w["id"]], source.name)
+                            dest.name, other, source.name)
         return verified, False
 
     async def _take_back(self, source: Tier, dest: Tier, owner: str | None, copies: list[str]) -> None:
@@ -390,6 +417,8 @@ class Policy:
             records = (await tier.call("memory/timeline", _owner({"where": where, "limit": 0}, owner)))["records"]
             if len(records) >= _limit(tier, "max_recall_limit", 1000):
                 records = await self.scan(tier, owner, where=where)
+            else:
+                records = [r for r in records if _within(r, where)]
         else:
             records = await self.scan(tier, owner)
         excess = len(records) - config.capacity
@@ -510,11 +539,13 @@ class Policy:
             except A2MError as exc:
                 log.info("could not count recalls on %s: %s", name, exc)
                 return
-            found = {r["id"] for r in result["records"]}
+            asked = set(chunk)  # a tier that ignores `where` answers with others: never counted nor promoted
+            records = [r for r in result["records"] if r["id"] in asked]
+            found = {r["id"] for r in records}
             gone += [i for i in chunk if i not in found]
-            touched.update((r["id"], int(r.get("access_count") or 0)) for r in result["records"])
+            touched.update((r["id"], int(r.get("access_count") or 0)) for r in records)
             if config.promote_to:
-                due = {r["id"] for r in result["records"] if int(r.get("access_count") or 0) >= config.promote_after}
+                due = {r["id"] for r in records if int(r.get("access_count") or 0) >= config.promote_after}
                 if due:
                     self.pending.setdefault((owner, name), set()).update(due)
         # A move that read these records before the touch copies them without it, then deletes the

@@ -24,7 +24,8 @@ class Answering:
     async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         if method == "memory/recall":
             await asyncio.sleep(self.delay)
-        return {"records": [{"id": self.name}]} if method == "memory/recall" else {"name": self.name}
+        record = {"id": self.name, "content": "", "created_at": "2026-01-01T00:00:00.000Z"}
+        return {"records": [record]} if method == "memory/recall" else {"name": self.name}
 
     async def close(self) -> None:
         pass
