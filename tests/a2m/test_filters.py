@@ -34,3 +34,18 @@ def test_settle_field_answers_a_field_every_record_shares() -> None:
     assert settle_field(Scope(where={"tier": None}), "tier", "working").where == MATCH_NOTHING
     assert settle_field(Scope(where={"m": 1}), "tier", "working").where == {"m": 1}
     assert Scope(where=dict(MATCH_NOTHING)).named_ids() == []  # every engine reads no record for it
+
+
+def test_a_where_of_more_than_max_where_keys_fields_is_refused_before_any_engine_sees_it() -> None:
+    """10,000 fields held an episodic connection for PostgreSQL's whole statement timeout (30 s)."""
+    import pytest
+
+    from a2m.errors import A2MError
+    from a2m.filters import MAX_WHERE_KEYS, parse_scope
+
+    wide = {f"k{i}": "v" for i in range(MAX_WHERE_KEYS)}
+    assert parse_scope({"where": wide}, "alice").where == wide
+    for n in (MAX_WHERE_KEYS + 1, 10_000):
+        with pytest.raises(A2MError) as err:
+            parse_scope({"where": {f"k{i}": "v" for i in range(n)}}, "alice")
+        assert err.value.code == -32602 and err.value.data == {"field": "where", "max": MAX_WHERE_KEYS}
