@@ -29,7 +29,7 @@ from a2m.paging import CrowdedMillisecond, pages_backwards
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
 from a2m.summarize import SUMMARY_CHARS, summarize as extract_summary
 from a2m.timefmt import now
-from a2m.params import bool_param, ids_param, int_param, str_param
+from a2m.params import bool_param, ids_param, int_param, query_param, str_param
 
 from . import fusion
 from .config import RouterConfig, load, unenforced
@@ -590,7 +590,7 @@ class Router(EventMethods):
         limit = self._limit(params, DEFAULT_RECALL_LIMIT)
         asked_vectors = bool_param(params, "embeddings", False)
         touch = bool_param(params, "touch", True)
-        query = str_param(params, "query")
+        query = query_param(params)
         min_score = params.get("min_score")
         if min_score is not None and (not isinstance(min_score, (int, float)) or isinstance(min_score, bool)):
             raise invalid("min_score must be a number", field="min_score")
@@ -771,12 +771,14 @@ class Router(EventMethods):
         owner = ctx.owner(params)
         tiers = self._scope_tiers(params)
         scope = parse_scope(params, owner, ids_field=True)
-        query = str_param(params, "query")
+        query = query_param(params)
         if scope.is_empty_selector() and not query:
             raise invalid("forget needs a selector (ids, query, where, key_prefix, after or before)")
         if params.get("tier") is not None and not tiers[0].writable:
             raise A2MError(errors.READ_ONLY, f"tier {tiers[0].name} is read-only", {"tier": tiers[0].name})
-        down = {name: params[name] for name in (*SCOPE_PARAMS, "ids", "query") if params.get(name) is not None}
+        down = {name: params[name] for name in (*SCOPE_PARAMS, "ids") if params.get(name) is not None}
+        if query:
+            down["query"] = query  # as bounded here
         asked = _with_owner(down, owner)
         async with self.policy.owner_lock(owner):  # a record mid-move is forgotten in both tiers, not revived
             fan = await self.fed.fan_out("memory/forget", {}, [t for t in tiers if t.writable], skip_down=False,
@@ -973,7 +975,7 @@ class Router(EventMethods):
         self._scope_tiers(params)  # an unknown `tier` is -32002 before anything is read
         into = self._summary_tier(params)
         scope = parse_scope(params, owner, ids_field=True)
-        query = str_param(params, "query")
+        query = query_param(params)
         key = str_param(params, "key")
         if key == "":  # as remember and fetch answer it: an empty key is no address, not "no key"
             raise invalid("key must not be empty", field="key")

@@ -49,3 +49,13 @@ def test_a_where_of_more_than_max_where_keys_fields_is_refused_before_any_engine
         with pytest.raises(A2MError) as err:
             parse_scope({"where": {f"k{i}": "v" for i in range(n)}}, "alice")
         assert err.value.code == -32602 and err.value.data == {"field": "where", "max": MAX_WHERE_KEYS}
+
+
+def test_a_query_is_cut_after_max_query_words_words() -> None:
+    from a2m.params import MAX_QUERY_WORDS, query_param
+
+    short = " ".join(f"w{i}" for i in range(MAX_QUERY_WORDS))
+    assert query_param({"query": short}) == short and query_param({}) is None
+    assert query_param({"query": short + ", and more words"}) == short
+    assert query_param({"query": "zebra " * 200_000}) == ("zebra " * MAX_QUERY_WORDS).rstrip()
+    assert query_param({"query": "!" * 100_000}) == "!" * 100_000  # no words: nothing to cut
