@@ -59,3 +59,18 @@ def test_a_query_is_cut_after_max_query_words_words() -> None:
     assert query_param({"query": short + ", and more words"}) == short
     assert query_param({"query": "zebra " * 200_000}) == ("zebra " * MAX_QUERY_WORDS).rstrip()
     assert query_param({"query": "!" * 100_000}) == "!" * 100_000  # no words: nothing to cut
+
+
+def test_any_of_values_over_metadata_keys_are_bounded_and_record_fields_are_not() -> None:
+    """40,000 metadata values were 80,000 PostgreSQL parameters: the recall failed -32603 ("unavailable")."""
+    import pytest
+
+    from a2m.errors import A2MError
+    from a2m.filters import MAX_WHERE_VALUES, parse_scope
+
+    half = [f"v{i}" for i in range(MAX_WHERE_VALUES // 2)]
+    parse_scope({"where": {"a": half, "b": half}}, None)
+    parse_scope({"where": {"id": half * 4, "group": half * 4}}, None)  # the router's own look-ups
+    with pytest.raises(A2MError) as err:
+        parse_scope({"where": {"a": half, "b": [*half, "one more"]}}, None)
+    assert err.value.code == -32602 and err.value.data == {"field": "where", "max": MAX_WHERE_VALUES}

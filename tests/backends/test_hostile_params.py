@@ -51,11 +51,13 @@ async def test_a_query_of_thousands_of_words_is_searched_by_its_first_words(tier
 
 
 @pytest.mark.parametrize("tier", TIERS)
-async def test_a_where_past_max_where_keys_is_invalid_params(tiers: dict[str, Dispatcher], tier: str) -> None:
+async def test_a_where_past_max_where_keys_or_values_is_invalid_params(tiers: dict[str, Dispatcher], tier: str) -> None:
     d, me = tiers[tier], owner()
     for method in ("memory/recall", "memory/timeline", "memory/forget"):
         wide = {f"k{i}": "v" for i in range(10_000)}
         assert await call(d, method, {"owner": me, "where": wide}) == {"error": -32602}, method
+        many = {"k": [f"v{i}" for i in range(40_000)]}
+        assert await call(d, method, {"owner": me, "where": many}) == {"error": -32602}, method
 
 
 @pytest.mark.parametrize("tier", TIERS)
