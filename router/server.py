@@ -115,6 +115,26 @@ def _in_caller_batch(exc: A2MError, indexes: list[int]) -> A2MError:
     return A2MError(exc.code, message, {**data, "index": indexes[k]})
 
 
+def _told_plainly(handler: Handler) -> Handler:
+    """`handler` whose failures name a tier that failed, never how it failed: an unreachable tier's
+    error carries its URL, and a tier's own -32603 its engine's words (a PostgreSQL host and user,
+    a Redis socket or git repository path). Those are for the operator, in the router's log; a
+    caller, who may be any agent holding a token, is told which tier and that it was unavailable."""
+    async def told(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        try:
+            return await handler(params, ctx)
+        except A2MError as exc:
+            data = exc.data if isinstance(exc.data, dict) else None
+            if exc.code != errors.INTERNAL_ERROR or data is None or not ({"url", "engine"} & data.keys()):
+                raise
+            tier = data.get("tier")
+            log.warning("answered a caller that tier %s was unavailable: %s", tier, exc.message)
+            kept = {k: v for k, v in data.items() if k not in ("url", "engine")}
+            raise A2MError(exc.code, f"tier {tier} unavailable (the router's log has the cause)", kept) from None
+
+    return told
+
+
 class Router(EventMethods):
     """An A2M service whose storage is other A2M servers."""
 
@@ -185,7 +205,7 @@ class Router(EventMethods):
         await self.events.emit(kind, owner, **fields)
 
     def handlers(self) -> dict[str, Handler]:
-        return bound_handlers(self)
+        return {method: _told_plainly(handler) for method, handler in bound_handlers(self).items()}
 
     def register_metrics(self, registry: Any) -> None:
         """Policy and health on the router's /metrics, beside the binding's request counts."""
