@@ -1006,8 +1006,9 @@ class Router(EventMethods):
         if scope.ids is not None:  # `ids` narrows the other selectors and `limit`, as on a tier server
             where = dict(scope.where)
             named = where.get("id", scope.ids)
-            named = [named] if isinstance(named, str) else named if isinstance(named, list) else []
-            asked["where"] = {**where, "id": [i for i in scope.ids if i in named]}
+            named = {named} if isinstance(named, str) else set(named) if isinstance(named, list) else set()
+            asked["where"] = {**where, "id": [i for i in scope.ids if i in named]}  # a set: 200,000 ids in a
+            # list took 185 s of the event loop, every other caller's call waiting behind it
         cap = self.limits.get("max_recall_limit")
         wanted = limit + 1 if key and limit and (not cap or limit < cap) else limit  # room for the summary at key
         if query:
