@@ -27,6 +27,14 @@ RECORD_FIELDS = frozenset(
 MATCH_NOTHING: Mapping[str, Any] = {"id": []}
 
 Scalar = str | int | float | bool | None
+# Tests in one `where`. PostgreSQL plans a condition per test: 10,000 of them held a connection of the
+# episodic tier's pool for its whole statement timeout (30 s), and a few such calls at once took the
+# tier from every owner. Real filters name a handful of fields.
+MAX_WHERE_KEYS = 64
+# "Any of" values over metadata keys, in all. PostgreSQL tests each with parameters of its own and takes
+# 65,535 a statement: past that a recall failed as if the engine were gone (-32603). A record field's
+# values go as one array, so `id`, `group` and `key` lists (the router's own look-ups) are not counted.
+MAX_WHERE_VALUES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +74,18 @@ def parse_where(value: Any) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise invalid("where must be an object", field="where")
+    if len(value) > MAX_WHERE_KEYS:
+        raise invalid(f"where tests at most {MAX_WHERE_KEYS} fields", field="where", max=MAX_WHERE_KEYS)
+    values = 0
     for name, test in value.items():
         if isinstance(test, list):
             if not all(_scalar(v) for v in test):
                 raise invalid(f"where.{name}: an array must hold only scalars", field="where")
+            if name not in RECORD_FIELDS:
+                values += len(test)
+                if values > MAX_WHERE_VALUES:
+                    raise invalid(f"where: metadata keys test at most {MAX_WHERE_VALUES} values in all",
+                                  field="where", max=MAX_WHERE_VALUES)
         elif not _scalar(test):
             raise invalid(f"where.{name} must be a scalar or an array of scalars", field="where")
     return dict(value)

@@ -35,6 +35,10 @@ MAX_COUNTER = 2**53 - 1
 # Embedding values: below this magnitude a double rounds to a finite float32 (pgvector's element type);
 # FLT_MAX itself (3.4028234663852886e38, printed back by pgvector as 3.4028235e38) is accepted.
 FLOAT32_BOUND = 2.0**128 - 2.0**103
+# key, session and group: PostgreSQL indexes (owner, session, ...) and (owner, key) in a b-tree, whose
+# entries hold at most 2,704 bytes; a longer value is refused there, so a record written to working
+# with one could never spill. 1,024 bytes each leaves room for an owner as long beside it.
+MAX_NAME_BYTES = 1024
 
 
 @dataclass(slots=True)
@@ -135,6 +139,15 @@ def _opt_str(raw: dict[str, Any], name: str, index: int) -> str | None:
         raise invalid(f"records[{index}].{name} must be a string", field=name, index=index)
     if "\x00" in value:
         raise _nul(name, index)
+    return value
+
+
+def _name(raw: dict[str, Any], name: str, index: int) -> str | None:
+    """A key, session or group: a string without NUL of at most MAX_NAME_BYTES in UTF-8."""
+    value = _opt_str(raw, name, index)
+    if value is not None and len(value) * 4 > MAX_NAME_BYTES and len(value.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise invalid(f"records[{index}].{name} is longer than {MAX_NAME_BYTES} bytes (UTF-8)", field=name,
+                      index=index, max=MAX_NAME_BYTES)
     return value
 
 
@@ -315,7 +328,7 @@ def parse_write(raw: Any, index: int, *, owner: str | None, stamp: str | None = 
                        {"field": "owner", "index": index})
     if record_owner is None and owner is not None and "\x00" in owner:
         raise _nul("owner", index)  # the request's owner becomes the record's
-    key = _opt_str(raw, "key", index)
+    key = _name(raw, "key", index)
     if key is not None and not key:
         raise invalid(f"records[{index}].key must not be empty", field="key", index=index)
     salience = raw.get("salience")
@@ -340,13 +353,13 @@ def parse_write(raw: Any, index: int, *, owner: str | None, stamp: str | None = 
         created_at=created_at,
         role=_opt_str(raw, "role", index),
         metadata=metadata,
-        group=_opt_str(raw, "group", index),
+        group=_name(raw, "group", index),
         tier=_opt_str(raw, "tier", index),
         salience=float(salience),
         access_count=access_count,
         accessed_at=accessed_at,
         owner=record_owner if record_owner is not None else owner,
-        session=_opt_str(raw, "session", index),
+        session=_name(raw, "session", index),
         key=key,
         revision=revision,
         embedding=embedding,

@@ -23,7 +23,7 @@ from a2m.records import Record, parse_write, supplied_history, validate_embeddin
 from a2m.summarize import summarize as extract_summary
 from a2m.text import query_terms, tokenize
 from a2m.timefmt import now
-from a2m.params import bool_param, ids_param, int_param, str_param
+from a2m.params import bool_param, ids_param, int_param, query_param, str_param
 
 from .settings import SettingsError
 from .store import Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable, StoreWidthMismatch
@@ -395,7 +395,7 @@ class TierServer(EventMethods):
         limit = self._recall_limit(params, DEFAULT_RECALL_LIMIT)
         with_vectors = bool_param(params, "embeddings", False)
         touch = bool_param(params, "touch", True)
-        query = str_param(params, "query")
+        query = query_param(params)
         min_score = params.get("min_score")
         if min_score is not None and (not isinstance(min_score, (int, float)) or isinstance(min_score, bool)):
             raise invalid("min_score must be a number", field="min_score")
@@ -446,7 +446,7 @@ class TierServer(EventMethods):
     async def forget(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         self._check_tier(params)
         scope = self._scope(params, ctx, ids_field=True)
-        query = str_param(params, "query")
+        query = query_param(params)
         if scope.is_empty_selector() and not query and not params.get("where"):  # where: {tier: <this>} selects all
             raise invalid("forget needs a selector (ids, query, where, key_prefix, after or before)")
         with self.engine():
@@ -551,7 +551,7 @@ class TierServer(EventMethods):
         self._check_tier(params)
         self._check_tier(params, "into")
         scope = self._scope(params, ctx, ids_field=True)
-        query = str_param(params, "query")
+        query = query_param(params)
         key = str_param(params, "key")
         if key == "":  # as remember and fetch answer it: an empty key is no address, not "no key"
             raise invalid("key must not be empty", field="key")

@@ -34,3 +34,43 @@ def test_settle_field_answers_a_field_every_record_shares() -> None:
     assert settle_field(Scope(where={"tier": None}), "tier", "working").where == MATCH_NOTHING
     assert settle_field(Scope(where={"m": 1}), "tier", "working").where == {"m": 1}
     assert Scope(where=dict(MATCH_NOTHING)).named_ids() == []  # every engine reads no record for it
+
+
+def test_a_where_of_more_than_max_where_keys_fields_is_refused_before_any_engine_sees_it() -> None:
+    """10,000 fields held an episodic connection for PostgreSQL's whole statement timeout (30 s)."""
+    import pytest
+
+    from a2m.errors import A2MError
+    from a2m.filters import MAX_WHERE_KEYS, parse_scope
+
+    wide = {f"k{i}": "v" for i in range(MAX_WHERE_KEYS)}
+    assert parse_scope({"where": wide}, "alice").where == wide
+    for n in (MAX_WHERE_KEYS + 1, 10_000):
+        with pytest.raises(A2MError) as err:
+            parse_scope({"where": {f"k{i}": "v" for i in range(n)}}, "alice")
+        assert err.value.code == -32602 and err.value.data == {"field": "where", "max": MAX_WHERE_KEYS}
+
+
+def test_a_query_is_cut_after_max_query_words_words() -> None:
+    from a2m.params import MAX_QUERY_WORDS, query_param
+
+    short = " ".join(f"w{i}" for i in range(MAX_QUERY_WORDS))
+    assert query_param({"query": short}) == short and query_param({}) is None
+    assert query_param({"query": short + ", and more words"}) == short
+    assert query_param({"query": "zebra " * 200_000}) == ("zebra " * MAX_QUERY_WORDS).rstrip()
+    assert query_param({"query": "!" * 100_000}) == "!" * 100_000  # no words: nothing to cut
+
+
+def test_any_of_values_over_metadata_keys_are_bounded_and_record_fields_are_not() -> None:
+    """40,000 metadata values were 80,000 PostgreSQL parameters: the recall failed -32603 ("unavailable")."""
+    import pytest
+
+    from a2m.errors import A2MError
+    from a2m.filters import MAX_WHERE_VALUES, parse_scope
+
+    half = [f"v{i}" for i in range(MAX_WHERE_VALUES // 2)]
+    parse_scope({"where": {"a": half, "b": half}}, None)
+    parse_scope({"where": {"id": half * 4, "group": half * 4}}, None)  # the router's own look-ups
+    with pytest.raises(A2MError) as err:
+        parse_scope({"where": {"a": half, "b": [*half, "one more"]}}, None)
+    assert err.value.code == -32602 and err.value.data == {"field": "where", "max": MAX_WHERE_VALUES}

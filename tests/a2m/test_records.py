@@ -3,7 +3,7 @@ import math
 import pytest
 
 from a2m.errors import A2MError
-from a2m.records import Record, parse_write, validate_embedding
+from a2m.records import MAX_NAME_BYTES, Record, parse_write, validate_embedding
 from a2m.timefmt import normalize_ts, now, parse_ts
 
 
@@ -121,6 +121,18 @@ def test_nul_in_any_text_field_is_refused(field: str) -> None:
 ])
 def test_nul_anywhere_in_metadata_is_refused(metadata: dict) -> None:
     assert refused({"content": "x", "metadata": metadata}).data["field"] == "metadata"
+
+
+@pytest.mark.parametrize("field", ["key", "session", "group"])
+def test_a_key_session_or_group_past_the_b_tree_budget_is_refused(field: str) -> None:
+    """PostgreSQL cannot index a longer key or session: a record written to working with one was
+    accepted and then could never spill (nor close its session) into episodic."""
+    parse_write({"content": "x", field: "k" * MAX_NAME_BYTES}, 0, owner=None)
+    parse_write({"content": "x", field: "\U0001f600" * (MAX_NAME_BYTES // 4)}, 0, owner=None)
+    assert refused({"content": "x", field: "k" * (MAX_NAME_BYTES + 1)}).data == {
+        "field": field, "index": 2, "max": MAX_NAME_BYTES}
+    assert refused({"content": "x", field: "\u00e9" * (MAX_NAME_BYTES // 2 + 1)}).data["field"] == field
+    assert refused({"content": "x", field: "s" * 3_000_000}).data["field"] == field
 
 
 def test_the_requests_owner_with_nul_is_refused_as_the_records() -> None:

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from a2m.filters import Scope
-from a2m.records import Record
+from a2m.records import MAX_NAME_BYTES, Record
 from backends.episodic import CAPABILITIES, KIND, PostgresStore, make_store, schema
 from backends.episodic.embedded import EmbeddedPostgres
 from backends.settings import TierSettings
@@ -460,6 +460,19 @@ async def test_selectors_holding_nul_match_nothing_without_an_error(store: Postg
     await store.touch(owner, [nul], "2026-05-01T00:00:00.000Z")
     assert await store.count(nul) == 0 and await store.sessions(nul) == []
     assert await store.count(owner) == 2
+
+
+async def test_the_longest_key_and_session_a_record_may_have_are_indexed(store: PostgresStore) -> None:
+    """a2m.records.MAX_NAME_BYTES fits the b-tree entries (owner, session, ...) and (owner, key) even
+    when owner, session and key are that long in characters that do not compress."""
+    rng = random.Random(7)
+    def wide(n: int) -> str:  # 4-byte UTF-8 characters, random so PostgreSQL cannot compress them
+        return "".join(chr(rng.randrange(0x10000, 0x10FFFF)) for _ in range(n // 4))
+    owner = wide(MAX_NAME_BYTES)
+    await store.write([rec(1, owner, key=wide(MAX_NAME_BYTES), session=wide(MAX_NAME_BYTES),
+                           group=wide(MAX_NAME_BYTES))])
+    assert await store.count(owner) == 1
+    await store.delete(Scope(owner=owner, where={}, ids=[f"{owner}-1"]))
 
 
 async def test_owner_and_content_in_where_are_the_record_fields(store: PostgresStore) -> None:
