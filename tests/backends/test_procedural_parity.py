@@ -42,11 +42,12 @@ IDS = ["r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "x/y", "..", ".", ".hidde
        "A", "a", "x" * 240, "x" * 240 + "y", "寿司"]
 # Keys are repository paths: these the tier must take (LIKE and glob metacharacters, dots, unicode, long)
 KEYS_OK = ["k/a", "k/a/x", "k", "a%b", "a_b", "a*b", "a?b", "[ab]", "é/ü", ".hidden", "k/.dot", "a..b", "...",
-           "k/a.md", "a.md", "寿司/🍣", "A", "a", "k/a ", " k", "x" * 240, "L/" + "/".join(["😀" * 60] * 12),
+           "k/a.md", "a.md", "寿司/🍣", "A", "a", "k/a ", " k", "x" * 240, "L/" + "/".join(["😀" * 60] * 4),
            "a'b\"c", "#c", "~", "-"]
 # ... and these it refuses by design (files.validate_key), with -32602
 KEYS_REFUSED = ["..", "k/../a", "a\\b", "/k", "k//a", "k/", ".git/x", ".gitignore", "_ids/x", "a.md/b", "nul.txt",
-                "x" * 241, "k/" + "x" * 1025, "a\tb"]
+                "x" * 241, "k/" + "x" * 1025, "a\tb",
+                "L/" + "/".join(["😀" * 60] * 12)]  # every segment fits a file name, the whole is past 1,024 bytes
 PREFIXES = ["k/", "k/a", "", "a%", "a_", "a*", "[", ".", "é", "寿", "x", "K", "a", "L/😀", "..", "k/."]
 # Supplied creation times, interleaved with the server's clock (one second per call from 10:00:00)
 STAMPS = [f"2026-03-01T10:{m:02d}:{s:02d}.{ms:03d}Z" for m in range(0, 4) for s in (0, 15, 30, 45) for ms in (0, 500)]
