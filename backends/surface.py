@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -32,6 +33,7 @@ log = logging.getLogger("a2m.tier")
 
 DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000, "max_recall_limit": 1000}
 WRITE_ATTEMPTS = 4  # a batch is resolved again this often when another replica changes its keys meanwhile
+WRITE_RETRY_PAUSE = 0.01  # s: at most this times the attempt, at random, before resolving again
 DEFAULT_RECALL_LIMIT = 10
 FORGET_BY_QUERY_LIMIT = 1000
 SUMMARY_CHARS = 1200  # the length of a summary, or this server's max_content_length when that is lower
@@ -291,6 +293,10 @@ class TierServer(EventMethods):
                 if attempt == WRITE_ATTEMPTS:
                     raise StoreUnavailable(f"keys of this batch kept changing under {attempt} attempts "
                                            "(concurrent writers on another replica); retry") from None
+                # Two batches on two replicas that keep changing each other's keys, retried at once,
+                # could collide on every attempt (seen under 8 clients on 2 cores); a random pause
+                # lets one of them commit first, and the other then resolves against it.
+                await asyncio.sleep(random.uniform(0, WRITE_RETRY_PAUSE * attempt))
         raise AssertionError("unreachable")
 
     async def _embed_missing(self, records: list[Record]) -> None:
