@@ -27,23 +27,29 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import uvloop  # what the router runs on (uvicorn loop="uvloop")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CONSTANT = b'{"jsonrpc":"2.0","id":1,"result":{"protocol":"a2m/0.1","name":"bare"}}'
+RESULT = b'"result":{"protocol":"a2m/0.1","name":"bare"}}'
 
 
 async def bare_app(scope, receive, send):  # type: ignore[no-untyped-def]
+    """The least a JSON-RPC server does: read the body and answer its id (the a2m client checks
+    that the answer's id is its request's) with a constant result."""
     if scope["type"] != "http":
         return
-    more = True
+    body, more = b"", True
     while more:
-        more = (await receive()).get("more_body", False)
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    answer = b'{"jsonrpc":"2.0","id":%s,%s' % (orjson.dumps(orjson.loads(body).get("id")), RESULT)
     await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(CONSTANT)).encode())]})
-    await send({"type": "http.response.body", "body": CONSTANT})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
+    await send({"type": "http.response.body", "body": answer})
 
 
 def serve(kind: str, port: int) -> None:

@@ -31,3 +31,19 @@ def test_every_headline_path_names_a_number_the_benchmark_prints() -> None:
     table = markdown(_report({"semantic": {"wall_s": 1.0, "results": [semantic]}}))
     row = next(line for line in table.splitlines() if line.startswith("| semantic"))
     assert "dense_recall_at_10.all 0.98" in row and "dense_recall_at_10.owner 1.0" in row
+
+
+def test_the_protocol_benchmark_runs_against_the_client_the_router_uses() -> None:
+    """Its bare baseline answered every request with id 1; once the a2m client checked the answer's
+    id against its request's, the benchmark stopped at its second request and run_all lost the row."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "protocol.py"
+    done = subprocess.run([sys.executable, str(script), "--requests", "40", "--concurrency", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout)
+    assert figures["bare/a2m-client"]["p50_ms"] > 0 and figures["a2m/a2m-client"]["p50_ms"] > 0, figures
