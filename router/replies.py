@@ -132,9 +132,13 @@ def _records_problem(records: Any, where: str = "records") -> str | None:
     return None
 
 
+def _strings(value: Any) -> bool:
+    """Absent, or a list of strings."""
+    return value is None or (isinstance(value, list) and all(type(v) is str for v in value))
+
+
 def _describe_problem(result: Mapping[str, Any]) -> str | None:
-    capabilities = result.get("capabilities")
-    if capabilities is not None and not (isinstance(capabilities, list) and all(type(c) is str for c in capabilities)):
+    if not _strings(result.get("capabilities")):
         return "capabilities is not a list of strings"
     tiers = result.get("tiers")
     if tiers is not None:
@@ -157,8 +161,7 @@ def _describe_problem(result: Mapping[str, Any]) -> str | None:
             return "embeddings.dimensions is not a positive integer"
         if embeddings.get("metric") is not None and type(embeddings["metric"]) is not str:
             return "embeddings.metric is not a string"
-        metrics = embeddings.get("metrics")
-        if metrics is not None and not (isinstance(metrics, list) and all(type(m) is str for m in metrics)):
+        if not _strings(embeddings.get("metrics")):
             return "embeddings.metrics is not a list of strings"
     limits = result.get("limits")
     if limits is not None:

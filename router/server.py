@@ -77,17 +77,6 @@ def _settle_tier(params: dict[str, Any], tier: Tier, *, keep: bool = False) -> d
     return {**{k: v for k, v in params.items() if k != "where"}, **({"where": rest} if rest else {})}
 
 
-def _check_timeline(name: str, result: dict[str, Any]) -> None:
-    """A tier's timeline reply, as `fan_out`'s `arrived` hook: records without a string id and
-    created_at (a mounted server's mistake) would fail the merge, and the whole timeline with it;
-    raising here leaves that one tier out, named in `degraded`, as a malformed recall reply is."""
-    records = result.get("records")
-    if not isinstance(records, list) or not all(
-            isinstance(r, dict) and isinstance(r.get("id"), str) and isinstance(r.get("created_at"), str)
-            for r in records):
-        raise ValueError(f"tier {name} answered a timeline with a record lacking a string id or created_at")
-
-
 def _batch_owner(records: Sequence[Record], owner: str | None) -> str | None:
     """The owner a batch is written for: the call's, else the one its records name.
 
@@ -740,21 +729,20 @@ class Router(EventMethods):
         """One fan-out of a timeline, each tier asked for at most its own max_recall_limit. A tier whose
         reply stopped there, short of `limit` (the router may declare more than a tier), is read
         again backwards a page at a time (`a2m.paging`) for its newest `limit` records."""
-        fan = await self.fed.fan_out("memory/timeline", {}, tiers, per_tier=per_tier, arrived=_check_timeline)
+        fan = await self.fed.fan_out("memory/timeline", {}, tiers, per_tier=per_tier)
 
         async def more(name: str, params: dict[str, Any]) -> None:
             records: list[dict[str, Any]] = []
             try:
                 async for page in pages_backwards(self.fed[name].call, params, page=params["limit"],
                                                   cap=params["limit"]):
-                    _check_timeline(name, {"records": page})
-                    records[:0] = page
+                    records[:0] = page  # each page checked as every tier reply is (router/replies.py)
                     if len(records) >= limit:
                         break
             except CrowdedMillisecond as exc:
                 log.warning("timeline of %s: %s; the rest of them are left out", name, exc)
-            except (A2MError, ValueError) as exc:  # the first page stands; the tier is named as left out
-                fan.errors[name] = exc if isinstance(exc, A2MError) else A2MError(errors.INTERNAL_ERROR, str(exc))
+            except A2MError as exc:  # the first page stands; the tier is named as left out
+                fan.errors[name] = exc
                 fan.degraded.append(name)
                 return
             fan.results[name] = {"records": records[-limit:]}

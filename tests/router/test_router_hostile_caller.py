@@ -26,10 +26,13 @@ class EngineDown:
     def __init__(self, name: str) -> None:
         self.name = name
 
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "tiers": [{"name": self.name, "kind": "episodic", "count": 0}],
+                "capabilities": ["core", "keys", "sessions", "salience", "scopes"]}
+
     async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         if method == "memory/describe":
-            return {"name": self.name, "tiers": [{"name": self.name, "kind": "episodic", "count": 0}],
-                    "capabilities": ["core", "keys", "sessions", "salience", "scopes"]}
+            return self.describe()
         raise A2MError(-32603, ENGINE_WORDS, {"tier": self.name, "engine": "postgresql"})
 
     async def close(self) -> None:
@@ -74,17 +77,11 @@ async def test_a_tiers_engine_failure_is_named_without_the_engines_words() -> No
         await router.shutdown()
 
 
-class Empty:
+class Empty(EngineDown):
     """A tier holding nothing for anyone."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-
     async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        if method == "memory/describe":
-            return {"name": self.name, "tiers": [{"name": self.name, "kind": "episodic", "count": 0}],
-                    "capabilities": ["core", "keys", "sessions", "salience", "scopes"]}
-        return {"records": []}
+        return self.describe() if method == "memory/describe" else {"records": []}
 
     async def close(self) -> None:
         pass
