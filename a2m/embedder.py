@@ -135,7 +135,27 @@ class HTTPEmbedder:
         # An endpoint that cannot be reached says so in a few seconds, whatever the answer's own limit:
         # a host that drops packets held every write and every recall for the whole timeout.
         limits = httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
-        self._http = httpx.AsyncClient(headers=headers, timeout=limits)
+        self._client_options: dict[str, Any] = {"headers": headers, "timeout": limits}
+        self._http: httpx.AsyncClient | None = None  # opened by the first request, again after aclose()
+
+    @property
+    def closed(self) -> bool:
+        """Whether no connection to the endpoint is held (never opened, or closed by aclose)."""
+        return self._http is None or self._http.is_closed
+
+    async def aclose(self) -> None:
+        """Close the connections to the endpoint: a server calls it as it stops. A later request opens
+        a client again (a server started again in the same process, as tests do, keeps its embedder)."""
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+
+    def _client(self) -> Any:
+        import httpx
+
+        if self._http is None:
+            self._http = httpx.AsyncClient(**self._client_options)
+        return self._http
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         out: list[list[float]] = []
@@ -156,7 +176,7 @@ class HTTPEmbedder:
         for attempt in range(retries + 1):
             wait = self.retry_wait * 4**attempt
             try:
-                response = await self._http.post(self.url, json={"model": self.model, "input": batch})
+                response = await self._client().post(self.url, json={"model": self.model, "input": batch})
             except httpx.ConnectError:
                 if attempt == retries:
                     self._set_down(True)
@@ -323,6 +343,18 @@ def preload(embedder: Embedder | None) -> None:
     load = getattr(embedder, "load", None)
     if load is not None:
         load()
+
+
+async def close_embedder(embedder: Embedder | None) -> None:
+    """Let go of what `embedder` holds (an HTTP embedder's connections), as its server stops. Logged,
+    never raised: a stop goes on whatever the endpoint does."""
+    aclose = getattr(embedder, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        await aclose()
+    except Exception as exc:
+        log.warning("embedder %s: closing its connections failed (%s)", getattr(embedder, "model", "?"), exc)
 
 
 def make_embedder(spec: str | None, *, model: str | None = None, api_key: str | None = None) -> Embedder | None:

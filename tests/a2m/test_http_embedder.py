@@ -377,3 +377,21 @@ async def test_texts_refused_one_by_one_are_logged_once_a_call_and_at_most_each_
     lines = [r.getMessage() for r in caplog.records if r.name == "a2m.embedder" and r.levelno >= logging.INFO]
     assert len(lines) == 2 and "refused 1 of 1 texts (30 characters" in lines[1], lines
     assert "1 more refused in the last" in lines[1], lines
+
+
+async def test_a_tier_server_closes_its_embedders_connections_as_it_stops() -> None:
+    """The HTTP embedder's client was never closed: each stop left its connections to the endpoint open."""
+    from a2m.dispatch import Context, Dispatcher
+    from backends.surface import TierServer
+    from tests.support.memstore import CAPABILITIES, MemoryStore
+
+    with endpoint([good]) as (seen, url):
+        embedder = HTTPEmbedder(url, "m")
+        tier = TierServer(MemoryStore(), name="memory", kind="episodic", capabilities=CAPABILITIES, embedder=embedder)
+        await tier.startup()
+        await Dispatcher(tier).call("memory/remember", {"records": [{"content": "kettle"}]}, Context())
+        assert len(seen) == 1 and not embedder.closed
+        await tier.shutdown()
+        assert embedder.closed
+        assert await try_embed(embedder, ["a"]) == [[1.0, 1.0, 0.5]]  # started again in this process: it reopens
+        await embedder.aclose()
