@@ -2,7 +2,8 @@
 
 Transport rules are checked before any JSON-RPC processing, in this order:
 path and method, Origin (403), bearer token (401), protocol header (400 with a
--32007 body), body size (413). Then one JSON-RPC message per body: 200 with the
+-32007 body), body size (413), the whole body within `body_timeout` (408, and
+the connection closed). Then one JSON-RPC message per body: 200 with the
 response, or 202 with an empty body for a notification. An allowed Origin gets
 the CORS answers a browser needs to call at all: the preflight (`OPTIONS`) and
 `Access-Control-Allow-Origin` on every response.
@@ -68,7 +69,7 @@ class HTTPSettings:
     tokens: Mapping[str, Any] = field(default_factory=dict)
     max_body: int = DEFAULT_MAX_BODY
     body_timeout: float = DEFAULT_BODY_TIMEOUT  # seconds for the whole body to arrive (408 past it)
-    # Read by run() (the server, not the app): connections at once before 503, and how long a stop waits.
+    # Read by server() (uvicorn, not the app): connections at once before 503, and how long a stop waits.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
 
