@@ -135,7 +135,27 @@ class HTTPEmbedder:
         # An endpoint that cannot be reached says so in a few seconds, whatever the answer's own limit:
         # a host that drops packets held every write and every recall for the whole timeout.
         limits = httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
-        self._http = httpx.AsyncClient(headers=headers, timeout=limits)
+        self._client_options: dict[str, Any] = {"headers": headers, "timeout": limits}
+        self._http: httpx.AsyncClient | None = None  # opened by the first request, again after aclose()
+
+    @property
+    def closed(self) -> bool:
+        """Whether no connection to the endpoint is held (never opened, or closed by aclose)."""
+        return self._http is None or self._http.is_closed
+
+    async def aclose(self) -> None:
+        """Close the connections to the endpoint: a server calls it as it stops. A later request opens
+        a client again (a server started again in the same process, as tests do, keeps its embedder)."""
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+
+    def _client(self) -> Any:
+        import httpx
+
+        if self._http is None:
+            self._http = httpx.AsyncClient(**self._client_options)
+        return self._http
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         out: list[list[float]] = []
@@ -156,7 +176,7 @@ class HTTPEmbedder:
         for attempt in range(retries + 1):
             wait = self.retry_wait * 4**attempt
             try:
-                response = await self._http.post(self.url, json={"model": self.model, "input": batch})
+                response = await self._client().post(self.url, json={"model": self.model, "input": batch})
             except httpx.ConnectError:
                 if attempt == retries:
                     self._set_down(True)
@@ -325,6 +345,18 @@ def preload(embedder: Embedder | None) -> None:
         load()
 
 
+async def close_embedder(embedder: Embedder | None) -> None:
+    """Let go of what `embedder` holds (an HTTP embedder's connections), as its server stops. Logged,
+    never raised: a stop goes on whatever the endpoint does."""
+    aclose = getattr(embedder, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        await aclose()
+    except Exception as exc:
+        log.warning("embedder %s: closing its connections failed (%s)", getattr(embedder, "model", "?"), exc)
+
+
 def make_embedder(spec: str | None, *, model: str | None = None, api_key: str | None = None) -> Embedder | None:
     """`none`/None -> no embedder; `local` -> the packaged MiniLM; an http(s) URL -> OpenAI-compatible."""
     if spec in (None, "", "none"):
@@ -381,6 +413,35 @@ def _answered(embedder: Embedder) -> None:
                     time.monotonic() - outage.since, outage.calls)
 
 
+@dataclass
+class Refusals:
+    """Texts an embedder refused one by one (too long for its model): counted between warnings."""
+
+    warned: float = field(default_factory=time.monotonic)
+    texts: int = 0  # refused since `warned`, not yet in a warning
+
+
+_refusals: weakref.WeakKeyDictionary[Any, Refusals] = weakref.WeakKeyDictionary()
+
+
+def _texts_refused(embedder: Embedder, refused: list[tuple[int, str]], of: int) -> None:
+    """Log the texts one call had refused: one warning for the call (an import of 500 texts too long
+    for the model wrote 500), and at most one each OUTAGE_LOG_EVERY_S per embedder, counting those
+    between, so a caller sending such texts call after call cannot flood the log either."""
+    now = time.monotonic()
+    state = _refusals.get(embedder)
+    if state is not None and now - state.warned < OUTAGE_LOG_EVERY_S:
+        state.texts += len(refused)
+        log.debug("embedder %s refused %d of %d texts (%s)", embedder.model, len(refused), of, refused[0][1])
+        return
+    earlier = f"; {state.texts} more refused in the last {now - state.warned:.0f} s" if state and state.texts else ""
+    _refusals[embedder] = Refusals(warned=now)
+    lengths = sorted(n for n, _ in refused)
+    shown = f"{lengths[0]}" if lengths[0] == lengths[-1] else f"{lengths[0]} to {lengths[-1]}"
+    log.warning("embedder %s refused %d of %d texts (%s characters; %s): they are kept without vectors "
+                "(logged at most each minute)%s", embedder.model, len(refused), of, shown, refused[0][1], earlier)
+
+
 async def _refuses_anything(embedder: Embedder) -> bool:
     """Whether the embedder refuses a one-character text as well (a refusal not of the texts)."""
     try:
@@ -418,16 +479,21 @@ async def try_embed(embedder: Embedder | None, texts: Sequence[str]) -> list[lis
     if embedder is None or not texts:
         return None
     out: list[list[float] | None] = []
-    while len(out) < len(texts):
-        size = max(1, getattr(embedder, "batch_size", None) or len(texts))  # may shrink (_batch_refused)
-        part = await _embed_batch(embedder, texts[len(out) : len(out) + size], whole=True)
-        if part is None:
-            return out + [None] * (len(texts) - len(out)) if out else None
-        out.extend(part)
-    return out
+    refused: list[tuple[int, str]] = []  # (characters, why) of each text refused alone, logged once below
+    try:
+        while len(out) < len(texts):
+            size = max(1, getattr(embedder, "batch_size", None) or len(texts))  # may shrink (_batch_refused)
+            part = await _embed_batch(embedder, texts[len(out) : len(out) + size], refused, whole=True)
+            if part is None:
+                return out + [None] * (len(texts) - len(out)) if out else None
+            out.extend(part)
+        return out
+    finally:
+        if refused:
+            _texts_refused(embedder, refused, len(texts))
 
 
-async def _embed_batch(embedder: Embedder, texts: Sequence[str],
+async def _embed_batch(embedder: Embedder, texts: Sequence[str], refused: list[tuple[int, str]],
                        whole: bool = False) -> list[list[float] | None] | None:
     """One batch: its vectors, or None (logged) when the embedder failed.
 
@@ -437,6 +503,7 @@ async def _embed_batch(embedder: Embedder, texts: Sequence[str],
     the endpoint refuses a one-character text too (`whole`: asked once per
     batch): then the refusal is of the request (a model name a gateway such as
     LiteLLM answers 400 for), and splitting asked once per text, each logged.
+    Each text refused alone goes to `refused`, for the caller to log once.
     """
     try:
         vectors: list[list[float] | None] = list(await embedder.embed(texts))
@@ -448,14 +515,13 @@ async def _embed_batch(embedder: Embedder, texts: Sequence[str],
             return None
         _answered(embedder)
         if len(texts) == 1:
-            log.warning("embedder %s refused a text of %d characters (%s); it is kept without a vector",
-                        embedder.model, len(texts[0]), exc)
+            refused.append((len(texts[0]), str(exc)))
             return [None]
         half = len(texts) // 2
-        first = await _embed_batch(embedder, texts[:half])
+        first = await _embed_batch(embedder, texts[:half], refused)
         if first is None:
             return None
-        second = await _embed_batch(embedder, texts[half:])
+        second = await _embed_batch(embedder, texts[half:], refused)
         if second is None:
             return first + [None] * (len(texts) - half)
         if None not in first and None not in second:

@@ -2,7 +2,8 @@
 
 Transport rules are checked before any JSON-RPC processing, in this order:
 path and method, Origin (403), bearer token (401), protocol header (400 with a
--32007 body), body size (413). Then one JSON-RPC message per body: 200 with the
+-32007 body), body size (413), the whole body within `body_timeout` (408, and
+the connection closed). Then one JSON-RPC message per body: 200 with the
 response, or 202 with an empty body for a notification. An allowed Origin gets
 the CORS answers a browser needs to call at all: the preflight (`OPTIONS`) and
 `Access-Control-Allow-Origin` on every response.
@@ -10,7 +11,9 @@ the CORS answers a browser needs to call at all: the preflight (`OPTIONS`) and
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
 
@@ -33,6 +36,22 @@ DEFAULT_MAX_BODY = 16 * 1024 * 1024  # a request body at the front door (the rou
 # A tier server takes what the router makes of a full caller batch: up to DEFAULT_MAX_BODY plus the
 # vectors its embedder adds (1,000 records x 3,072 floats is ~61 MB of JSON) - decision 63.
 TIER_MAX_BODY = 128 * 1024 * 1024
+# Seconds a request's whole body may take to arrive once its headers have: past it the answer is 408 and the
+# connection is closed. uvicorn has no read timeout, so without one a client that declares a length and
+# stops (or trickles a byte a minute) holds a connection and a task for ever. 128 MiB to a tier over a
+# 100 Mbit/s link is ~11 s; a caller slower than that is better refused than waited on.
+DEFAULT_BODY_TIMEOUT = 30.0
+# Connections (or requests in progress) at once before a new request is answered 503 (uvicorn's
+# limit_concurrency): a flood is turned away instead of growing memory without bound. Far above what a
+# router's pools open to a tier (64 per tier) and what bench/ drives (16 clients).
+DEFAULT_MAX_CONNECTIONS = 1024
+# Seconds a stopping server waits for requests in progress before cancelling them (uvicorn's default is
+# for ever: one stuck client kept the process up). Under the 30 s a supervisor (Kubernetes, systemd,
+# docker stop) commonly allows before SIGKILL, leaving room to close the engines.
+DEFAULT_SHUTDOWN_TIMEOUT = 20.0
+# Seconds an idle keep-alive connection is kept (uvicorn's default, fixed here). a2m.http1's pool stops
+# reusing a connection after 4 s idle, under this, so the router never writes into a socket a tier is closing.
+KEEP_ALIVE = 5
 _READ_HEADERS = frozenset({b"origin", b"authorization", b"a2m-protocol-version", b"content-type", b"content-length",
                            b"traceparent"})
 SERVICE = object()  # a token that maps to SERVICE is trusted to name any owner (the router's token)
@@ -49,6 +68,10 @@ class HTTPSettings:
     # token -> principal (owner scope), or SERVICE for a trusted caller that names owners itself.
     tokens: Mapping[str, Any] = field(default_factory=dict)
     max_body: int = DEFAULT_MAX_BODY
+    body_timeout: float = DEFAULT_BODY_TIMEOUT  # seconds for the whole body to arrive (408 past it)
+    # Read by server() (uvicorn, not the app): connections at once before 503, and how long a stop waits.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
 
 
 def token_problem(token: str) -> str | None:
@@ -300,46 +323,99 @@ class HTTPApp:
         if declared is not None and declared.isdigit() and int(declared) > self.settings.max_body:
             await self._refuse(send, 413, b'{"error":"body too large"}')
             return
-        first = await receive()
-        if first["type"] == "http.disconnect":
-            return
-        body = first.get("body", b"")
-        if len(body) > self.settings.max_body:
+        try:
+            async with asyncio.timeout(self.settings.body_timeout):
+                body = await self._read_body(receive)
+        except _TooLarge:
             await self._refuse(send, 413, b'{"error":"body too large"}')
             return
-        chunks: list[bytes] = [body]
-        size = len(body)
-        more = first.get("more_body", False)
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.settings.max_body:
-                await self._refuse(send, 413, b'{"error":"body too large"}')
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
+        except TimeoutError:
+            # Closed as well: the rest of a body that never came would be read as the next request.
+            await self._refuse(send, 408, b'{"error":"the request body did not arrive in time"}',
+                               headers=[(b"connection", b"close")])
+            return
+        if body is None:  # the client went away
+            return
         ctx = Context(principal=principal, transport="http", traceparent=headers.get("traceparent"))
-        reply = await self.dispatcher.handle_bytes(chunks[0] if len(chunks) == 1 else b"".join(chunks), ctx)
+        reply = await self.dispatcher.handle_bytes(body, ctx)
         if reply is None:
             await _respond(send, 202)
         else:
             await _respond(send, 200, reply)
 
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None if the client disconnected; _TooLarge past max_body (counted as it
+        arrives: a chunked body declares no length)."""
+        first = await receive()
+        if first["type"] == "http.disconnect":
+            return None
+        body = first.get("body", b"")
+        if len(body) > self.settings.max_body:
+            raise _TooLarge
+        if not first.get("more_body", False):
+            return body
+        chunks: list[bytes] = [body]
+        size = len(body)
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.settings.max_body:
+                raise _TooLarge
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return b"".join(chunks)
 
-def run(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
-        on_listening: Callable[[str], None] | None = None) -> None:
-    """Serve `app` with uvicorn (httptools + uvloop), the binding's production server.
+
+class _TooLarge(Exception):
+    """A body past max_body (413)."""
+
+
+class _OverLimitLog(logging.Filter):
+    """uvicorn warns "Exceeded concurrency limit." for each request it answers 503: under the flood the
+    limit is for, a line per refused request. One such line a minute goes through, counting those held."""
+
+    MESSAGE = "Exceeded concurrency limit."
+
+    def __init__(self, every: float = 60.0) -> None:
+        super().__init__()
+        self.every, self.last, self.held = every, -every, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.MESSAGE:
+            return True
+        now = time.monotonic()
+        if now - self.last < self.every:
+            self.held += 1
+            return False
+        record.msg = (f"Exceeded concurrency limit (max_connections): answered 503"
+                      + (f"; {self.held} more since the last such line" if self.held else "")
+                      + " (logged at most each minute)")
+        self.last, self.held = now, 0
+        return True
+
+
+def _quiet_over_limit_warnings() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _OverLimitLog) for f in logger.filters):  # once per process, however many servers
+        logger.addFilter(_OverLimitLog())
+
+
+def server(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
+           on_listening: Callable[[str], None] | None = None) -> Any:
+    """A uvicorn server (httptools + uvloop) for `app`, the binding's production server, with the limits
+    of `app.settings`: at most `max_connections` connections or requests at once (503 past it), and a stop
+    that waits `shutdown_timeout` seconds for requests in progress, then cancels them.
 
     `on_listening(url)` is called once the app has started and the socket is bound, with the
     port actually bound (port 0 asks for any free one, known only then).
     """
-    import sys
-
     import uvicorn
-    from uvicorn.config import STARTUP_FAILURE
+
+    _quiet_over_limit_warnings()
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
@@ -350,13 +426,25 @@ def run(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: str 
                 on_listening(f"http://{shown}:{bound[1] if bound else port}/")
 
     # No proxy-header middleware (this binding never reads the client address) and no
-    # Server header: both are per-request work on the hottest path.
+    # Server header: both are per-request work on the hottest path. uvicorn's backlog (2048) is kept.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http="httptools", loop="uvloop",
-                            lifespan="on", access_log=False, proxy_headers=False, server_header=False)
-    server = Server(config)
+                            lifespan="on", access_log=False, proxy_headers=False, server_header=False,
+                            limit_concurrency=app.settings.max_connections, timeout_keep_alive=KEEP_ALIVE,
+                            timeout_graceful_shutdown=app.settings.shutdown_timeout)  # type: ignore[arg-type]
+    return Server(config)
+
+
+def run(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
+        on_listening: Callable[[str], None] | None = None) -> None:
+    """Serve `app` (see `server`) until stopped; a failed start (port taken, lifespan error) exits non-zero."""
+    import sys
+
+    from uvicorn.config import STARTUP_FAILURE
+
+    served = server(app, host, port, log_level=log_level, on_listening=on_listening)
     try:
-        server.run()
+        served.run()
     except KeyboardInterrupt:
         pass
-    if not server.started:  # as uvicorn.run: a failed startup (port taken, lifespan error) exits non-zero
+    if not served.started:  # as uvicorn.run: a failed startup (port taken, lifespan error) exits non-zero
         sys.exit(STARTUP_FAILURE)

@@ -88,6 +88,19 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (a flag's or its variable's text)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, not {text!r}")
+    return value
+
+
 def http_url_problem(text: str) -> str | None:
     """What is wrong with `text` as an A2M server's http(s) URL, or None: said at the command line,
     not as a traceback from deep in a client."""
@@ -224,8 +237,10 @@ def _serve(args: argparse.Namespace) -> int:
         tracing.configure("a2m-router" if args.what == "router" else f"a2m-{name}")
     except ValueError as exc:  # A2M_TRACE_FILE cannot be opened
         raise SystemExit(f"a2m serve {args.what}: {exc}") from None
+    limits = {key: getattr(args, key) for key in ("body_timeout", "max_connections", "shutdown_timeout")
+              if getattr(args, key) is not None}  # else HTTPSettings' defaults
     http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens,
-                                 max_body=DEFAULT_MAX_BODY if args.what == "router" else TIER_MAX_BODY)
+                                 max_body=DEFAULT_MAX_BODY if args.what == "router" else TIER_MAX_BODY, **limits)
     if args.stdio:
         from a2m.stdio import serve_stdio
 
@@ -318,6 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--token", action="append", default=[], help="bearer TOKEN=PRINCIPAL (repeatable)")
     serve.add_argument("--service-token", help="bearer token trusted to name any owner (the router's)")
     serve.add_argument("--origin", action="append", help="allowed browser Origin (repeatable)")
+    serve.add_argument("--body-timeout", type=_seconds, default=os.environ.get("A2M_BODY_TIMEOUT") or None,
+                       help="seconds a request body may take to arrive, then 408 (default 30; $A2M_BODY_TIMEOUT)")
+    serve.add_argument("--max-connections", type=_positive, default=os.environ.get("A2M_MAX_CONNECTIONS") or None,
+                       help="connections or requests at once before 503 (default 1024; $A2M_MAX_CONNECTIONS)")
+    serve.add_argument("--shutdown-timeout", type=_seconds, default=os.environ.get("A2M_SHUTDOWN_TIMEOUT") or None,
+                       help="seconds a stop waits for requests in progress (default 20; $A2M_SHUTDOWN_TIMEOUT)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug", "trace"],
                        help="the server's log and uvicorn's (default: the server's at info, uvicorn's at warning)")
     serve.set_defaults(run=_serve)

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from a2m import errors, prompt as prompts
 from a2m.dispatch import Context, Handler, bound_handlers
-from a2m.embedder import Embedder, try_embed_into
+from a2m.embedder import Embedder, close_embedder, try_embed_into
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
 from a2m.filters import Scope, parse_scope, settle_field
@@ -83,7 +83,11 @@ class TierServer(EventMethods):
                                 f"serve it with the model that embedded them, or with no embedder (text recall)")
 
     async def shutdown(self) -> None:
-        await self.store.close()
+        """Close the engine, then the embedder's connections (an HTTP embedder's client was left open)."""
+        try:
+            await self.store.close()
+        finally:
+            await close_embedder(self.embedder)
 
     async def ready(self) -> bool:
         try:

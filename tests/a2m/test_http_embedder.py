@@ -351,3 +351,47 @@ async def test_credentials_in_the_url_are_never_logged(caplog: pytest.LogCapture
         with pytest.raises(EmbedderError, match=r"redirects to https://\*\*\*@example.org/v1/embeddings") as moved:
             await HTTPEmbedder(url, "m", retry_wait=0.01).embed(["hello"])
     assert "pw" not in str(moved.value)
+
+
+async def test_texts_refused_one_by_one_are_logged_once_a_call_and_at_most_each_minute(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An import of texts too long for the model wrote one warning per text: a batch of 500 such texts,
+    500 lines. One line a call now, with the count, and within a minute none, counted for the next."""
+    from a2m import embedder as module
+
+    def short_only(texts: list[str]) -> Reply:
+        return (400, {"error": "too long"}, {}) if any(len(t) > 10 for t in texts) else good(texts)
+
+    caplog.set_level(logging.INFO, logger="a2m.embedder")
+    texts = ["x" * (20 + i) for i in range(40)] + ["a", "b"]
+    with endpoint([short_only]) as (_, url):
+        embedder = HTTPEmbedder(url, "m")
+        vectors = await try_embed(embedder, texts)
+        assert vectors is not None and sum(v is None for v in vectors) == 40
+        assert await try_embed(embedder, ["y" * 30, "c"]) is not None  # within the minute: counted, not logged
+        lines = [r.getMessage() for r in caplog.records if r.name == "a2m.embedder" and r.levelno >= logging.INFO]
+        assert len(lines) == 1, lines
+        assert "refused 40 of 42 texts (20 to 59 characters" in lines[0] and "too long" in lines[0], lines
+        monkeypatch.setattr(module, "OUTAGE_LOG_EVERY_S", 0.0)  # a minute later
+        await try_embed(embedder, ["z" * 30])
+    lines = [r.getMessage() for r in caplog.records if r.name == "a2m.embedder" and r.levelno >= logging.INFO]
+    assert len(lines) == 2 and "refused 1 of 1 texts (30 characters" in lines[1], lines
+    assert "1 more refused in the last" in lines[1], lines
+
+
+async def test_a_tier_server_closes_its_embedders_connections_as_it_stops() -> None:
+    """The HTTP embedder's client was never closed: each stop left its connections to the endpoint open."""
+    from a2m.dispatch import Context, Dispatcher
+    from backends.surface import TierServer
+    from tests.support.memstore import CAPABILITIES, MemoryStore
+
+    with endpoint([good]) as (seen, url):
+        embedder = HTTPEmbedder(url, "m")
+        tier = TierServer(MemoryStore(), name="memory", kind="episodic", capabilities=CAPABILITIES, embedder=embedder)
+        await tier.startup()
+        await Dispatcher(tier).call("memory/remember", {"records": [{"content": "kettle"}]}, Context())
+        assert len(seen) == 1 and not embedder.closed
+        await tier.shutdown()
+        assert embedder.closed
+        assert await try_embed(embedder, ["a"]) == [[1.0, 1.0, 0.5]]  # started again in this process: it reopens
+        await embedder.aclose()

@@ -25,6 +25,9 @@ from tests.support.procs import ROOT, a2m_command
     (["doctor", "localhost:8700"], "expected an http(s):// URL"),
     (["doctor", "http://127.0.0.1:99999/"], "Port out of range"),
     (["import", "http://127.0.0.1:1/", "x.jsonl", "--batch", "0"], "at least 1, not '0'"),
+    (["serve", "working", "--body-timeout", "0"], "seconds above 0, not '0'"),
+    (["serve", "router", "--shutdown-timeout", "nan"], "seconds above 0, not 'nan'"),
+    (["serve", "working", "--max-connections", "0"], "at least 1, not '0'"),
 ])
 def test_a_value_that_cannot_work_is_refused_by_name(argv: list[str], message: str) -> None:
     done = subprocess.run(a2m_command(*argv), cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -35,6 +38,12 @@ def test_the_port_from_the_environment_is_checked_too() -> None:
     done = subprocess.run(a2m_command("serve", "working"), cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "A2M_PORT": "65536"})
     assert done.returncode == 2 and "not 65536" in done.stderr
+
+
+def test_the_http_limits_from_the_environment_are_checked_too() -> None:
+    done = subprocess.run(a2m_command("serve", "working"), cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "A2M_MAX_CONNECTIONS": "lots"})
+    assert done.returncode == 2 and "--max-connections" in done.stderr and "not 'lots'" in done.stderr
 
 
 def test_a_host_reachable_from_the_network_is_told_apart_from_loopback() -> None:

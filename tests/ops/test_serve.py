@@ -7,6 +7,7 @@ import queue
 import re
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -330,3 +331,28 @@ def test_a_tier_servers_http_embedder_does_not_log_each_request(tmp_path: Path) 
     assert done.returncode == 0 and [r["content"] for r in replies[2]["result"]["records"]] == ["kettle notes"]
     assert asked == 2  # the record, then the query
     assert "HTTP Request" not in done.stderr.decode(), done.stderr.decode()[-2000:]
+
+
+def test_the_http_limits_are_set_by_flag_or_variable(tmp_path: Path) -> None:
+    """--body-timeout (a stalled body is answered 408) and $A2M_MAX_CONNECTIONS (503 past it) reach the server."""
+    import socket
+
+    port = free_port()
+    proc = _serve_http(tmp_path, "--port", str(port), "--body-timeout", "0.5", env={"A2M_MAX_CONNECTIONS": "3"})
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_ready(url, proc)  # type: ignore[arg-type]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as stalled:
+            stalled.sendall(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: 40\r\n\r\n{")
+            assert stalled.recv(1024).startswith(b"HTTP/1.1 408 ")
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
+        try:
+            deadline, status = time.monotonic() + 10, 200
+            while status != 503 and time.monotonic() < deadline:  # until the server has taken all three
+                status = httpx.get(url + "healthz", timeout=5.0, trust_env=False).status_code
+            assert status == 503
+        finally:
+            for sock in idle:
+                sock.close()
+    finally:
+        stop(proc)  # type: ignore[arg-type]

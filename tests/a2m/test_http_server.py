@@ -1,0 +1,193 @@
+"""The HTTP binding as served (uvicorn, httptools, uvloop) on a loopback port, probed with raw sockets:
+what a slow, stalled or flooding client gets, and how long a stop waits."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import httpx
+import pytest
+from prometheus_client import generate_latest
+
+from a2m.dispatch import Dispatcher
+from a2m.http import KEEP_ALIVE, HTTPApp, HTTPSettings, server
+from backends.surface import TierServer
+from tests.support.memstore import CAPABILITIES, MemoryStore
+
+pytestmark = pytest.mark.timeout(60)
+
+BODY = b'{"jsonrpc":"2.0","id":1,"method":"memory/describe"}'
+
+
+def make_app(**settings: Any) -> HTTPApp:
+    tier = TierServer(MemoryStore(), name="memory", kind="episodic", capabilities=CAPABILITIES)
+    return HTTPApp(Dispatcher(tier), HTTPSettings(**settings), lifespan=tier)
+
+
+@contextmanager
+def serving(app: HTTPApp) -> Iterator[tuple[int, Any, threading.Thread]]:
+    """`app` served by a2m.http.server on a free loopback port, in a thread; stopped on the way out."""
+    ports: queue.Queue[int] = queue.Queue()
+    served = server(app, on_listening=lambda url: ports.put(int(url.rstrip("/").rsplit(":", 1)[1])))
+    thread = threading.Thread(target=served.run, daemon=True)
+    thread.start()
+    try:
+        yield ports.get(timeout=20), served, thread
+    finally:
+        served.should_exit = True
+        thread.join(timeout=30)
+
+
+def connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (a socket timeout fails the test)."""
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+def head(length: int) -> bytes:
+    return (b"POST / HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(length).encode() + b"\r\n\r\n")
+
+
+def refused(app: HTTPApp, status: int) -> float:
+    value = app.metrics.registry.get_sample_value("a2m_http_refused_total", {"status": str(status)})
+    return value or 0.0
+
+
+def test_a_body_that_stops_coming_is_answered_408_and_the_connection_closed() -> None:
+    # uvicorn has no read timeout: before, this socket waited for ever (the recv timed out here), and the
+    # server held the connection and a task for as long as the client kept it open.
+    app = make_app(body_timeout=0.5)
+    with serving(app) as (port, _, _), connect(port) as sock:
+        sock.sendall(head(len(BODY)) + BODY[:10])
+        started = time.monotonic()
+        answer = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert b"connection: close" in answer.lower()
+        assert 0.4 < time.monotonic() - started < 5
+        assert refused(app, 408) == 1
+
+
+def test_the_deadline_is_for_the_whole_body_not_each_piece() -> None:
+    """A byte every 100 ms keeps every single read short; the body as a whole still has its deadline."""
+    app = make_app(body_timeout=0.5)
+    with serving(app) as (port, _, _), connect(port) as sock:
+        sock.sendall(head(len(BODY)))
+        started = time.monotonic()
+        answer = b""
+        for byte in BODY:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:  # closed under us: the 408 has been sent
+                break
+            time.sleep(0.1)
+            if time.monotonic() - started > 1.5:
+                break
+        answer = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert time.monotonic() - started < 3
+
+
+def test_a_body_in_time_is_served_and_the_connection_kept() -> None:
+    app = make_app(body_timeout=0.5)
+    with serving(app) as (port, _, _), connect(port) as sock:
+        for _ in range(2):  # the same connection twice: the deadline of the first does not fire on it later
+            sock.sendall(head(len(BODY)) + BODY[:10])
+            time.sleep(0.1)
+            sock.sendall(BODY[10:])
+            answer = sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+            time.sleep(0.6)
+        assert refused(app, 408) == 0
+
+
+def test_connections_past_the_limit_are_answered_503_and_served_again_once_they_go() -> None:
+    limit = 4
+    app = make_app(max_connections=limit)
+    with serving(app) as (port, _, _):
+        url = f"http://127.0.0.1:{port}/"
+        idle = [connect(port) for _ in range(limit)]
+        try:
+            deadline = time.monotonic() + 5
+            status = 200
+            while status != 503 and time.monotonic() < deadline:  # until the server has accepted all four
+                status = httpx.post(url, content=BODY, trust_env=False).status_code
+                time.sleep(0.02)
+            assert status == 503
+        finally:
+            for sock in idle:
+                sock.close()
+        deadline = time.monotonic() + 5
+        while status != 200 and time.monotonic() < deadline:
+            status = httpx.post(url, content=BODY, trust_env=False).status_code
+            time.sleep(0.02)
+        assert status == 200
+
+
+def test_a_stop_waits_for_a_stuck_request_only_as_long_as_shutdown_timeout() -> None:
+    # uvicorn's default waits for ever; the request below is stuck for as long as its body deadline (60 s).
+    app = make_app(body_timeout=60, shutdown_timeout=0.5)
+    with serving(app) as (port, served, thread), connect(port) as stuck, connect(port) as mid_headers:
+        stuck.sendall(head(len(BODY)) + BODY[:10])
+        mid_headers.sendall(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-le")
+        time.sleep(0.3)  # both are read
+        started = time.monotonic()
+        served.should_exit = True
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+        assert time.monotonic() - started < 3
+        assert read_until_closed(mid_headers) == b""  # a connection between requests is closed at once
+
+
+def test_the_routers_pool_lets_connections_go_before_a_tier_closes_them() -> None:
+    """a2m.http1 reuses a connection idle under `idle_timeout`; the server closes one idle KEEP_ALIVE s.
+    Were the pool's the longer, the router would send a call into a socket the tier is closing."""
+    from a2m.http1 import ConnectionPool
+
+    assert ConnectionPool("http://127.0.0.1:1/").idle_timeout < KEEP_ALIVE
+    assert server(make_app()).config.timeout_keep_alive == KEEP_ALIVE
+
+
+def test_production_defaults_leave_room_for_the_benchmarks_and_a_routers_pools() -> None:
+    settings = HTTPSettings()
+    assert settings.max_connections >= 256 and 10 <= settings.body_timeout <= 120
+    assert 0 < settings.shutdown_timeout < 30  # under the usual 30 s before a supervisor's SIGKILL
+    config = server(make_app()).config
+    assert config.limit_concurrency == settings.max_connections
+    assert config.timeout_graceful_shutdown == settings.shutdown_timeout
+
+
+def test_requests_answered_503_are_logged_at_most_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    """uvicorn warns once per request past the limit: the flood the limit is for wrote a line per request."""
+    import logging
+
+    logger = logging.getLogger("uvicorn.error")
+    app = make_app(max_connections=2)
+    with serving(app) as (port, _, _), connect(port) as idle:
+        # Here: uvicorn's logging set-up (as its server is made) drops the handlers of its loggers, and
+        # "uvicorn" does not propagate to the root. An earlier test's 503 may have started the minute.
+        logger.addHandler(caplog.handler)
+        for held in (f for f in logger.filters if type(f).__name__ == "_OverLimitLog"):
+            held.last = -held.every  # type: ignore[attr-defined]
+        url = f"http://127.0.0.1:{port}/"
+        statuses = []
+        deadline = time.monotonic() + 5
+        while statuses.count(503) < 20 and time.monotonic() < deadline:
+            statuses.append(httpx.get(url + "healthz", trust_env=False).status_code)
+        assert statuses.count(503) >= 20, statuses
+        del idle
+    logger.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records if "concurrency limit" in r.getMessage()]
+    assert len(lines) == 1 and "answered 503" in lines[0], lines
