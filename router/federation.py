@@ -44,6 +44,7 @@ class Tier:
     _revive: "asyncio.Task[Any] | None" = None  # the describe after a comeback (held: the loop keeps only weak refs)
     reached: bool = False  # has answered at least once (a tier still starting is not news)
     _probe_until: float = 0.0  # a read after the backoff is in flight: the others skip the tier until then
+    heard_at: float = 0.0  # monotonic time of its last good answer: a health check probes a tier silent for long
     _malformed: set[str] = field(default_factory=set)  # methods whose last reply was malformed (logged once)
     # (tier, method, seconds, outcome) after every call: the router's per-tier metrics. Outcome is
     # "ok", "error" (the tier answered an A2M error) or "unavailable" (unreachable or timed out).
@@ -105,6 +106,11 @@ class Tier:
         self._probe_until = time.monotonic() + self.config.timeout + 1.0  # lapses by itself if never sent
         return True
 
+    def unheard(self, within: float) -> bool:
+        """Up, but no good answer for `within` s: it may have died while nothing called it (only a
+        failed call marks a tier down), so a health check asks it before reporting it up."""
+        return self.healthy and time.monotonic() - self.heard_at > within
+
     def _down(self, error: Exception, started: float) -> None:
         self.last_error = str(error)
         if not self.healthy and started < self.retry_at:
@@ -151,6 +157,7 @@ class Tier:
                 if self.healthy:  # what describe and `a2m doctor` show for it; a down tier's outage stays
                     self.last_error = error.message
                 raise error
+            self.heard_at = time.monotonic()  # a busy router's calls are its health checks: none is added
             if self._malformed:
                 self._malformed.discard(method)
                 if self.healthy and self.last_error and f" answered {method} with a malformed" in self.last_error:
