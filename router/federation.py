@@ -32,6 +32,13 @@ BACKOFF_MAX = 15.0
 Observer = Callable[[str, str, float, str], None]
 
 
+def engine_down(error: A2MError) -> bool:
+    """A tier's answer that its engine is unavailable (-32603 naming the engine, as backends.surface
+    answers every call while Redis, PostgreSQL, Qdrant or git is away; its /readyz is 503 then): the
+    tier is down as surely as one that does not answer, though its HTTP server is up."""
+    return error.code == INTERNAL_ERROR and isinstance(error.data, dict) and "engine" in error.data
+
+
 @dataclass(eq=False)
 class Tier:
     config: TierConfig
@@ -47,7 +54,8 @@ class Tier:
     heard_at: float = 0.0  # monotonic time of its last good answer: a health check probes a tier silent for long
     _malformed: set[str] = field(default_factory=set)  # methods whose last reply was malformed (logged once)
     # (tier, method, seconds, outcome) after every call: the router's per-tier metrics. Outcome is
-    # "ok", "error" (the tier answered an A2M error) or "unavailable" (unreachable or timed out).
+    # "ok", "error" (the tier answered an A2M error) or "unavailable" (unreachable, timed out, or its
+    # engine is down: `engine_down`).
     observe: "Observer | None" = None
 
     @property
@@ -142,8 +150,16 @@ class Tier:
             self._down(error, started)
             raise Unavailable(f"tier {self.name} unavailable: {error.message}",
                               {"tier": self.name, "url": self.config.url}) from exc
+        except A2MError as exc:
+            if not engine_down(exc):
+                outcome = "error"  # the tier answered a JSON-RPC error: it is up
+                raise
+            outcome = "unavailable"  # it answers HTTP, but can serve nothing until its engine is back
+            self._down(exc, started)
+            raise Unavailable(f"tier {self.name} unavailable: {exc.message}",
+                              {"tier": self.name, "url": self.config.url}) from exc
         except Exception:
-            outcome = "error"  # the tier answered a JSON-RPC error (or the call broke)
+            outcome = "error"  # the call broke
             raise
         else:
             wrong = problem(method, params, result)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -282,3 +283,37 @@ async def test_readyz_waits_once_for_a_default_tier_that_hangs_while_idle(tmp_pa
             assert ready.json()["tiers"]["working"] == "down"
         finally:
             stack.tiers["working"].resume()
+
+
+@pytest.mark.anyio
+async def test_a_tier_whose_engine_is_down_reads_down(tmp_path: Path) -> None:
+    """A tier server that answers HTTP while its engine is away answers every call -32603 naming its
+    engine, and its own /readyz 503; the router took that for "the tier answered" and kept it up in
+    `tier_up` and /readyz (and read it on every recall) however long the engine stayed away."""
+    from backends.working.embedded import find_redis_server
+    from tests.support.procs import free_port, stop
+
+    port = free_port()
+    command = [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    redis = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    try:
+        tiers = [{**t, "serve": "real", "args": ["--url", f"redis://127.0.0.1:{port}/0"]}
+                 if t["name"] == "working" else t for t in FOUR]
+        with federation(tmp_path, tiers) as stack:
+            assert httpx.get(stack.url + "readyz").json()["tiers"]["working"] == "up"
+            redis.kill()
+            redis.wait()
+            assert httpx.get(stack.tiers["working"].url + "readyz").status_code == 503  # it knows
+            recall = {"jsonrpc": "2.0", "id": 1, "method": "memory/recall", "params": {"query": "anything"}}
+            assert httpx.post(stack.url, json=recall, timeout=30).json()["result"]["degraded"] == ["working"]
+            metrics = httpx.get(stack.url + "metrics", timeout=30).text
+            assert _sample(metrics, 'a2m_router_tier_up{tier="working"}') == 0.0
+            ready = httpx.get(stack.url + "readyz", timeout=30)
+            assert ready.status_code == 503 and ready.json()["tiers"]["working"] == "down", ready.text
+            redis = subprocess.Popen(command, stdout=subprocess.DEVNULL)  # the engine is back: so is the tier
+            deadline = time.monotonic() + 30
+            while httpx.get(stack.url + "readyz", timeout=30).status_code != 200:
+                assert time.monotonic() < deadline, "readyz never saw the engine come back"
+                time.sleep(0.2)
+    finally:
+        stop(redis)
