@@ -107,6 +107,11 @@ async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], lis
             reports.append(report)
         if "degraded" in described:
             summary["degraded"] = described["degraded"]
+    if not single:
+        # Again, after the describe and probes went through every tier: a router's /readyz reads its
+        # verdict on the default tier, which may date from before a kill the describe just found.
+        async with httpx.AsyncClient(trust_env=False) as http:
+            summary["readyz"] = await _get(http, base + "readyz")
     return summary, reports
 
 

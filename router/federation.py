@@ -32,6 +32,13 @@ BACKOFF_MAX = 15.0
 Observer = Callable[[str, str, float, str], None]
 
 
+def engine_down(error: A2MError) -> bool:
+    """A tier's answer that its engine is unavailable (-32603 naming the engine, as backends.surface
+    answers every call while Redis, PostgreSQL, Qdrant or git is away; its /readyz is 503 then): the
+    tier is down as surely as one that does not answer, though its HTTP server is up."""
+    return error.code == INTERNAL_ERROR and isinstance(error.data, dict) and "engine" in error.data
+
+
 @dataclass(eq=False)
 class Tier:
     config: TierConfig
@@ -44,9 +51,11 @@ class Tier:
     _revive: "asyncio.Task[Any] | None" = None  # the describe after a comeback (held: the loop keeps only weak refs)
     reached: bool = False  # has answered at least once (a tier still starting is not news)
     _probe_until: float = 0.0  # a read after the backoff is in flight: the others skip the tier until then
+    heard_at: float = 0.0  # monotonic time of its last good answer: a health check probes a tier silent for long
     _malformed: set[str] = field(default_factory=set)  # methods whose last reply was malformed (logged once)
     # (tier, method, seconds, outcome) after every call: the router's per-tier metrics. Outcome is
-    # "ok", "error" (the tier answered an A2M error) or "unavailable" (unreachable or timed out).
+    # "ok", "error" (the tier answered an A2M error) or "unavailable" (unreachable, timed out, or its
+    # engine is down: `engine_down`).
     observe: "Observer | None" = None
 
     @property
@@ -105,6 +114,11 @@ class Tier:
         self._probe_until = time.monotonic() + self.config.timeout + 1.0  # lapses by itself if never sent
         return True
 
+    def unheard(self, within: float) -> bool:
+        """Up, but no good answer for `within` s: it may have died while nothing called it (only a
+        failed call marks a tier down), so a health check asks it before reporting it up."""
+        return self.healthy and time.monotonic() - self.heard_at > within
+
     def _down(self, error: Exception, started: float) -> None:
         self.last_error = str(error)
         if not self.healthy and started < self.retry_at:
@@ -136,8 +150,16 @@ class Tier:
             self._down(error, started)
             raise Unavailable(f"tier {self.name} unavailable: {error.message}",
                               {"tier": self.name, "url": self.config.url}) from exc
+        except A2MError as exc:
+            if not engine_down(exc):
+                outcome = "error"  # the tier answered a JSON-RPC error: it is up
+                raise
+            outcome = "unavailable"  # it answers HTTP, but can serve nothing until its engine is back
+            self._down(exc, started)
+            raise Unavailable(f"tier {self.name} unavailable: {exc.message}",
+                              {"tier": self.name, "url": self.config.url}) from exc
         except Exception:
-            outcome = "error"  # the tier answered a JSON-RPC error (or the call broke)
+            outcome = "error"  # the call broke
             raise
         else:
             wrong = problem(method, params, result)
@@ -151,6 +173,7 @@ class Tier:
                 if self.healthy:  # what describe and `a2m doctor` show for it; a down tier's outage stays
                     self.last_error = error.message
                 raise error
+            self.heard_at = time.monotonic()  # a busy router's calls are its health checks: none is added
             if self._malformed:
                 self._malformed.discard(method)
                 if self.healthy and self.last_error and f" answered {method} with a malformed" in self.last_error:

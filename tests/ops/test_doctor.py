@@ -86,3 +86,17 @@ def test_doctor_command_line_exit_status() -> None:
     result = subprocess.run(a2m_command("doctor", f"http://127.0.0.1:{free_port()}/"), cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 2, result.stdout + result.stderr
+
+
+@pytest.mark.anyio
+async def test_doctors_readyz_agrees_with_its_table(federation: tuple[str, dict[str, subprocess.Popen[bytes]]]) -> None:
+    """doctor read /readyz before its describe: the default tier killed just after the router last
+    heard from it read "/readyz 200" beside a table saying it was down. /readyz is read after."""
+    url, procs = federation
+    summary, _ = await check(url)
+    assert summary["readyz"] == 200
+    procs["working"].kill()  # the default tier, within seconds of the router's last good call to it
+    procs["working"].wait()
+    summary, reports = await check(url)
+    assert {r.name: r.status for r in reports} == {"working": "down", "procedural": "up"}
+    assert summary["readyz"] == 503, summary

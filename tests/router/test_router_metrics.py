@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -210,3 +211,109 @@ async def test_errors_are_counted_by_code_so_a_callers_mistake_is_not_an_outage(
     recall_errors = [line for line in metrics.splitlines()
                      if line.startswith('a2m_request_errors_total{') and 'method="memory/recall"' in line]
     assert len(recall_errors) == 1  # the recall that came back degraded is no error
+
+
+def _describes(metrics: str, tier: str) -> float:
+    """How many describes the router has sent `tier` (its probes are describes)."""
+    return _sample(metrics, f'a2m_router_tier_calls_total{{method="memory/describe",outcome="ok",tier="{tier}"}}') or 0.0
+
+
+@pytest.mark.anyio
+async def test_a_tier_that_dies_while_idle_reads_down_without_other_traffic(tmp_path: Path) -> None:
+    """Only a failed call marked a tier down: one killed while the router was idle read
+    `a2m_router_tier_up` 1 and /readyz "ready" until some request reached it, so an alert on
+    `tier_up == 0` never heard of a tier that died at night. A check now probes a tier not heard
+    from within HEARD_WITHIN s, under the same bounded wait."""
+    with federation(tmp_path) as stack:
+        assert httpx.get(stack.url + "readyz").json()["tiers"]["procedural"] == "up"
+        stack.tiers["procedural"].kill()  # nothing calls the router from here on but scrapes and checks
+        deadline = time.monotonic() + 20
+        while _sample(httpx.get(stack.url + "metrics").text, 'a2m_router_tier_up{tier="procedural"}') != 0.0:
+            assert time.monotonic() < deadline, "a2m_router_tier_up never saw the idle tier die"
+            time.sleep(0.2)
+        stack.tiers["working"].kill()  # the default tier: /readyz itself must turn unready
+        deadline = time.monotonic() + 20
+        while (ready := httpx.get(stack.url + "readyz")).status_code != 503:
+            assert time.monotonic() < deadline, "readyz never saw the idle default tier die"
+            assert ready.elapsed.total_seconds() < 2.0
+            time.sleep(0.2)
+        assert ready.json()["tiers"] == {"working": "down", "episodic": "up", "semantic": "up", "procedural": "down"}
+        stack.tiers["procedural"].start().wait()  # and one that comes back reads up again
+        deadline = time.monotonic() + 30
+        while _sample(httpx.get(stack.url + "metrics").text, 'a2m_router_tier_up{tier="procedural"}') != 1.0:
+            assert time.monotonic() < deadline, "a2m_router_tier_up never saw the tier come back"
+            time.sleep(0.2)
+
+
+@pytest.mark.anyio
+async def test_checks_never_probe_a_tier_the_router_is_calling(tmp_path: Path) -> None:
+    """A busy router hears from its tiers in every call: scrapes and readiness checks must add no
+    describes beside them (the probe is for a tier nothing has heard from lately)."""
+    with federation(tmp_path) as stack:
+        recall = {"jsonrpc": "2.0", "id": 1, "method": "memory/recall", "params": {"query": "anything"}}
+        httpx.post(stack.url, json=recall)
+        before = _describes(httpx.get(stack.url + "metrics").text, "episodic")
+        for _ in range(8):
+            assert "degraded" not in httpx.post(stack.url, json=recall).json()["result"]
+            assert httpx.get(stack.url + "readyz").status_code == 200
+            metrics = httpx.get(stack.url + "metrics").text
+            time.sleep(0.5)
+        assert _describes(metrics, "episodic") == before
+
+
+@pytest.mark.anyio
+async def test_readyz_waits_once_for_a_default_tier_that_hangs_while_idle(tmp_path: Path) -> None:
+    """/readyz waited PROBE_WAIT in ready() for the default tier's probe and again in health() for
+    the same probe: 1.5 s of a readiness probe's 2 s. One wait now serves both."""
+    from router.server import HEARD_WITHIN, PROBE_WAIT
+
+    with federation(tmp_path) as stack:
+        stack.tiers["working"].pause()  # the default tier (timeout 2 s): accepts, never answers
+        try:
+            time.sleep(HEARD_WITHIN)  # so the next check probes it
+            deadline = time.monotonic() + 20
+            while True:
+                started = time.monotonic()
+                ready = httpx.get(stack.url + "readyz", timeout=30)
+                assert time.monotonic() - started < PROBE_WAIT + 0.5, "readyz waited twice for one probe"
+                if ready.status_code == 503:
+                    break
+                assert time.monotonic() < deadline, "readyz never saw the hung default tier"
+                time.sleep(0.2)
+            assert ready.json()["tiers"]["working"] == "down"
+        finally:
+            stack.tiers["working"].resume()
+
+
+@pytest.mark.anyio
+async def test_a_tier_whose_engine_is_down_reads_down(tmp_path: Path) -> None:
+    """A tier server that answers HTTP while its engine is away answers every call -32603 naming its
+    engine, and its own /readyz 503; the router took that for "the tier answered" and kept it up in
+    `tier_up` and /readyz (and read it on every recall) however long the engine stayed away."""
+    from backends.working.embedded import find_redis_server
+    from tests.support.procs import free_port, stop
+
+    port = free_port()
+    command = [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    redis = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    try:
+        tiers = [{**t, "serve": "real", "args": ["--url", f"redis://127.0.0.1:{port}/0"]}
+                 if t["name"] == "working" else t for t in FOUR]
+        with federation(tmp_path, tiers) as stack:
+            assert httpx.get(stack.url + "readyz").json()["tiers"]["working"] == "up"
+            redis.kill()
+            redis.wait()
+            assert httpx.get(stack.tiers["working"].url + "readyz").status_code == 503  # it knows
+            recall = {"jsonrpc": "2.0", "id": 1, "method": "memory/recall", "params": {"query": "anything"}}
+            assert httpx.post(stack.url, json=recall, timeout=30).json()["result"]["degraded"] == ["working"]
+            metrics = httpx.get(stack.url + "metrics", timeout=30).text
+            assert _sample(metrics, 'a2m_router_tier_up{tier="working"}') == 0.0
+            ready = httpx.get(stack.url + "readyz", timeout=30)
+            assert ready.status_code == 503 and ready.json()["tiers"]["working"] == "down", ready.text
+            redis = subprocess.Popen(command, stdout=subprocess.DEVNULL)  # the engine is back: so is the tier
+            deadline = time.monotonic() + 30
+            while httpx.get(stack.url + "readyz", timeout=30).status_code != 200:
+                assert time.monotonic() < deadline, "readyz never saw the engine come back"
+                time.sleep(0.2)
+    finally:
+        stop(redis)
