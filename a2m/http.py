@@ -391,7 +391,7 @@ class _OverLimitLog(logging.Filter):
         if now - self.last < self.every:
             self.held += 1
             return False
-        record.msg = (f"Exceeded concurrency limit (max_connections): answered 503"
+        record.msg = ("Exceeded concurrency limit (max_connections): answered 503"
                       + (f"; {self.held} more since the last such line" if self.held else "")
                       + " (logged at most each minute)")
         self.last, self.held = now, 0

@@ -34,8 +34,9 @@ Observer = Callable[[str, str, float, str], None]
 
 def engine_down(error: A2MError) -> bool:
     """A tier's answer that its engine is unavailable (-32603 naming the engine, as backends.surface
-    answers every call while Redis, PostgreSQL, Qdrant or git is away; its /readyz is 503 then): the
-    tier is down as surely as one that does not answer, though its HTTP server is up."""
+    answers every call while Redis, PostgreSQL, Qdrant or git is away; its /readyz is 503 then). To
+    a describe (which counts the tier's records) it means the tier is down as surely as one that
+    does not answer, though its HTTP server is up; to a recall it may only mean that statement timed out."""
     return error.code == INTERNAL_ERROR and isinstance(error.data, dict) and "engine" in error.data
 
 
@@ -133,9 +134,12 @@ class Tier:
             log.log(logging.WARNING if self.reached else logging.INFO, "tier %s is down: %s", self.name, error)
 
     async def call(self, method: str, params: dict[str, Any], *, timeout: float | None = None,
-                   probe: bool = False) -> dict[str, Any]:
+                   probe: bool = False, check: bool = False) -> dict[str, Any]:
         """One call under the tier's timeout. Unreachable -> Unavailable (and the tier is marked down);
-        a protocol error from the tier is raised as the tier's A2MError."""
+        a protocol error from the tier is raised as the tier's A2MError. A `check` (a health check's
+        describe) that the tier answers with its engine down (`engine_down`) marks it down too; any
+        other call does not: one statement timeout or a busy pool must not take a tier away from
+        every owner for the backoff."""
         was_down = not self.healthy
         started = time.monotonic()
         outcome: str | None = None  # stays None when cancelled: neither the tier's success nor its fault
@@ -151,8 +155,10 @@ class Tier:
             raise Unavailable(f"tier {self.name} unavailable: {error.message}",
                               {"tier": self.name, "url": self.config.url}) from exc
         except A2MError as exc:
-            if not engine_down(exc):
+            if not (check and engine_down(exc)):
                 outcome = "error"  # the tier answered a JSON-RPC error: it is up
+                if engine_down(exc):
+                    self.heard_at = 0.0  # the next health check asks it at once (`unheard`)
                 raise
             outcome = "unavailable"  # it answers HTTP, but can serve nothing until its engine is back
             self._down(exc, started)
@@ -195,7 +201,7 @@ class Tier:
     async def refresh(self) -> dict[str, Any] | None:
         """Describe the tier again (start and reconnect); None when it is down."""
         try:
-            self.info = await self.call("memory/describe", {})
+            self.info = await self.call("memory/describe", {}, check=True)
         except A2MError:
             return None
         return self.info

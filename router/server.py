@@ -14,15 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
-import weakref
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from a2m import errors, prompt as prompts
 from a2m.capabilities import CAPABILITIES
 from a2m.client import Unavailable
 from a2m.dispatch import Context, Handler, bound_handlers
-from a2m.embedder import make_embedder, try_embed, try_embed_into
+from a2m.embedder import close_embedder, make_embedder, try_embed, try_embed_into
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog, EventMethods
 from a2m.filters import parse_scope, test_matches
@@ -145,9 +143,6 @@ class Router(EventMethods):
         self._dims: int | None = getattr(self.embedder, "dimensions", None)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._probes: dict[str, asyncio.Task[Any]] = {}  # tier -> its describe in flight (`_probe`)
-        # /readyz asks ready() then health() in one request task: health() waits only what is left of
-        # the wait ready() began, so the answer never takes more than PROBE_WAIT in all.
-        self._checking: weakref.WeakKeyDictionary[asyncio.Task[Any], float] = weakref.WeakKeyDictionary()
         self._depths: dict[str, int] | None = None
 
     # ---- plumbing ----------------------------------------------------------------
@@ -171,18 +166,13 @@ class Router(EventMethods):
     async def shutdown(self) -> None:
         await self.drain()
         await self.fed.close()
+        await close_embedder(self.embedder)
 
     async def ready(self) -> bool:
-        """The default tier answers (probed first if due, `_probe`). Every due probe starts here, so
-        the other tiers' run during this wait rather than after it (health() reads them)."""
-        until = time.monotonic() + PROBE_WAIT
-        task = asyncio.current_task()
-        if task is not None:
-            self._checking[task] = until
-        tier = self.fed[self.config.default_tier]
-        self._start_probes(list(self.fed))
-        await self._await_probes([tier], until)
-        return tier.healthy
+        """The default tier answers. Every tier due a probe (`_probe`) is probed first, within one
+        PROBE_WAIT: /readyz then reads the others' verdicts from health() without a second wait."""
+        await self._probe(list(self.fed))
+        return self.fed[self.config.default_tier].healthy
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run `coro` in the background, held until it ends and drained at shutdown."""
@@ -230,44 +220,29 @@ class Router(EventMethods):
                 lambda name=name: 1.0 if name in self.fed.tiers and self.fed.tiers[name].healthy else 0.0)
         self.fed.observe_calls(_tier_call_metrics(registry))
 
-    def _start_probes(self, tiers: Sequence[Tier]) -> None:
+    async def _probe(self, tiers: Sequence[Tier]) -> None:
         """Describe again each of `tiers` that is down with its backoff run out, or up but not heard
-        from within HEARD_WITHIN s: otherwise a tier that came back (or came up after the router:
-        `a2m up` starts them together) reads "down", and one that died while nothing called it
-        reads "up", in /readyz and `tier_up` until some request happens to reach it; a scrape or a
-        readiness check may be a quiet router's only traffic. One probe per tier at a time."""
+        from within HEARD_WITHIN s, waiting at most PROBE_WAIT s: otherwise a tier that came back
+        (or came up after the router: `a2m up` starts them together) reads "down", and one that died
+        while nothing called it reads "up", in /readyz and `tier_up` until some request happens to
+        reach it; a scrape or a readiness check may be a quiet router's only traffic. A slower probe
+        (a hung tier) goes on in the background, one per tier at a time; a later check reads its
+        verdict (waiting for it, /readyz took the tier's whole timeout, past a readiness probe's 2 s)."""
         for tier in tiers:
             due = tier.unheard(HEARD_WITHIN) or (not tier.healthy and tier.available())
             if due and tier.name not in self._probes:
                 task = self._probes[tier.name] = self.spawn(tier.refresh())
                 task.add_done_callback(lambda _, name=tier.name: self._probes.pop(name, None))
-
-    async def _await_probes(self, tiers: Sequence[Tier], until: float) -> None:
-        """Wait for the probes of `tiers` in flight, until `until` at most: a slower one (a hung
-        tier) goes on in the background and a later check reads its verdict (waiting for it,
-        /readyz took the tier's whole timeout, past a readiness probe's 2 s)."""
         waiting = [self._probes[t.name] for t in tiers if t.name in self._probes]
-        left = until - time.monotonic()
-        if waiting and left > 0:
-            await asyncio.wait(waiting, timeout=left)
-
-    async def _probe(self, tiers: Sequence[Tier]) -> None:
-        """Probe those of `tiers` that are due (`_start_probes`), waiting at most PROBE_WAIT s."""
-        self._start_probes(tiers)
-        await self._await_probes(tiers, time.monotonic() + PROBE_WAIT)
+        if waiting:
+            await asyncio.wait(waiting, timeout=PROBE_WAIT)
 
     async def before_scrape(self) -> None:
         """`tier_up` on /metrics as fresh as /readyz: due tiers are probed first (`_probe`)."""
         await self._probe(list(self.fed))
 
     async def health(self) -> dict[str, Any]:
-        """Per-tier status for /readyz: ready needs only the default tier, the rest is reported
-        (due tiers probed first, `_probe`, within what is left of ready()'s wait)."""
-        task = asyncio.current_task()
-        until = self._checking.pop(task, None) if task is not None else None
-        tiers = list(self.fed)
-        self._start_probes(tiers)
-        await self._await_probes(tiers, time.monotonic() + PROBE_WAIT if until is None else until)
+        """Per-tier status for /readyz, which asks ready() first: its probes are the ones read here."""
         return {"tiers": {t.name: ("up" if t.healthy else "down") for t in self.fed}}
 
     # ---- helpers ---------------------------------------------------------------------

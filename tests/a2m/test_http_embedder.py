@@ -395,3 +395,18 @@ async def test_a_tier_server_closes_its_embedders_connections_as_it_stops() -> N
         assert embedder.closed
         assert await try_embed(embedder, ["a"]) == [[1.0, 1.0, 0.5]]  # started again in this process: it reopens
         await embedder.aclose()
+
+
+async def test_the_router_closes_its_embedders_connections_as_it_stops() -> None:
+    """The router's embedder (`embedder = "http://..."`) was never closed either."""
+    from router.config import RouterConfig, TierConfig
+    from router.server import Router
+
+    with endpoint([good]) as (seen, url):
+        router = Router(RouterConfig(tiers=(TierConfig(name="episodic", url="http://127.0.0.1:9/", kind="episodic"),),
+                                     embedder=url))
+        embedder = router.embedder
+        assert isinstance(embedder, HTTPEmbedder)
+        assert await try_embed(embedder, ["a"]) == [[1.0, 1.0, 0.5]] and not embedder.closed
+        await router.shutdown()
+        assert embedder.closed

@@ -556,3 +556,39 @@ async def test_paging_a_tier_that_ignores_before_stops_instead_of_reading_foreve
             async for page in pages_backwards(call, {}, page=3, cap=None):
                 read += [r["id"] for r in page]
     assert calls <= 3 and len(read) == len(set(read))
+
+
+def engine_error(method: str, *, only: str | None = None):  # type: ignore[no-untyped-def]
+    """A twist: `method` answered as backends.surface answers it when its engine fails the call."""
+    def twist(m: str, params: dict[str, Any], response: dict[str, Any]) -> Any:
+        if m != method:
+            return None
+        return {"jsonrpc": "2.0", "id": response["id"], "error": {
+            "code": -32603, "message": "tier episodic (postgresql) unavailable: canceling statement due to "
+                                       "statement timeout", "data": {"tier": "episodic", "engine": "postgresql"}}}
+    return twist
+
+
+async def test_one_recall_failed_by_its_engine_does_not_take_the_tier_away(fed: Fed) -> None:
+    """An engine error on one call (a statement timeout, a busy pool) is that call's failure: the tier
+    stays up for every other caller. Marked down, one slow query would leave episodic out of every
+    owner's reads for the backoff. The next health check asks it (a describe), and it is up."""
+    rid = await seed(fed)
+    fed.tiers["episodic"].twist = engine_error("memory/recall")
+    got = await fed("memory/recall", {"query": "milan"})
+    assert [r["id"] for r in got["records"]] == [rid] and got["degraded"] == ["episodic"]
+    tier = fed.router.fed["episodic"]
+    assert tier.healthy and tier.unheard(5.0)  # due a health check at once
+    assert await fed.router.ready() and tier.healthy and not tier.unheard(5.0)
+
+
+async def test_a_health_check_answered_engine_down_marks_the_tier_down(fed: Fed) -> None:
+    """Its describe (which counts its records) failing on the engine: the tier serves nothing, as surely
+    as one that does not answer, though its HTTP server is up."""
+    fed.tiers["episodic"].twist = engine_error("memory/describe")
+    fed.router.fed["episodic"].heard_at = 0.0  # silent for long: the next check asks it
+    await fed.router.ready()
+    assert not fed.router.fed["episodic"].healthy
+    fed.tiers["episodic"].twist = None
+    got = await fed("memory/recall", {"query": "milan"})
+    assert got["degraded"] == ["episodic"]  # skipped during the backoff, not waited on
