@@ -24,7 +24,8 @@ from a2m.timefmt import format_ts
 from backends.store import StoreIdTaken, StoreRejected
 
 from . import files
-from .store import PROPOSED, Approval, GitStore
+from .review import PROPOSED, Approval
+from .store import GitStore
 
 Handler = Callable[[dict[str, Any], Any], Awaitable[dict[str, Any]]]
 
