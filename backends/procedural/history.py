@@ -78,18 +78,14 @@ def _log(repo: git.Repo, store: GitStore, path: str, limit: int) -> list[dict[st
     revisions = []
     # `:(literal)`: git reads a path it is given as a glob, and a key may hold `*`, `?` or `[`.
     for commit in repo.iter_commits(branch, paths=f":(literal){path}", max_count=limit):
-        try:
-            record, _ = files.loads((commit.tree / path).data_stream.read())
-            revision: int | None = record.revision
-        except (KeyError, ValueError, UnicodeDecodeError):
-            revision = None
+        record = _record_at(commit, path)
         revisions.append({
             "commit": commit.hexsha,
             "author": commit.author.name,
             "email": commit.author.email,
             "at": format_ts(commit.authored_datetime),
             "message": commit.message.strip(),
-            "revision": revision,
+            "revision": record.revision if record is not None else None,
             "pending": commit.hexsha in pending,
         })
     return revisions
@@ -123,12 +119,18 @@ def _last_path(repo: git.Repo, store: GitStore, owner: str | None, record_id: st
     return None
 
 
-def _id_at(commit: Any, path: str) -> str | None:
+def _record_at(commit: Any, path: str) -> Record | None:
+    """The record in `path` at `commit`; None where there is no file, or not a record's."""
     try:
         record, _ = files.loads((commit.tree / path).data_stream.read())
-    except (KeyError, ValueError, UnicodeDecodeError):
+    except (KeyError, ValueError):  # KeyError: no such path in the commit's tree
         return None
-    return record.id
+    return record
+
+
+def _id_at(commit: Any, path: str) -> str | None:
+    record = _record_at(commit, path)
+    return record.id if record is not None else None
 
 
 def _at(repo: git.Repo, store: GitStore, rev: str, path: str) -> tuple[Record | None, int]:
@@ -137,10 +139,7 @@ def _at(repo: git.Repo, store: GitStore, rev: str, path: str) -> tuple[Record | 
         commit = repo.commit(rev)
     except (git.BadName, ValueError, git.GitCommandError):
         return None, -1
-    try:
-        old, _ = files.loads((commit.tree / path).data_stream.read())
-    except (KeyError, ValueError, UnicodeDecodeError):
-        old = None
+    old = _record_at(commit, path)
     highest = max((r["revision"] or 0 for r in _log(repo, store, path, MAX_HISTORY)), default=0)
     return old, highest
 

@@ -215,7 +215,7 @@ class GitStore:
         for path, data in items:
             try:
                 record, seq = files.loads(data)
-            except (ValueError, UnicodeDecodeError, TypeError) as exc:
+            except ValueError as exc:
                 log.warning("procedural: skipping %s, not a record file: %s", path, exc)
                 continue
             if overrides is not None and record.id in overrides:
