@@ -8,6 +8,7 @@ The store composes the package's parts (each module says why it works as it does
 - `index`: the records in memory, and recall (BM25, vectors) over them.
 - `review`: the review gate's branch, its fast-forward, what an approve showed.
 - `recovery`: one store per repository, and a crash's leftovers discarded at open.
+- `sidecar`: access statistics, kept in `.git/a2m/state.json` rather than in the history.
 - `history`: the extension methods (history, restore, approve) over this store.
 
 What the store itself decides:
@@ -15,15 +16,9 @@ What the store itself decides:
 - **One writer.** Writes hold an asyncio lock and run in a worker thread; the
   in-memory index changes only after the commit landed, so a reader never sees
   a write that could still fail.
-- **Access statistics are not history.** `touch` happens on every recall;
-  committing each would bury real changes in noise. `access_count` and
-  `accessed_at` live in a sidecar (`.git/a2m/state.json`, never part of the
-  tree), flushed at most once a second and at close: a crash can lose the
-  last second of counts, never a procedure. `reinforce` changes `salience`,
-  a deliberate judgement kept in the file, so it is a commit. Behind the
-  review gate an id can hold other statistics on `proposed` than on main (a
-  proposed restore of a forgotten key starts at 0): those are kept apart
-  (`pending_access`) until approved, so a restart shows readers main's.
+- **Access statistics are not history.** `touch` counts a recall in the
+  sidecar, never in a commit; `reinforce` changes `salience`, a deliberate
+  judgement kept in the file, so it is a commit.
 - **Review gate** (`options["review"]`): writes commit to the `proposed`
   branch and recall sees main only, until `approve` fast-forwards main.
 - **Remote** (`options["remote"]`): pushed after each commit. A failed push (or
@@ -34,12 +29,10 @@ What the store itself decides:
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import signal
 import subprocess
-import time
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -64,12 +57,13 @@ from .index import Tree, Visible, copy_out
 from .objects import FILE_MODE, InProcessObjectDB, TreeBuilder, fsync_ref, set_ref, sync_objects
 from .recovery import hold, recover
 from .review import PROPOSED, Approval, base_proposed, fast_forward, shown_changes, warn_unapproved
+from .sidecar import NO_STATS, Sidecar
 
 log = logging.getLogger("a2m.procedural")
 
-_FLUSH_EVERY_S = 1.0
 # A push runs under the writer lock: a remote that never answers must not hold every write with it.
 PUSH_TIMEOUT_S = 30.0
+
 
 class GitStore:
     engine = "git"
@@ -91,12 +85,8 @@ class GitStore:
         self._trees: TreeBuilder | None = None  # the trees of the branch writes commit to
         self._visible = Visible(Tree())
         self._proposed: Tree | None = None
-        self._access: dict[str, tuple[int, str | None]] = {}  # id -> statistics (main's, where main holds it)
-        # Behind the review gate: id -> the statistics of its proposed record where they are not main's.
-        self._pending_access: dict[str, tuple[int, str | None]] = {}
-        self._dimensions: int | None = None
+        self._sidecar = Sidecar()  # access statistics and the vector width, in .git/a2m/state.json
         self._next_seq = 1
-        self._dirty_since: float | None = None
         self.push_error: str | None = None
         self._lock_fd: int | None = None  # the flock that makes this the repository's one store
         self._path_max: int | None = None  # bytes a repository-relative path may have (PATH_MAX less the root)
@@ -151,21 +141,21 @@ class GitStore:
             fsync_ref(repo, git.Head.create(repo, repo.head.ref.path, commit, logmsg=f"commit (initial): {message}"))
             index.write()  # a valid (empty) index: git refuses a missing-but-truncated one
         self.main = repo.active_branch.name
-        self._load_state()
+        self._sidecar.load(self._state_dir / "state.json")
         # From the commit, not the working tree: git writes that through the user's config and attributes
         # (`core.autocrlf`, `eol`), and the store holds what was committed, byte for byte.
         tree = self._load_tree(self._iter_commit(repo.head.commit))
         self._visible = Visible(tree)
         if self.review:
             if base_proposed(repo, self.main, self.path):
-                self._pending_access.clear()  # no proposed record differs from main's
+                self._sidecar.pending.clear()  # no proposed record differs from main's
             proposed = repo.heads[PROPOSED].commit
-            self._proposed = self._load_tree(self._iter_commit(proposed), self._pending_access)
+            self._proposed = self._load_tree(self._iter_commit(proposed), self._sidecar.pending)
         else:
             warn_unapproved(repo, self.main, self.path)
         self._trees = TreeBuilder.of_commit(repo, repo.heads[PROPOSED].commit if self.review else repo.head.commit)
-        if self._dimensions is None:
-            self._dimensions = next(
+        if self._sidecar.dimensions is None:
+            self._sidecar.dimensions = next(
                 (len(r.embedding) for r in tree.records.values() if r.embedding is not None), None
             )
 
@@ -221,37 +211,15 @@ class GitStore:
             if overrides is not None and record.id in overrides:
                 count, at = overrides[record.id]
             else:
-                count, at = self._access.get(record.id, (0, None))
+                count, at = self._sidecar.access.get(record.id, NO_STATS)
             tree.set(replace(record, access_count=count, accessed_at=at), path, seq)
             self._next_seq = max(self._next_seq, seq + 1)
         return tree
 
-    def _load_state(self) -> None:
-        try:
-            state = json.loads((self._state_dir / "state.json").read_text("utf-8"))
-        except (OSError, ValueError):
-            return
-        self._access = {k: (int(v[0]), v[1]) for k, v in state.get("access", {}).items()}
-        self._pending_access = {k: (int(v[0]), v[1]) for k, v in state.get("pending_access", {}).items()}
-        self._dimensions = state.get("dimensions")
-
     def _flush_state(self) -> None:
-        if self._dirty_since is None or self.repo is None:
-            return
-        target = self._state_dir / "state.json"
-        tmp = target.with_suffix(".tmp")
-        state: dict[str, Any] = {"dimensions": self._dimensions, "access": self._access}
-        if self._pending_access:
-            state["pending_access"] = self._pending_access
-        tmp.write_text(json.dumps(state), "utf-8")
-        os.replace(tmp, target)
-        self._dirty_since = None
-
-    def _mark_dirty(self, *, flush_now: bool = False) -> None:
-        if self._dirty_since is None:
-            self._dirty_since = time.monotonic()
-        if flush_now or time.monotonic() - self._dirty_since >= _FLUSH_EVERY_S:
-            self._flush_state()
+        """Write the sidecar if it changed and the repository is open (a touch may come after a close)."""
+        if self.repo is not None:
+            self._sidecar.save(self._state_dir / "state.json")
 
     # ------------------------------------------------------------------ writes
 
@@ -315,21 +283,12 @@ class GitStore:
             plan.puts = [(self._with_live_access(record) if keep_access or record.id in live_access else record,
                           path, seq) for record, path, seq in plan.puts]
         for record, _, _ in plan.puts:
-            # The sidecar is keyed by id, and an id can be forgotten and written again: a put sets
-            # the statistics it carries, none included, or a restart would revive the old counts.
-            stats = (record.access_count, record.accessed_at)
             shown = self._visible.tree.records.get(record.id) if self._proposed is not None else None
-            if shown is not None:
-                # Behind the gate, an id main shows keeps main's statistics until approved: the
-                # proposed record's go apart where they differ (a restart would show them to readers).
-                self._set_stats(self._pending_access, record.id,
-                                None if stats == (shown.access_count, shown.accessed_at) else stats)
-            else:
-                self._set_stats(self._pending_access, record.id, None)
-                self._set_stats(self._access, record.id, stats if stats != (0, None) else None)
-            if record.embedding is not None and self._dimensions is None:
-                self._dimensions = len(record.embedding)
-                self._dirty_since = self._dirty_since or time.monotonic()
+            self._sidecar.put(record.id, (record.access_count, record.accessed_at),
+                              None if shown is None else (shown.access_count, shown.accessed_at))
+            if record.embedding is not None and self._sidecar.dimensions is None:
+                self._sidecar.dimensions = len(record.embedding)
+                self._sidecar.changed()
         if self._proposed is not None:
             for record_id in plan.dropped:
                 self._proposed.drop(record_id)
@@ -339,22 +298,8 @@ class GitStore:
             self._visible.apply(plan.dropped, plan.puts)
         for record_id in plan.dropped:  # gone from both branches: its statistics go with it
             if self._proposed is None or record_id not in self._proposed.records:
-                self._set_stats(self._pending_access, record_id, None)
-                if record_id not in self._visible.tree.records:
-                    self._set_stats(self._access, record_id, None)
-        if self._dirty_since is not None:
-            self._flush_state()  # statistics a write carried were acknowledged with it
-
-    def _set_stats(self, table: dict[str, tuple[int, str | None]], record_id: str,
-                   stats: tuple[int, str | None] | None) -> None:
-        """Set (None: remove) an id's entry in a sidecar table, marking the sidecar dirty if it changed."""
-        if stats is None:
-            changed = table.pop(record_id, None) is not None
-        else:
-            changed = table.get(record_id) != stats
-            table[record_id] = stats
-        if changed:
-            self._dirty_since = self._dirty_since or time.monotonic()
+                self._sidecar.forget(record_id, shown=record_id in self._visible.tree.records)
+        self._flush_state()  # statistics a write carried were acknowledged with it
 
     def _require_open(self) -> None:
         if self.repo is None:
@@ -398,7 +343,7 @@ class GitStore:
                 old_record = tree.records.get(record_id)
                 remove(record_id)
                 verbs.append(f"forget {label(old_record) if old_record else record_id}")
-        width = self._dimensions
+        width = self._sidecar.dimensions
         for record in puts:
             if record.embedding is not None:  # the surface checked the width it knew; a write since may have fixed it
                 if width is None:
@@ -570,15 +515,8 @@ class GitStore:
                 shown = self._visible.tree
                 self._visible = Visible(self._proposed.copy())
                 approval.written, approval.forgotten = shown_changes(shown, self._visible.tree)
-                # main is the proposed branch now, and so are its statistics
-                for record_id in list(self._access):
-                    if record_id not in self._proposed.records:
-                        self._set_stats(self._access, record_id, None)
-                for record_id, stats in list(self._pending_access.items()):
-                    self._set_stats(self._pending_access, record_id, None)
-                    self._set_stats(self._access, record_id, stats if stats != (0, None) else None)
-                if self._dirty_since is not None:
-                    self._flush_state()
+                self._sidecar.approve(self._proposed.records)
+                self._flush_state()
             return approval
 
     def _approve_sync(self) -> tuple[int, str]:
@@ -759,12 +697,14 @@ class GitStore:
                 self._proposed.records[record_id] = replace(
                     self._proposed.records[record_id], access_count=updated.access_count, accessed_at=at
                 )
-                self._pending_access.pop(record_id, None)  # the proposed record counts it too: main's again
-            self._access[record_id] = (updated.access_count, at)
+                self._sidecar.pending.pop(record_id, None)  # the proposed record counts it too: main's again
+            self._sidecar.access[record_id] = (updated.access_count, at)
             counts[record_id] = updated.access_count
             changed = True
         if changed:
-            self._mark_dirty()
+            self._sidecar.changed()
+            if self._sidecar.due():
+                self._flush_state()
         return counts
 
     async def reinforce(self, owner: str | None, ids: Sequence[str], amount: float) -> int:
@@ -827,6 +767,6 @@ class GitStore:
         return len(self._visible.by_owner.get(owner, {}))
 
     async def dimensions(self) -> int | None:
-        return self._dimensions
+        return self._sidecar.dimensions
 
 
