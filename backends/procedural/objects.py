@@ -85,29 +85,24 @@ def set_ref(repo: git.Repo, ref: git.Reference, commit: Commit, logmsg: str) -> 
     """Point `ref` at `commit` durably: its objects first, then the ref file and its directory.
     A write is acknowledged after this, so after a power loss it is there (or, cut before the
     ref's fsync, not acknowledged)."""
-    sync_objects(repo)
+    in_process_odb(repo).sync()
     ref.set_commit(commit, logmsg=logmsg)
     fsync_ref(repo, ref)
 
 
-def sync_objects(repo: git.Repo) -> None:
-    if isinstance(repo.odb, InProcessObjectDB):
-        repo.odb.sync()
-
-
 def fsync_ref(repo: git.Repo, ref: git.Reference) -> None:
+    """fsync a ref's file and the directory that names it."""
     path = Path(repo.common_dir) / ref.path
     fsync_path(path)
     fsync_path(path.parent)
 
 
-
-def loose_odb(repo: git.Repo) -> LooseObjectDB:
-    """Write objects in-process, whatever odb type `repo` was opened with (the store's own, which
-    keeps them for `set_ref` to sync, when it is that)."""
-    if isinstance(repo.odb, InProcessObjectDB):
-        return repo.odb
-    return LooseObjectDB(os.path.join(repo.common_dir, "objects"))
+def in_process_odb(repo: git.Repo) -> InProcessObjectDB:
+    """`repo`'s object database, which must be the store's own (`git.Repo(..., odbt=InProcessObjectDB)`):
+    any other would write objects that no `sync` makes durable before a ref names them."""
+    if not isinstance(repo.odb, InProcessObjectDB):
+        raise TypeError(f"the repository at {repo.working_dir} was not opened with odbt=InProcessObjectDB")
+    return repo.odb
 
 
 class TreeBuilder:
@@ -120,7 +115,7 @@ class TreeBuilder:
     """
 
     def __init__(self, repo: git.Repo, entries: Iterable[tuple[str, int, bytes]]) -> None:
-        self.odb = loose_odb(repo)
+        self.odb = in_process_odb(repo)
         self.dirs: dict[str, dict[str, tuple[int, bytes | None]]] = {"": {}}
         self.shas: dict[str, bytes] = {}
         self.dirty: set[str] = {""}

@@ -54,7 +54,7 @@ from backends.store import (SessionInfo, StoreConflict, StoreIdTaken, StoreRejec
 from . import files
 from .commits import Plan, actor, label, message as commit_message, owner_actor, prune_dirs
 from .index import Tree, Visible, copy_out
-from .objects import FILE_MODE, InProcessObjectDB, TreeBuilder, fsync_ref, set_ref, sync_objects
+from .objects import FILE_MODE, InProcessObjectDB, TreeBuilder, fsync_ref, in_process_odb, set_ref
 from .recovery import hold, recover
 from .review import PROPOSED, Approval, base_proposed, fast_forward, shown_changes, warn_unapproved
 from .sidecar import NO_STATS, Sidecar
@@ -137,7 +137,7 @@ class GitStore:
             message = "initialise procedural memory"
             commit = Commit.create_from_tree(repo, index.write_tree(), message, parent_commits=[], head=False,
                                              author=self.identity, committer=self.identity)
-            sync_objects(repo)  # then the unborn branch, as `head=True` would make it
+            in_process_odb(repo).sync()  # then the unborn branch, as `head=True` would make it
             fsync_ref(repo, git.Head.create(repo, repo.head.ref.path, commit, logmsg=f"commit (initial): {message}"))
             index.write()  # a valid (empty) index: git refuses a missing-but-truncated one
         self.main = repo.active_branch.name
