@@ -173,6 +173,7 @@ def approver_names(value: Any) -> frozenset[str] | None:
     names = value.split(",") if isinstance(value, str) else [str(v) for v in value]
     return frozenset(n.strip() for n in names if n.strip())
 
+
 def extensions(store: GitStore, events: EventLog | None = None) -> dict[str, Handler]:
     """The extension methods over `store`; a restore is a write, told on `events` (the tier server's
     log) as remember's are, and an approve tells readers what it made recallable (`_tell_approved`):

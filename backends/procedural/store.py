@@ -66,6 +66,12 @@ PUSH_TIMEOUT_S = 30.0
 
 
 class GitStore:
+    """The procedural tier's store (the `backends.store` seam) over one git repository.
+
+    Reads answer from memory (`Visible`, main's records); writes plan a change (`Plan`), commit it
+    in a worker thread under the one writer lock, and only then update memory, the sidecar, and the
+    remote. Behind the review gate writes land on `proposed` (`_proposed`) until `approve`."""
+
     engine = "git"
     searches_vectors = True
 
