@@ -186,7 +186,18 @@ def id_header(record_id: str) -> str | None:
 
 
 def loads(data: bytes) -> tuple[Record, int]:
-    """Inverse of `dumps`: (record without access statistics, seq). ValueError if it is not one."""
+    """Inverse of `dumps`: (record without access statistics, seq). ValueError if it is not one.
+
+    Files can be committed by hand (a reviewer's edit), so anything a header can hold is refused
+    this one way: broken YAML and fields of the wrong type too, which callers would otherwise
+    each have to know."""
+    try:
+        return _loads(data)
+    except (yaml.YAMLError, TypeError) as exc:
+        raise ValueError(f"not a record file: {exc}") from None
+
+
+def _loads(data: bytes) -> tuple[Record, int]:
     text = data.decode("utf-8")
     if not text.startswith("---\n"):
         raise ValueError("no front-matter header")

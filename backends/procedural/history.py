@@ -24,7 +24,8 @@ from a2m.timefmt import format_ts
 from backends.store import StoreIdTaken, StoreRejected
 
 from . import files
-from .store import PROPOSED, Approval, GitStore
+from .review import PROPOSED, Approval
+from .store import GitStore
 
 Handler = Callable[[dict[str, Any], Any], Awaitable[dict[str, Any]]]
 
@@ -77,18 +78,14 @@ def _log(repo: git.Repo, store: GitStore, path: str, limit: int) -> list[dict[st
     revisions = []
     # `:(literal)`: git reads a path it is given as a glob, and a key may hold `*`, `?` or `[`.
     for commit in repo.iter_commits(branch, paths=f":(literal){path}", max_count=limit):
-        try:
-            record, _ = files.loads((commit.tree / path).data_stream.read())
-            revision: int | None = record.revision
-        except (KeyError, ValueError, UnicodeDecodeError):
-            revision = None
+        record = _record_at(commit, path)
         revisions.append({
             "commit": commit.hexsha,
             "author": commit.author.name,
             "email": commit.author.email,
             "at": format_ts(commit.authored_datetime),
             "message": commit.message.strip(),
-            "revision": revision,
+            "revision": record.revision if record is not None else None,
             "pending": commit.hexsha in pending,
         })
     return revisions
@@ -122,12 +119,18 @@ def _last_path(repo: git.Repo, store: GitStore, owner: str | None, record_id: st
     return None
 
 
-def _id_at(commit: Any, path: str) -> str | None:
+def _record_at(commit: Any, path: str) -> Record | None:
+    """The record in `path` at `commit`; None where there is no file, or not a record's."""
     try:
         record, _ = files.loads((commit.tree / path).data_stream.read())
-    except (KeyError, ValueError, UnicodeDecodeError):
+    except (KeyError, ValueError):  # KeyError: no such path in the commit's tree
         return None
-    return record.id
+    return record
+
+
+def _id_at(commit: Any, path: str) -> str | None:
+    record = _record_at(commit, path)
+    return record.id if record is not None else None
 
 
 def _at(repo: git.Repo, store: GitStore, rev: str, path: str) -> tuple[Record | None, int]:
@@ -136,10 +139,7 @@ def _at(repo: git.Repo, store: GitStore, rev: str, path: str) -> tuple[Record | 
         commit = repo.commit(rev)
     except (git.BadName, ValueError, git.GitCommandError):
         return None, -1
-    try:
-        old, _ = files.loads((commit.tree / path).data_stream.read())
-    except (KeyError, ValueError, UnicodeDecodeError):
-        old = None
+    old = _record_at(commit, path)
     highest = max((r["revision"] or 0 for r in _log(repo, store, path, MAX_HISTORY)), default=0)
     return old, highest
 
@@ -172,6 +172,7 @@ def approver_names(value: Any) -> frozenset[str] | None:
         return None
     names = value.split(",") if isinstance(value, str) else [str(v) for v in value]
     return frozenset(n.strip() for n in names if n.strip())
+
 
 def extensions(store: GitStore, events: EventLog | None = None) -> dict[str, Handler]:
     """The extension methods over `store`; a restore is a write, told on `events` (the tier server's

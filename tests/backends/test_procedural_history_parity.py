@@ -45,7 +45,8 @@ import pytest
 from a2m.filters import matches
 from a2m.records import Record
 from backends.procedural import files
-from backends.procedural.store import PROPOSED, owner_actor
+from backends.procedural.commits import owner_actor
+from backends.procedural.review import PROPOSED
 from backends.serve import build
 from backends.settings import TierSettings
 from tests.backends import test_procedural_parity as P

@@ -1360,3 +1360,25 @@ async def test_history_by_id_of_a_forgotten_keyed_record_lists_its_commits(store
     assert await revisions(id="p") == [None, 2, 1]
     assert await revisions(id="q") == [None, 1]
     assert await revisions(owner="bob", id="p") == [] and await revisions(id="never") == []
+
+
+@pytest.mark.parametrize("header", ["id: [unclosed\n", "id: x\nsalience: null\n", "id: x\nseq: [1]\n"])
+async def test_a_committed_file_that_is_not_a_record_is_skipped_not_fatal(tmp_path: Path, header: str) -> None:
+    """A file committed by hand (a reviewer's edit) whose header is not a record's is logged and
+    skipped at open, and `memory/history` shows its commit without a revision: `files.loads` says
+    so with ValueError, its contract. Broken YAML and wrong types escaped it, and the tier could
+    not open at all (a raw ScannerError / TypeError)."""
+    store = await opened(tmp_path)
+    await store.write([rec(1, key="skills/good"), rec(2, key="skills/broken")])
+    await store.close()
+    repo = tmp_path / "repo"
+    (repo / "owners/alice/skills/broken.md").write_text(f"---\n{header}---\nbody\n", "utf-8")
+    git(repo, "-c", "user.name=Hand", "-c", "user.email=hand@example.org", "commit", "-qam", "hand edit")
+    store = await opened(tmp_path)
+    try:
+        assert [r.key for r in await store.select(Scope(owner="alice"))] == ["skills/good"]
+        history = extensions(store)["memory/history"]
+        result = await history({"key": "skills/broken", "owner": "alice"}, Ctx())
+        assert [r["revision"] for r in result["revisions"]] == [None, 1]
+    finally:
+        await store.close()
