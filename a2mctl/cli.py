@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def default_data_dir() -> Path:
@@ -145,6 +146,56 @@ def _unread_flag(args: argparse.Namespace) -> str | None:
     return None
 
 
+class _Startup:
+    """The server as the lifespan of its binding, keeping why its start failed.
+
+    An engine that does not answer at start (a wrong `--url`, an engine down) ended `a2m serve` in
+    uvicorn's `ERROR: StoreUnavailable(...)` and exit status 3, the status of a port in use, and over
+    stdio in a traceback; kept here, it ends in one line naming the flag to check instead."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.failure: BaseException | None = None
+
+    async def startup(self) -> None:
+        try:
+            await self.server.startup()
+        except SystemExit as exc:  # a store's own refusal, said in full (a corpus's table not found)
+            self.failure = exc  # raised as an Exception: uvicorn prints a traceback for a SystemExit here
+            raise RuntimeError(str(exc.code)) from None
+        except Exception as exc:
+            self.failure = exc
+            raise
+
+    async def shutdown(self) -> None:
+        await self.server.shutdown()
+
+
+class _QuietStartupFailure(logging.Filter):
+    """Drops uvicorn's own lines about a failed start (the exception's repr, "Application startup
+    failed"), which `_start_failed` says once, with the flag to check."""
+
+    def __init__(self, startup: _Startup) -> None:
+        super().__init__()
+        self.startup = startup
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.startup.failure is None
+
+
+def _start_failed(args: argparse.Namespace, failure: BaseException) -> int:
+    """The message for a server whose engine would not start or answer; exit status 1, as for a setting."""
+    said = failure.code if isinstance(failure, SystemExit) else failure
+    reason = " ".join(str(said).split()) or type(failure).__name__
+    hint = ""
+    if (not isinstance(failure, SystemExit) and args.what != "router"
+            and (args.url or os.environ.get(f"A2M_{args.what.upper()}_URL"))):
+        hint = (f"; check --url / A2M_{args.what.upper()}_URL (the engine's address and credentials) and that "
+                "the engine there is running")
+    print(f"a2m serve {args.what}: cannot start: {reason}{hint}", file=sys.stderr, flush=True)
+    return 1
+
+
 def _serve(args: argparse.Namespace) -> int:
     from a2m.http import DEFAULT_MAX_BODY, SERVICE, TIER_MAX_BODY, HTTPSettings
     from a2m.stdio import log_to_stderr
@@ -226,10 +277,16 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"a2m serve {args.what}: {exc}") from None
     http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens,
                                  max_body=DEFAULT_MAX_BODY if args.what == "router" else TIER_MAX_BODY)
+    startup = _Startup(server)
     if args.stdio:
         from a2m.stdio import serve_stdio
 
-        asyncio.run(serve_stdio(Dispatcher(server), lifespan=server))
+        try:
+            asyncio.run(serve_stdio(Dispatcher(server), lifespan=startup))
+        except Exception:
+            if startup.failure is None:
+                raise
+            return _start_failed(args, startup.failure)
         return 0
     from a2m.http import HTTPApp, run
 
@@ -245,8 +302,16 @@ def _serve(args: argparse.Namespace) -> int:
         if os.environ.get("A2M_ANNOUNCE", "1") != "0":
             print(f"a2m serve {args.what}: listening on {url}", file=sys.stderr, flush=True)
 
-    run(HTTPApp(Dispatcher(server), http_settings, lifespan=server), host=args.host, port=args.port,
-        log_level=args.log_level or "warning", on_listening=listening)
+    logging.getLogger("uvicorn.error").addFilter(_QuietStartupFailure(startup))
+    try:
+        run(HTTPApp(Dispatcher(server), http_settings, lifespan=startup), host=args.host, port=args.port,
+            log_level=args.log_level or "warning", on_listening=listening)
+    except SystemExit:
+        if startup.failure is None:  # it could not listen (a port in use): uvicorn's error is above
+            print(f"a2m serve {args.what}: cannot listen on {args.host}:{args.port} (the error above): stop what "
+                  "listens there, or choose another --port (0: any free port)", file=sys.stderr, flush=True)
+            raise  # status 3, as documented
+        return _start_failed(args, startup.failure)
     return 0
 
 

@@ -272,6 +272,11 @@ def hold_data_dir(data: Path) -> int:
     import fcntl
 
     lock = data / ".a2m-up.lock"
+    # A file where the directory (or a folder above it) should be: mkdir says only "File exists".
+    file = next((path for path in (data, *data.parents) if path.exists()), None)
+    if file is not None and not file.is_dir():
+        raise SystemExit(f"a2m up: cannot use {data} as the data directory: {file} is a file, not a directory "
+                         "(--data / A2M_DATA names a folder)")
     try:
         data.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)

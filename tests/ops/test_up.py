@@ -297,6 +297,18 @@ async def test_up_waits_for_the_router_to_reach_a_tier_that_started_after_it(tmp
                 assert "degraded" not in found, found
 
 
+@pytest.mark.parametrize("below", ["", "/below"])
+def test_up_on_a_file_as_data_dir_says_it_is_a_file(tmp_path: Path, below: str) -> None:
+    """mkdir's "File exists" (or "Not a directory") was all it said."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    done = subprocess.run(a2m_command("up", "--data", f"{afile}{below}", "--port", str(free_port_block(5))),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"a2m up: cannot use {afile}{below} as the data directory: {afile} is a file, not a directory" \
+        in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("taken", ["router", "episodic"])
 def test_up_on_a_port_in_use_stops_before_starting_anything(tmp_path: Path, taken: str) -> None:
     """A port in use used to surface after four servers had started (and PostgreSQL's initdb was cut
