@@ -369,20 +369,27 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run one tier server or the router")
-    serve.add_argument("what", choices=["working", "episodic", "semantic", "procedural", "corpus", "router"])
-    serve.add_argument("--host", default=os.environ.get("A2M_HOST", "127.0.0.1"))
+    serve.add_argument("what", choices=["working", "episodic", "semantic", "procedural", "corpus", "router"],
+                       help="a tier server, a read-only corpus over an existing table or collection, or the router")
+    serve.add_argument("--host", default=os.environ.get("A2M_HOST", "127.0.0.1"),
+                       help="the address to bind (default 127.0.0.1: this machine only); $A2M_HOST")
     serve.add_argument("--port", type=_port, default=os.environ.get("A2M_PORT") or "0",
                        help="0 (the default) for any free port; $A2M_PORT")
     serve.add_argument("--stdio", action="store_true", help="speak JSON-RPC on stdin/stdout instead of HTTP")
-    serve.add_argument("--data", help="data directory (default: $A2M_DATA or the user data dir)")
-    serve.add_argument("--url", help="use this engine (redis://, postgresql://, http://qdrant:6333, a repo path)")
+    serve.add_argument("--data", help="data directory; an embedded engine keeps its files in DATA/NAME (default: "
+                                      "$A2M_DATA or the user data dir)")
+    serve.add_argument("--url", help="use this engine (redis://, postgresql://, http://qdrant:6333, a repo path) "
+                                     "instead of an embedded one; $A2M_<TIER>_URL, e.g. $A2M_EPISODIC_URL")
     serve.add_argument("--name", help="the tier's name in describe (default: the tier kind)")
     serve.add_argument("--config", help="router.toml (router only)")
-    serve.add_argument("--embedder", help="none | local | an OpenAI-compatible base URL")
-    serve.add_argument("--option", action="append", default=[], help="engine option KEY=VALUE")
+    serve.add_argument("--embedder", help="none | local | an OpenAI-compatible base URL; $A2M_EMBEDDER")
+    serve.add_argument("--option", action="append", default=[],
+                       help="engine option KEY=VALUE (repeatable; each engine's are in docs/configuration.md)")
     serve.add_argument("--token", action="append", default=[], help="bearer TOKEN=PRINCIPAL (repeatable)")
-    serve.add_argument("--service-token", help="bearer token trusted to name any owner (the router's)")
-    serve.add_argument("--origin", action="append", help="allowed browser Origin (repeatable)")
+    serve.add_argument("--service-token", help="bearer token trusted to name any owner (the router's); "
+                                               "$A2M_SERVICE_TOKEN")
+    serve.add_argument("--origin", action="append", help="allowed browser Origin (repeatable); "
+                                                         "$A2M_ALLOWED_ORIGINS, comma-separated")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug", "trace"],
                        help="the server's log and uvicorn's (default: the server's at info, uvicorn's at warning)")
     serve.set_defaults(run=_serve)
@@ -391,19 +398,22 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--data", help="data directory (default: $A2M_DATA or the user data dir)")
     up.add_argument("--tiers", default="working,episodic,semantic,procedural",
                     help="which tier servers to start, comma-separated (default: all four)")
-    up.add_argument("--port", type=_port, default=8700, help="the router's port; tiers use the next ones")
+    up.add_argument("--port", type=_port, default=8700,
+                    help="the router's port (default 8700); the tiers take the next four")
     up.add_argument("--config", help="the router's router.toml (default: one written into the data dir on "
                                      "every start, for the tiers started on the ports above)")
     up.set_defaults(run=_up)
 
     doctor = sub.add_parser("doctor", help="health of a router (or any A2M URL) and its tiers")
-    doctor.add_argument("url", nargs="?", type=_http_url, default="http://127.0.0.1:8700/")
+    doctor.add_argument("url", nargs="?", type=_http_url, default="http://127.0.0.1:8700/",
+                        help="the router, or any A2M server (default http://127.0.0.1:8700/)")
     doctor.add_argument("--token", help="bearer token (default: $A2M_TOKEN, which `ps` does not show)")
     doctor.set_defaults(run=_doctor)
 
     for name in ("export", "import"):
         p = sub.add_parser(name, help=f"{name} records as JSON Lines through any A2M endpoint")
-        p.add_argument("url")
+        p.add_argument("url", help="an http(s) URL (the router, or any A2M server), or the quoted command line "
+                                   "of a server speaking A2M on stdio")
         p.add_argument("file", help="JSON Lines file ('-' for stdout/stdin)")
         p.add_argument("--token", help="bearer token for an http(s) URL (default: $A2M_TOKEN, which `ps` does "
                                        "not show)")
@@ -418,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(run=_transfer)
 
     bench = sub.add_parser("bench", help="run every benchmark and print a table")
-    bench.add_argument("--quick", action="store_true")
+    bench.add_argument("--quick", action="store_true", help="reduced sizes: a few minutes instead of the full run")
     bench.set_defaults(run=_bench)
 
     args = parser.parse_args(argv)
