@@ -223,6 +223,13 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
         from a2m.embedder import preload
 
+        ignored = os.environ.get("A2M_EMBEDDER")
+        if ignored and ignored != "none" and ignored != server.config.embedder:
+            # A tier server's variable: set beside the rest of a shared environment (compose's), the router
+            # ran without the embedder its operator meant, and said nothing.
+            print(f"a2m serve router: warning: A2M_EMBEDDER={ignored} is a tier server's setting; the router embeds "
+                  f"with router.toml's embedder ({server.config.embedder or 'none'}): set embedder there",
+                  file=sys.stderr, flush=True)
         preload(server.embedder)
         configured = server.http_settings()  # [auth] tokens and origins from router.toml
         tokens = _tokens(args.token, server.config.service_token)

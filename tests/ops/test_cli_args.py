@@ -83,3 +83,16 @@ def test_help_names_defaults_and_variables(argv: list[str], said: list[str]) -> 
                           env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr
     assert [s for s in said if s not in done.stdout] == [], done.stdout
+
+
+def test_the_router_says_it_does_not_read_a2m_embedder(tmp_path: Path) -> None:
+    """A2M_EMBEDDER is the tier servers' variable; a router given it in a shared environment ran without
+    an embedder and said nothing."""
+    done = subprocess.run(a2m_command("serve", "router", "--stdio"), cwd=ROOT, input="", capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "A2M_EMBEDDER": "http://127.0.0.1:9/v1"})
+    assert done.returncode == 0, done.stderr
+    assert ("a2m serve router: warning: A2M_EMBEDDER=http://127.0.0.1:9/v1 is a tier server's setting; the router "
+            "embeds with router.toml's embedder (none): set embedder there") in done.stderr, done.stderr
+    quiet = subprocess.run(a2m_command("serve", "router", "--stdio"), cwd=ROOT, input="", capture_output=True,
+                           text=True, timeout=60, env={**os.environ, "A2M_EMBEDDER": "none"})
+    assert quiet.returncode == 0 and "A2M_EMBEDDER" not in quiet.stderr, quiet.stderr
