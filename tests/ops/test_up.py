@@ -245,7 +245,16 @@ def test_up_with_a_bad_config_stops_before_starting_anything(tmp_path: Path) -> 
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "nowhere" in done.stderr and str(bad) in done.stderr, done.stderr
-    assert not (tmp_path / "data" / "Procfile").exists()
+    assert not (tmp_path / "data").exists()  # not even made (and locked) before the refusal
+
+
+def test_up_with_unknown_tiers_stops_before_making_the_data_dir(tmp_path: Path) -> None:
+    done = subprocess.run(a2m_command("up", "--data", str(tmp_path / "data"), "--tiers", "workng"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("a2m up: --tiers takes a comma-separated subset of working,episodic,semantic,"
+                                  "procedural; got 'workng'"), done.stderr
+    assert not (tmp_path / "data").exists()
 
 
 def test_engines_are_matched_by_their_exact_data_dir_and_age(tmp_path: Path) -> None:
