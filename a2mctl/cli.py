@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def default_data_dir() -> Path:
@@ -158,6 +159,56 @@ def _unread_flag(args: argparse.Namespace) -> str | None:
     return None
 
 
+class _Startup:
+    """The server as the lifespan of its binding, keeping why its start failed.
+
+    An engine that does not answer at start (a wrong `--url`, an engine down) ended `a2m serve` in
+    uvicorn's `ERROR: StoreUnavailable(...)` and exit status 3, the status of a port in use, and over
+    stdio in a traceback; kept here, it ends in one line naming the flag to check instead."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.failure: BaseException | None = None
+
+    async def startup(self) -> None:
+        try:
+            await self.server.startup()
+        except SystemExit as exc:  # a store's own refusal, said in full (a corpus's table not found)
+            self.failure = exc  # raised as an Exception: uvicorn prints a traceback for a SystemExit here
+            raise RuntimeError(str(exc.code)) from None
+        except Exception as exc:
+            self.failure = exc
+            raise
+
+    async def shutdown(self) -> None:
+        await self.server.shutdown()
+
+
+class _QuietStartupFailure(logging.Filter):
+    """Drops uvicorn's own lines about a failed start (the exception's repr, "Application startup
+    failed"), which `_start_failed` says once, with the flag to check."""
+
+    def __init__(self, startup: _Startup) -> None:
+        super().__init__()
+        self.startup = startup
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.startup.failure is None
+
+
+def _start_failed(args: argparse.Namespace, failure: BaseException) -> int:
+    """The message for a server whose engine would not start or answer; exit status 1, as for a setting."""
+    said = failure.code if isinstance(failure, SystemExit) else failure
+    reason = " ".join(str(said).split()) or type(failure).__name__
+    hint = ""
+    if (not isinstance(failure, SystemExit) and args.what != "router"
+            and (args.url or os.environ.get(f"A2M_{args.what.upper()}_URL"))):
+        hint = (f"; check --url / A2M_{args.what.upper()}_URL (the engine's address and credentials) and that "
+                "the engine there is running")
+    print(f"a2m serve {args.what}: cannot start: {reason}{hint}", file=sys.stderr, flush=True)
+    return 1
+
+
 def _serve(args: argparse.Namespace) -> int:
     from a2m.http import DEFAULT_MAX_BODY, SERVICE, TIER_MAX_BODY, HTTPSettings
     from a2m.stdio import log_to_stderr
@@ -185,6 +236,13 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
         from a2m.embedder import preload
 
+        ignored = os.environ.get("A2M_EMBEDDER")
+        if ignored and ignored != "none" and ignored != server.config.embedder:
+            # A tier server's variable: set beside the rest of a shared environment (compose's), the router
+            # ran without the embedder its operator meant, and said nothing.
+            print(f"a2m serve router: warning: A2M_EMBEDDER={ignored} is a tier server's setting; the router embeds "
+                  f"with router.toml's embedder ({server.config.embedder or 'none'}): set embedder there",
+                  file=sys.stderr, flush=True)
         preload(server.embedder)
         configured = server.http_settings()  # [auth] tokens and origins from router.toml
         tokens = _tokens(args.token, server.config.service_token)
@@ -241,10 +299,16 @@ def _serve(args: argparse.Namespace) -> int:
               if getattr(args, key) is not None}  # else HTTPSettings' defaults
     http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens,
                                  max_body=DEFAULT_MAX_BODY if args.what == "router" else TIER_MAX_BODY, **limits)
+    startup = _Startup(server)
     if args.stdio:
         from a2m.stdio import serve_stdio
 
-        asyncio.run(serve_stdio(Dispatcher(server), lifespan=server))
+        try:
+            asyncio.run(serve_stdio(Dispatcher(server), lifespan=startup))
+        except Exception:
+            if startup.failure is None:
+                raise
+            return _start_failed(args, startup.failure)
         return 0
     from a2m.http import HTTPApp, run
 
@@ -260,8 +324,16 @@ def _serve(args: argparse.Namespace) -> int:
         if os.environ.get("A2M_ANNOUNCE", "1") != "0":
             print(f"a2m serve {args.what}: listening on {url}", file=sys.stderr, flush=True)
 
-    run(HTTPApp(Dispatcher(server), http_settings, lifespan=server), host=args.host, port=args.port,
-        log_level=args.log_level or "warning", on_listening=listening)
+    logging.getLogger("uvicorn.error").addFilter(_QuietStartupFailure(startup))
+    try:
+        run(HTTPApp(Dispatcher(server), http_settings, lifespan=startup), host=args.host, port=args.port,
+            log_level=args.log_level or "warning", on_listening=listening)
+    except SystemExit:
+        if startup.failure is None:  # it could not listen (a port in use): uvicorn's error is above
+            print(f"a2m serve {args.what}: cannot listen on {args.host}:{args.port} (the error above): stop what "
+                  "listens there, or choose another --port (0: any free port)", file=sys.stderr, flush=True)
+            raise  # status 3, as documented
+        return _start_failed(args, startup.failure)
     return 0
 
 
@@ -319,20 +391,27 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run one tier server or the router")
-    serve.add_argument("what", choices=["working", "episodic", "semantic", "procedural", "corpus", "router"])
-    serve.add_argument("--host", default=os.environ.get("A2M_HOST", "127.0.0.1"))
+    serve.add_argument("what", choices=["working", "episodic", "semantic", "procedural", "corpus", "router"],
+                       help="a tier server, a read-only corpus over an existing table or collection, or the router")
+    serve.add_argument("--host", default=os.environ.get("A2M_HOST", "127.0.0.1"),
+                       help="the address to bind (default 127.0.0.1: this machine only); $A2M_HOST")
     serve.add_argument("--port", type=_port, default=os.environ.get("A2M_PORT") or "0",
                        help="0 (the default) for any free port; $A2M_PORT")
     serve.add_argument("--stdio", action="store_true", help="speak JSON-RPC on stdin/stdout instead of HTTP")
-    serve.add_argument("--data", help="data directory (default: $A2M_DATA or the user data dir)")
-    serve.add_argument("--url", help="use this engine (redis://, postgresql://, http://qdrant:6333, a repo path)")
+    serve.add_argument("--data", help="data directory; an embedded engine keeps its files in DATA/NAME (default: "
+                                      "$A2M_DATA or the user data dir)")
+    serve.add_argument("--url", help="use this engine (redis://, postgresql://, http://qdrant:6333, a repo path) "
+                                     "instead of an embedded one; $A2M_<TIER>_URL, e.g. $A2M_EPISODIC_URL")
     serve.add_argument("--name", help="the tier's name in describe (default: the tier kind)")
     serve.add_argument("--config", help="router.toml (router only)")
-    serve.add_argument("--embedder", help="none | local | an OpenAI-compatible base URL")
-    serve.add_argument("--option", action="append", default=[], help="engine option KEY=VALUE")
+    serve.add_argument("--embedder", help="none | local | an OpenAI-compatible base URL; $A2M_EMBEDDER")
+    serve.add_argument("--option", action="append", default=[],
+                       help="engine option KEY=VALUE (repeatable; each engine's are in docs/configuration.md)")
     serve.add_argument("--token", action="append", default=[], help="bearer TOKEN=PRINCIPAL (repeatable)")
-    serve.add_argument("--service-token", help="bearer token trusted to name any owner (the router's)")
-    serve.add_argument("--origin", action="append", help="allowed browser Origin (repeatable)")
+    serve.add_argument("--service-token", help="bearer token trusted to name any owner (the router's); "
+                                               "$A2M_SERVICE_TOKEN")
+    serve.add_argument("--origin", action="append", help="allowed browser Origin (repeatable); "
+                                                         "$A2M_ALLOWED_ORIGINS, comma-separated")
     serve.add_argument("--body-timeout", type=_seconds, default=os.environ.get("A2M_BODY_TIMEOUT") or None,
                        help="seconds a request body may take to arrive, then 408 (default 30; $A2M_BODY_TIMEOUT)")
     serve.add_argument("--max-connections", type=_positive, default=os.environ.get("A2M_MAX_CONNECTIONS") or None,
@@ -347,19 +426,22 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--data", help="data directory (default: $A2M_DATA or the user data dir)")
     up.add_argument("--tiers", default="working,episodic,semantic,procedural",
                     help="which tier servers to start, comma-separated (default: all four)")
-    up.add_argument("--port", type=_port, default=8700, help="the router's port; tiers use the next ones")
+    up.add_argument("--port", type=_port, default=8700,
+                    help="the router's port (default 8700); the tiers take the next four")
     up.add_argument("--config", help="the router's router.toml (default: one written into the data dir on "
                                      "every start, for the tiers started on the ports above)")
     up.set_defaults(run=_up)
 
     doctor = sub.add_parser("doctor", help="health of a router (or any A2M URL) and its tiers")
-    doctor.add_argument("url", nargs="?", type=_http_url, default="http://127.0.0.1:8700/")
+    doctor.add_argument("url", nargs="?", type=_http_url, default="http://127.0.0.1:8700/",
+                        help="the router, or any A2M server (default http://127.0.0.1:8700/)")
     doctor.add_argument("--token", help="bearer token (default: $A2M_TOKEN, which `ps` does not show)")
     doctor.set_defaults(run=_doctor)
 
     for name in ("export", "import"):
         p = sub.add_parser(name, help=f"{name} records as JSON Lines through any A2M endpoint")
-        p.add_argument("url")
+        p.add_argument("url", help="an http(s) URL (the router, or any A2M server), or the quoted command line "
+                                   "of a server speaking A2M on stdio")
         p.add_argument("file", help="JSON Lines file ('-' for stdout/stdin)")
         p.add_argument("--token", help="bearer token for an http(s) URL (default: $A2M_TOKEN, which `ps` does "
                                        "not show)")
@@ -374,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(run=_transfer)
 
     bench = sub.add_parser("bench", help="run every benchmark and print a table")
-    bench.add_argument("--quick", action="store_true")
+    bench.add_argument("--quick", action="store_true", help="reduced sizes: a few minutes instead of the full run")
     bench.set_defaults(run=_bench)
 
     args = parser.parse_args(argv)

@@ -60,6 +60,10 @@ def _client(target: str, token: str | None, timeout: float) -> Any:
         raise TransferError(problem)
     if not http and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", target):
         raise TransferError(f"{target}: A2M is served over http:// or https://, or as a stdio command line")
+    if not http and re.fullmatch(r"(localhost|[0-9.]+|\[[0-9A-Fa-f:]+\]|[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+):\d+/?", target):
+        # `127.0.0.1:8700` was run as a command and answered "No such file or directory"
+        raise TransferError(f"{target} is a host and port, not a URL: write http://{target.rstrip('/')}/ (a "
+                            "stdio server is given as its command line)")
     if not http and not shlex.split(target):
         raise TransferError("no endpoint: give an http(s) URL or the command line of a stdio A2M server")
     try:

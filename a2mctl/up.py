@@ -73,7 +73,7 @@ def parse_tiers(value: str) -> list[str]:
     chosen = [t.strip() for t in value.split(",") if t.strip()]
     unknown = [t for t in chosen if t not in TIERS]
     if unknown or not chosen:
-        raise SystemExit(f"--tiers takes a comma-separated subset of {','.join(TIERS)}; got {value!r}")
+        raise SystemExit(f"a2m up: --tiers takes a comma-separated subset of {','.join(TIERS)}; got {value!r}")
     return [t for t in TIERS if t in chosen]  # Procfile order, no duplicates
 
 
@@ -272,6 +272,11 @@ def hold_data_dir(data: Path) -> int:
     import fcntl
 
     lock = data / ".a2m-up.lock"
+    # A file where the directory (or a folder above it) should be: mkdir says only "File exists".
+    file = next((path for path in (data, *data.parents) if path.exists()), None)
+    if file is not None and not file.is_dir():
+        raise SystemExit(f"a2m up: cannot use {data} as the data directory: {file} is a file, not a directory "
+                         "(--data / A2M_DATA names a folder)")
     try:
         data.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
@@ -321,25 +326,25 @@ def up(args: argparse.Namespace) -> int:
                          "name any owner, on the network; a2m up serves on 127.0.0.1 only: unset A2M_HOST (for "
                          "a deployment beyond this machine see compose.yaml and deploy/)")
     console = Console(highlight=False)
+    # The command line first: a typo in --tiers or --config used to make (and lock) the data dir before
+    # it was refused.
+    tiers = parse_tiers(args.tiers)
+    with_router = router_available()
+    if args.config and not with_router:
+        raise SystemExit("a2m up --config: router/ is not installed here, so there is no router to configure")
+    config = own_config(args.config) if with_router and args.config else None
     data = Path(args.data).expanduser() if args.data else default_data_dir()
     data = data.resolve()
     lock = hold_data_dir(data)
     import psutil
 
     started = psutil.Process().create_time()  # the engines this run starts are younger than this process
-    tiers = parse_tiers(args.tiers)
     host = "127.0.0.1"
-    with_router = router_available()
     if not with_router:
         console.print("[yellow]router/ is not installed here: starting the tier servers only[/]")
 
-    config = None
-    if args.config and not with_router:
-        raise SystemExit("a2m up --config: router/ is not installed here, so there is no router to configure")
     commands = procfile_processes()
     chosen = [*tiers, "router"] if with_router else list(tiers)
-    if with_router and args.config:
-        config = own_config(args.config)
     ports = {name: port + PORT_OFFSET.get(name, 0) for name in chosen}
     # Checked before anything starts: otherwise the servers come up, the one whose port is taken exits,
     # and honcho stops the rest, its message one line among theirs (another federation on those ports

@@ -119,6 +119,17 @@ def _type(value: Any, kind: type | tuple[type, ...], where: str, what: str) -> A
     return value
 
 
+def _one_of(value: Any, choices: Iterable[str], where: str) -> None:
+    """Refuse a value outside `choices`, with the one it is closest to: `kind = "workng"` said only
+    which were allowed, not that it was one letter off."""
+    choices = list(choices)
+    if value in choices:
+        return
+    guess = difflib.get_close_matches(value, choices, n=1, cutoff=0.6) if isinstance(value, str) else []
+    raise ConfigError(f"{where} must be one of {choices}, got {value!r}"
+                      + (f" (did you mean {guess[0]!r}?)" if guess else ""))
+
+
 def _http_url(value: Any) -> bool:
     """An http(s) URL a client can open: a host, a port in range if any, no spaces."""
     if not isinstance(value, str) or not value.startswith(("http://", "https://")) or any(c.isspace() for c in value):
@@ -148,8 +159,8 @@ def _tier(raw: Any, index: int, default_timeout: float) -> TierConfig:
         raise ConfigError(f"{where}.name is required (a non-empty string)")
     where = f"tier {name!r}"
     kind = raw.get("kind")
-    if kind is not None and kind not in TIER_KINDS:
-        raise ConfigError(f"{where}: kind must be one of {list(TIER_KINDS)}, got {kind!r}")
+    if kind is not None:
+        _one_of(kind, TIER_KINDS, f"{where}: kind")
     url = raw.get("url")
     if not _http_url(url):
         raise ConfigError(f"{where}: url is required and must be an http(s) URL with a host (and a port in "
@@ -174,8 +185,7 @@ def _tier(raw: Any, index: int, default_timeout: float) -> TierConfig:
     timeout = _positive(raw.get("timeout", default_timeout), f"{where}: timeout", (int, float))
     max_response = _positive(raw.get("max_response", MAX_RESPONSE), f"{where}: max_response")
     retention = raw.get("retention", "keep")
-    if retention not in RETENTIONS:
-        raise ConfigError(f"{where}: retention must be one of {list(RETENTIONS)}, got {retention!r}")
+    _one_of(retention, RETENTIONS, f"{where}: retention")
     if retention == "drop" and capacity is None:
         raise ConfigError(f"{where}: retention = \"drop\" deletes what is over capacity, and this tier has no "
                           f"capacity: set one, or leave retention out")
@@ -374,8 +384,7 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
     _known(fusion_raw, FUSION_KEYS, "[fusion]")
     defaults = FusionConfig()
     strategy = fusion_raw.get("strategy", defaults.strategy)
-    if strategy not in FUSIONS:
-        raise ConfigError(f"fusion strategy must be one of {list(FUSIONS)}, got {strategy!r}")
+    _one_of(strategy, FUSIONS, "fusion strategy")
     weights = _weights(fusion_raw.get("weights", {}), defaults.weights)
     fusion = FusionConfig(strategy=strategy, rrf_k=_positive(fusion_raw.get("rrf_k", defaults.rrf_k), "fusion.rrf_k"),
                           pool=_positive(fusion_raw.get("pool", defaults.pool), "fusion.pool"),

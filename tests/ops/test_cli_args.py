@@ -76,3 +76,32 @@ def test_a_flag_the_server_would_not_read_is_refused(tmp_path: Path, what: str, 
     assert done.returncode == 2, done.stderr
     assert f"a2m serve {what}: {flag} " in done.stderr and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    # A stranger reads --help first: the defaults and the variables that stand for a flag were only in the docs.
+    (["serve", "--help"], ["default 127.0.0.1", "$A2M_HOST", "$A2M_<TIER>_URL", "$A2M_SERVICE_TOKEN",
+                           "$A2M_ALLOWED_ORIGINS", "DATA/NAME", "$A2M_EMBEDDER"]),
+    (["up", "--help"], ["default 8700", "the next four"]),
+    (["doctor", "--help"], ["default http://127.0.0.1:8700/"]),
+    (["export", "--help"], ["quoted command line"]),
+    (["import", "--help"], ["quoted command line"]),
+])
+def test_help_names_defaults_and_variables(argv: list[str], said: list[str]) -> None:
+    done = subprocess.run(a2m_command(*argv), cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    assert [s for s in said if s not in done.stdout] == [], done.stdout
+
+
+def test_the_router_says_it_does_not_read_a2m_embedder(tmp_path: Path) -> None:
+    """A2M_EMBEDDER is the tier servers' variable; a router given it in a shared environment ran without
+    an embedder and said nothing."""
+    done = subprocess.run(a2m_command("serve", "router", "--stdio"), cwd=ROOT, input="", capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "A2M_EMBEDDER": "http://127.0.0.1:9/v1"})
+    assert done.returncode == 0, done.stderr
+    assert ("a2m serve router: warning: A2M_EMBEDDER=http://127.0.0.1:9/v1 is a tier server's setting; the router "
+            "embeds with router.toml's embedder (none): set embedder there") in done.stderr, done.stderr
+    quiet = subprocess.run(a2m_command("serve", "router", "--stdio"), cwd=ROOT, input="", capture_output=True,
+                           text=True, timeout=60, env={**os.environ, "A2M_EMBEDDER": "none"})
+    assert quiet.returncode == 0 and "A2M_EMBEDDER" not in quiet.stderr, quiet.stderr

@@ -136,8 +136,45 @@ def test_serve_on_a_port_in_use_says_so(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        stderr = _refused(tmp_path, "procedural", "--data", str(tmp_path / "data"), "--port", str(port))
+        done = subprocess.run(a2m_command("serve", "procedural", "--data", str(tmp_path / "data"), "--port",
+                                          str(port)), cwd=tmp_path, timeout=60, input=b"", capture_output=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    stderr = done.stderr.decode()
+    assert done.returncode == 3 and "Traceback" not in stderr, stderr[-3000:]
     assert "address already in use" in stderr
+    assert f"a2m serve procedural: cannot listen on 127.0.0.1:{port} (the error above): stop what listens there, " \
+           "or choose another --port" in stderr, stderr
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_serve_says_which_flag_to_check_when_its_engine_does_not_answer(tmp_path: Path, transport: str) -> None:
+    """A Redis URL nothing answers at: over HTTP uvicorn's `ERROR: StoreUnavailable(...)` and exit status
+    3 (a port in use's), over stdio a traceback; now one line naming the engine's error and the flag."""
+    nobody = free_port()  # nothing listens: the connection is refused, by a real socket
+    args = ["working", "--url", f"redis://127.0.0.1:{nobody}/0", "--data", str(tmp_path / "data")]
+    done = subprocess.run(a2m_command("serve", *args, *(["--stdio"] if transport == "stdio" else ["--port", "0"])),
+                          cwd=tmp_path, timeout=60, input=b"", capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    stderr = done.stderr.decode()
+    assert done.returncode == 1, stderr[-3000:]
+    assert "Traceback" not in stderr and "StoreUnavailable" not in stderr and "startup failed" not in stderr, stderr
+    assert stderr.startswith("a2m serve working: cannot start: redis: ") and stderr.count("\n") == 1, stderr
+    assert f"127.0.0.1:{nobody}" in stderr and "check --url / A2M_WORKING_URL" in stderr, stderr
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_serve_corpus_that_refuses_its_mount_says_so_without_a_traceback(tmp_path: Path, transport: str) -> None:
+    """A corpus store refuses its mount with a message of its own (a SystemExit in its open), which
+    uvicorn printed as "Exception in 'lifespan' protocol" and a traceback."""
+    (tmp_path / "local").mkdir()
+    args = ["corpus", "--url", str(tmp_path / "local"), "--option", "collection=nope"]
+    done = subprocess.run(a2m_command("serve", *args, *(["--stdio"] if transport == "stdio" else ["--port", "0"])),
+                          cwd=tmp_path, timeout=60, input=b"", capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    stderr = done.stderr.decode()
+    assert done.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr == f"a2m serve corpus: cannot start: corpus: no collection 'nope' at {tmp_path / 'local'}; " \
+                     "it has none\n", stderr
 
 
 @pytest.mark.parametrize("args, env, message", [

@@ -198,6 +198,12 @@ def test_unusable_endpoints_and_files_are_named_not_raised(tmp_path: Path) -> No
         (["export", "http://127.0.0.1:99999/", str(tmp_path / "x.jsonl")], "Port out of range"),
         (["import", "http://[::1", str(good)], "Invalid IPv6 URL"),
         (["export", "no-such-a2m-command --stdio", str(tmp_path / "x.jsonl")], "no-such-a2m-command"),
+        # http:// left out: run as a command, it said "127.0.0.1:8700: No such file or directory"
+        (["export", "127.0.0.1:8700", str(tmp_path / "x.jsonl")],
+         "127.0.0.1:8700 is a host and port, not a URL: write http://127.0.0.1:8700/"),
+        (["import", "localhost:8700/", str(good)], "write http://localhost:8700/"),
+        (["export", "memory.internal.example:8700", str(tmp_path / "x.jsonl")],
+         "write http://memory.internal.example:8700/"),
         (["import", " ".join(fixture_server_command("--stdio")), str(good), "--token", "t"], "--token: a bearer token is for an http(s):// server"),
     ]
     for argv, message in cases:

@@ -245,7 +245,16 @@ def test_up_with_a_bad_config_stops_before_starting_anything(tmp_path: Path) -> 
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "nowhere" in done.stderr and str(bad) in done.stderr, done.stderr
-    assert not (tmp_path / "data" / "Procfile").exists()
+    assert not (tmp_path / "data").exists()  # not even made (and locked) before the refusal
+
+
+def test_up_with_unknown_tiers_stops_before_making_the_data_dir(tmp_path: Path) -> None:
+    done = subprocess.run(a2m_command("up", "--data", str(tmp_path / "data"), "--tiers", "workng"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("a2m up: --tiers takes a comma-separated subset of working,episodic,semantic,"
+                                  "procedural; got 'workng'"), done.stderr
+    assert not (tmp_path / "data").exists()
 
 
 def test_engines_are_matched_by_their_exact_data_dir_and_age(tmp_path: Path) -> None:
@@ -295,6 +304,18 @@ async def test_up_waits_for_the_router_to_reach_a_tier_that_started_after_it(tmp
             async with HTTPClient(url) as client:
                 found = await client.call("memory/recall", {"query": "anything"})
                 assert "degraded" not in found, found
+
+
+@pytest.mark.parametrize("below", ["", "/below"])
+def test_up_on_a_file_as_data_dir_says_it_is_a_file(tmp_path: Path, below: str) -> None:
+    """mkdir's "File exists" (or "Not a directory") was all it said."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    done = subprocess.run(a2m_command("up", "--data", f"{afile}{below}", "--port", str(free_port_block(5))),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"a2m up: cannot use {afile}{below} as the data directory: {afile} is a file, not a directory" \
+        in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("taken", ["router", "episodic"])

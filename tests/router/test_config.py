@@ -50,6 +50,12 @@ def test_service_token_from_env() -> None:
     ({"name": "working", "spill_to": "procedural"}, "a procedural tier"),
     ({"name": "semantic", "read_only": True, "url": "http://127.0.0.1:3/"}, None),
     ({"name": "working", "kind": "scratch"}, "kind must be one of"),
+    # one letter off: said which are allowed, not which was meant
+    ({"name": "working", "kind": "workng"}, "kind must be one of ['working', 'episodic', 'semantic', 'procedural'], "
+                                            "got 'workng' (did you mean 'working'?)"),
+    ({"name": "working", "kind": 3}, "kind must be one of ['working', 'episodic', 'semantic', 'procedural'], got 3"),
+    ({"name": "semantic", "capacity": 5, "retention": "dorp"}, "retention must be one of ['keep', 'drop'], got 'dorp' "
+                                                               "(did you mean 'drop'?)"),
     ({"name": "working", "capacity": 0}, "capacity must be a positive integer"),
     ({"name": "working", "url": "redis://x"}, "url is required and must be an http(s) URL"),
     ({"name": "working", "colour": "red"}, "unknown keys ['colour']"),
@@ -334,3 +340,9 @@ def test_a_capacity_nothing_enforces_is_named_at_start() -> None:
     [line] = unenforced(parse({"tiers": [tier]}).tiers)
     assert "tier working has capacity 8" in line and "retention" in line
     assert unenforced(parse({"tiers": [{**tier, "retention": "drop"}]}).tiers) == []
+
+
+def test_a_misspelt_fusion_strategy_names_the_one_meant() -> None:
+    with pytest.raises(ConfigError, match=re.escape("fusion strategy must be one of ['rrf', 'rerank'], got 'rerang' "
+                                                    "(did you mean 'rerank'?)")):
+        parse({"fusion": "rerang"}, env={})
