@@ -163,7 +163,7 @@ class Policy:
         only when the move's delete was sent while the read was out: it asked the destination
         before the write (which precedes the delete), and the source after the delete. So a read
         that finds this number unchanged across its fan-out missed nothing, at the cost of two
-        list lookups; one that finds it changed asks again (`Router._settled`)."""
+        list lookups; one that finds it changed asks again (`reads.settled`)."""
         return self._deletes[hash(owner) % MOVE_SLOTS]
 
     def _deleting(self, owner: str | None) -> None:
