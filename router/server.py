@@ -232,10 +232,7 @@ class Router(EventMethods):
             entry["read_only"] = not tier.writable  # down, as it last said of itself: still never written
             entry["url"] = tier.config.url  # for `a2m doctor`; the tiers listen privately anyway
             layout.append(entry)
-        out = self._described(layout, ctx, [] if metrics is None else [metrics])
-        if fan.degraded:
-            out["degraded"] = fan.degraded
-        return out
+        return self._degraded(self._described(layout, ctx, [] if metrics is None else [metrics]), fan)
 
     def _described(self, layout: list[dict[str, Any]], ctx: Context, metrics: Iterable[Any]) -> dict[str, Any]:
         """describe's capability objects around a tier layout; `metrics`: each tier's (intersected)."""
