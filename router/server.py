@@ -94,7 +94,7 @@ class Router(EventMethods):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._probes: dict[str, asyncio.Task[Any]] = {}  # tier -> its describe in flight (`_probe`)
 
-    # ---- plumbing ----------------------------------------------------------------
+    # ---- plumbing ------------------------------------------------------------------------
 
     def http_settings(self) -> HTTPSettings:
         """Bearer tokens -> principals and allowed origins from the config (for the HTTP binding)."""
@@ -117,12 +117,6 @@ class Router(EventMethods):
         await self.fed.close()
         await close_embedder(self.embedder)
 
-    async def ready(self) -> bool:
-        """The default tier answers. Every tier due a probe (`_probe`) is probed first, within one
-        PROBE_WAIT: /readyz then reads the others' verdicts from health() without a second wait."""
-        await self._probe(list(self.fed))
-        return self.fed[self.config.default_tier].healthy
-
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run `coro` in the background, held until it ends and drained at shutdown."""
         task = asyncio.get_running_loop().create_task(coro)
@@ -135,6 +129,13 @@ class Router(EventMethods):
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
+    # ---- handlers ------------------------------------------------------------------------
+
+    def handlers(self) -> dict[str, Handler]:
+        """Every A2M method, from the part that answers it (the events methods are the router's own)."""
+        parts = (self, self.writes, self.reads, self.moves, self.summaries)
+        return {method: _told_plainly(handler) for part in parts for method, handler in bound_handlers(part).items()}
+
     def _degraded(self, out: dict[str, Any], fan: FanOut) -> dict[str, Any]:
         """`out` naming the tiers `fan` left out, each counted in `a2m_router_degraded_calls`."""
         if fan.degraded:
@@ -144,28 +145,17 @@ class Router(EventMethods):
                     self._degraded_calls.labels(name).inc()
         return out
 
-    def handlers(self) -> dict[str, Handler]:
-        """Every A2M method, from the part that answers it (the events methods are the router's own)."""
-        parts = (self, self.writes, self.reads, self.moves, self.summaries)
-        return {method: _told_plainly(handler) for part in parts for method, handler in bound_handlers(part).items()}
+    # ---- health --------------------------------------------------------------------------
 
-    def register_metrics(self, registry: Any) -> None:
-        """Policy and health on the router's /metrics, beside the binding's request counts."""
-        from prometheus_client import Counter, Gauge
+    async def ready(self) -> bool:
+        """The default tier answers. Every tier due a probe (`_probe`) is probed first, within one
+        PROBE_WAIT: /readyz then reads the others' verdicts from health() without a second wait."""
+        await self._probe(list(self.fed))
+        return self.fed[self.config.default_tier].healthy
 
-        moved = Counter("a2m_router_moved_records", "records moved between tiers", ["reason", "source", "dest"],
-                        registry=registry)
-        self.policy.observe_move = lambda reason, source, dest, n: moved.labels(reason, source, dest).inc(n)
-        dropped = Counter("a2m_router_dropped_records", 'records deleted over capacity (retention = "drop")',
-                          ["tier"], registry=registry)
-        self.policy.observe_drop = lambda tier, n: dropped.labels(tier).inc(n)
-        self._degraded_calls = Counter("a2m_router_degraded_calls", "calls that left a tier out", ["tier"],
-                                       registry=registry)
-        up = Gauge("a2m_router_tier_up", "1 while the router reaches the tier", ["tier"], registry=registry)
-        for name in self.fed.order:  # the tiers themselves exist only once the federation starts
-            up.labels(name).set_function(
-                lambda name=name: 1.0 if name in self.fed.tiers and self.fed.tiers[name].healthy else 0.0)
-        self.fed.observe_calls(_tier_call_metrics(registry))
+    async def health(self) -> dict[str, Any]:
+        """Per-tier status for /readyz, which asks ready() first: its probes are the ones read here."""
+        return {"tiers": {t.name: ("up" if t.healthy else "down") for t in self.fed}}
 
     async def _probe(self, tiers: Sequence[Tier]) -> None:
         """Describe again each of `tiers` that is down with its backoff run out, or up but not heard
@@ -188,15 +178,31 @@ class Router(EventMethods):
         """`tier_up` on /metrics as fresh as /readyz: due tiers are probed first (`_probe`)."""
         await self._probe(list(self.fed))
 
-    async def health(self) -> dict[str, Any]:
-        """Per-tier status for /readyz, which asks ready() first: its probes are the ones read here."""
-        return {"tiers": {t.name: ("up" if t.healthy else "down") for t in self.fed}}
+    # ---- metrics -------------------------------------------------------------------------
+
+    def register_metrics(self, registry: Any) -> None:
+        """Policy and health on the router's /metrics, beside the binding's request counts."""
+        from prometheus_client import Counter, Gauge
+
+        moved = Counter("a2m_router_moved_records", "records moved between tiers", ["reason", "source", "dest"],
+                        registry=registry)
+        self.policy.observe_move = lambda reason, source, dest, n: moved.labels(reason, source, dest).inc(n)
+        dropped = Counter("a2m_router_dropped_records", 'records deleted over capacity (retention = "drop")',
+                          ["tier"], registry=registry)
+        self.policy.observe_drop = lambda tier, n: dropped.labels(tier).inc(n)
+        self._degraded_calls = Counter("a2m_router_degraded_calls", "calls that left a tier out", ["tier"],
+                                       registry=registry)
+        up = Gauge("a2m_router_tier_up", "1 while the router reaches the tier", ["tier"], registry=registry)
+        for name in self.fed.order:  # the tiers themselves exist only once the federation starts
+            up.labels(name).set_function(
+                lambda name=name: 1.0 if name in self.fed.tiers and self.fed.tiers[name].healthy else 0.0)
+        self.fed.observe_calls(_tier_call_metrics(registry))
+
+    # ---- describe ------------------------------------------------------------------------
 
     def dimensions(self) -> int | None:
         """The federation's vector width (`VectorWidth.known`)."""
         return self.width.known()
-
-    # ---- describe ---------------------------------------------------------------------------
 
     async def describe_fields(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)

@@ -116,6 +116,8 @@ class Writes:
 
     async def _write(self, records: list[Record], raw: list[Any], targets: list[Tier],
                      owner: str | None) -> tuple[list[str], dict[str, list[int]]]:
+        """Route the batch, then write each tier's part (taken back if a later part fails); returns
+        the ids in batch order and which records (by index) each tier was sent."""
         ids: list[str | None] = [None] * len(records)
         supplied = [r.id for r, w in zip(records, raw) if w.get("id") is not None]
         history = [supplied_history(w) for w in raw]
@@ -201,8 +203,7 @@ class Writes:
                                    tier=tiers.pop() if len(tiers) == 1 else None,
                                    session=sessions.pop() if len(sessions) == 1 else None)
 
-
-    # ---- forget, fetch, reinforce --------------------------------------------------------
+    # ---- forget, reinforce ---------------------------------------------------------------
 
     async def forget(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
@@ -229,7 +230,6 @@ class Writes:
                            f"({count} forgotten elsewhere); repeat it when they are back",
                            {"forgotten": count, "degraded": fan.degraded})
         return {"forgotten": count}
-
 
     async def reinforce(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         ids = ids_param(params)
