@@ -233,6 +233,7 @@ class Federation:
                                                                 max_response=t.max_response))
         self.tiers: dict[str, Tier] = {}
         self.order = [t.name for t in config.tiers]
+        self.depths = {name: self.depth(name) for name in self.order}  # the layout is fixed at start
         self._observe: Observer | None = None
 
     def observe_calls(self, observer: Observer | None) -> None:

@@ -42,6 +42,7 @@ from a2m.paging import CrowdedMillisecond, pages_backwards
 
 from .federation import Federation, Tier
 from .replies import Malformed
+from .scope import with_owner
 
 log = logging.getLogger("a2m.router.policy")
 Refusals = list[tuple[list[str], A2MError]]  # units a destination refused: their ids and its answer
@@ -113,12 +114,6 @@ def _within(record: dict[str, Any], where: dict[str, Any]) -> bool:
                if name in ("session", "group", "id"))
 
 
-def _owner(params: dict[str, Any], owner: str | None) -> dict[str, Any]:
-    if owner is not None:
-        params["owner"] = owner
-    return params
-
-
 class Policy:
     def __init__(self, federation: Federation, *, embedder: Embedder | None = None,
                  emit: Any = None) -> None:
@@ -163,7 +158,7 @@ class Policy:
         only when the move's delete was sent while the read was out: it asked the destination
         before the write (which precedes the delete), and the source after the delete. So a read
         that finds this number unchanged across its fan-out missed nothing, at the cost of two
-        list lookups; one that finds it changed asks again (`Router._settled`)."""
+        list lookups; one that finds it changed asks again (`reads.settled`)."""
         return self._deletes[hash(owner) % MOVE_SLOTS]
 
     def _deleting(self, owner: str | None) -> None:
@@ -181,7 +176,7 @@ class Policy:
         unique = list(dict.fromkeys(ids))
         for start in range(0, len(unique), page):
             chunk = unique[start:start + page]
-            result = await tier.call("memory/timeline", _owner(
+            result = await tier.call("memory/timeline", with_owner(
                 {"where": {"id": chunk}, "limit": len(chunk), "embeddings": embeddings}, owner))
             asked = set(chunk)  # a tier that ignores `where` answers with others: never moved nor counted as found
             out.extend(r for r in result["records"] if r["id"] in asked)
@@ -194,7 +189,7 @@ class Policy:
         rest of that millisecond is left out, logged: they stay where they are."""
         page = _limit(tier, "max_recall_limit", 1000)
         capped = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
-        params: dict[str, Any] = _owner({"embeddings": embeddings}, owner)
+        params: dict[str, Any] = with_owner({"embeddings": embeddings}, owner)
         if where:
             params["where"] = where
         out: list[dict[str, Any]] = []
@@ -276,7 +271,7 @@ class Policy:
             if verified:
                 self._deleting(owner)
                 try:
-                    await source.call("memory/forget", _owner({"ids": verified}, owner))
+                    await source.call("memory/forget", with_owner({"ids": verified}, owner))
                 except A2MError as exc:  # a duplicate now, repaired by the next consolidate
                     log.warning("move %s -> %s: delete from source failed (%s); %d duplicates until consolidate",
                                 source.name, dest.name, exc, len(verified))
@@ -304,7 +299,7 @@ class Policy:
         try:
             for start in range(0, len(flat), size):  # one call unless a single unit outgrows a batch
                 chunk = flat[start:start + size]
-                written += (await dest.call("memory/remember", _owner({"records": chunk}, owner)))["ids"]
+                written += (await dest.call("memory/remember", with_owner({"records": chunk}, owner)))["ids"]
             present = {r["id"]: r for r in await self.by_ids(dest, owner, written)}
         except A2MError as exc:
             if written:
@@ -355,7 +350,7 @@ class Policy:
 
     async def _take_back(self, source: Tier, dest: Tier, owner: str | None, copies: list[str]) -> None:
         try:
-            await dest.call("memory/forget", _owner({"ids": copies}, owner))
+            await dest.call("memory/forget", with_owner({"ids": copies}, owner))
         except A2MError as exc:  # duplicates until a consolidate completes the move
             log.warning("move %s -> %s: %d copies of a group cut short stay in %s until consolidate (%s)",
                         source.name, dest.name, len(copies), dest.name, exc)
@@ -392,7 +387,7 @@ class Policy:
                         return {"moved": 0, "dropped": 0}
                     # Whole groups, as a move takes them: members in other sessions go too, never half a group.
                     ids = [r["id"] for r in await self._whole_groups(tier, owner, victims, embeddings=False)]
-                    result = await tier.call("memory/forget", _owner({"ids": ids}, owner))
+                    result = await tier.call("memory/forget", with_owner({"ids": ids}, owner))
                 dropped = int(result.get("forgotten", 0))
                 if dropped and self.observe_drop is not None:
                     self.observe_drop(tier.name, dropped)
@@ -414,7 +409,7 @@ class Policy:
         assert config.capacity is not None
         if config.per_session:
             where = {"session": session}
-            records = (await tier.call("memory/timeline", _owner({"where": where, "limit": 0}, owner)))["records"]
+            records = (await tier.call("memory/timeline", with_owner({"where": where, "limit": 0}, owner)))["records"]
             if len(records) >= _limit(tier, "max_recall_limit", 1000):
                 records = await self.scan(tier, owner, where=where)
             else:
@@ -438,7 +433,7 @@ class Policy:
                 continue
             try:
                 if tier.config.per_session:
-                    sessions = (await tier.call("memory/session/list", _owner({}, owner)))["sessions"]
+                    sessions = (await tier.call("memory/session/list", with_owner({}, owner)))["sessions"]
                     buckets: list[str | None] = [s["session"] for s in sessions
                                                  if s.get("records", 0) > tier.config.capacity]
                     buckets.append(None)  # the implicit bucket of records without a session
@@ -535,7 +530,8 @@ class Policy:
         for start in range(0, len(ids), page):
             chunk = ids[start:start + page]
             try:
-                result = await tier.call("memory/recall", _owner({"where": {"id": chunk}, "limit": len(chunk)}, owner))
+                result = await tier.call("memory/recall",
+                                         with_owner({"where": {"id": chunk}, "limit": len(chunk)}, owner))
             except A2MError as exc:
                 log.info("could not count recalls on %s: %s", name, exc)
                 return
@@ -616,8 +612,8 @@ class Policy:
             if not source.writable:
                 continue
             try:
-                counts = await asyncio.gather(source.call("memory/describe", _owner({}, owner)),
-                                              dest.call("memory/describe", _owner({}, owner)))
+                counts = await asyncio.gather(source.call("memory/describe", with_owner({}, owner)),
+                                              dest.call("memory/describe", with_owner({}, owner)))
                 n_source = sum(t.get("count", 0) for t in counts[0].get("tiers", []))
                 n_dest = sum(t.get("count", 0) for t in counts[1].get("tiers", []))
                 if not n_source or not n_dest:

@@ -178,12 +178,13 @@ async def test_a_tier_read_only_by_its_own_word_stays_marked_while_it_is_down(tm
             # a read whose `where.tier` rules the down tier out does not name it as left out
             for method in ("memory/recall", "memory/timeline"):
                 assert "degraded" not in await router.call(method, {"where": {"tier": "working"}})
-            # every read that left it out is counted for it in /metrics, fetch and session/list too
+            # every answer that left it out is counted for it in /metrics, fetch, session/list and describe too
             before = _degraded_calls(fresh.url, "quiet")
             for method, params in (("memory/recall", {"query": "x"}), ("memory/timeline", {}),
-                                   ("memory/fetch", {"key": "k"}), ("memory/session/list", {})):
+                                   ("memory/fetch", {"key": "k"}), ("memory/session/list", {}),
+                                   ("memory/describe", {})):
                 assert (await router.call(method, params))["degraded"] == ["quiet"], method
-            assert _degraded_calls(fresh.url, "quiet") == before + 4
+            assert _degraded_calls(fresh.url, "quiet") == before + 5
             with pytest.raises(A2MError) as refused:
                 await router.call("memory/remember", {"records": [{"content": "x", "tier": "quiet"}]})
             assert refused.value.code == -32004
