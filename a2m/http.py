@@ -194,6 +194,7 @@ class HTTPApp:
         self.dispatcher = dispatcher
         self.settings = settings or HTTPSettings()
         self.metrics = Metrics()
+        self._body_deadlines = _Deadlines(self.settings.body_timeout)
         self.lifespan = lifespan  # an object with async startup() / shutdown(), or None
         dispatcher.observer = self.metrics.observe
         register = getattr(dispatcher.service, "register_metrics", None)
@@ -324,7 +325,7 @@ class HTTPApp:
             await self._refuse(send, 413, b'{"error":"body too large"}')
             return
         try:
-            async with asyncio.timeout(self.settings.body_timeout):
+            with self._body_deadlines:
                 body = await self._read_body(receive)
         except _TooLarge:
             await self._refuse(send, 413, b'{"error":"body too large"}')
@@ -368,6 +369,54 @@ class HTTPApp:
             chunks.append(chunk)
             more = message.get("more_body", False)
         return b"".join(chunks)
+
+
+class _Deadlines:
+    """`with deadlines:` raises TimeoutError in the task running the block once it has run `timeout`
+    seconds, as `asyncio.timeout` would; one timer, ticking while any block runs, checks them all.
+
+    Why: `asyncio.timeout` arms and cancels an event loop timer per block. Around every request's body
+    read (which has nearly always arrived with the headers) that cost 14-16 us of an episodic recall over
+    HTTP against no deadline at all; this costs ~5 us less (same-run A/Bs, 3 x 5,000 recalls each). A
+    block past its deadline is cancelled within `timeout / 8` (at most 1 s) of it.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.tick = min(timeout / 8, 1.0)
+        self._running: dict[asyncio.Task[Any], float] = {}  # task -> its block's deadline (loop time)
+        self._expired: set[asyncio.Task[Any]] = set()  # cancelled here, not by anyone else
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __enter__(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # served again in a new loop (tests do): the old loop's blocks are gone
+            self._running.clear()
+            self._expired.clear()
+            self._timer, self._loop = None, loop
+        task = asyncio.current_task()
+        assert task is not None
+        self._running[task] = loop.time() + self.timeout
+        if self._timer is None:
+            self._timer = loop.call_later(self.tick, self._check, loop)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._running.pop(task, None)
+        if task in self._expired:
+            self._expired.discard(task)
+            if kind is asyncio.CancelledError and task.uncancel() == 0:  # our cancel, and nobody else's
+                raise TimeoutError from exc
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        for task, deadline in self._running.items():
+            if deadline <= now and task not in self._expired:
+                self._expired.add(task)
+                task.cancel()
+        self._timer = loop.call_later(self.tick, self._check, loop) if self._running else None
 
 
 class _TooLarge(Exception):

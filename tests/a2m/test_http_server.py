@@ -3,6 +3,7 @@ what a slow, stalled or flooding client gets, and how long a stop waits."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import socket
 import threading
@@ -15,7 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from a2m.dispatch import Dispatcher
-from a2m.http import KEEP_ALIVE, HTTPApp, HTTPSettings, server
+from a2m.http import KEEP_ALIVE, HTTPApp, HTTPSettings, _Deadlines, server
 from backends.surface import TierServer
 from tests.support.memstore import CAPABILITIES, MemoryStore
 
@@ -111,6 +112,38 @@ def test_a_body_in_time_is_served_and_the_connection_kept() -> None:
             assert answer.startswith(b"HTTP/1.1 200 "), answer
             time.sleep(0.6)
         assert refused(app, 408) == 0
+
+
+def test_body_deadlines_time_a_block_out_and_leave_other_cancels_alone() -> None:
+    """The body deadline's shared timer (one per app, not one per request): a block past its deadline
+    raises TimeoutError and its task is not left cancelling; a cancel from elsewhere (a stopping server)
+    stays a cancel; the timer stops once no block runs."""
+    async def main() -> None:
+        deadlines = _Deadlines(0.2)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            with deadlines:
+                await asyncio.sleep(10)
+        assert 0.2 <= time.monotonic() - started < 1
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0
+        with deadlines:  # in time: nothing happens, later either
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+
+        async def reading() -> None:
+            with deadlines:
+                await asyncio.sleep(10)
+
+        other = asyncio.create_task(reading())
+        await asyncio.sleep(0.05)
+        other.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await other
+        await asyncio.sleep(0.1)
+        assert deadlines._timer is None
+
+    asyncio.run(main())
 
 
 def test_connections_past_the_limit_are_answered_503_and_served_again_once_they_go() -> None:
