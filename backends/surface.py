@@ -24,14 +24,14 @@ from a2m.records import Record, parse_write, supplied_history, validate_embeddin
 from a2m.summarize import summarize as extract_summary
 from a2m.text import query_terms, tokenize
 from a2m.timefmt import now
-from a2m.params import bool_param, ids_param, int_param, query_param, str_param
+from a2m.params import (DEFAULT_LIMITS, amount_param, bool_param, ids_param, limit_param, min_score_param, query_param,
+                        records_param, str_param)
 
 from .settings import SettingsError
 from .store import Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable, StoreWidthMismatch
 
 log = logging.getLogger("a2m.tier")
 
-DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000, "max_recall_limit": 1000}
 WRITE_ATTEMPTS = 4  # a batch is resolved again this often when another replica changes its keys meanwhile
 WRITE_RETRY_PAUSE = 0.01  # s: at most this times the attempt, at random, before resolving again
 DEFAULT_RECALL_LIMIT = 10
@@ -183,17 +183,6 @@ class TierServer(EventMethods):
         `tier: <this tier>` whatever was stored, so the engines never compare a stored `tier`."""
         return settle_field(parse_scope(params, ctx.owner(params), ids_field=ids_field), "tier", self.name)
 
-    def _recall_limit(self, params: Mapping[str, Any], default: int) -> int:
-        limit = int_param(params, "limit", default)
-        assert limit is not None
-        cap = self.limits.get("max_recall_limit")
-        if cap:
-            if limit == 0:
-                return cap
-            if limit > cap:
-                raise invalid(f"limit exceeds max_recall_limit ({cap})", field="limit", max=cap)
-        return limit
-
     async def _check_width(self, vectors: Sequence[list[float]]) -> None:
         if not vectors:
             return
@@ -236,12 +225,7 @@ class TierServer(EventMethods):
 
     async def remember(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
-        raw_records = params.get("records")
-        if not isinstance(raw_records, list) or not raw_records:
-            raise invalid("records must be a non-empty array", field="records")
-        cap = self.limits.get("max_records_per_call")
-        if cap and len(raw_records) > cap:
-            raise invalid(f"at most {cap} records per call", field="records", max=cap)
+        raw_records = records_param(params, self.limits)
         stamp = now()
         records = [parse_write(raw, i, owner=owner, stamp=stamp) for i, raw in enumerate(raw_records)]
         max_len = self.limits.get("max_content_length")
@@ -402,13 +386,11 @@ class TierServer(EventMethods):
     async def recall(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         self._check_tier(params)
         scope = self._scope(params, ctx)
-        limit = self._recall_limit(params, DEFAULT_RECALL_LIMIT)
+        limit = limit_param(params, self.limits, DEFAULT_RECALL_LIMIT)
         with_vectors = bool_param(params, "embeddings", False)
         touch = bool_param(params, "touch", True)
         query = query_param(params)
-        min_score = params.get("min_score")
-        if min_score is not None and (not isinstance(min_score, (int, float)) or isinstance(min_score, bool)):
-            raise invalid("min_score must be a number", field="min_score")
+        min_score = min_score_param(params)
         options = self._prompt_options(params)
         vector = params.get("embedding")
         with self.engine():
@@ -445,7 +427,7 @@ class TierServer(EventMethods):
     async def timeline(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         self._check_tier(params)
         scope = self._scope(params, ctx)
-        limit = self._recall_limit(params, self.limits.get("max_recall_limit") or 0)
+        limit = limit_param(params, self.limits, self.limits.get("max_recall_limit") or 0)
         with_vectors = bool_param(params, "embeddings", False)
         options = self._prompt_options(params)
         with self.engine():
@@ -510,13 +492,9 @@ class TierServer(EventMethods):
     async def reinforce(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         ids = ids_param(params)
         owner = ctx.owner(params)
-        amount = params.get("amount", 0.1)
-        if amount is None:
-            amount = 0.1
-        if not isinstance(amount, (int, float)) or isinstance(amount, bool) or not -1 <= amount <= 1:
-            raise invalid("amount must be a number in [-1, 1]", field="amount")
+        amount = amount_param(params)
         with self.engine():
-            count = await self.store.reinforce(owner, ids, float(amount))
+            count = await self.store.reinforce(owner, ids, amount)
         return {"reinforced": count}
 
     async def session_list(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -567,7 +545,7 @@ class TierServer(EventMethods):
             raise invalid("key must not be empty", field="key")
         if scope.is_empty_selector() and not query and params.get("tier") is None and not params.get("where"):
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
-        limit = self._recall_limit(params, 50)
+        limit = limit_param(params, self.limits, 50)
 
         def replaced(record: Record) -> bool:  # the summary this call replaces: no source of its next revision
             return record.key == key and "summary_of" in (record.metadata or {})

@@ -27,8 +27,8 @@ from a2m.capabilities import TIER_KINDS
 from a2m.embedder import LOCAL_MISSING, clean_api_key, local_available, timeout_setting
 from a2m.http import origin_problem, token_problem
 from a2m.http1 import MAX_RESPONSE
+from a2m.params import DEFAULT_LIMITS
 
-DEFAULT_LIMITS = {"max_records_per_call": 1000, "max_content_length": 1_000_000, "max_recall_limit": 1000}
 FUSIONS = ("rrf", "rerank")
 RETENTIONS = ("keep", "drop")
 

@@ -18,14 +18,14 @@ from a2m.dispatch import Context
 from a2m.embedder import Embedder, try_embed
 from a2m.errors import A2MError, invalid
 from a2m.paging import CrowdedMillisecond, pages_backwards
-from a2m.params import bool_param, query_param
+from a2m.params import bool_param, limit_param, min_score_param, query_param
 from a2m.records import Record, validate_embedding
 
 from . import fusion
 from .config import RouterConfig
 from .federation import FanOut, Federation, Tier
 from .policy import Policy
-from .scope import VectorWidth, read_limit, scope_params, scope_tiers, settle_tier, with_owner
+from .scope import VectorWidth, scope_params, scope_tiers, settle_tier, with_owner
 
 log = logging.getLogger("a2m.router")
 
@@ -80,13 +80,11 @@ class Reads:
         owner = ctx.owner(params)
         tiers = scope_tiers(self.fed, params)
         scope = scope_params(params, owner)
-        limit = read_limit(self.limits, params, DEFAULT_RECALL_LIMIT)
+        limit = limit_param(params, self.limits, DEFAULT_RECALL_LIMIT)
         asked_vectors = bool_param(params, "embeddings", False)
         touch = bool_param(params, "touch", True)
         query = query_param(params)
-        min_score = params.get("min_score")
-        if min_score is not None and (not isinstance(min_score, (int, float)) or isinstance(min_score, bool)):
-            raise invalid("min_score must be a number", field="min_score")
+        min_score = min_score_param(params)
         options = prompts.parse(params.get("prompt"))
         strategy = params.get("fusion", self.config.fusion.strategy)
         if strategy not in ("rrf", "rerank"):
@@ -156,7 +154,7 @@ class Reads:
         owner = ctx.owner(params)
         tiers = scope_tiers(self.fed, params)
         scope = scope_params(params, owner)
-        limit = read_limit(self.limits, params, self.limits.get("max_recall_limit") or 0)
+        limit = limit_param(params, self.limits, self.limits.get("max_recall_limit") or 0)
         options = prompts.parse(params.get("prompt"))
         asked_vectors = bool_param(params, "embeddings", False)
         asked = {**scope, "limit": limit, "embeddings": asked_vectors}

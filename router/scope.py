@@ -13,7 +13,6 @@ from a2m import errors
 from a2m.embedder import Embedder, try_embed
 from a2m.errors import A2MError, invalid
 from a2m.filters import parse_scope, test_matches
-from a2m.params import int_param
 
 from .federation import Federation, Tier
 
@@ -66,19 +65,6 @@ def scope_params(params: Mapping[str, Any], owner: str | None) -> dict[str, Any]
     parse_scope(params, owner)
     out = {name: params[name] for name in SCOPE_PARAMS if params.get(name) is not None}
     return with_owner(out, owner)
-
-
-def read_limit(limits: Mapping[str, int], params: Mapping[str, Any], default: int) -> int:
-    """A read's `limit`, held to the router's max_recall_limit (0 asks for all: the cap then)."""
-    limit = int_param(params, "limit", default)
-    assert limit is not None
-    cap = limits.get("max_recall_limit")
-    if cap:
-        if limit == 0:
-            return cap
-        if limit > cap:
-            raise invalid(f"limit exceeds max_recall_limit ({cap})", field="limit", max=cap)
-    return limit
 
 
 def read_only(tier: Tier, **data: Any) -> A2MError:

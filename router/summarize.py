@@ -12,14 +12,14 @@ from typing import Any, Mapping
 from a2m.dispatch import Context
 from a2m.errors import invalid
 from a2m.filters import parse_scope
-from a2m.params import query_param, str_param
+from a2m.params import limit_param, query_param, str_param
 from a2m.records import Record
 from a2m.summarize import SUMMARY_CHARS, summarize as extract_summary
 
 from .federation import Federation, Tier
 from .policy import Policy
 from .reads import Reads, written_order
-from .scope import read_limit, read_only, scope_tiers, tier_named
+from .scope import read_only, scope_tiers, tier_named
 from .writes import Writes, locate
 
 
@@ -56,7 +56,7 @@ class Summaries:
             raise invalid("key must not be empty", field="key")
         if scope.is_empty_selector() and not query and params.get("tier") is None:
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
-        limit = read_limit(self.limits, params, 50)
+        limit = limit_param(params, self.limits, 50)
         asked = {k: v for k, v in params.items() if k not in ("prompt", "into", "key", "ids")}
         if scope.ids is not None:  # `ids` narrows the other selectors and `limit`, as on a tier server
             where = dict(scope.where)

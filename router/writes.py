@@ -22,7 +22,7 @@ from a2m.embedder import Embedder, try_embed_into
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog
 from a2m.filters import parse_scope
-from a2m.params import ids_param, query_param
+from a2m.params import amount_param, ids_param, query_param, records_param
 from a2m.records import Record, parse_write, supplied_history
 from a2m.timefmt import now
 
@@ -78,13 +78,7 @@ class Writes:
 
     async def remember(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
-        raw_records = params.get("records")
-        if not isinstance(raw_records, list) or not raw_records:
-            raise invalid("records must be a non-empty array", field="records")
-        cap = self.limits.get("max_records_per_call")
-        if cap and len(raw_records) > cap:
-            raise invalid(f"at most {cap} records per call", field="records", max=cap)
-        return {"ids": await self.write(raw_records, owner)}
+        return {"ids": await self.write(records_param(params, self.limits), owner)}
 
     async def write(self, raw_records: list[Any], owner: str | None, *, tier: str | None = None) -> list[str]:
         """Validate a batch, route each record, write, then enforce capacity where it landed.
@@ -234,11 +228,7 @@ class Writes:
     async def reinforce(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         ids = ids_param(params)
         owner = ctx.owner(params)
-        amount = params.get("amount", 0.1)
-        if amount is None:
-            amount = 0.1
-        if not isinstance(amount, (int, float)) or isinstance(amount, bool) or not -1 <= amount <= 1:
-            raise invalid("amount must be a number in [-1, 1]", field="amount")
+        amount = amount_param(params)
         async with self.policy.owner_lock(owner):  # not between a move's read and its delete: the raise would
             # land on the copy the move deletes (decision 70)
             fan = await self.fed.fan_out("memory/reinforce", with_owner({"ids": ids, "amount": amount}, owner),
