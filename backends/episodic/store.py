@@ -25,9 +25,9 @@ What the store itself decides:
   (pgvector's own advice): once vector writes pause for `index_quiet_s`, or at
   most `INDEX_DEFER_MAX_S` after the first, in the background and without
   blocking writes. Until then a vector recall is an exact scan (decision 28).
-- A recall reads the scope's size (`scope_sizes`), the candidates, and then
-  the records in as few round trips as its kind allows: a vector-only recall
-  is one statement; text and hybrid recall are three or four (decision 21).
+- A recall takes as few round trips as its kind allows: once the scope's size
+  is known (`scope_sizes`), a vector-only recall is one statement; a text or
+  hybrid recall is three or four (decision 21).
 """
 
 from __future__ import annotations
