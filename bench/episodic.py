@@ -212,7 +212,7 @@ async def _insert_pair(store: PostgresStore, draw: Callable[[int], np.ndarray], 
     from psycopg.types.json import Jsonb
 
     from a2m.text import tokenize_once
-    from backends.episodic.store import _INSERT_COLUMNS
+    from backends.episodic.rows import INSERT_COLUMNS
 
     rnd = random.Random(2)
 
@@ -228,17 +228,17 @@ async def _insert_pair(store: PostgresStore, draw: Callable[[int], np.ndarray], 
                 None, None, None, r.content, tokenize_once(r.content), Vector(r.embedding))
 
     store_s = raw_s = 0.0
-    assert store._pool is not None
+    assert store._db.pool is not None
     for b in range(batches):
         mine = batch("store", b)
         rows = [copy_row(r) for r in batch("raw", b)]
         t = time.perf_counter()
         await store.write(mine)
         store_s += time.perf_counter() - t
-        async with store._pool.connection() as conn:
+        async with store._db.pool.connection() as conn:
             t = time.perf_counter()
             async with conn.transaction(), conn.cursor() as cur:
-                async with cur.copy(f"COPY records ({_INSERT_COLUMNS}, embedding) FROM STDIN") as copy:
+                async with cur.copy(f"COPY records ({INSERT_COLUMNS}, embedding) FROM STDIN") as copy:
                     for row in rows:
                         await copy.write_row(row)
             raw_s += time.perf_counter() - t
@@ -252,9 +252,9 @@ async def _insert_pair(store: PostgresStore, draw: Callable[[int], np.ndarray], 
 async def _settle(store: PostgresStore) -> None:
     """VACUUM ANALYZE once the load is done, as autovacuum would soon after: otherwise the first
     timings race autovacuum over the fresh table, and every scope read visits the heap for visibility."""
-    assert store._pool is not None
+    assert store._db.pool is not None
     t = time.perf_counter()
-    async with store._pool.connection() as conn:
+    async with store._db.pool.connection() as conn:
         await conn.execute("VACUUM ANALYZE records")
     print(f"vacuum analyze {time.perf_counter() - t:.1f} s", file=sys.stderr)
 
@@ -263,14 +263,14 @@ async def _touch(store: PostgresStore, owners: list[str], n: int, times: int, rn
     """What recall's `touch` costs: ten of one owner's records counted as recalled, and the share of
     those row updates PostgreSQL made in place (HOT: no new index entries, the HNSW graph's included;
     decision 30)."""
-    assert store._pool is not None
+    assert store._db.pool is not None
 
     async def updates() -> tuple[int, int]:
         # A backend reports its counts to the statistics at most once a second, and an idle one
         # after ten: hold every pooled connection at once and have each report now.
         async with AsyncExitStack() as stack:
-            conns = [await stack.enter_async_context(store._pool.connection())  # type: ignore[union-attr]
-                     for _ in range(store.pool_max)]
+            conns = [await stack.enter_async_context(store._db.pool.connection())  # type: ignore[union-attr]
+                     for _ in range(store._db.pool_max)]
             for conn in conns:
                 await conn.execute("SELECT pg_stat_force_next_flush()")
             await anyio.sleep(0.2)
@@ -298,19 +298,21 @@ async def _raw(store: PostgresStore, scope: Scope, q: np.ndarray) -> float:
     Record building."""
     from pgvector import Vector
 
-    from backends.episodic.store import _COLUMNS, EXACT_SCAN_ROWS, scope_sql
+    from backends.episodic.rows import COLUMNS
+    from backends.episodic.scope import scope_sql
+    from backends.episodic.vectors import EXACT_SCAN_ROWS
 
     condition, params = scope_sql(scope)
     distance = ("embedding <=> %s" if store.vector_search == "hnsw"
                 else "embedding::halfvec(%d) <=> %%s::halfvec(%d)" % (len(q), len(q)))
-    assert store._pool is not None
-    async with store._pool.connection() as conn:
+    assert store._db.pool is not None
+    async with store._db.pool.connection() as conn:
         t = time.perf_counter()
         size = (await (await conn.execute(f"SELECT count(*) FROM records WHERE {condition}", params)).fetchone())[0]
         order = f"({distance}) + 0" if size <= EXACT_SCAN_ROWS else distance
         t = time.perf_counter()  # the count only picks the plan; a hand-written query would know it
         await (await conn.execute(
-            f"SELECT {_COLUMNS} FROM records WHERE {condition} AND embedding IS NOT NULL ORDER BY {order} LIMIT 10",
+            f"SELECT {COLUMNS} FROM records WHERE {condition} AND embedding IS NOT NULL ORDER BY {order} LIMIT 10",
             [*params, Vector(q.tolist())])).fetchall()
         return time.perf_counter() - t
 

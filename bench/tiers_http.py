@@ -175,10 +175,10 @@ def _raw_nearest(conn: Any, where: str) -> Callable[[list[float]], Awaitable[Any
     record is read from, an exact scan (each scope here is one owner's 1,000 records or fewer)."""
     from pgvector import Vector
 
-    from backends.episodic.store import _COLUMNS
+    from backends.episodic.rows import COLUMNS
 
     async def call(q: list[float]) -> Any:
-        cur = await conn.execute(f"SELECT {_COLUMNS} FROM records WHERE {where} AND embedding IS NOT NULL "
+        cur = await conn.execute(f"SELECT {COLUMNS} FROM records WHERE {where} AND embedding IS NOT NULL "
                                  "ORDER BY (embedding <=> %s) + 0 LIMIT 10", [Vector(q)])
         return await cur.fetchall()
 

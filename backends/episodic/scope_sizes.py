@@ -16,10 +16,12 @@ import time
 from collections import OrderedDict
 from typing import Any, Sequence
 
+from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 TTL_S = 10.0
 MAX_SCOPES = 4096
+SCOPE_COUNT_CAP = 10_000  # a scope's size is counted up to this (the IDF saturates; see vectors.EXACT_SCAN_ROWS)
 
 
 class ScopeSizes:
@@ -27,6 +29,17 @@ class ScopeSizes:
         self.ttl = ttl
         self.size = size
         self._entries: OrderedDict[str, tuple[float, int]] = OrderedDict()
+
+    async def count(self, conn: AsyncConnection, condition: str, scope_params: list[Any]) -> int:
+        """How many records the scope holds, up to SCOPE_COUNT_CAP + 1 (remembered a few seconds)."""
+        key = self.key(condition, scope_params)
+        size = self.get(key)
+        if size is None:
+            cur = await conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM records WHERE {condition} LIMIT %s) c",
+                                     [*scope_params, SCOPE_COUNT_CAP + 1])
+            size = int((await cur.fetchone() or (0,))[0])
+            self.put(key, size)
+        return size
 
     @staticmethod
     def key(condition: str, params: Sequence[Any]) -> str:

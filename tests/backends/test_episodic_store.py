@@ -256,10 +256,10 @@ async def test_past_the_match_cap_the_best_matches_by_ts_rank_are_kept(store: Po
     weak = [rec(i, owner, content=f"a zebra among words of record {i}", created_at=f"2026-03-{10 + i}T10:00:00.000Z")
             for i in range(3, 8)]
     await store.write(strong + weak)
-    monkeypatch.setattr("backends.episodic.store.LEXICAL_MATCHES", 3)
+    monkeypatch.setattr("backends.episodic.lexical.LEXICAL_MATCHES", 3)
     found = await store.search(Scope(owner=owner), text="zebra", vector=None, limit=10)
     assert {r.id for r in found} == {r.id for r in strong}
-    monkeypatch.setattr("backends.episodic.store.LEXICAL_MATCHES", 8)
+    monkeypatch.setattr("backends.episodic.lexical.LEXICAL_MATCHES", 8)
     assert len(await store.search(Scope(owner=owner), text="zebra", vector=None, limit=10)) == 8
 
 
@@ -267,7 +267,8 @@ async def test_text_matches_are_scored_in_sql_as_bm25_over_the_texts(store: Post
     """The SQL port of BM25 (counts by array_positions, average length over the matches, the scope's
     size for the IDF) scores every match as a2m.text does over the same texts."""
     from a2m.text import bm25_scores
-    from backends.episodic.store import query_words, scope_sql
+    from backends.episodic.lexical import query_words, text_scores
+    from backends.episodic.scope import scope_sql
 
     owner = _owner()
     rnd = random.Random(5)
@@ -281,8 +282,7 @@ async def test_text_matches_are_scored_in_sql_as_bm25_over_the_texts(store: Post
         terms = set(query.split())
         matches = {i: t for i, t in texts.items() if terms & set(t.split())}  # what the GIN index finds
         expected = bm25_scores(matches, query, documents=500)  # statistics over the matches, as the store's
-        got = await store._run(lambda conn: store._text_scores(conn, condition, params, query_words(query),
-                                                                 query, 500))
+        got = await store._db.run(lambda conn: text_scores(conn, condition, params, query_words(query), query, 500))
         assert set(got) == set(expected)  # every match holds a query term here: no sliver
         assert all(math.isclose(got[i], expected[i], rel_tol=1e-9) for i in expected)
         compared += len(expected)
@@ -293,14 +293,15 @@ async def test_a_match_only_postgresql_stems_keeps_a_sliver_below_every_bm25_hit
     """PostgreSQL's english stemmer makes "fairly" match "fair"; the shared tokenizer keeps them apart, so
     BM25 scores those matches 0. They stay in the ranking, in ts_rank order (then newer first), below
     every record that holds the query term, each still above nothing."""
-    from backends.episodic.store import query_words, scope_sql
+    from backends.episodic.lexical import query_words, text_scores
+    from backends.episodic.scope import scope_sql
 
     owner = _owner()
     await store.write([rec(0, owner, content="fairly quiet morning", created_at="2026-03-01T10:00:00.000Z"),
                        rec(1, owner, content="fair weather today", created_at="2026-03-02T10:00:00.000Z"),
                        rec(2, owner, content="fairly calm evening", created_at="2026-03-03T10:00:00.000Z")])
     condition, params = scope_sql(Scope(owner=owner))
-    got = await store._run(lambda conn: store._text_scores(conn, condition, params, query_words("fair"), "fair", 3))
+    got = await store._db.run(lambda conn: text_scores(conn, condition, params, query_words("fair"), "fair", 3))
     assert list(got) == [f"{owner}-1", f"{owner}-2", f"{owner}-0"]
     hit, newer, older = got.values()
     assert hit > 0 and 0 < older < newer <= 1e-6 * hit
@@ -312,7 +313,8 @@ async def test_bm25_statistics_are_computed_once_per_recall(server: str) -> None
     """The statistics CTE is read once, whatever the planner's estimates: inlined, it became a subplan
     re-run for every match (n^2 rows read; LoCoMo's recalls took twice as long). A table written and
     read before any ANALYZE is the case that planned it so."""
-    from backends.episodic.store import LEXICAL_MATCHES, _bm25_sql, scope_sql
+    from backends.episodic.lexical import LEXICAL_MATCHES, bm25_sql
+    from backends.episodic.scope import scope_sql
 
     dsn = _fresh_database(server)
     store = PostgresStore(_settings(dsn))
@@ -323,7 +325,7 @@ async def test_bm25_statistics_are_computed_once_per_recall(server: str) -> None
         await store.close()
     condition, params = scope_sql(Scope(owner="a"))
     with psycopg.connect(dsn, autocommit=True) as conn:
-        ((plan,),) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _bm25_sql(condition, 2),
+        ((plan,),) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + bm25_sql(condition, 2),
                                   ["deploy release", "deploy release", "deploy", "releas", *params,
                                    LEXICAL_MATCHES, 300]).fetchall()
 
@@ -361,7 +363,7 @@ async def test_only_statements_whose_plan_ignores_their_values_are_prepared(serv
             cur = await conn.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
             return await cur.fetchall()
 
-        statements = await store._run(prepared)
+        statements = await store._db.run(prepared)
     finally:
         await store.close()
     assert not any("tsquery" in sql for sql, _, _ in statements)
@@ -370,14 +372,14 @@ async def test_only_statements_whose_plan_ignores_their_values_are_prepared(serv
     assert any("CROSS JOIN LATERAL" in sql for sql, _, _ in statements)  # the neighbours
     assert any(sql.startswith("SELECT id, content") and "id = ANY" in sql for sql, _, _ in statements)
 
-    monkeypatch.setattr("backends.episodic.store.EXACT_SCAN_ROWS", 30)  # owner "a" (60 records) is large now
+    monkeypatch.setattr("backends.episodic.vectors.EXACT_SCAN_ROWS", 30)  # owner "a" (60 records) is large now
     store = PostgresStore(_settings(dsn, pool_min=1, pool_max=1))
     await store.open()
     try:
         for _ in range(8):  # session s1 (20 records) is still scanned exactly, planned for its values
             assert await store.search(Scope(owner="a", where={"session": "s1"}), text=None,
                                       vector=[1.0, 2.0, 0.5], limit=5)
-        statements = await store._run(prepared)
+        statements = await store._db.run(prepared)
     finally:
         await store.close()
     assert not any("+ 0" in sql for sql, _, _ in statements), statements
@@ -893,8 +895,8 @@ async def test_a_postmaster_killed_under_a_running_store_is_started_again(tmp_pa
     try:
         owner = _owner()
         await store.write([rec(1, owner)])
-        assert store._embedded is not None
-        postmaster = int((store._embedded.pgdata / "postmaster.pid").read_text().split()[0])
+        assert store._db.embedded is not None
+        postmaster = int((store._db.embedded.pgdata / "postmaster.pid").read_text().split()[0])
         os.kill(postmaster, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while psutil.pid_exists(postmaster) and psutil.Process(postmaster).status() != psutil.STATUS_ZOMBIE:
@@ -911,7 +913,7 @@ async def test_a_postmaster_killed_under_a_running_store_is_started_again(tmp_pa
         assert answers[-1] == [f"{owner}-1"] and len(answers) <= 2, answers
         await store.write([rec(2, owner)])
         assert len(await store.select(Scope(owner=owner))) == 2
-        assert int((store._embedded.pgdata / "postmaster.pid").read_text().split()[0]) != postmaster
+        assert int((store._db.embedded.pgdata / "postmaster.pid").read_text().split()[0]) != postmaster
     finally:
         await store.close()
 
