@@ -207,6 +207,8 @@ class Tier:
         return self.info
 
     async def close(self) -> None:
+        if self._revive is not None and not self._revive.done():  # a describe after a comeback: not left
+            self._revive.cancel()  # pending on a closed client ("Task was destroyed but it is pending")
         await self.client.close()
 
 

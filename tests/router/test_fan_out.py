@@ -108,3 +108,28 @@ async def test_each_tier_call_is_reported_by_how_it_ended_and_a_cancelled_one_no
     assert seen == [("t", "memory/describe", "ok"), ("t", "memory/recall", "ok"), ("t", "memory/forget", "error")]
     assert tier.healthy
     await fed.close()
+
+
+@pytest.mark.anyio
+async def test_closing_cancels_the_describe_of_a_tier_that_came_back() -> None:
+    """A tier that comes back is described again in the background; a router stopping meanwhile left
+    that task pending on a closed client (asyncio: "Task was destroyed but it is pending")."""
+    class Hanging(Answering):
+        async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+            if method == "memory/describe" and self.came_back:
+                await asyncio.sleep(60)
+            return await super().call(method, params, timeout)
+
+    client = Hanging("t", 0.0)
+    client.came_back = False  # type: ignore[attr-defined]
+    fed = Federation(RouterConfig(tiers=(TierConfig(name="t", url="http://t"),)), client_factory=lambda t: client)
+    await fed.start()
+    tier = fed["t"]
+    tier.healthy = False  # down, then a read reaches it: the comeback starts the describe
+    client.came_back = True  # type: ignore[attr-defined]
+    await tier.call("memory/recall", {})
+    revive = tier._revive
+    assert revive is not None and not revive.done()
+    await fed.close()
+    await asyncio.sleep(0)
+    assert revive.cancelled()
