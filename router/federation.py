@@ -159,6 +159,7 @@ class Tier:
             if not (check and engine_down(exc)):
                 outcome = "error"  # the tier answered a JSON-RPC error: it is up
                 if engine_down(exc):
+                    outcome = "unavailable"  # counted as the metric says, though the tier stays up
                     self.heard_at = 0.0  # the next health check asks it at once (`unheard`)
                 raise
             outcome = "unavailable"  # it answers HTTP, but can serve nothing until its engine is back
