@@ -60,8 +60,9 @@ def _client(target: str, token: str | None, timeout: float) -> Any:
         raise TransferError(problem)
     if not http and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", target):
         raise TransferError(f"{target}: A2M is served over http:// or https://, or as a stdio command line")
-    if not http and re.fullmatch(r"(localhost|[0-9.]+|\[[0-9A-Fa-f:]+\]|[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+):\d+/?", target):
-        # `127.0.0.1:8700` was run as a command and answered "No such file or directory"
+    if not http and re.fullmatch(r"([0-9.]+|\[[0-9A-Fa-f:]+\]|[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*):\d+/?", target):
+        # `127.0.0.1:8700` was run as a command and answered "No such file or directory"; a host without a
+        # dot too (`router:8700`, compose's service name): no command is named host:digits
         raise TransferError(f"{target} is a host and port, not a URL: write http://{target.rstrip('/')}/ (a "
                             "stdio server is given as its command line)")
     if not http and not shlex.split(target):

@@ -120,8 +120,9 @@ class Tier:
         failed call marks a tier down), so a health check asks it before reporting it up."""
         return self.healthy and time.monotonic() - self.heard_at > within
 
-    def _down(self, error: Exception, started: float) -> None:
-        self.last_error = str(error)
+    def _down(self, error: Exception, started: float, *, shown: str | None = None) -> None:
+        """Mark the tier down for `error` (logged); `shown`: what describe tells callers instead of it."""
+        self.last_error = shown or str(error)
         if not self.healthy and started < self.retry_at:
             # Sent before the latest verdict (in flight when the tier died, a write during the backoff, a
             # probe beside the one that already failed): it says nothing new, so the backoff stays. Else
@@ -158,10 +159,14 @@ class Tier:
             if not (check and engine_down(exc)):
                 outcome = "error"  # the tier answered a JSON-RPC error: it is up
                 if engine_down(exc):
+                    outcome = "unavailable"  # counted as the metric says, though the tier stays up
                     self.heard_at = 0.0  # the next health check asks it at once (`unheard`)
                 raise
             outcome = "unavailable"  # it answers HTTP, but can serve nothing until its engine is back
-            self._down(exc, started)
+            # The engine's words (a PostgreSQL host and user, a repository path) go to the log, not to
+            # describe's `error`, which any token holder reads (decision 113).
+            self._down(exc, started,
+                       shown=f"tier {self.name}: its engine is unavailable (the router's log has the cause)")
             raise Unavailable(f"tier {self.name} unavailable: {exc.message}",
                               {"tier": self.name, "url": self.config.url}) from exc
         except Exception:

@@ -204,6 +204,8 @@ def test_unusable_endpoints_and_files_are_named_not_raised(tmp_path: Path) -> No
         (["import", "localhost:8700/", str(good)], "write http://localhost:8700/"),
         (["export", "memory.internal.example:8700", str(tmp_path / "x.jsonl")],
          "write http://memory.internal.example:8700/"),
+        # compose's service name for the router (deploy/README.md): a host with no dot
+        (["export", "router:8700", str(tmp_path / "x.jsonl")], "write http://router:8700/"),
         (["import", " ".join(fixture_server_command("--stdio")), str(good), "--token", "t"], "--token: a bearer token is for an http(s):// server"),
     ]
     for argv, message in cases:

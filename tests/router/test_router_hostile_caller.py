@@ -4,6 +4,7 @@ which go to the router's log; and no request it can send holds the event loop ev
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -103,3 +104,33 @@ async def test_summarize_by_many_ids_does_not_hold_the_event_loop() -> None:
     finally:
         await router.shutdown()
     assert reply is not None and reply["result"] == {"records": [], "read": 0, "written": 0}, reply
+
+
+class EngineDownEverywhere(EngineDown):
+    """A tier server whose engine is gone for every call, describe too (its /readyz is 503)."""
+
+    async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        raise A2MError(-32603, ENGINE_WORDS, {"tier": self.name, "engine": "postgresql"})
+
+
+async def test_a_tier_down_for_its_engine_is_described_without_the_engines_words(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A probe's describe answered by a tier whose engine is down marks the tier down (decision 115);
+    what describe then shows of it to any token holder names the tier, not its engine's hosts or users."""
+    caplog.set_level(logging.INFO, logger="a2m.router")
+    router = Router(RouterConfig(tiers=(TierConfig(name="episodic", url="http://episodic.internal:8702/",
+                                                   kind="episodic"),), default_tier="episodic"),
+                    client_factory=lambda t: EngineDownEverywhere(t.name))
+    await router.startup()
+    try:
+        assert not router.fed["episodic"].healthy
+        reply = await Dispatcher(router).handle({"jsonrpc": "2.0", "id": 1, "method": "memory/describe",
+                                                 "params": {}}, Context(principal="alice", transport="http"))
+    finally:
+        await router.shutdown()
+    assert reply is not None and "result" in reply, reply
+    [entry] = reply["result"]["tiers"]
+    assert entry["status"] == "down" and "episodic" in entry["error"], entry
+    for secret in ("10.9.8.7", "a2m_prod"):
+        assert secret not in str(reply), reply
+    assert any("a2m_prod" in r.getMessage() for r in caplog.records)  # the operator still has it

@@ -582,6 +582,18 @@ async def test_one_recall_failed_by_its_engine_does_not_take_the_tier_away(fed: 
     assert await fed.router.ready() and tier.healthy and not tier.unheard(5.0)
 
 
+async def test_a_call_failed_by_its_engine_is_counted_unavailable(fed: Fed) -> None:
+    """a2m_router_tier_calls_total counts an answer that the tier's engine is down as `unavailable`
+    (docs/operations.md), whatever the call: the tier stays up for a recall (decision 115), but an
+    alert on the unavailable rate must see an engine outage before any health check does."""
+    await seed(fed)
+    fed.tiers["episodic"].twist = engine_error("memory/recall")
+    seen: list[tuple[str, str]] = []
+    fed.router.fed["episodic"].observe = lambda tier, method, seconds, outcome: seen.append((method, outcome))
+    await fed("memory/recall", {"query": "milan"})
+    assert ("memory/recall", "unavailable") in seen and ("memory/recall", "error") not in seen, seen
+
+
 async def test_a_health_check_answered_engine_down_marks_the_tier_down(fed: Fed) -> None:
     """Its describe (which counts its records) failing on the engine: the tier serves nothing, as surely
     as one that does not answer, though its HTTP server is up."""
