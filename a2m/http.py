@@ -73,6 +73,15 @@ class HTTPSettings:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
 
+    def __post_init__(self) -> None:
+        # The CLI refuses these; a library caller gets the same answer (a zero deadline would tick at 0 s: a spin).
+        for name in ("body_timeout", "max_connections"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"HTTPSettings.{name} must be a positive number, not {value!r}")
+        if not (isinstance(self.shutdown_timeout, (int, float)) and self.shutdown_timeout >= 0):
+            raise ValueError(f"HTTPSettings.shutdown_timeout must be a number >= 0, not {self.shutdown_timeout!r}")
+
 
 def token_problem(token: str) -> str | None:
     """Why a bearer token could never be presented as written, or None. The binding compares the header's

@@ -32,6 +32,14 @@ def bool_param(params: Mapping[str, Any], name: str, default: bool) -> bool:
     return value
 
 
+def required_str(params: Mapping[str, Any], name: str) -> str:
+    """A non-empty string the method cannot run without (a fetch's `key`, a close's `session`)."""
+    value = params.get(name)
+    if not isinstance(value, str) or not value:
+        raise invalid(f"{name} is required", field=name)
+    return value
+
+
 def str_param(params: Mapping[str, Any], name: str) -> str | None:
     value = params.get(name)
     if value is not None and not isinstance(value, str):

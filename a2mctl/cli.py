@@ -324,7 +324,8 @@ def _serve(args: argparse.Namespace) -> int:
         if os.environ.get("A2M_ANNOUNCE", "1") != "0":
             print(f"a2m serve {args.what}: listening on {url}", file=sys.stderr, flush=True)
 
-    logging.getLogger("uvicorn.error").addFilter(_QuietStartupFailure(startup))
+    quiet = _QuietStartupFailure(startup)
+    logging.getLogger("uvicorn.error").addFilter(quiet)
     try:
         run(HTTPApp(Dispatcher(server), http_settings, lifespan=startup), host=args.host, port=args.port,
             log_level=args.log_level or "warning", on_listening=listening)
@@ -334,6 +335,8 @@ def _serve(args: argparse.Namespace) -> int:
                   "listens there, or choose another --port (0: any free port)", file=sys.stderr, flush=True)
             raise  # status 3, as documented
         return _start_failed(args, startup.failure)
+    finally:  # this start's filter only: a later server in the same process (tests) keeps its errors
+        logging.getLogger("uvicorn.error").removeFilter(quiet)
     return 0
 
 

@@ -25,7 +25,7 @@ from a2m.summarize import summarize as extract_summary
 from a2m.text import query_terms, tokenize
 from a2m.timefmt import now
 from a2m.params import (DEFAULT_LIMITS, amount_param, bool_param, ids_param, limit_param, min_score_param, query_param,
-                        records_param, str_param)
+                        records_param, required_str, str_param)
 
 from .settings import SettingsError
 from .store import Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable, StoreWidthMismatch
@@ -507,9 +507,7 @@ class TierServer(EventMethods):
         ]}
 
     async def session_close(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        session = params.get("session")
-        if not isinstance(session, str) or not session:
-            raise invalid("session is required", field="session")
+        session = required_str(params, "session")
         owner = ctx.owner(params)
         with self.engine():
             known = await self.store.select(Scope(owner=owner, where={"session": session}), limit=1)
@@ -520,9 +518,7 @@ class TierServer(EventMethods):
                 "closed": session, "flushed": 0}
 
     async def fetch(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        key = params.get("key")
-        if not isinstance(key, str) or not key:
-            raise invalid("key is required", field="key")
+        key = required_str(params, "key")
         owner = ctx.owner(params)
         with_vectors = bool_param(params, "embeddings", False)
         with self.engine():

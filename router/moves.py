@@ -14,7 +14,7 @@ from a2m import errors
 from a2m.dispatch import Context
 from a2m.errors import A2MError, invalid
 from a2m.events import EventLog
-from a2m.params import ids_param
+from a2m.params import ids_param, required_str
 
 from .federation import FanOut, Federation
 from .policy import Policy, Refusals
@@ -123,9 +123,7 @@ class Moves:
         return out
 
     async def session_close(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        session = params.get("session")
-        if not isinstance(session, str) or not session:
-            raise invalid("session is required", field="session")
+        session = required_str(params, "session")
         owner = ctx.owner(params)
         await self.policy.counted()
         flushed = await self.policy.flush(owner, session)

@@ -18,7 +18,7 @@ from a2m.dispatch import Context
 from a2m.embedder import Embedder, try_embed
 from a2m.errors import A2MError, invalid
 from a2m.paging import CrowdedMillisecond, pages_backwards
-from a2m.params import bool_param, limit_param, min_score_param, query_param
+from a2m.params import bool_param, limit_param, min_score_param, query_param, required_str
 from a2m.records import Record, validate_embedding
 
 from . import fusion
@@ -175,9 +175,7 @@ class Reads:
         return result
 
     async def fetch(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        key = params.get("key")
-        if not isinstance(key, str) or not key:
-            raise invalid("key is required", field="key")
+        key = required_str(params, "key")
         owner = ctx.owner(params)
         asked_vectors = bool_param(params, "embeddings", False)
         keyed = [t for t in self.fed if t.has("keys")]

@@ -13,7 +13,6 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-from prometheus_client import generate_latest
 
 from a2m.dispatch import Dispatcher
 from a2m.http import KEEP_ALIVE, HTTPApp, HTTPSettings, _Deadlines, server
@@ -224,3 +223,16 @@ def test_requests_answered_503_are_logged_at_most_once_a_minute(caplog: pytest.L
     logger.removeHandler(caplog.handler)
     lines = [r.getMessage() for r in caplog.records if "concurrency limit" in r.getMessage()]
     assert len(lines) == 1 and "answered 503" in lines[0], lines
+
+
+@pytest.mark.parametrize("field", ["body_timeout", "max_connections", "shutdown_timeout"])
+def test_settings_a_server_cannot_run_with_are_refused(field: str) -> None:
+    """A zero body deadline made the shared deadline timer tick every 0 s (a spin); the CLI refused it,
+    a library caller did not."""
+    from a2m.http import HTTPSettings
+
+    with pytest.raises(ValueError, match=field):
+        HTTPSettings(**{field: -1})
+    if field != "shutdown_timeout":  # 0 s: a stop cancels requests in progress at once
+        with pytest.raises(ValueError, match=field):
+            HTTPSettings(**{field: 0})

@@ -12,7 +12,6 @@ from typing import Any, AsyncIterator
 import pytest
 
 from a2m.dispatch import Dispatcher
-from a2m.filters import MAX_WHERE_KEYS
 from a2m.params import MAX_QUERY_WORDS
 from a2m.records import MAX_NAME_BYTES
 from tests.support.inprocess import call, dispatchers, owner

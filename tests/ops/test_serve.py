@@ -393,3 +393,17 @@ def test_the_http_limits_are_set_by_flag_or_variable(tmp_path: Path) -> None:
                 sock.close()
     finally:
         stop(proc)  # type: ignore[arg-type]
+
+
+def test_a_failed_start_leaves_no_filter_on_uvicorns_log(tmp_path: Path) -> None:
+    """The filter that keeps uvicorn's own lines about a failed start quiet stayed on `uvicorn.error`:
+    in a process that serves again (tests, an embedding application), every later server's uvicorn
+    errors were dropped."""
+    import logging
+
+    from a2mctl.cli import _QuietStartupFailure, main
+
+    nobody = free_port()
+    assert main(["serve", "working", "--url", f"redis://127.0.0.1:{nobody}/0", "--data", str(tmp_path / "d"),
+                 "--port", "0"]) == 1
+    assert not [f for f in logging.getLogger("uvicorn.error").filters if isinstance(f, _QuietStartupFailure)]
