@@ -88,8 +88,10 @@ def _toml_value(value: Any) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def router_toml(tiers: Iterable[str], base_port: int, host: str = "127.0.0.1") -> str:
-    """The design's default layout restricted to `tiers`, on base_port+1.., links into absent tiers cut.
+def router_toml(tiers: Iterable[str], base_port: int, host: str = "127.0.0.1", embedder: str | None = None) -> str:
+    """The design's default layout restricted to `tiers`, on base_port+1.., links into absent tiers cut,
+    and the tier servers' `embedder` (A2M_EMBEDDER) as the router's too: the router reads only its
+    file's, so `A2M_EMBEDDER=local a2m up` embedded every record but no query, and warned each start.
 
     Generated from `router.config.default_tiers` so it cannot drift from the router's own defaults.
     """
@@ -98,6 +100,8 @@ def router_toml(tiers: Iterable[str], base_port: int, host: str = "127.0.0.1") -
     chosen = set(tiers)
     lines = ["# Written by `a2m up` on every start, so edits here are lost: copy it, edit the copy,",
              "# and run `a2m up --config COPY` (or `make up ARGS=\"--config COPY\"`).", ""]
+    if embedder and embedder != "none":
+        lines += [f"embedder = {_toml_value(embedder)}  # A2M_EMBEDDER, as the tier servers have it", ""]
     for tier in default_tiers(base_port=base_port + 1, host=host):
         if tier.name not in chosen:
             continue
@@ -355,7 +359,7 @@ def up(args: argparse.Namespace) -> int:
     try:
         if with_router and not args.config:
             config = data / "router.toml"
-            config.write_text(router_toml(tiers, port, host))
+            config.write_text(router_toml(tiers, port, host, embedder=os.environ.get("A2M_EMBEDDER")))
         (data / "Procfile").write_text(procfile_for(chosen))
     except OSError as exc:
         raise SystemExit(f"a2m up: cannot write to {data}: {exc.strerror}") from None

@@ -121,6 +121,19 @@ def test_router_toml_for_a_subset_cuts_links_into_absent_tiers() -> None:
 
 
 @pytest.mark.skipif(not router_available(), reason="router/ not present")
+def test_router_toml_gives_the_router_the_tier_servers_embedder() -> None:
+    """The router reads its embedder from router.toml alone: `A2M_EMBEDDER=... a2m up` embedded every
+    record on the tiers but no query on the router, which warned on every start."""
+    from router.config import parse
+    import tomllib
+
+    url = "http://127.0.0.1:9/v1"
+    assert parse(tomllib.loads(router_toml(TIERS, 9000, embedder=url)), env={}).embedder == url
+    for unset in (None, "", "none"):
+        assert "embedder" not in router_toml(TIERS, 9000, embedder=unset)
+
+
+@pytest.mark.skipif(not router_available(), reason="router/ not present")
 @pytest.mark.parametrize("chosen", [TIERS, ("working", "episodic", "procedural"), ("episodic",)])
 def test_router_toml_sets_promote_after_only_where_a_tier_promotes(chosen: tuple[str, ...]) -> None:
     """promote_after counts recalls towards a promotion into promote_to, and nothing else: the file
