@@ -53,6 +53,7 @@ class Tier:
     reached: bool = False  # has answered at least once (a tier still starting is not news)
     _probe_until: float = 0.0  # a read after the backoff is in flight: the others skip the tier until then
     heard_at: float = 0.0  # monotonic time of its last good answer: a health check probes a tier silent for long
+    _down_for: type | None = None  # the kind of failure last logged for this outage (`_down`)
     _malformed: set[str] = field(default_factory=set)  # methods whose last reply was malformed (logged once)
     # (tier, method, seconds, outcome) after every call: the router's per-tier metrics. Outcome is
     # "ok", "error" (the tier answered an A2M error) or "unavailable" (unreachable, timed out, or its
@@ -131,8 +132,11 @@ class Tier:
         self.failures += 1
         self.healthy = False
         self.retry_at = time.monotonic() + min(BACKOFF_MAX, BACKOFF_MIN * 2 ** (self.failures - 1))
-        if self.failures == 1:  # started together (`a2m up`), the router asks before its tiers listen
+        cause = type(error)  # unreachable (Unavailable) or its engine away (A2MError)
+        if self.failures == 1 or cause is not self._down_for:  # once per outage, and when its cause changes
+            # (the tier's server is back, its engine is not): the operator reads the cause at hand
             log.log(logging.WARNING if self.reached else logging.INFO, "tier %s is down: %s", self.name, error)
+        self._down_for = cause
 
     async def call(self, method: str, params: dict[str, Any], *, timeout: float | None = None,
                    probe: bool = False, check: bool = False) -> dict[str, Any]:

@@ -133,3 +133,37 @@ async def test_closing_cancels_the_describe_of_a_tier_that_came_back() -> None:
     await fed.close()
     await asyncio.sleep(0)
     assert revive.cancelled()
+
+
+@pytest.mark.anyio
+async def test_a_tier_down_logs_again_when_the_cause_of_its_outage_changes(caplog) -> None:
+    """Unreachable, then its server back with its engine still away: the log said only the first cause
+    for the whole outage, so the operator chased a server that was already running again."""
+    import logging
+
+    from a2m.client import Unavailable
+    from a2m.errors import A2MError
+
+    class Outage(Answering):
+        causes: list[Exception] = []
+
+        async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+            if method == "memory/describe" and self.causes:
+                raise self.causes.pop(0)
+            return await super().call(method, params, timeout)
+
+    fed = Federation(RouterConfig(tiers=(TierConfig(name="t", url="http://t"),)),
+                     client_factory=lambda t: Outage("t", 0.0))
+    await fed.start()
+    tier = fed["t"]
+    Outage.causes = [Unavailable("connection refused"),
+                     A2MError(-32603, "tier t (postgresql) unavailable: could not connect to 10.0.0.9",
+                              {"tier": "t", "engine": "postgresql"})]
+    with caplog.at_level(logging.INFO, logger="a2m.router"):
+        assert await tier.refresh() is None  # unreachable
+        tier.retry_at = 0.0  # its backoff over: the next describe is a new verdict
+        assert await tier.refresh() is None  # its server answers, its engine does not
+        assert await tier.refresh() is not None
+    down = [r.getMessage() for r in caplog.records if "is down" in r.getMessage()]
+    assert len(down) == 2 and "connection refused" in down[0] and "10.0.0.9" in down[1], down
+    await fed.close()
