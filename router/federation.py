@@ -160,13 +160,13 @@ class Tier:
             raise Unavailable(f"tier {self.name} unavailable: {error.message}",
                               {"tier": self.name, "url": self.config.url}) from exc
         except A2MError as exc:
-            if not (check and engine_down(exc)):
+            if not engine_down(exc):
                 outcome = "error"  # the tier answered a JSON-RPC error: it is up
-                if engine_down(exc):
-                    outcome = "unavailable"  # counted as the metric says, though the tier stays up
-                    self.heard_at = 0.0  # the next health check asks it at once (`unheard`)
                 raise
-            outcome = "unavailable"  # it answers HTTP, but can serve nothing until its engine is back
+            outcome = "unavailable"  # it answers HTTP, but its engine failed the call
+            if not check:  # this call's failure only (a statement timeout, a busy pool): the tier stays
+                self.heard_at = 0.0  # up for every other owner, and the next health check asks it at once
+                raise
             # The engine's words (a PostgreSQL host and user, a repository path) go to the log, not to
             # describe's `error`, which any token holder reads (decision 113).
             self._down(exc, started,
