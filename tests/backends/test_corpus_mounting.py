@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,7 +31,7 @@ from a2m.errors import A2MError
 from a2m.filters import Scope
 from backends.episodic.embedded import EmbeddedPostgres
 from tests.support.corpora import TABLE_ARGS, make_table, opened_table
-from tests.support.procs import ROOT, a2m_command, free_port
+from tests.support.procs import ROOT, a2m_command, free_port, free_ports
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -307,19 +306,12 @@ def test_infinite_times_read_as_no_time(user_pg: str, tmp_path: Path) -> None:
 
 @contextmanager
 def mounted(tmp: Path, tiers: list[dict[str, Any]]) -> Iterator[Any]:
-    """The router over `tiers`, each started as tests/router/stack.py starts them, on ports held apart
-    while they are chosen: two free_port() calls can name one port, and a process that cannot bind it
-    leaves its readiness probe answered by whichever holds it (the router's calls then reached the corpus)."""
+    """The router over `tiers`, each started as tests/router/stack.py starts them, on ports chosen at
+    once (free_ports): a process that cannot bind its port leaves its readiness probe answered by
+    whichever holds it (the router's calls once reached the corpus)."""
     from tests.router.stack import Proc, Stack, tier_command, write_config
 
-    held = [socket.socket() for _ in range(len(tiers) + 1)]
-    try:
-        for sock in held:
-            sock.bind(("127.0.0.1", 0))
-        ports = [sock.getsockname()[1] for sock in held]
-    finally:
-        for sock in held:
-            sock.close()
+    ports = free_ports(len(tiers) + 1)
     data = Path(tempfile.mkdtemp(prefix="a2m-", dir="/tmp"))  # short: embedded engines put sockets here
     procs = {t["name"]: Proc(t["name"], tier_command(t, port, "fixture", data), port, log=tmp / f"{t['name']}.log")
              for t, port in zip(tiers, ports)}

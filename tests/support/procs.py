@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,19 +20,52 @@ PYTHON = sys.executable
 
 
 _HANDED_OUT: set[int] = set()
+_PICK = random.Random(os.urandom(16))  # apart from the global generator, which a test may seed
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 49152, 65535  # IANA's range, as macOS uses
+    return low, high
+
+
+def free_ports(count: int = 1, contiguous: bool = False) -> list[int]:
+    """`count` loopback ports nothing listens on, not handed out before in this process, and outside
+    the kernel's ephemeral range. A port taken with bind(0) is ephemeral: between its release and the
+    server's bind, any outgoing connection on the machine may get it as its source port, or a probe of
+    it connect to itself (TCP self-connect), and the server then cannot listen (CI once saw episodic's
+    port taken while its PostgreSQL started). Below the range, only a listener can take it."""
+    low, _ = _ephemeral_range()
+    first, last = (10000, low - 1) if low > 12000 else (low // 2, low - 1)
+    for _ in range(1000):
+        if contiguous:
+            base = _PICK.randint(first, last - count + 1)
+            ports = list(range(base, base + count))
+        else:
+            ports = _PICK.sample(range(first, last + 1), count)
+        if _HANDED_OUT.intersection(ports) or not all(_bindable(port) for port in ports):
+            continue
+        _HANDED_OUT.update(ports)
+        return ports
+    raise RuntimeError(f"no {count} free loopback ports in {first}..{last}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port() -> int:
     """A loopback port nothing listens on, and not one this process handed out before: a federation
     takes its ports before starting any server, and the kernel may offer a port it just released
     again (a router once could not bind, and its readiness probe was answered by a tier)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+    return free_ports(1)[0]
 
 
 def a2m_command(*args: str) -> list[str]:
