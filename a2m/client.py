@@ -170,8 +170,9 @@ class StdioClient:
                     continue  # a server must not do this; the conformance suite checks it separately
                 if not isinstance(message, dict):
                     continue
-                if "method" in message and "id" not in message:
-                    self._notify(message)
+                if "method" in message:  # a response has none; a request from the server (protocol §1 has
+                    if "id" not in message:  # none) must not answer the call that shares its id
+                        self._notify(message)
                     continue
                 try:
                     future = self._pending.pop(message.get("id"), None)
@@ -234,8 +235,11 @@ class StdioClient:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[message["id"]] = future
         try:
-            await self.send_raw(orjson.dumps(message))
-            return await asyncio.wait_for(future, timeout or self.timeout)
+            # the write counts too: a child that stops reading its input fills the pipe, and the
+            # drain (with the write lock, so every later call) waited on it for ever
+            async with asyncio.timeout(timeout or self.timeout):
+                await self.send_raw(orjson.dumps(message))
+                return await future
         except asyncio.TimeoutError:
             raise Unavailable("stdio server did not answer in time") from None
         finally:

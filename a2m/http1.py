@@ -20,7 +20,12 @@ applied before the connection broke.
 A response body is buffered whole, so it is capped (`max_response`, MAX_RESPONSE by default):
 past it, declared in `content-length` or counted as it arrives (chunked or until close), the
 call fails with ConnectionFailed saying so and the connection is closed. A server sending
-gigabytes no longer takes the caller's memory with it.
+gigabytes no longer takes the caller's memory with it. A response's head (status line and
+headers, which the parser buffers whole) is capped apart, at MAX_HEAD bytes.
+
+A response that begins while no request waits on its connection (an answer sent twice, a
+408 written to an idle connection) closes that connection: the next request on it would
+have read that answer as its own.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import httptools
 
 
 MAX_RESPONSE = 256 * 1024 * 1024  # bytes of one response body; a tier's reply past it is its failure
+MAX_HEAD = 1024 * 1024  # bytes of one response's status line and headers; a tier's are a few hundred
 
 
 class ConnectionFailed(Exception):
@@ -55,6 +61,8 @@ class _Connection(asyncio.Protocol):
         self.framed = False  # the response in progress declared a length or chunking
         self.until_close = False  # its headers are in, and its body runs to the end of the connection
         self.interim = False  # the message in progress is a 1xx: the final response follows it
+        self.heading = False  # a response has begun and its headers are not all in
+        self.head_size = 0  # bytes received while `heading`
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -68,6 +76,17 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(ConnectionFailed(f"malformed HTTP response: {exc}"))
             self.close()
+            return
+        if self.heading:  # all of `data` was head: httptools buffers a header until its end, unbounded
+            self.head_size += len(data)
+            if self.head_size > MAX_HEAD:
+                self._fail(ConnectionFailed(f"response headers larger than {MAX_HEAD} bytes"))
+                self.close()
+
+    def on_message_begin(self) -> None:
+        if self.waiter is None:  # nobody asked: an answer sent twice, or a 408 on an idle connection.
+            self.close()  # kept, its rest would be read as the next request's answer
+        self.heading, self.head_size = True, 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lower = name.lower()
@@ -77,6 +96,7 @@ class _Connection(asyncio.Protocol):
             self._too_large(f"declared {int(value)} bytes")
 
     def on_headers_complete(self) -> None:
+        self.heading = False
         self.interim = self.parser.get_status_code() < 200
         self.until_close = not self.framed and not self.interim
 
@@ -165,6 +185,7 @@ class ConnectionPool:
         self._idle: list[_Connection] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots = asyncio.Semaphore(max_connections)
+        self._generation = 0  # counts close() calls: a connection in use across one is not kept
 
     async def post(self, body: bytes, *, timeout: float, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         """One POST under `timeout` seconds, the wait for a free connection and the connect included;
@@ -176,6 +197,7 @@ class ConnectionPool:
                                                           len(body), body)
         conn: _Connection | None = None
         reusable = False
+        generation = self._generation
         try:
             async with asyncio.timeout(timeout):  # the wait for a free connection counts too
                 async with self._slots:
@@ -187,7 +209,7 @@ class ConnectionPool:
                         return status, payload
                     finally:  # cancelled, timed out or failed mid-response: its state is unknown, so close it
                         if conn is not None:
-                            if reusable and not conn.closed:
+                            if reusable and not conn.closed and generation == self._generation:
                                 conn.idle_since = loop.time()
                                 self._idle.append(conn)
                             else:
@@ -221,6 +243,7 @@ class ConnectionPool:
 
     def close(self) -> None:
         """Close the idle connections; one in use closes when its request ends. The pool stays usable."""
+        self._generation += 1
         for conn in self._idle:
             conn.close()
         self._idle = []

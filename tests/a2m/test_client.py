@@ -183,3 +183,59 @@ async def test_an_error_code_that_is_not_an_integer_is_an_internal_error(error: 
             with pytest.raises(A2MError) as err:
                 await client.call("memory/describe")
     assert type(err.value.code) is int and err.value.code == -32603
+
+
+STUCK_SERVER = r"""
+import json, sys, time
+for line in sys.stdin:
+    m = json.loads(line)
+    if m["method"] == "stop_reading":  # stops reading its input: the pipe fills
+        time.sleep(60)
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": {"ok": True}}) + "\n")
+    sys.stdout.flush()
+"""
+
+
+@pytest.mark.anyio
+async def test_stdio_timeout_counts_the_write_to_a_child_that_stopped_reading() -> None:
+    """Only the wait for the reply was under the timeout: a child that stopped reading its input
+    filled the pipe, and the drain waited for ever, holding the write lock every later call needs."""
+    client = StdioClient([sys.executable, "-c", STUCK_SERVER], timeout=30)
+    try:
+        async with client:
+            assert await client.call("ok") == {"ok": True}
+            with anyio.fail_after(10):
+                with pytest.raises(Unavailable, match="in time"):
+                    await client.call("stop_reading", timeout=1)
+                for _ in range(2):  # a big request fills the pipe; the next waits on the lock
+                    with pytest.raises(Unavailable, match="in time"):
+                        await client.call("x", {"pad": "a" * (1 << 20)}, timeout=1)
+            assert not client._pending
+            assert client._proc is not None
+            client._proc.kill()  # close() would give the stuck child 15 s to end
+    finally:
+        await client.close()
+
+
+ASKING_SERVER = r"""
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    # a request to the client (servers send none, protocol §1) bearing the id of the call, then a notification
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": m["id"], "method": "client/ask", "params": {}}) + "\n")
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "method": "memory/event", "params": {"n": m["id"]}}) + "\n")
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": {"answer": m["method"]}}) + "\n")
+    sys.stdout.flush()
+"""
+
+
+@pytest.mark.anyio
+async def test_stdio_a_message_with_a_method_never_answers_a_call() -> None:
+    """A line with `method` and `id` was taken for the response to the call with that id: the call
+    failed ("malformed JSON-RPC result") and its real answer, a line later, was dropped."""
+    events: list[dict] = []
+    async with StdioClient([sys.executable, "-c", ASKING_SERVER], on_notify=events.append, timeout=30) as client:
+        with anyio.fail_after(10):
+            assert await client.call("first") == {"answer": "first"}
+            assert await client.call("second") == {"answer": "second"}
+        assert [e["params"]["n"] for e in events] == [1, 2]

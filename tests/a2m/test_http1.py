@@ -296,3 +296,158 @@ async def test_a_connection_the_server_just_closed_is_not_reused() -> None:
         assert not idle.closed  # the turn in between
         assert await pool.post(b"{}", timeout=5) == (200, b"{}")
         assert len(connections) == 2
+
+
+async def _request_body(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    return await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+
+
+@asynccontextmanager
+async def raw_server(handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], object]) -> AsyncIterator[str]:
+    """A loopback server running `handle` on each connection, whatever it leaves unread or raised."""
+
+    async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handle(reader, writer)  # type: ignore[misc]
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    srv = await asyncio.start_server(guarded, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}/"
+    finally:
+        srv.close()
+
+
+@pytest.mark.anyio
+async def test_an_answer_nobody_asked_for_closes_its_connection() -> None:
+    """A server that answers twice, the second answer arriving after the first was read: the
+    connection went back to the pool mid-response, and the next request on it read the rest of
+    that stray answer as its own (request "2" got "dup"), every later one an answer behind."""
+
+    async def answer_twice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = await _request_body(reader)
+        writer.write(sized(first) + b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n")  # and the stray's head
+        while True:
+            body = await _request_body(reader)
+            writer.write(b"dup" + sized(body))  # the stray's body, then this request's own answer
+            await writer.drain()
+
+    async with raw_server(answer_twice) as url:
+        pool = ConnectionPool(url)
+        assert await pool.post(b"1", timeout=5) == (200, b"1")
+        assert await pool.post(b"2", timeout=5) == (200, b"2")
+        assert await pool.post(b"3", timeout=5) == (200, b"3")
+
+
+@pytest.mark.anyio
+async def test_headers_past_max_head_fail_at_once() -> None:
+    """`max_response` capped bodies only: httptools buffers a header whole (by bytes concatenation),
+    so a server streaming one endless header filled memory until the call's timeout."""
+    from a2m.http1 import MAX_HEAD
+
+    async def endless_header(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request_body(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nx-pad: ")
+        for _ in range(MAX_HEAD // 65536 + 8):
+            writer.write(b"a" * 65536)
+            await writer.drain()
+        await asyncio.sleep(30)
+
+    async with raw_server(endless_header) as url:
+        pool = ConnectionPool(url, max_response=1024)
+        with anyio.fail_after(5), pytest.raises(ConnectionFailed, match="headers larger than"):
+            await pool.post(b"{}", timeout=30)
+        assert pool.idle == 0
+
+    big_but_legal = sized(b"{}", f"x-pad: {'a' * 60000}")  # a large head under the cap is fine
+    async with server(lambda req: big_but_legal) as (url, _, _):
+        assert await ConnectionPool(url).post(b"{}", timeout=5) == (200, b"{}")
+
+
+@pytest.mark.anyio
+async def test_a_connection_in_use_across_close_is_closed_not_kept() -> None:
+    """close() promised that a connection in use closes when its request ends; it went back to
+    the pool instead, an open socket after the client was closed."""
+
+    async def late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await _request_body(reader)
+            await asyncio.sleep(0.2)
+            writer.write(sized(b"{}"))
+            await writer.drain()
+
+    async with raw_server(late) as url:
+        pool = ConnectionPool(url)
+        request = asyncio.create_task(pool.post(b"{}", timeout=5))
+        await asyncio.sleep(0.05)
+        pool.close()
+        assert await request == (200, b"{}")
+        assert pool.idle == 0
+        assert await pool.post(b"{}", timeout=5) == (200, b"{}")  # the pool stays usable
+        assert pool.idle == 1
+
+
+@pytest.mark.anyio
+async def test_every_answer_is_its_own_under_cancellation_timeouts_and_breaks() -> None:
+    """The pool's invariants under a fan-out's worst day: callers cancelled or timed out mid-response,
+    servers closing mid-body, answers late. No answer reaches another request, no slot leaks (a
+    request after it all gets a connection at once), never more than max_connections open."""
+    import random
+
+    rnd = random.Random(5)
+    live = peak = 0
+    flaky = True
+
+    async def flaky_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            body = await _request_body(reader)
+            await asyncio.sleep(rnd.random() * 0.03)
+            if flaky and rnd.random() < 0.1:
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\n" + body[:1])  # cut mid-body
+                await writer.drain()
+                return
+            writer.write(sized(body))
+            await writer.drain()
+
+    class Counted(ConnectionPool):
+        async def _connect(self, loop: asyncio.AbstractEventLoop):  # type: ignore[no-untyped-def]
+            nonlocal live, peak
+            conn = await super()._connect(loop)
+            live += 1
+            peak = max(peak, live)
+            lost = conn.connection_lost
+
+            def counted_lost(exc: Exception | None) -> None:
+                nonlocal live
+                live -= 1
+                lost(exc)
+
+            conn.connection_lost = counted_lost  # type: ignore[method-assign]
+            return conn
+
+    async with raw_server(flaky_echo) as url:
+        pool = Counted(url, max_connections=3)
+
+        async def one(i: int) -> str:
+            try:
+                status, body = await pool.post(b"%d" % i, timeout=rnd.choice([0.01, 2.0]))
+            except ConnectionFailed:
+                return "failed"
+            assert (status, body) == (200, b"%d" % i)
+            return "ok"
+
+        with anyio.fail_after(30):
+            tasks = [asyncio.create_task(one(i)) for i in range(200)]
+            for _ in range(30):
+                await asyncio.sleep(0.01)
+                rnd.choice(tasks).cancel()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        assert not [o for o in outcomes if isinstance(o, AssertionError)]
+        assert "ok" in outcomes and peak <= 3, (peak, outcomes)
+        flaky = False
+        with anyio.fail_after(2):  # all three slots are free again
+            assert await asyncio.gather(*(pool.post(b"x", timeout=2) for _ in range(3))) == [(200, b"x")] * 3
