@@ -137,6 +137,23 @@ async def test_a_working_forget_takes_a_record_replaced_in_place_after_it_read_i
     assert await fetch(server, me, "user/city") is None
 
 
+async def _until_a_delete_waits_for_a_lock(dsn: str, within: float = 20.0) -> None:
+    """Until a DELETE on `dsn`'s database waits for a row lock. A fixed sleep did not wait for that:
+    on a loaded machine the forget's DELETE had not started when the other transaction locked both
+    rows, and there was no deadlock for the test to see run again (it passed without testing it)."""
+    import time
+
+    import psycopg
+
+    deadline = time.monotonic() + within
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:  # a fresh snapshot a query
+        while not (await (await watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query ILIKE 'DELETE%'")).fetchone() or (0,))[0]:
+            assert time.monotonic() < deadline, "the forget's DELETE never waited for the locked row"
+            await asyncio.sleep(0.01)
+
+
 async def test_an_episodic_forget_that_deadlocks_with_a_write_is_run_again(servers: dict[str, TierServer]) -> None:
     """PostgreSQL aborts one of two statements that lock rows in opposite orders; the forget's was
     answered -32603 "unavailable" (a down tier to the router) though nothing was wrong with either."""
@@ -148,7 +165,7 @@ async def test_an_episodic_forget_that_deadlocks_with_a_write_is_run_again(serve
         await other.execute("SET deadlock_timeout = '30s'")  # the forget's session finds the deadlock
         await other.execute("UPDATE records SET salience = 0.9 WHERE id = %s", [b])  # holds b
         forget = asyncio.create_task(call(server, "memory/forget", {"owner": me, "where": {"session": "s"}}))
-        await asyncio.sleep(0.3)  # the DELETE holds a and waits for b
+        await _until_a_delete_waits_for_a_lock(server.store.dsn)  # type: ignore[attr-defined]  # holds a, waits for b
         await other.execute("UPDATE records SET salience = 0.9 WHERE id = %s", [a])  # waits for a: a cycle
         await other.commit()
     assert await asyncio.wait_for(forget, 20) == {"forgotten": 2}
