@@ -37,8 +37,9 @@ def free_ports(count: int = 1, contiguous: bool = False) -> list[int]:
     server's bind, any outgoing connection on the machine may get it as its source port, or a probe of
     it connect to itself (TCP self-connect), and the server then cannot listen (CI once saw episodic's
     port taken while its PostgreSQL started). Below the range, only a listener can take it."""
-    low, _ = _ephemeral_range()
-    first, last = (10000, low - 1) if low > 12000 else (low // 2, low - 1)
+    low, high = _ephemeral_range()
+    # below the range, else above it, else (a range of nearly every port) anywhere unprivileged
+    first, last = (10000, low - 1) if low > 12000 else (high + 1, 65535) if high < 63535 else (1024, 65535)
     for _ in range(1000):
         if contiguous:
             base = _PICK.randint(first, last - count + 1)
