@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 import re
 from functools import lru_cache
+import threading
 import unicodedata
 import zlib
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Generic, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 from .stopwords import STOPWORDS
@@ -127,13 +128,65 @@ def cache_terms(texts: Iterable[str]) -> None:
 def tokenize_once(text: str) -> list[str]:
     """`tokenize` for a text seen once (a record being stored): it bypasses the cache, which is for
     texts ranked again and again and would otherwise hold every record written."""
-    return list(_terms.__wrapped__(text, None))
+    return list(_tokenize(text, None))
 
 
-@lru_cache(maxsize=32768)
-def _terms(text: str, language: str | None) -> tuple[str, ...]:
-    # Cached: tiers that rank by scanning (working, the router's rerank pool) see the
-    # same record texts on every recall, and tokenizing is most of a ranking's cost.
+TERMS_TEXTS = 32_768  # texts the tokenizer cache holds at most...
+TERMS_CHARS = 32 * 1024 * 1024  # ...and characters of them in all
+
+
+class _TermsCache:
+    """An LRU of tokenized texts, bounded by count and by characters.
+
+    Cached: tiers that rank by scanning (working, the router's rerank pool) see the same record
+    texts on every recall, and tokenizing is most of a ranking's cost. A count alone held texts of
+    any length: a server recalling 20 KB tool outputs held 32,768 of them, ~5.6 GB, reached slowly
+    and kept for good (2 KB texts: ~260 MB). Bounded by characters too it holds at most ~300 MB
+    whatever the texts; a text over the whole budget is tokenized and not kept. Changes are
+    locked: a store may tokenize in a worker thread (procedural builds its index at open there)."""
+
+    def __init__(self, texts: int = TERMS_TEXTS, chars: int = TERMS_CHARS) -> None:
+        self.texts, self.chars = texts, chars
+        self._entries: OrderedDict[Hashable, tuple[str, ...]] = OrderedDict()  # text, or (text, language)
+        self._held = 0  # characters of the texts held
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    def __call__(self, text: str, language: str | None) -> tuple[str, ...]:
+        key: Hashable = text if language is None else (text, language)  # a str never equals a tuple
+        found = self._entries.get(key)  # a hit takes no lock: each step is one atomic C call
+        if found is not None:
+            try:
+                self._entries.move_to_end(key)
+            except KeyError:  # let go by another thread meanwhile
+                pass
+            return found
+        terms = _tokenize(text, language)
+        if len(text) > self.chars:
+            return terms
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = terms
+                self._held += len(text)
+                while len(self._entries) > self.texts or self._held > self.chars:
+                    gone, _ = self._entries.popitem(last=False)
+                    self._held -= len(gone if isinstance(gone, str) else gone[0])
+        return terms
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._held = 0
+
+
+def _tokenize(text: str, language: str | None) -> tuple[str, ...]:
+    """`text`'s terms, uncached (`_terms` caches them)."""
     words = _split(text)
     # Short texts (queries) often hold no stopword at all: they fold like English, the
     # most common case, so that "agencies" in a query meets "agency" in a record.
@@ -141,6 +194,9 @@ def _terms(text: str, language: str | None) -> tuple[str, ...]:
     stop = _FOLDED_STOPWORDS[lang]
     kept = [w for w in words if w not in stop]
     return tuple(map(_stem_en, kept)) if lang == "en" else tuple(kept)
+
+
+_terms = _TermsCache()
 
 
 def term_id(term: str) -> int:

@@ -50,6 +50,9 @@ Refusals = list[tuple[list[str], A2MError]]  # units a destination refused: thei
 MOVE_DROP = ("tier", "score")
 MOVE_BYTES = 16 * 1024 * 1024  # JSON per move call: well under a tier's body limit (a2m.http.TIER_MAX_BODY)
 MOVE_SLOTS = 256  # owners hashed into this many move counters: bounded memory; a collision costs a read one retry
+# Record ids queued for promotion, all owners together (`Policy._queue`): an owner that never
+# consolidates nor closes a session (an agent that went away) held its queue for the router's life.
+MAX_PENDING = 65_536
 
 
 def move_form(record: dict[str, Any]) -> dict[str, Any]:
@@ -124,7 +127,9 @@ class Policy:
         # sessions and owners being written now, not every one the router has seen.
         self._locks: WeakValueDictionary[tuple[Any, ...], asyncio.Lock] = WeakValueDictionary()
         self._owner_locks: WeakValueDictionary[str | None, asyncio.Lock] = WeakValueDictionary()
-        self.pending: dict[tuple[str | None, str], set[str]] = {}  # (owner, tier) -> ids earned promotion
+        # (owner, tier) -> ids that earned promotion, least recently queued first (`_queue`)
+        self.pending: dict[tuple[str | None, str], set[str]] = {}
+        self._pending_size = 0  # ids in `pending`, all entries together
         self._recalls: dict[tuple[str | None, str], Counter[str]] = {}  # recalls not yet counted in the tiers
         self._flushing = False
         self._buffered = 0  # recalls buffered since start; every one up to `_counted` is counted in its tier
@@ -362,7 +367,26 @@ class Policy:
             return
         due = {r["id"] for r in records if int(r.get("access_count") or 0) >= config.promote_after}
         if due:
-            self.pending.setdefault((owner, dest.name), set()).update(due)
+            self._queue(owner, dest.name, due)
+
+    def _queue(self, owner: str | None, name: str, due: set[str]) -> None:
+        """Queue `due` (ids in tier `name` that earned promotion) for `owner`'s next consolidate or
+        session close, which alone drain an owner's queue. Bounded by MAX_PENDING ids in all: past
+        it the owners queued least recently give theirs up, whole. What is dropped so is not lost:
+        a record past `promote_after` is queued again by its next recall (each recall counts it)."""
+        key = (owner, name)
+        ids = self.pending.pop(key, None)  # put back last: the dict's order is the order of queueing
+        if ids is None:
+            ids = set()
+        before = len(ids)
+        ids.update(due)
+        self.pending[key] = ids
+        self._pending_size += len(ids) - before
+        while self._pending_size > MAX_PENDING and len(self.pending) > 1:
+            oldest = next(iter(self.pending))
+            self._pending_size -= len(self.pending.pop(oldest))
+            log.debug("promotions queued for %r in %s dropped: over %d queued ids", oldest[0], oldest[1],
+                      MAX_PENDING)
 
     # ---- capacity ---------------------------------------------------------------------
 
@@ -543,7 +567,7 @@ class Policy:
             if config.promote_to:
                 due = {r["id"] for r in records if int(r.get("access_count") or 0) >= config.promote_after}
                 if due:
-                    self.pending.setdefault((owner, name), set()).update(due)
+                    self._queue(owner, name, due)
         # A move that read these records before the touch copies them without it, then deletes the
         # touched copy. Such a move holds the owner lock now, or has begun its delete since `seen`.
         if touched and hops and onward and (self.moves_seen(owner) != seen or self.owner_lock(owner).locked()):
@@ -584,9 +608,12 @@ class Policy:
             # Still queued: what is still here and did not move (its destination refused or was down).
             # Before the event, which can wait on a slow subscriber: a record arriving here meanwhile
             # is queued again on arrival, and must not be dropped as "not found" after that.
+            before = len(ids)
             ids.difference_update(set(batch) - (found - set(moved)))
-            if not ids and self.pending.get((pending_owner, name)) is ids:
-                del self.pending[(pending_owner, name)]  # an entry per owner ever promoted would only grow
+            if self.pending.get((pending_owner, name)) is ids:  # not dropped (`_queue`) meanwhile
+                self._pending_size -= before - len(ids)
+                if not ids:
+                    del self.pending[(pending_owner, name)]  # an entry per owner ever promoted would only grow
             if moved and self.emit is not None:
                 await self.emit("promoted", owner, ids=moved, tier=target)
             promoted += len(moved)

@@ -86,7 +86,11 @@ class Visible:
         record = self.tree.records.get(record_id)
         if record is None:
             return
-        self.by_owner[record.owner].pop(record_id, None)
+        mine = self.by_owner.get(record.owner)
+        if mine is not None:
+            mine.pop(record_id, None)
+            if not mine:  # an owner with nothing left keeps no entry: owners come and go by the million
+                del self.by_owner[record.owner]
         if record.session is not None:
             session = self.by_session.get((record.owner, record.session))
             if session is not None:
@@ -95,7 +99,11 @@ class Visible:
                     del self.by_session[(record.owner, record.session)]
         if record.key is not None and self.keys.get((record.owner, record.key)) == record_id:
             del self.keys[(record.owner, record.key)]
-        self.bm25[record.owner].remove(record_id)
+        index = self.bm25.get(record.owner)
+        if index is not None:
+            index.remove(record_id)
+            if not len(index):
+                del self.bm25[record.owner]
         self.vectors.pop(record_id, None)
 
     def apply(self, dropped: Iterable[str], puts: Iterable[tuple[Record, str, int]]) -> None:

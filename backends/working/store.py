@@ -70,7 +70,7 @@ _MUTABLE = ("salience", "access_count", "accessed_at", "embedding")
 _TERMS_HELD = 65_536  # records whose BM25 terms a server keeps for recall; past this it starts over
 _HOLD_ATTEMPTS = 3  # reads of a recall's unheld members before it ranks only those held
 _RANGES_KEPT = 64  # index ranges of one owner whose members a server remembers between recalls...
-_MEMBERS_KEPT = _TERMS_HELD  # ...and members in all of them
+_MEMBERS_KEPT = _TERMS_HELD  # ...and members in all of them (an empty range counts one)
 _DELETE_ATTEMPTS = 8  # reads again of records a forget found re-put (in place) between its read and its delete
 
 _LIB = """
@@ -773,14 +773,17 @@ class RedisStore:
             whole = False
         total = self._held.total(members)
         if whole and stamp is not None:
-            if self._members_kept + len(members) > _MEMBERS_KEPT:
+            # A range counts one at least: empty ones (a session the owner has none in) added nothing,
+            # and one per owner that recalled such a range was kept until the next forget.
+            weight = max(1, len(members))
+            if self._members_kept + weight > _MEMBERS_KEPT:
                 self._scopes.clear()
                 self._members_kept = 0
             ranges = self._scopes.setdefault(owner, {})
             if len(ranges) >= _RANGES_KEPT:
                 ranges.clear()
             ranges[(key, lo, hi)] = (stamp, self._held.generation, members, total)
-            self._members_kept += len(members)
+            self._members_kept += weight
         return members, total
 
     async def sessions(self, owner: str | None) -> list[SessionInfo]:

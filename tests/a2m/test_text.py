@@ -110,3 +110,24 @@ def test_held_terms_lets_go_of_everything_past_its_capacity() -> None:
     for key in ("c", "d"):
         held.add(key, key, "alpha")
     assert [doc for doc, _ in held.rank({"c", "d"}, "alpha")] == ["c", "d"]
+
+
+def test_the_tokenizer_cache_is_bounded_by_characters_not_only_by_texts() -> None:
+    """The cache of tokenized texts held 32,768 texts whatever their length: a server recalling
+    20 KB tool outputs grew to ~5.6 GB of RSS over time. It holds TERMS_CHARS characters at most,
+    the most recently used kept, and answers as tokenizing afresh would."""
+    from a2m import text
+
+    assert text._terms.chars == text.TERMS_CHARS <= 64 * 1024 * 1024 and text._terms.texts == text.TERMS_TEXTS
+    cache = text._TermsCache(texts=100, chars=10_000)
+    texts = [f"record {i} " + " ".join(f"harbour{i}x{j}" for j in range(100)) for i in range(50)]  # ~1,400 chars
+    for t in texts:
+        assert cache(t, None) == tuple(tokenize(t))
+    assert cache.held <= 10_000 and len(cache) == cache.held // len(texts[-1]) < 10
+    assert cache(texts[-1], None) is cache(texts[-1], None)  # a hit: the tuple held
+    assert cache(texts[-1], "it") == text._tokenize(texts[-1], "it")  # another language is another entry
+    huge = "harbour " * 2_000  # over the whole budget: tokenized, not kept, nothing let go for it
+    held = len(cache)
+    assert cache(huge, None) == tuple(tokenize(huge)) and len(cache) == held
+    cache.clear()
+    assert len(cache) == 0 and cache.held == 0

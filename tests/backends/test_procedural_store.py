@@ -75,6 +75,20 @@ def test_package_surface() -> None:
     assert set(EXTENSION_DOCS) == {"memory/history", "memory/restore", "memory/approve"}
 
 
+async def test_owners_whose_records_are_all_gone_leave_nothing_in_the_index(store: GitStore) -> None:
+    """The in-memory index is per owner; owners come and go by the million over a server's life. An
+    owner whose last record was forgotten kept an empty dict and an empty BM25 (~2 KB) until restart."""
+    for i in range(30):
+        me = f"agent-{i}"
+        await store.write([rec(i, f"procedure {i} for the harbour", owner=me, session="s", key=f"k{i}")])
+        assert await store.delete(Scope(owner=me)) == 1
+    await store.write([rec("kept", "the harbour ferry", owner="alice")])
+    visible = store._visible
+    assert list(visible.by_owner) == ["alice"] and list(visible.bm25) == ["alice"]
+    assert not visible.by_session and list(visible.keys) == []
+    assert [r.id for r in await store.search(Scope(owner="alice"), text="harbour", vector=None, limit=5)] == ["kept"]
+
+
 async def test_every_write_is_one_commit_by_the_owner(store: GitStore) -> None:
     repo = repo_of(store)
     base = int(git(repo, "rev-list", "--count", "HEAD"))

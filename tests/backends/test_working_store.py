@@ -16,7 +16,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import anyio
 import pytest
@@ -26,6 +26,7 @@ from a2m.records import Record
 from backends.settings import TierSettings
 from backends.store import StoreRejected, StoreUnavailable
 from backends.working import CAPABILITIES, KIND, RedisServer, RedisStore, find_redis_server, make_store
+from backends.working import store as working_store
 from backends.working.embedded import redis_major
 from tests.support.inprocess import call, dispatchers
 
@@ -63,6 +64,20 @@ def rec(id: str, created_at: str = T0, **fields: object) -> Record:
 
 def ids(records: list[Record]) -> list[str]:
     return [r.id for r in records]
+
+
+async def test_remembered_ranges_are_bounded_empty_ones_too(store: RedisStore, monkeypatch: Any) -> None:
+    """What a recall read of an index range is remembered for the next one, bounded by the members
+    held in all ranges; a range with none counted nothing, so an owner recalling a session it has no
+    records in (or a time range with none) left an entry each, however many owners came."""
+    monkeypatch.setattr(working_store, "_MEMBERS_KEPT", 10)
+    for i in range(30):
+        me = f"agent-{i}"
+        await store.write([rec(f"r{i}", owner=me, session="a", content="the harbour ferry")])
+        assert await store.search(Scope(owner=me, where={"session": "b"}), text="harbour", vector=None, limit=5) == []
+        assert sum(len(ranges) for ranges in store._scopes.values()) <= 10
+    found = await store.search(Scope(owner="agent-3", where={"session": "a"}), text="harbour", vector=None, limit=5)
+    assert ids(found) == ["r3"]
 
 
 async def test_package_exports() -> None:
