@@ -92,6 +92,11 @@ def detect_language(words: Sequence[str]) -> str | None:
     return max(hits, key=lambda lang: (hits[lang], -_ORDER[lang]))
 
 
+# The longest word whose stem is cached. `\w+` has no bound: a hex dump in a tool's output is
+# one word, and 65,536 cached words of 100 KB held 6.4 GB. Longer words are stemmed uncached.
+STEM_CACHED = 64
+
+
 @lru_cache(maxsize=65536)
 def _stem_en(word: str) -> str:
     """Fold inflections so a query's form meets the record's: moved/moving/move -> mov."""
@@ -193,7 +198,11 @@ def _tokenize(text: str, language: str | None) -> tuple[str, ...]:
     lang = language or detect_language(words) or "en"
     stop = _FOLDED_STOPWORDS[lang]
     kept = [w for w in words if w not in stop]
-    return tuple(map(_stem_en, kept)) if lang == "en" else tuple(kept)
+    if lang != "en":
+        return tuple(kept)
+    if len(text) <= STEM_CACHED or max(map(len, kept), default=0) <= STEM_CACHED:
+        return tuple(map(_stem_en, kept))
+    return tuple(_stem_en(w) if len(w) <= STEM_CACHED else _stem_en.__wrapped__(w) for w in kept)
 
 
 _terms = _TermsCache()

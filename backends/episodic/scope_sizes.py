@@ -21,6 +21,9 @@ from psycopg.types.json import Jsonb
 
 TTL_S = 10.0
 MAX_SCOPES = 4096
+# Characters of a scope's key (its SQL and values): a `where` of thousands of values would make
+# each of MAX_SCOPES entries as large as a request.
+MAX_KEY = 4096
 SCOPE_COUNT_CAP = 10_000  # a scope's size is counted up to this (the IDF saturates; see vectors.EXACT_SCAN_ROWS)
 
 
@@ -53,6 +56,8 @@ class ScopeSizes:
         return entry[1]
 
     def put(self, key: str, count: int) -> None:
+        if len(key) > MAX_KEY:  # a scope named by a large filter is counted each time, not held
+            return
         self._entries[key] = (time.monotonic() + self.ttl, count)
         self._entries.move_to_end(key)
         while len(self._entries) > self.size:

@@ -131,3 +131,15 @@ def test_the_tokenizer_cache_is_bounded_by_characters_not_only_by_texts() -> Non
     assert cache(huge, None) == tuple(tokenize(huge)) and len(cache) == held
     cache.clear()
     assert len(cache) == 0 and cache.held == 0
+
+
+def test_a_long_word_is_stemmed_the_same_and_not_cached() -> None:
+    # `\w+` has no bound: 65,536 cached stems of 100 KB hex dumps held 6.4 GB.
+    from a2m import text
+
+    blob = "deadbeefs" * 2000
+    text.tokenize_once("the tool printed it twice")  # its short words' stems are cached now
+    before = text._stem_en.cache_info().currsize
+    assert text.tokenize_once(f"the tool printed {blob} twice") == ["tool", "print", blob[:-1], "twic"]
+    assert text._stem_en.cache_info().currsize == before
+    assert text.tokenize_once("a" * 70 + "s here") == ["a" * 70]

@@ -40,3 +40,14 @@ def test_the_least_recently_used_scope_goes_first_and_clear_forgets_all() -> Non
     assert (sizes.get(a), sizes.get(b), sizes.get(c)) == (1, None, 3)
     sizes.clear()
     assert sizes.get(a) is None and sizes.get(c) is None
+
+
+def test_a_scope_named_by_a_large_filter_is_not_held() -> None:
+    # A `where` of thousands of values made each of MAX_SCOPES entries as large as a request.
+    sizes = ScopeSizes()
+    large = sizes.key("session = ANY(%s)", [[f"session-{i}" for i in range(1000)]])
+    assert len(large) > scope_sizes.MAX_KEY
+    sizes.put(large, 7)
+    assert sizes.get(large) is None and not sizes._entries
+    sizes.put(sizes.key("owner = %s", ["alice"]), 1)
+    assert len(sizes._entries) == 1
