@@ -93,7 +93,7 @@ def detect_language(words: Sequence[str]) -> str | None:
 
 
 # The longest word whose stem is cached. `\w+` has no bound: a hex dump in a tool's output is
-# one word, and 65,536 cached words of 100 KB held 6.4 GB. Longer words are stemmed uncached.
+# one word, and 65,536 cached words of 100 KB could hold 6.4 GB. Longer words are stemmed uncached.
 STEM_CACHED = 64
 
 

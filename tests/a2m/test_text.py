@@ -134,7 +134,7 @@ def test_the_tokenizer_cache_is_bounded_by_characters_not_only_by_texts() -> Non
 
 
 def test_a_long_word_is_stemmed_the_same_and_not_cached() -> None:
-    # `\w+` has no bound: 65,536 cached stems of 100 KB hex dumps held 6.4 GB.
+    # `\w+` has no bound: 65,536 cached stems of 100 KB hex dumps could hold 6.4 GB.
     from a2m import text
 
     blob = "deadbeefs" * 2000
