@@ -30,7 +30,7 @@ import asyncio
 import logging
 from collections import Counter
 from weakref import WeakValueDictionary
-from typing import Any, Iterable, Sequence
+from typing import Any, AsyncIterator, Iterable, Sequence
 
 import orjson
 
@@ -192,18 +192,24 @@ class Policy:
         """Every record of `owner` in `tier` (matching `where`), newest pages first (`a2m.paging`: no
         tier offers a cursor). Past a millisecond holding more records than a timeline returns, the
         rest of that millisecond is left out, logged: they stay where they are."""
+        out: list[dict[str, Any]] = []
+        async for records in self.scan_pages(tier, owner, where=where, embeddings=embeddings):
+            out.extend(records)
+        return out
+
+    async def scan_pages(self, tier: Tier, owner: str | None, *, where: dict[str, Any] | None = None,
+                         embeddings: bool = False) -> AsyncIterator[list[dict[str, Any]]]:
+        """`scan` a page at a time, for a caller that need not hold the whole scope at once."""
         page = _limit(tier, "max_recall_limit", 1000)
         capped = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
         params: dict[str, Any] = with_owner({"embeddings": embeddings}, owner)
         if where:
             params["where"] = where
-        out: list[dict[str, Any]] = []
         try:
             async for records in pages_backwards(tier.call, params, page=page, cap=capped):
-                out.extend(records if not where else [r for r in records if _within(r, where)])
+                yield records if not where else [r for r in records if _within(r, where)]
         except CrowdedMillisecond as exc:
             log.warning("reading %s for %s: %s; the rest of them stay where they are", tier.name, owner, exc)
-        return out
 
     # ---- the move -----------------------------------------------------------------
 
@@ -633,7 +639,8 @@ class Policy:
         """Same id in a source and its destination (a move interrupted after its write): the move is
         run again, which keeps the destination copy (its write is idempotent) unless the source holds
         a newer revision of the key, which then replaces it, and takes a group split by the
-        interruption whole. Scans the smaller side of each link and looks the ids up in the other."""
+        interruption whole. Scans the smaller side of each link a page at a time and looks each page up in
+        the other: holding the whole side was 10^5 records in the router's memory at once."""
         repaired = 0
         for source, dest in self.links():
             if not source.writable:
@@ -646,8 +653,9 @@ class Policy:
                 if not n_source or not n_dest:
                     continue
                 small, other = (source, dest) if n_source <= n_dest else (dest, source)
-                ids = [r["id"] for r in await self.scan(small, owner)]
-                both = [r["id"] for r in await self.by_ids(other, owner, ids)] if ids else []
+                both: list[str] = []  # a page of the smaller side at a time: only the duplicates are held
+                async for page in self.scan_pages(small, owner):
+                    both += [r["id"] for r in await self.by_ids(other, owner, [r["id"] for r in page])]
                 moved, _ = await self._move_ids(source, dest, owner, both, reason="repair", duplicates_only=True)
                 repaired += len(set(moved) & set(both))
             except (Unavailable, A2MError) as exc:

@@ -64,6 +64,7 @@ RRF_K = 60
 EMBEDDING = "embedding_f64"  # payload field holding the verbatim vector
 EXACT_METADATA = "metadata_json"  # the metadata verbatim, when a float in it may not survive Qdrant Edge
 EXACT_SALIENCE = "salience_repr"  # likewise for salience
+DELETE_PAGE = 1000  # records a forget reads (and deletes) at a time
 
 # Payload indexes every engine creates: (field, kind). `part` is the tenant field.
 INDEXES: tuple[tuple[str, str], ...] = (
@@ -272,6 +273,20 @@ def scope_conditions(scope: Scope) -> list[Cond]:
             continue
         must.append(_test(path, expected))
     return must
+
+
+def _tested_fields(scope: Scope) -> list[str]:
+    """The payload fields `matches` reads for this scope (and `seq`, the page order): never the
+    content, unless the scope tests it, nor the vector, which make most of a point's payload."""
+    fields = {"id", "seq", "owner", "key", "created_at"}
+    for name in scope.where:
+        if name in RECORD_FIELDS:
+            fields.add(name)
+            if name == "salience":
+                fields.add(EXACT_SALIENCE)
+        else:
+            fields.update(("metadata", EXACT_METADATA))
+    return sorted(fields)
 
 
 # --- records <-> points ---------------------------------------------------------
@@ -581,16 +596,30 @@ class SemanticStore:
                     raise StoreConflict(record.key)
 
     async def delete(self, scope: Scope) -> int:
+        """Delete the records in scope a page at a time, in `seq` order, reading only the fields the
+        scope tests: reading every match whole in one scroll held them all in memory at once and
+        stalled the server (Qdrant Edge answers in this thread) past the router's timeout for a
+        broad `where` (30,000 records: 2.1 s and 60 MiB). Readers may see a forget half done; it
+        still deletes every match that was there when it began, and a retry finishes it."""
         async with self._write_lock:
             try:
                 must = scope_conditions(scope)
             except _Impossible:
                 return 0
-            payloads = await self._guard(self._engine.scroll(must))
-            doomed = [point_id(p["id"]) for p in payloads if matches(from_payload(p, with_embedding=False), scope)]
-            if doomed:
-                await self._guard(self._engine.delete(doomed))
-            return len(doomed)
+            fields = _tested_fields(scope)
+            removed, after = 0, None
+            while True:
+                page = await self._guard(self._engine.scroll(
+                    must if after is None else [*must, Range("seq", gt=after)], order_by="seq",
+                    limit=DELETE_PAGE, fields=fields))
+                doomed = [point_id(p["id"]) for p in page if matches(from_payload(p, with_embedding=False), scope)]
+                if doomed:
+                    await self._guard(self._engine.delete(doomed))
+                    removed += len(doomed)
+                if len(page) < DELETE_PAGE:
+                    return removed
+                after = int(page[-1]["seq"])
+                await anyio.sleep(0)  # other calls run between pages
 
     async def touch(self, owner: str | None, ids: Sequence[str], at: str) -> dict[str, int]:
         async with self._write_lock:

@@ -221,6 +221,35 @@ async def test_delete_by_scope(store: SemanticStore) -> None:
     assert await store.count("alice") == 0 and await store.count("bob") == 1
 
 
+async def test_a_broad_delete_reads_a_page_at_a_time_without_the_content(
+        store: SemanticStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forget with a broad `where` read every match whole (content and vector) in one scroll:
+    50,000 records held 86 MiB and stalled the server for seconds, past the router's timeout.
+    It reads a page of the fields the scope tests at a time, and still deletes every match."""
+    import backends.semantic.store as semantic
+
+    monkeypatch.setattr(semantic, "DELETE_PAGE", 4, raising=False)
+    odd = 0.9452706955539223  # kept exactly only in the salience_repr copy on Edge
+    await store.write([rec(i, metadata={"k": "a" if i % 3 else "b"}, salience=odd if i % 5 == 0 else 0.5,
+                           session="s" if i < 9 else None, second=i) for i in range(23)])
+    read: list[list[dict[str, object]]] = []
+    scroll = store._engine.scroll
+
+    async def spy(must, **options):  # type: ignore[no-untyped-def]
+        found = await scroll(must, **options)
+        read.append(found)
+        return found
+
+    monkeypatch.setattr(store._engine, "scroll", spy)
+    assert await store.delete(Scope(owner="alice", where={"k": "a", "session": "s"})) == 6
+    assert read and max(len(page) for page in read) <= 4
+    assert not any("content" in p or "embedding_f64" in p for page in read for p in page)
+    assert await store.delete(Scope(owner="alice", where={"salience": odd})) == 4  # 0, 10, 15, 20
+    assert await store.delete(Scope(owner="alice", where={"k": "a"})) == 7
+    left = ids(await store.select(Scope(owner="alice")))
+    assert left == [str(i) for i in range(23) if i % 3 == 0 and i % 5 != 0]
+
+
 async def test_touch_and_reinforce(store: SemanticStore) -> None:
     await store.write([rec(1, salience=0.9), rec(2, salience=0.1), rec(3)])
     await store.touch("alice", ["1", "2", "missing"], "2026-05-01T00:00:00.000Z")
