@@ -250,6 +250,34 @@ async def test_a_broad_delete_reads_a_page_at_a_time_without_the_content(
     assert left == [str(i) for i in range(23) if i % 3 == 0 and i % 5 != 0]
 
 
+async def test_a_forget_the_engine_filters_exactly_reads_ids_alone(
+        store: SemanticStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An owner's whole forget (a data deletion request) read each record's tested fields and
+    matched it again in Python. Owner, ids, a key prefix and a time range the engine tests exactly,
+    so such a forget reads only ids (and the page order), and still counts what it deletes."""
+    await store.write([rec(i, key=f"k/{i}" if i % 2 else None, second=i) for i in range(12)])
+    await store.write([rec(100 + i, owner="bob", key=f"k/{i}") for i in range(3)])
+    read: list[dict[str, object]] = []
+    scroll = store._engine.scroll
+
+    async def spy(must, **options):  # type: ignore[no-untyped-def]
+        found = await scroll(must, **options)
+        read.extend(found)
+        return found
+
+    monkeypatch.setattr(store._engine, "scroll", spy)
+    assert await store.delete(Scope(owner="alice", key_prefix="k/1")) == 2  # k/1, k/11
+    assert await store.delete(Scope(owner="alice", ids=["0", "2", "100", "404"])) == 2  # 100 is bob's
+    assert await store.delete(Scope(owner="alice", key_prefix="")) == 4  # every other keyed one
+    assert await store.delete(Scope(owner="alice", after="2026-03-01T10:00:07.000Z")) == 2  # 8, 10
+    assert await store.delete(Scope(owner="alice", before="2026-03-01T10:00:06.000Z")) == 1  # 4
+    assert await store.delete(Scope(owner="alice", before="2999-01-01T00:00:00.000Z")) == 1  # 6
+    assert await store.delete(Scope(owner="alice", before="2999-01-01T00:00:00.000Z")) == 0
+    assert read and all(set(p) <= {"id", "seq"} for p in read)
+    monkeypatch.undo()
+    assert await store.count("alice") == 0 and await store.count("bob") == 3
+
+
 async def test_touch_and_reinforce(store: SemanticStore) -> None:
     await store.write([rec(1, salience=0.9), rec(2, salience=0.1), rec(3)])
     await store.touch("alice", ["1", "2", "missing"], "2026-05-01T00:00:00.000Z")
