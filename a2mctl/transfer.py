@@ -12,8 +12,12 @@ spooled to a temporary file and written out oldest first, so the file is in
 creation order (and, within one millisecond, in the order the source returns
 them): importing it reproduces the timeline exactly.
 
-Import reads a regular file through once before its first write, so a broken
-line changes nothing; standard input and pipes are read once, as they come.
+Import reads a regular file through once before its first write (one line at a
+time: memory stays flat however long the file), so a line that is not JSON, a
+record any server here would refuse (`a2m.records.parse_write`, what the router
+and every tier check), or a vector of another width than the target's changes
+nothing; standard input and pipes are read once, as they come, and checked the
+same way before the batch that holds a line is sent.
 Whatever stops an import (a refused batch, an endpoint gone, Ctrl-C) is said
 with the file lines that were written: records with ids are skipped by a second
 run (an existing id is an idempotent write).
@@ -329,8 +333,55 @@ async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner
     return count
 
 
-def _read_lines(file: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) for each non-blank line."""
+def _record_problem(record: dict[str, Any]) -> str | None:
+    """What the router and every tier server would refuse in `record` (the protocol's shared
+    validation, `a2m.records.parse_write`), said without a batch index; None for a storable record.
+    Checked while the file is read, so a bad record stops the import before the batch holding it,
+    where the server's refusal would come after every earlier batch was written."""
+    from a2m.errors import A2MError
+    from a2m.records import parse_write
+
+    try:
+        parse_write(record, 0, owner=None, stamp="1970-01-01T00:00:00.000Z")  # a stamp: no clock read per line
+    except A2MError as exc:
+        return re.sub(r"^records\[0\](\.|:\s*)?", "", exc.message)
+    return None
+
+
+class _Widths:
+    """The vector widths a file holds, each with the first line that has it. A target stores one
+    width (protocol §4: any other is -32008), so vectors of another width than the target's, or than
+    the file's first, would be refused batch by batch after the earlier ones were written."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.first: dict[int, int] = {}
+
+    def see(self, number: int, record: dict[str, Any]) -> None:
+        vector = record.get("embedding")
+        if isinstance(vector, list):
+            self.first.setdefault(len(vector), number)
+
+    def problem(self, dimensions: Any, target: str) -> str | None:
+        """The first line whose vector the target would refuse, and what to do (None: none)."""
+        if not self.first:
+            return None
+        known = isinstance(dimensions, int) and not isinstance(dimensions, bool)
+        expected = dimensions if known else min(self.first, key=self.first.__getitem__)
+        others = sorted((number, width) for width, number in self.first.items() if width != expected)
+        if not others:
+            return None
+        number, width = others[0]
+        held = (f"{target} holds vectors of {expected}" if known
+                else f"line {self.first[expected]}'s, the first in the file, has {expected}")
+        return (f"{self.file}:{number}: its embedding has {width} dimensions, {held} (a store takes one width): "
+                "vectors of another embedder cannot be imported; without them (jq -c 'del(.embedding)') the "
+                "target's embedder, if it has one, makes its own")
+
+
+def _read_lines(file: str, check: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) for each non-blank line; with `check`, each record is checked as a server
+    would (off for the second read of a file the first read checked: a few seconds per million)."""
     handle: IO[bytes] = sys.stdin.buffer if file == "-" else open(file, "rb")
     try:
         for number, line in enumerate(handle, 1):
@@ -342,6 +393,9 @@ def _read_lines(file: str) -> Iterator[tuple[int, dict[str, Any]]]:
                 raise TransferError(f"{file}:{number}: not JSON ({exc})") from None
             if not isinstance(record, dict) or not isinstance(record.get("content"), str):
                 raise TransferError(f"{file}:{number}: not an A2M record (an object with content)")
+            problem = _record_problem(record) if check else None
+            if problem:
+                raise TransferError(f"{file}:{number}: {problem}")
             yield number, record
     finally:
         if handle is not sys.stdin.buffer:
@@ -388,12 +442,24 @@ class _Written:
         return "; ".join(said)
 
 
-def _refused(file: str, lines: list[int], exc: Any) -> str:
-    """The server's refusal of a batch, pointed at the file line of the record it names."""
+def _refused(file: str, lines: list[int], records: list[dict[str, Any]], exc: Any) -> str:
+    """The server's refusal of a batch, pointed at the file line of the record it names (for a vector
+    of the wrong width, which -32008 names by width only, the first record of another width)."""
+    from a2m import errors
+
     index = exc.data.get("index") if isinstance(exc.data, dict) else None
     named = re.match(r"records\[(\d+)\]\.?", exc.message)  # what any server's message says, failing data
     if not isinstance(index, int) and named:
         index = int(named.group(1))
+    expected = exc.data.get("expected") if isinstance(exc.data, dict) else None
+    if exc.code == errors.EMBEDDING_MISMATCH and not isinstance(index, int) and isinstance(expected, int):
+        for i, record in enumerate(records):
+            vector = record.get("embedding")
+            if isinstance(vector, list) and len(vector) != expected:
+                return (f"{file}:{lines[i]}: its embedding has {len(vector)} dimensions, {exc.message}: vectors of "
+                        "another embedder cannot be imported (without them, jq -c 'del(.embedding)', the target's "
+                        f"embedder, if it has one, makes its own); its batch ({_span(lines[0], lines[-1])}) was "
+                        "not written")
     if isinstance(index, int) and 0 <= index < len(lines):
         message = re.sub(rf"^records\[{index}\](\.|:\s*)?", "", exc.message)  # the line says which record
         return f"{file}:{lines[index]}: {message}; its batch ({_span(lines[0], lines[-1])}) was not written"
@@ -402,13 +468,18 @@ def _refused(file: str, lines: list[int], exc: Any) -> str:
     return f"{file}:{where}: {said}; this batch was not written"
 
 
-def _check_file(file: str) -> int | None:
-    """The number of records in `file`, every line read and checked first: a broken line (a backup
-    cut short) then stops the import before its first write. Standard input is read once, as it
-    is imported (None)."""
+def _check_file(file: str, widths: _Widths) -> int | None:
+    """The number of records in `file`, every line read and checked first (one at a time: nothing
+    is held), its vector widths noted in `widths`: a broken line (a backup cut short) or a record
+    no server here stores then stops the import before its first write. Standard input is read
+    once, as it is imported (None)."""
     if _stream(file):
         return None  # a pipe (`<(zcat dump.jsonl.gz)`) or a device is read once too
-    return sum(1 for _ in _read_lines(file))
+    count = 0
+    for number, record in _read_lines(file):
+        widths.see(number, record)
+        count += 1
+    return count
 
 
 def _stream(file: str) -> bool:
@@ -441,9 +512,14 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
         if file == "-" and sys.stdin.isatty():
             raise TransferError("standard input is a terminal: pipe the export in "
                                 f"(a2m import {url} - < dump.jsonl), or name the file")
-        total = _check_file(file)
+        widths = _Widths(file)
+        total = _check_file(file, widths)
         async with _client(url, token, 120.0) as client:
             described = await _describe(client)
+            dimensions = (described.get("embeddings") or {}).get("dimensions")
+            problem = widths.problem(dimensions, url)
+            if problem:  # a regular file: every line was read, nothing is written yet
+                raise TransferError(problem)
             listed = [t for t in described.get("tiers") or [] if t.get("name")]
             # A record keeps its tier where the target has a writable one of that name; one the target
             # mounts read-only (a corpus) cannot take it, so the target places it: where the corpus
@@ -482,7 +558,7 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                         raise  # no answer: the batch may have been written (done.in_flight says which)
                     except A2MError as exc:
                         done.in_flight = None  # refused: a batch is written whole or not at all
-                        raise TransferError(_refused(file, lines, exc)) from None
+                        raise TransferError(_refused(file, lines, pending, exc)) from None
                     done.in_flight = None
                     done.records += len(pending)
                     done.through = lines[-1]
@@ -495,7 +571,12 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                     batch_ids.clear()
                     pending_bytes = 0
 
-                for number, record in _read_lines(file):
+                for number, record in _read_lines(file, check=total is None):
+                    if total is None:  # read once: its widths are checked as they come, before their batch
+                        widths.see(number, record)
+                        problem = widths.problem(dimensions, url)
+                        if problem:
+                            raise TransferError(problem)
                     # An id seen again (a record the export caught in two tiers, mid-move) starts a
                     # new batch: one batch may not put an id in two tiers, while a later batch finds
                     # it written and keeps it (an existing id is an idempotent write).

@@ -80,20 +80,90 @@ async def test_a_malformed_line_on_stdin_says_which_lines_were_written(working: 
 
 
 @pytest.mark.anyio
+async def test_a_record_no_server_stores_stops_the_import_before_its_batch(working: str, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A record the router and every tier refuse (a created_at that is no timestamp, a salience past 1,
+    NUL in a key: the protocol's own checks) is found while the file is read: from a file nothing is
+    written, from standard input not the batch that holds it. It was found only when its batch was
+    refused, after every earlier batch had been written."""
+    good = [{"id": f"r{i}", "content": f"record {i}", "created_at": f"2026-01-01T00:00:00.00{i}Z"} for i in range(5)]
+    for field, value, said in [("created_at", "yesterday", "created_at must be an RFC 3339 timestamp"),
+                               ("salience", 7, "salience must be a number in [0, 1]"),
+                               ("key", "a\x00b", "key must not contain NUL")]:
+        records = [dict(r) for r in good]
+        records[3][field] = value
+        dump = _write(tmp_path / f"{field}.jsonl", records)
+        assert await transfer.import_(working, str(dump), batch=2, quiet=True) == 1
+        err = capsys.readouterr().err
+        assert f"{dump}:4: {said}" in err and err.rstrip().endswith("nothing was written"), err
+        assert await _contents(working) == []
+    # Standard input is read once: the batch of lines 3-4 is not sent, the one before it was.
+    done = _cli("import", working, "-", "--batch", "2", stdin=dump.read_bytes())
+    assert done.returncode == 1
+    assert "-:4: key must not contain NUL" in done.stderr, done.stderr
+    assert "lines 1-2 (2 records) were written, line 3 and after were not" in done.stderr, done.stderr
+    assert await _contents(working) == ["record 0", "record 1"]
+
+
+@pytest.mark.anyio
+async def test_vectors_of_another_width_stop_the_import_before_anything_is_written(
+        working: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A store holds one vector width (-32008 for any other): a backup taken with --embeddings from
+    a federation with another embedder was refused at its first batch with vectors, after the
+    batches before it were written, and named no line. The widths are known before the first write:
+    the target's from describe, the file's as it is read."""
+    records: list[Any] = [{"id": f"r{i}", "content": f"record {i}"} for i in range(6)]
+    # Two widths in one file, into an empty target: the first one the file has is the one it takes.
+    records[1]["embedding"], records[4]["embedding"] = [1.0, 0.0], [1.0, 0.0, 0.0]
+    mixed = _write(tmp_path / "mixed.jsonl", records)
+    assert await transfer.import_(working, str(mixed), batch=2, quiet=True) == 1
+    err = capsys.readouterr().err
+    assert f"{mixed}:5: its embedding has 3 dimensions, line 2's, the first in the file, has 2" in err, err
+    assert await _contents(working) == []
+    # A target holding vectors of another width than the file's.
+    async with HTTPClient(working) as client:
+        await client.call("memory/remember", {"records": [{"id": "v0", "content": "held", "embedding": [1.0, 0.5, 0.25]}]})
+    del records[1]["embedding"]
+    records[4]["embedding"] = [0.5, 0.5]
+    dump = _write(tmp_path / "other.jsonl", records)
+    assert await transfer.import_(working, str(dump), batch=2, quiet=True) == 1
+    err = capsys.readouterr().err
+    assert f"{dump}:5: its embedding has 2 dimensions, {working} holds vectors of 3" in err, err
+    assert "del(.embedding)" in err and err.rstrip().endswith("nothing was written"), err
+    assert await _contents(working) == ["held"]
+
+
+@pytest.mark.anyio
+async def test_a_refused_width_is_said_at_the_line_of_the_vector(working: str) -> None:
+    """-32008 names widths, not a record: the refusal is pointed at the first record of the batch
+    whose vector has another width (when the target learnt its width only after describe)."""
+    from a2m.errors import A2MError
+
+    batch = [{"content": "a", "embedding": [1.0, 0.0, 0.0]}, {"content": "b"}, {"content": "c", "embedding": [1.0, 0.0]}]
+    async with HTTPClient(working) as client:
+        await client.call("memory/remember", {"records": [{"content": "held", "embedding": [1.0, 0.5, 0.25]}]})
+        with pytest.raises(A2MError) as refused:
+            await client.call("memory/remember", {"records": batch})
+    said = transfer._refused("dump.jsonl", [7, 8, 9], batch, refused.value)
+    assert said.startswith("dump.jsonl:9: its embedding has 2 dimensions, embeddings here have 3 dimensions"), said
+    assert said.endswith("its batch (lines 7-9) was not written"), said
+
+
+@pytest.mark.anyio
 async def test_an_import_refused_midway_says_how_to_finish_it(working: str, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """Records with ids are skipped by a second import (an existing id is an idempotent write); records
     without one would be written twice, so the message says where to resume instead of promising that."""
     with_ids = [{"id": f"r{i}", "content": f"record {i}"} for i in range(5)]
-    with_ids[3]["created_at"] = "yesterday"
+    with_ids[3]["content"] = "x" * 1_000_001  # over max_content_length: only the server knows its limit
     dump = _write(tmp_path / "ids.jsonl", with_ids)
     assert await transfer.import_(working, str(dump), batch=2, quiet=True) == 1
     err = capsys.readouterr().err
-    assert f"{dump}:4: created_at" in err and "lines 1-2 (2 records) were written" in err, err
+    assert f"{dump}:4: content exceeds" in err and "lines 1-2 (2 records) were written" in err, err
     assert "importing the file again skips them" in err, err
 
     no_ids = [{"content": f"plain {i}"} for i in range(5)]
-    no_ids[3]["salience"] = 7
+    no_ids[3]["content"] = "x" * 1_000_001
     plain = _write(tmp_path / "plain.jsonl", no_ids)
     assert await transfer.import_(working, str(plain), batch=2, quiet=True) == 1
     err = capsys.readouterr().err
