@@ -174,10 +174,10 @@ class StdioClient:
                     if "id" not in message:  # none) must not answer the call that shares its id
                         self._notify(message)
                     continue
-                try:
-                    future = self._pending.pop(message.get("id"), None)
-                except TypeError:  # an id no request has (a list, an object)
+                reply_to = message.get("id")
+                if type(reply_to) is not int:  # ours are ints: true and 1.0 equal 1 as dict keys, lists hash not
                     continue
+                future = self._pending.pop(reply_to, None)
                 if future is not None and not future.done():
                     future.set_result(message)
         except Exception as exc:  # never end silently: the pending calls would wait out their timeout

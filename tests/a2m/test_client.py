@@ -239,3 +239,24 @@ async def test_stdio_a_message_with_a_method_never_answers_a_call() -> None:
             assert await client.call("first") == {"answer": "first"}
             assert await client.call("second") == {"answer": "second"}
         assert [e["params"]["n"] for e in events] == [1, 2]
+
+
+ODD_ID_SERVER = r"""
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    # replies whose id equals the call's only as a dict key (true == 1 == 1.0), then the real one
+    for odd in (True, float(m["id"]), str(m["id"]), [m["id"]]):
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": odd, "result": {"answer": "odd"}}) + "\n")
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": {"answer": m["method"]}}) + "\n")
+    sys.stdout.flush()
+"""
+
+
+@pytest.mark.anyio
+async def test_stdio_a_reply_answers_only_the_call_of_its_exact_id() -> None:
+    """A reply with id true or 1.0 answered call 1 (equal dict keys), and its real answer was dropped."""
+    async with StdioClient([sys.executable, "-c", ODD_ID_SERVER], timeout=30) as client:
+        with anyio.fail_after(10):
+            assert await client.call("first") == {"answer": "first"}
+            assert await client.call("second") == {"answer": "second"}
