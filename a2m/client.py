@@ -262,6 +262,9 @@ class StdioClient:
         except asyncio.TimeoutError:
             self._proc.kill()
             await self._proc.wait()
+        except asyncio.CancelledError:  # a shutdown's deadline cut the close short: the child must
+            self._proc.kill()  # not outlive its client (it ignored the end of its input)
+            raise
         if self._reader is not None:
             await asyncio.wait({self._reader}, timeout=2)  # it reads what the child wrote to the end
         if self._notes is not None:  # and what it read is delivered

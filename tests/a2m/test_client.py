@@ -260,3 +260,26 @@ async def test_stdio_a_reply_answers_only_the_call_of_its_exact_id() -> None:
         with anyio.fail_after(10):
             assert await client.call("first") == {"answer": "first"}
             assert await client.call("second") == {"answer": "second"}
+
+
+@pytest.mark.anyio
+async def test_stdio_a_close_cut_short_still_ends_the_child() -> None:
+    """close() waits up to 15 s for a child to leave after its input ends; cancelled meanwhile (a
+    shutdown's deadline), it left a child that ignores its input running."""
+    import asyncio
+
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    client = await StdioClient([sys.executable, "-c", deaf], timeout=30).start()
+    proc = client._proc
+    assert proc is not None
+    try:
+        closing = asyncio.ensure_future(client.close())
+        await asyncio.sleep(0.3)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        with anyio.fail_after(10):
+            assert await proc.wait() == -9
+    finally:
+        if proc.returncode is None:
+            proc.kill()
