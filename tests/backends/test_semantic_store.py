@@ -221,6 +221,20 @@ async def test_delete_by_scope(store: SemanticStore) -> None:
     assert await store.count("alice") == 0 and await store.count("bob") == 1
 
 
+def _pages_read(store: SemanticStore, monkeypatch: pytest.MonkeyPatch) -> list[list[dict[str, object]]]:
+    """Every page the store's engine scrolls from now on (the engine itself still answers)."""
+    read: list[list[dict[str, object]]] = []
+    scroll = store._engine.scroll
+
+    async def spy(must, **options):  # type: ignore[no-untyped-def]
+        found = await scroll(must, **options)
+        read.append(found)
+        return found
+
+    monkeypatch.setattr(store._engine, "scroll", spy)
+    return read
+
+
 async def test_a_broad_delete_reads_a_page_at_a_time_without_the_content(
         store: SemanticStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """A forget with a broad `where` read every match whole (content and vector) in one scroll:
@@ -232,15 +246,7 @@ async def test_a_broad_delete_reads_a_page_at_a_time_without_the_content(
     odd = 0.9452706955539223  # kept exactly only in the salience_repr copy on Edge
     await store.write([rec(i, metadata={"k": "a" if i % 3 else "b"}, salience=odd if i % 5 == 0 else 0.5,
                            session="s" if i < 9 else None, second=i) for i in range(23)])
-    read: list[list[dict[str, object]]] = []
-    scroll = store._engine.scroll
-
-    async def spy(must, **options):  # type: ignore[no-untyped-def]
-        found = await scroll(must, **options)
-        read.append(found)
-        return found
-
-    monkeypatch.setattr(store._engine, "scroll", spy)
+    read = _pages_read(store, monkeypatch)
     assert await store.delete(Scope(owner="alice", where={"k": "a", "session": "s"})) == 6
     assert read and max(len(page) for page in read) <= 4
     assert not any("content" in p or "embedding_f64" in p for page in read for p in page)
@@ -257,15 +263,7 @@ async def test_a_forget_the_engine_filters_exactly_reads_ids_alone(
     so such a forget reads only ids (and the page order), and still counts what it deletes."""
     await store.write([rec(i, key=f"k/{i}" if i % 2 else None, second=i) for i in range(12)])
     await store.write([rec(100 + i, owner="bob", key=f"k/{i}") for i in range(3)])
-    read: list[dict[str, object]] = []
-    scroll = store._engine.scroll
-
-    async def spy(must, **options):  # type: ignore[no-untyped-def]
-        found = await scroll(must, **options)
-        read.extend(found)
-        return found
-
-    monkeypatch.setattr(store._engine, "scroll", spy)
+    read = _pages_read(store, monkeypatch)
     assert await store.delete(Scope(owner="alice", key_prefix="k/1")) == 2  # k/1, k/11
     assert await store.delete(Scope(owner="alice", ids=["0", "2", "100", "404"])) == 2  # 100 is bob's
     assert await store.delete(Scope(owner="alice", key_prefix="")) == 4  # every other keyed one
@@ -273,7 +271,7 @@ async def test_a_forget_the_engine_filters_exactly_reads_ids_alone(
     assert await store.delete(Scope(owner="alice", before="2026-03-01T10:00:06.000Z")) == 1  # 4
     assert await store.delete(Scope(owner="alice", before="2999-01-01T00:00:00.000Z")) == 1  # 6
     assert await store.delete(Scope(owner="alice", before="2999-01-01T00:00:00.000Z")) == 0
-    assert read and all(set(p) <= {"id", "seq"} for p in read)
+    assert read and all(set(p) <= {"id", "seq"} for page in read for p in page)
     monkeypatch.undo()
     assert await store.count("alice") == 0 and await store.count("bob") == 3
 

@@ -8,7 +8,6 @@ in this process over real tier servers (PostgreSQL, Qdrant Edge), so its maps ca
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
