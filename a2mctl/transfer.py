@@ -348,6 +348,10 @@ def _record_problem(record: dict[str, Any]) -> str | None:
     return None
 
 
+_OTHER_EMBEDDER = ("vectors of another embedder cannot be imported; without them (jq -c 'del(.embedding)') "
+                   "the target's embedder, if it has one, makes its own")
+
+
 class _Widths:
     """The vector widths a file holds, each with the first line that has it. A target stores one
     width (protocol §4: any other is -32008), so vectors of another width than the target's, or than
@@ -375,8 +379,7 @@ class _Widths:
         held = (f"{target} holds vectors of {expected}" if known
                 else f"line {self.first[expected]}'s, the first in the file, has {expected}")
         return (f"{self.file}:{number}: its embedding has {width} dimensions, {held} (a store takes one width): "
-                "vectors of another embedder cannot be imported; without them (jq -c 'del(.embedding)') the "
-                "target's embedder, if it has one, makes its own")
+                f"{_OTHER_EMBEDDER}")
 
 
 def _read_lines(file: str, check: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -456,10 +459,8 @@ def _refused(file: str, lines: list[int], records: list[dict[str, Any]], exc: An
         for i, record in enumerate(records):
             vector = record.get("embedding")
             if isinstance(vector, list) and len(vector) != expected:
-                return (f"{file}:{lines[i]}: its embedding has {len(vector)} dimensions, {exc.message}: vectors of "
-                        "another embedder cannot be imported (without them, jq -c 'del(.embedding)', the target's "
-                        f"embedder, if it has one, makes its own); its batch ({_span(lines[0], lines[-1])}) was "
-                        "not written")
+                return (f"{file}:{lines[i]}: its embedding has {len(vector)} dimensions, {exc.message}: "
+                        f"{_OTHER_EMBEDDER}; its batch ({_span(lines[0], lines[-1])}) was not written")
     if isinstance(index, int) and 0 <= index < len(lines):
         message = re.sub(rf"^records\[{index}\](\.|:\s*)?", "", exc.message)  # the line says which record
         return f"{file}:{lines[index]}: {message}; its batch ({_span(lines[0], lines[-1])}) was not written"
