@@ -42,6 +42,13 @@ Optional, for a store whose writes are not recallable when `write` returns
 surface then tells no `written` / `forgotten` event of its writes (an event
 reaches only callers who could recall its record); the store's own step that
 makes them recallable (procedural's `memory/approve`) tells them. Absent: True.
+
+Optional, for the timeline cursor (docs/extensions.md): `timeline_page(scope, below=,
+limit=, with_embeddings=)`, the newest `limit` records in scope strictly before
+the `Position` `below` in creation order, newest first, each with its own
+position. Absent: the surface answers a timeline without a cursor, and a reader
+pages by time (`a2m.paging`), which cannot cross a millisecond holding more
+records than one timeline returns.
 """
 
 from __future__ import annotations
@@ -51,6 +58,11 @@ from typing import Collection, Literal, Mapping, Protocol, Sequence
 
 from a2m.filters import Scope
 from a2m.records import Record
+
+
+Position = tuple[str, int]
+"""Where a record stands in creation order: its created_at (canonical, so it sorts as text) and the
+store's insertion sequence number, which breaks ties. A record re-put takes a new one."""
 
 
 class StoreUnavailable(Exception):

@@ -23,12 +23,12 @@ from a2m.filters import Scope, parse_scope, settle_field
 from a2m.records import Record, parse_write, supplied_history, validate_embedding
 from a2m.summarize import summarize as extract_summary
 from a2m.text import query_terms, tokenize
-from a2m.timefmt import now
+from a2m.timefmt import format_ts, now, parse_ts
 from a2m.params import (DEFAULT_LIMITS, amount_param, bool_param, ids_param, limit_param, min_score_param, query_param,
                         records_param, required_str, str_param)
 
 from .settings import SettingsError
-from .store import Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable, StoreWidthMismatch
+from .store import Position, Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable, StoreWidthMismatch
 
 log = logging.getLogger("a2m.tier")
 
@@ -430,10 +430,24 @@ class TierServer(EventMethods):
         limit = limit_param(params, self.limits, self.limits.get("max_recall_limit") or 0)
         with_vectors = bool_param(params, "embeddings", False)
         options = self._prompt_options(params)
+        # The cursor extension, where the store can place a record exactly (docs/extensions.md).
+        paged = getattr(self.store, "timeline_page", None)
+        asked = paged is not None and params.get("cursor") is not None
+        below, cursor = cursor_param(params) if asked else None, None
         with self.engine():
-            records = await self.store.select(scope, order="desc", limit=limit or None, with_embeddings=with_vectors)
+            if asked:
+                found = await paged(scope, below=below, limit=limit or None, with_embeddings=with_vectors)
+                records = [record for record, _ in found]
+                if limit and len(found) == limit:  # else this page reached the first record in scope
+                    cursor = make_cursor(found[-1][1])
+            else:
+                records = await self.store.select(scope, order="desc", limit=limit or None,
+                                                  with_embeddings=with_vectors)
         records.reverse()
-        return self._with_prompt({"records": self._wire(records, params)}, records, options, True)
+        result: dict[str, Any] = {"records": self._wire(records, params)}
+        if asked:
+            result["cursor"] = cursor
+        return self._with_prompt(result, records, options, True)
 
     async def forget(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         self._check_tier(params)
@@ -577,3 +591,25 @@ class TierServer(EventMethods):
         with self.engine():
             stored = await self.store.get(scope.owner, written["ids"])
         return {"records": self._wire(stored, params), "read": len(sources), "written": 1}
+
+
+def cursor_param(params: Mapping[str, Any]) -> Position | None:
+    """A timeline's `cursor`: `true` asks for the first page (None: no bound), a string for the page
+    before the position a previous answer named. Anything else is `-32602`: a cursor is only ever
+    one a timeline of this tier made."""
+    value = params.get("cursor")
+    if value is True:
+        return None
+    if isinstance(value, str):
+        stamp, _, seq = value.rpartition("|")
+        try:
+            if seq.isascii() and seq.isdigit() and len(seq) <= 18 and format_ts(parse_ts(stamp)) == stamp:
+                return stamp, int(seq)
+        except A2MError:
+            pass
+    raise invalid("cursor must be true or the cursor of a previous timeline answer", field="cursor")
+
+
+def make_cursor(position: Position) -> str:
+    """Opaque to callers; here `<created_at>|<sequence>`, read back by `cursor_param`."""
+    return f"{position[0]}|{position[1]}"

@@ -46,7 +46,8 @@ from a2m.filters import Scope
 from a2m.records import Record
 from a2m.timefmt import format_ts
 from backends.settings import TierSettings
-from backends.store import SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable, StoreWidthMismatch
+from backends.store import (Position, SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
+                            StoreWidthMismatch)
 
 from . import schema
 from .connections import Connections
@@ -387,6 +388,27 @@ class PostgresStore:
             sql += " LIMIT %s"
             params.append(int(limit))
         return await self._fetch(sql, params, with_embeddings)
+
+    async def timeline_page(self, scope: Scope, *, below: Position | None, limit: int | None,
+                            with_embeddings: bool = False) -> list[tuple[Record, Position]]:
+        """`select` newest first, from strictly before `below`: (created_at, seq) is the order of the
+        owner's b-tree indexes, so a page of a crowded millisecond is one index range too."""
+        condition, params = scope_sql(scope)
+        if below is not None:
+            condition = f"({condition}) AND (created_at, seq) < (%s::timestamptz, %s)"
+            params += [below[0], below[1]]
+        sql = f"SELECT seq, {{columns}} FROM records WHERE {condition} ORDER BY created_at DESC, seq DESC"
+        if limit is not None:
+            sql += " LIMIT %s"
+            params.append(int(limit))
+
+        async def work(conn: AsyncConnection) -> list[tuple[Record, Position]]:
+            embed = with_embeddings and await self._dimensions(conn) is not None
+            cur = await conn.execute(sql.replace("{columns}", self._columns(embed)), params)
+            pairs = [(to_record(row[1:], with_embedding=embed), int(row[0])) for row in await cur.fetchall()]
+            return [(record, (record.created_at, seq)) for record, seq in pairs]
+
+        return await self._db.run(work)
 
     async def search(
         self,

@@ -48,7 +48,7 @@ from a2m.filters import Scope, matches
 from a2m.records import Record
 from backends.children import die_with_parent
 from backends.settings import TierSettings
-from backends.store import (SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
+from backends.store import (Position, SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
                             StoreWidthMismatch)
 
 from . import files
@@ -645,6 +645,16 @@ class GitStore:
         if limit is not None:
             records = records[:limit]
         return [copy_out(r, with_embeddings) for r in records]
+
+    async def timeline_page(self, scope: Scope, *, below: Position | None, limit: int | None,
+                            with_embeddings: bool = False) -> list[tuple[Record, Position]]:
+        order = self._visible.order_key
+        placed = sorted(((order(r), r) for r in self._visible.scoped(scope)), key=lambda p: p[0], reverse=True)
+        if below is not None:
+            placed = [p for p in placed if p[0] < below]
+        if limit is not None:
+            placed = placed[:limit]
+        return [(copy_out(r, with_embeddings), position) for position, r in placed]
 
     async def search(
         self,

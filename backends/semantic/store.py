@@ -52,7 +52,7 @@ from a2m.filters import RECORD_FIELDS, Scope, matches
 from a2m.records import Record
 from a2m.text import sparse_vector, squash, term_id, tokenize
 from a2m.timefmt import to_epoch
-from backends.store import (SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
+from backends.store import (Position, SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
                             StoreWidthMismatch)
 
 log = logging.getLogger("a2m.semantic")
@@ -696,12 +696,32 @@ class SemanticStore:
         limit: int | None = None,
         with_embeddings: bool = False,
     ) -> list[Record]:
+        return [r for _, r in await self._select(scope, desc=order == "desc", limit=limit,
+                                                 with_embeddings=with_embeddings)]
+
+    async def timeline_page(self, scope: Scope, *, below: Position | None, limit: int | None,
+                            with_embeddings: bool = False) -> list[tuple[Record, Position]]:
+        """`select` newest first from strictly before `below`: the rest of its millisecond by seq,
+        then the milliseconds before it, each read as Qdrant orders by one key."""
+        if below is None:
+            pages = await self._select(scope, desc=True, limit=limit, with_embeddings=with_embeddings)
+        else:
+            ms = _millis(below[0])
+            pages = await self._select(scope, desc=True, limit=limit, with_embeddings=with_embeddings,
+                                       bounds=(Range("created_ms", gte=ms, lte=ms), Range("seq", lt=below[1])))
+            if limit is None or len(pages) < limit:
+                pages += await self._select(scope, desc=True, limit=None if limit is None else limit - len(pages),
+                                            with_embeddings=with_embeddings, bounds=(Range("created_ms", lt=ms),))
+        return [(record, (record.created_at, payload["seq"])) for payload, record in pages]
+
+    async def _select(self, scope: Scope, *, desc: bool, limit: int | None, with_embeddings: bool,
+                      bounds: Sequence[Cond] = ()) -> list[tuple[dict[str, Any], Record]]:
+        """Records in scope (and the engine conditions `bounds`) in creation order, with payloads."""
         await self._settled()
         try:
-            must = scope_conditions(scope)
+            must = [*scope_conditions(scope), *bounds]
         except _Impossible:
             return []
-        desc = order == "desc"
         if limit is None:
             payloads = await self._guard(self._engine.scroll(must, with_embedding=with_embeddings))
         elif limit <= 0:
@@ -722,10 +742,10 @@ class SemanticStore:
         if limit is not None and len(records) < min(limit, len(payloads)):
             # the engine filter was wider than the scope (see the module docstring):
             # a page is no longer enough, read the whole scope
-            return (await self.select(scope, order=order, limit=None, with_embeddings=with_embeddings))[:limit]
+            return (await self._select(scope, desc=desc, limit=None, with_embeddings=with_embeddings,
+                                       bounds=bounds))[:limit]
         records.sort(key=lambda pr: _order_key(pr[0]), reverse=desc)
-        out = [r for _, r in records]
-        return out if limit is None else out[:limit]
+        return records if limit is None else records[:limit]
 
     async def search(
         self,

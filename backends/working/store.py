@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
+from dataclasses import replace
 from typing import Any, Awaitable, Callable, Collection, Literal, Mapping, Sequence
 from urllib.parse import quote, unquote
 
@@ -54,7 +55,7 @@ from a2m.records import Record
 from a2m.text import HeldTerms, rank, tokenize
 from a2m.timefmt import format_ts
 from backends.settings import TierSettings
-from backends.store import (SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
+from backends.store import (Position, SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
                             StoreWidthMismatch)
 
 from .embedded import RedisServer
@@ -355,6 +356,22 @@ def _index(scope: Scope) -> tuple[str, str, str, dict[str, Any]]:
     lo = "-inf" if scope.after is None else f"({_millis(scope.after)}"
     hi = "+inf" if scope.before is None else f"({_millis(scope.before)}"
     return index, lo, hi, where
+
+
+def _millisecond(scope: Scope, stamp: str) -> Scope:
+    """`scope` narrowed to the records created in `stamp`'s millisecond (bounds are exclusive)."""
+    moment = datetime.fromisoformat(stamp)
+    try:
+        after = format_ts(moment - _MS)
+        after = after if scope.after is None else max(scope.after, after)
+    except OverflowError:  # the first millisecond there is: nothing lies before it
+        after = scope.after
+    try:
+        before = format_ts(moment + _MS)
+        before = before if scope.before is None else min(scope.before, before)
+    except OverflowError:
+        before = scope.before
+    return replace(scope, after=after, before=before)
 
 
 def _single(where: Mapping[str, Any], name: str) -> tuple[bool, str | None]:
@@ -699,6 +716,26 @@ class RedisStore:
             return []
         found = await self._scan(scope, order=order, limit=limit, with_embeddings=with_embeddings)
         return [r for _, r in found]
+
+    async def timeline_page(self, scope: Scope, *, below: Position | None, limit: int | None,
+                            with_embeddings: bool = False) -> list[tuple[Record, Position]]:
+        """`select` newest first from strictly before `below`: the rest of its millisecond, then the
+        milliseconds before it. An index range starts at a score, not inside one, so that millisecond
+        is read whole: working sets are small (decision 120)."""
+        if limit is not None and limit <= 0:
+            return []
+        if below is None:
+            found = await self._scan(scope, order="desc", limit=limit, with_embeddings=with_embeddings)
+        else:
+            stamp, seq = below
+            inside = await self._scan(_millisecond(scope, stamp), order="desc", limit=None,
+                                      with_embeddings=with_embeddings)
+            found = [(m, r) for m, r in inside if int(m[:16]) < seq][:limit]
+            if limit is None or len(found) < limit:
+                earlier = replace(scope, before=stamp if scope.before is None else min(scope.before, stamp))
+                found += await self._scan(earlier, order="desc", limit=None if limit is None else limit - len(found),
+                                          with_embeddings=with_embeddings)
+        return [(r, (r.created_at, int(m[:16]))) for m, r in found]
 
     async def search(
         self,

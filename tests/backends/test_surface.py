@@ -185,3 +185,57 @@ async def test_a_negative_zero_in_metadata_reads_back_as_zero_on_every_tier(tier
     assert zeros == [0.0] * 3 and all(type(z) is float and math.copysign(1.0, z) == 1.0 for z in zeros), meta
     assert meta["one"] == -1.0
     assert len((await call(d, "memory/timeline", {"owner": me, "where": {"z": -0.0}}))["records"]) == 1
+
+
+async def _crowd(d: Dispatcher, me: str) -> list[dict[str, Any]]:
+    """140 records, 130 of them in one millisecond, alternating between two sessions."""
+    stamps = ["2026-03-01T00:00:00.000Z"] * 5 + ["2026-03-01T00:00:00.001Z"] * 130 + ["2026-03-01T00:00:00.002Z"] * 5
+    records = [{"id": f"{me}-{i:03d}", "content": f"note {i}", "created_at": stamp, "session": f"s{i % 2}"}
+               for i, stamp in enumerate(stamps)]
+    for start in range(0, len(records), 70):
+        await call(d, "memory/remember", {"owner": me, "records": records[start:start + 70]})
+    return records
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_cursor_pages_a_crowded_millisecond_exactly(tiers: dict[str, Dispatcher], tier: str) -> None:
+    d, me = tiers[tier], owner()
+    records = await _crowd(d, me)
+    ids = [r["id"] for r in records]
+    for scope, want in (({}, ids), ({"where": {"session": "s1"}}, ids[1::2]),
+                        ({"after": "2026-03-01T00:00:00.000Z"}, ids[5:])):
+        pages, cursor = [], True
+        while cursor is not None:
+            answer = await call(d, "memory/timeline", {"owner": me, **scope, "limit": 40, "cursor": cursor})
+            pages[:0] = [r["id"] for r in answer["records"]]
+            assert len(answer["records"]) == 40 or answer["cursor"] is None, scope
+            cursor = answer["cursor"]
+        assert pages == want, scope
+    # The plain timeline is unchanged: no cursor unless asked for.
+    assert "cursor" not in await call(d, "memory/timeline", {"owner": me, "limit": 3})
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_cursor_still_holds_when_what_it_passed_is_forgotten(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A scan may move each page out before it asks for the next (the router's spill): the cursor
+    is a position, not a record, so the walk neither skips nor repeats one."""
+    d, me = tiers[tier], owner()
+    ids = [r["id"] for r in await _crowd(d, me)]
+    read: list[str] = []
+    cursor: Any = True
+    while cursor is not None:
+        answer = await call(d, "memory/timeline", {"owner": me, "limit": 25, "cursor": cursor})
+        page = [r["id"] for r in answer["records"]]
+        read[:0] = page
+        assert (await call(d, "memory/forget", {"owner": me, "ids": page}))["forgotten"] == len(page)
+        cursor = answer["cursor"]
+    assert read == ids
+    assert (await call(d, "memory/timeline", {"owner": me}))["records"] == []
+
+
+@pytest.mark.parametrize("cursor", [False, 5, "", "x", "2026-03-01T00:00:00.001Z", "2026-03-01T00:00:00.001Z|",
+                                    "2026-03-01T00:00:00.001Z|-1", "2026-03-01T00:00:00.001Z|1e3",
+                                    "2026-03-01T00:00:00.001+00:00|3", "2026-03-01T00:00:00.001Z|" + "9" * 19])
+async def test_a_cursor_no_timeline_made_is_refused_on_every_tier(tiers: dict[str, Dispatcher], cursor: Any) -> None:
+    for tier, d in tiers.items():
+        assert await call(d, "memory/timeline", {"owner": owner(), "cursor": cursor}) == {"error": -32602}, tier
