@@ -1,16 +1,22 @@
 """Reading every record in a scope through `memory/timeline`, a page at a time.
 
-No A2M method offers a cursor, and a timeline with `limit` returns the *most
-recent* `limit` records, so a full read walks backwards with the `before`
-extension (docs/extensions.md). Timestamps have millisecond precision and many
-records can share one, so each page asks for `before` = (earliest stamp of the
-last page) + 1 ms, which re-reads that millisecond, and drops the ids it has
-already given. A page that lies wholly inside that millisecond means it holds
-more records than a page: it is then read alone (`after` / `before` around it,
-no limit) and the walk steps below it.
+A timeline with `limit` returns the *most recent* `limit` records, so a full
+read walks backwards. Where the endpoint offers the cursor extension
+(docs/extensions.md: asked with `cursor: true`, it answers a `cursor`), each
+page asks for the records strictly before the last one's position, exact
+however many records share a millisecond.
 
-Both the router (its capacity, flush and repair scans of a tier) and
-`a2m export` (any endpoint) read this way.
+Elsewhere (a server without the extension, a router reading several tiers) it
+walks by time with the `before` extension. Timestamps have millisecond
+precision and many records can share one, so each page asks for `before` =
+(earliest stamp of the last page) + 1 ms, which re-reads that millisecond, and
+drops the ids it has already given. A page that lies wholly inside that
+millisecond means it holds more records than a page: it is then read alone
+(`after` / `before` around it, no limit) and the walk steps below it; past the
+endpoint's max_recall_limit it cannot be read (`CrowdedMillisecond`).
+
+Both the router (its capacity, flush and repair scans of a tier, and a
+timeline past a tier's cap) and `a2m export` (any endpoint) read this way.
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ class CrowdedMillisecond(Exception):
 
 
 class BoundsIgnored(CrowdedMillisecond):
-    """The endpoint answered a page with records outside the `before` / `after` it was asked for
-    (a server without that extension ignores them, as the protocol has it do with unknown params):
-    paging on would read the same records forever, so the walk stops where it is. A
-    CrowdedMillisecond for its callers: what was read stands, the rest is left out."""
+    """The endpoint does not page as asked: it answered records outside the `before` / `after` it
+    was given (a server without that extension ignores them, as the protocol has it do with unknown
+    params), or a cursor that does not move on. Paging on would read the same records forever, so
+    the walk stops where it is. A CrowdedMillisecond for its callers: what was read stands, the rest
+    is left out."""
 
 
 def _outside(records: list[dict[str, Any]], after: str | None, before: str | None) -> bool:
@@ -65,11 +72,36 @@ async def pages_backwards(call: Call, params: dict[str, Any], *, page: int,
     ascending, no id twice. `call(method, params)` returns a result; `cap` is the endpoint's
     max_recall_limit (None: `limit: 0` returns everything)."""
     base = {**params, "limit": page}
+    first = await call("memory/timeline", {**base, "cursor": True})
+    walk = _by_cursor(call, base, first) if "cursor" in first else _by_time(call, base, first, page=page, cap=cap)
+    async for records in walk:
+        yield records
+
+
+async def _by_cursor(call: Call, base: dict[str, Any],
+                     result: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+    while True:
+        records, cursor = result["records"], result.get("cursor", ...)
+        if cursor is not None and not isinstance(cursor, str):
+            told = "no cursor" if cursor is ... else f"cursor {str(cursor)[:80]!r}, not a string or null"
+            raise BoundsIgnored(f"a timeline page answered {told}: the endpoint cannot be paged by it")
+        if records:
+            yield records
+        if cursor is None or not records:
+            return
+        result = await call("memory/timeline", {**base, "cursor": cursor})
+        if result.get("cursor") == cursor:
+            raise BoundsIgnored("a timeline page answered the cursor it was asked with: the endpoint does not "
+                                "move on by it")
+
+
+async def _by_time(call: Call, base: dict[str, Any], result: dict[str, Any], *, page: int,
+                   cap: int | None) -> AsyncIterator[list[dict[str, Any]]]:
     before: str | None = None  # exclusive upper bound of the next page (None: none of ours)
     floor: str | None = None  # the millisecond just below `before`, which the next page re-reads
     boundary: set[str] = set()  # ids already yielded at `floor`
     while True:
-        records = (await call("memory/timeline", _bounded(base, before=before)))["records"]
+        records = result["records"]
         if not records:
             return
         if _outside(records, None, before):
@@ -98,9 +130,10 @@ async def pages_backwards(call: Call, params: dict[str, Any], *, page: int,
             if (floor := _shift(earliest, -1)) is None:
                 return  # that was the first millisecond there is
             before, boundary = earliest, set()
-            continue
-        if fresh:
-            yield fresh
-        # Re-read the earliest millisecond next time (it may hold more than this page showed).
-        boundary = {r["id"] for r in records if r["created_at"] == earliest}
-        before, floor = _shift(earliest, 1), earliest
+        else:
+            if fresh:
+                yield fresh
+            # Re-read the earliest millisecond next time (it may hold more than this page showed).
+            boundary = {r["id"] for r in records if r["created_at"] == earliest}
+            before, floor = _shift(earliest, 1), earliest
+        result = await call("memory/timeline", _bounded(base, before=before))

@@ -189,13 +189,13 @@ class Policy:
 
     async def scan(self, tier: Tier, owner: str | None, *, where: dict[str, Any] | None = None,
                    embeddings: bool = False) -> list[dict[str, Any]]:
-        """Every record of `owner` in `tier` (matching `where`), newest pages first (`a2m.paging`: no
-        tier offers a cursor). Past a millisecond holding more records than a timeline returns, the
-        rest of that millisecond is left out, logged: they stay where they are."""
-        out: list[dict[str, Any]] = []
-        async for records in self.scan_pages(tier, owner, where=where, embeddings=embeddings):
-            out.extend(records)
-        return out
+        """Every record of `owner` in `tier` (matching `where`) in the tier's timeline order, which a
+        move keeps: records sharing a millisecond are written on in it, so a transcript's turns stay
+        in order (its pages come newest first). Past a millisecond holding more records than a
+        timeline returns, on a tier without the cursor extension (`a2m.paging`), the rest of that
+        millisecond is left out, logged: they stay where they are."""
+        pages = [records async for records in self.scan_pages(tier, owner, where=where, embeddings=embeddings)]
+        return [record for records in reversed(pages) for record in records]
 
     async def scan_pages(self, tier: Tier, owner: str | None, *, where: dict[str, Any] | None = None,
                          embeddings: bool = False) -> AsyncIterator[list[dict[str, Any]]]:

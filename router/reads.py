@@ -4,7 +4,8 @@ A read asks every tier it covers at once and fuses what they answer (`fusion.py`
 fails or is down is left out and named in `degraded` (decision 14), never fails the read. A read
 of several tiers that a move overlapped is asked again (`settled`, decision 70). A recall works
 on each tier's reply as it arrives (decision 31), counts what it returned toward promotion
-(decision 9), and a timeline pages a tier past its own cap (decision 92).
+(decision 9), and a timeline pages a tier past its own cap (decision 92) or passes one tier's cursor
+(decision 120).
 """
 
 from __future__ import annotations
@@ -158,17 +159,25 @@ class Reads:
         options = prompts.parse(params.get("prompt"))
         asked_vectors = bool_param(params, "embeddings", False)
         asked = {**scope, "limit": limit, "embeddings": asked_vectors}
+        cursor = cursor_passed(params, tiers)
+        if cursor is not None:
+            asked["cursor"] = cursor
 
         def per_tier(tier: Tier) -> dict[str, Any] | None:
             cap = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
             return settle_tier({**asked, "limit": min(limit, cap) if cap else limit}, tier)
 
-        fan = await settled(self.policy, owner, tiers, lambda: ask_timeline(self.fed, tiers, per_tier, limit))
+        if cursor is None:
+            fan = await settled(self.policy, owner, tiers, lambda: ask_timeline(self.fed, tiers, per_tier, limit))
+        else:  # one tier's page as it answered it (it may hold fewer than `limit`: its cursor says more)
+            fan = await self.fed.fan_out("memory/timeline", {}, tiers, per_tier=per_tier)
         wire = merge_by_time(self.fed, fan.results)
         if limit:
             wire = wire[-limit:]
         result: dict[str, Any] = {"records": wire}
         self.degraded(result, fan)
+        if cursor is not None:
+            pass_cursor(result, fan, tiers[0].name)
         if options is not None:
             records = [Record.from_wire(r) for r in wire]
             result.update(prompts.render(records, options, ordered_by_time=True))
@@ -185,6 +194,36 @@ class Reads:
         out: dict[str, Any] = {"record": None if best is None else best.to_wire(embeddings=asked_vectors)}
         self.degraded(out, fan)
         return out
+
+
+def cursor_passed(params: Mapping[str, Any], tiers: Sequence[Tier]) -> bool | str | None:
+    """The timeline cursor to send down (docs/extensions.md), None for none: it pages one tier, so
+    it goes down only where the call covers one. `true` over several tiers is answered without a
+    cursor (a reader then pages by time), a tier's cursor string is refused there."""
+    cursor = params.get("cursor")
+    if cursor is None:
+        return None
+    if cursor is not True and not isinstance(cursor, str):
+        raise invalid("cursor must be true or the cursor of a previous timeline answer", field="cursor")
+    if len(tiers) == 1:
+        return cursor
+    if cursor is True:
+        return None
+    raise invalid("a cursor pages one tier's timeline: name that tier with `tier`", field="cursor")
+
+
+def pass_cursor(result: dict[str, Any], fan: FanOut, tier: str) -> None:
+    """The tier's cursor in `result`: null where the tier was not asked (nothing of it could match),
+    none where it answered none (no cursor extension) or did not answer (named in `degraded`). A
+    cursor the tier refused is the caller's mistake, answered as the tier did (-32602)."""
+    error = fan.errors.get(tier)
+    if isinstance(error, A2MError) and error.code == errors.INVALID_PARAMS:
+        raise error
+    if tier in fan.results:
+        if "cursor" in fan.results[tier]:
+            result["cursor"] = fan.results[tier]["cursor"]
+    elif tier not in fan.degraded:
+        result["cursor"] = None
 
 
 async def written_order(fed: Federation, policy: Policy, owner: str | None, records: Sequence[Record],

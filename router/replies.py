@@ -203,6 +203,8 @@ def problem(method: str, params: Mapping[str, Any], result: dict[str, Any]) -> s
             # newest first, a scan paged backwards over the same records again and again, and a
             # capacity pass counted them twice and spilled too many. Already sorted: n comparisons.
             result["records"].sort(key=_created)
+            if not isinstance(result.get("cursor", ""), str | None):
+                return "cursor is not a string"
         return wrong
     if method == "memory/fetch":
         record = result.get("record")

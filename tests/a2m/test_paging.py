@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from a2m.dispatch import Context, Dispatcher
-from a2m.paging import pages_backwards
+from a2m.paging import BoundsIgnored, pages_backwards
 from backends.surface import TierServer
 from tests.support.memstore import MemoryStore
 
@@ -46,3 +46,37 @@ async def test_a_millisecond_holding_more_than_a_page_is_read_whole_and_once() -
     pages = await walk(stamps, page=2)
     flat = [c for p in pages for c in p]
     assert sorted(flat) == sorted(str(i) for i in range(7)) and len(flat) == 7
+
+
+def endpoint(answers: list[dict[str, Any]], asked: list[dict[str, Any]]) -> Any:
+    """A timeline that answers `answers` in turn and notes what it was asked (a misbehaving server)."""
+    async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
+        asked.append(params)
+        return answers[len(asked) - 1]
+    return call
+
+
+def record(i: int) -> dict[str, Any]:
+    return {"id": str(i), "created_at": "2026-01-01T00:00:00.000Z"}
+
+
+@pytest.mark.anyio
+async def test_a_cursor_is_followed_until_it_is_null() -> None:
+    asked: list[dict[str, Any]] = []
+    call = endpoint([{"records": [record(2), record(3)], "cursor": "c1"},
+                     {"records": [record(0), record(1)], "cursor": None}], asked)
+    pages = [[r["id"] for r in p] async for p in pages_backwards(call, {"owner": "o"}, page=2, cap=2)]
+    assert pages == [["2", "3"], ["0", "1"]]
+    assert asked == [{"owner": "o", "limit": 2, "cursor": True}, {"owner": "o", "limit": 2, "cursor": "c1"}]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("second", [{"records": [record(0)], "cursor": "c1"}, {"records": [record(0)]},
+                                    {"records": [record(0)], "cursor": 7}])
+async def test_a_cursor_that_does_not_move_on_stops_the_walk(second: dict[str, Any]) -> None:
+    """The same cursor again, or none where there was one, or one that is not a string: paging on
+    could read the same page forever, or stop early unnoticed; the walk says so instead."""
+    call = endpoint([{"records": [record(1)], "cursor": "c1"}, second], [])
+    with pytest.raises(BoundsIgnored):
+        async for _ in pages_backwards(call, {}, page=1, cap=1):
+            pass

@@ -19,6 +19,7 @@ import pytest
 
 from a2m.client import HTTPClient
 from a2m.errors import A2MError
+from a2m.paging import pages_backwards
 from router.policy import batches
 
 from .stack import Stack, federation, new_owner as owner, tier_call as direct
@@ -418,3 +419,24 @@ async def test_a_write_a_tier_timed_out_on_is_taken_back_there_too(tmp_path: Pat
                 for name in ("working", "episodic")}
     assert error.code == -32603 and error.data["tier"] == "episodic", error
     assert held == {"working": [], "episodic": []}, held
+
+
+@pytest.mark.anyio
+async def test_more_records_in_one_millisecond_than_a_timeline_holds_spill_whole(stack: Stack) -> None:
+    """1,200 records in working share one created_at (an import of coarse timestamps; a full
+    remember stamps its 1,000 alike), and one timeline returns 1,000: the capacity scan pages by
+    the tier's cursor, not by time (which cannot cross that millisecond; the oldest 200 stayed
+    unseen, in working), so all but the newest 4 spill, in the order they were written."""
+    me, stamp = owner(), "2026-03-01T00:00:00.000Z"
+    ids = []
+    for start in (0, 600):
+        ids += (await direct(stack, "working", "memory/remember", {"owner": me, "records": [
+            {"content": f"turn {i}", "created_at": stamp} for i in range(start, start + 600)]}))["ids"]
+    async with HTTPClient(stack.url) as router:  # a write through the router brings working to capacity
+        ids += (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "the last turn", "created_at": stamp}]}))["ids"]
+    assert [r["id"] for r in (await placement(stack, me))["working"]] == ids[-4:]
+    async with HTTPClient(stack.tiers["episodic"].url) as episodic:
+        spilled = [[r["id"] for r in page] async for page in pages_backwards(
+            episodic.call, {"owner": me}, page=1000, cap=1000)]
+    assert [i for page in reversed(spilled) for i in page] == ids[:-4]

@@ -257,3 +257,37 @@ async def test_where_tier_names_the_tier_as_the_router_calls_it(renamed: Stack) 
         assert (await router.call("memory/forget", {"owner": me, "where": {"tier": "facts"}}))["forgotten"] == 1
         left = (await router.call("memory/timeline", {"owner": me}))["records"]
         assert [(r["tier"], r["id"]) for r in left] == [("working", ids["working"])]
+
+
+@pytest.mark.anyio
+async def test_a_timeline_cursor_pages_the_one_tier_it_names(stack: Stack) -> None:
+    """1,200 records of one millisecond in episodic, read through the router by the tier's cursor
+    (a walk by time stops there: one timeline holds 1,000). A cursor covers one tier only."""
+    me, stamp = owner(), "2026-03-01T00:00:00.000Z"
+    ids: list[str] = []
+    for start in (0, 600):
+        ids += (await direct(stack, "episodic", "memory/remember", {"owner": me, "records": [
+            {"content": f"note {i}", "created_at": stamp} for i in range(start, start + 600)]}))["ids"]
+    async with HTTPClient(stack.url) as router:
+        read: list[str] = []
+        cursor: object = True
+        while cursor is not None:
+            answer = await router.call("memory/timeline", {"owner": me, "tier": "episodic", "limit": 500,
+                                                           "cursor": cursor})
+            read[:0] = [r["id"] for r in answer["records"]]
+            cursor = answer["cursor"]
+            if cursor is not None:
+                last = cursor
+        assert read == ids
+        # Over several tiers: `true` is answered without one (page by time), a tier's cursor refused.
+        assert "cursor" not in await router.call("memory/timeline", {"owner": me, "limit": 5, "cursor": True})
+        for params in ({"cursor": last}, {"tier": "episodic", "cursor": "not one"},
+                       {"tier": "episodic", "cursor": 3}):
+            with pytest.raises(A2MError) as refused:
+                await router.call("memory/timeline", {"owner": me, **params})
+            assert refused.value.code == -32602, params
+        # A tier without the extension answers none: its reader pages by time.
+        assert "cursor" not in await router.call("memory/timeline", {"owner": me, "tier": "quiet", "cursor": True})
+        # A tier the scope cannot match is not asked: nothing before, null.
+        assert (await router.call("memory/timeline", {"owner": me, "tier": "episodic", "cursor": True,
+                                                      "where": {"tier": "working"}}))["cursor"] is None
