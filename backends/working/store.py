@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
-from dataclasses import replace
 from typing import Any, Awaitable, Callable, Collection, Literal, Mapping, Sequence
 from urllib.parse import quote, unquote
 
@@ -211,6 +210,7 @@ return removed
 # the stored JSON (server-made text: a timestamp, numbers, a vector), so Python
 # decodes one document, not six values a record.
 #   z      <index suffix> <min> <max> <rev 0|1> <limit, -1 = all>
+#   zb     <index suffix> <min> <max> <ms> <16-digit seq> <limit, -1 = all>: newest first, before (ms, seq)
 #   ids    <id>...
 #   keys   <key>...
 #   prefix <key prefix>
@@ -226,6 +226,24 @@ if mode == 'z' then
     members = redis.call('ZRANGEBYSCORE', key, lo, hi, 'LIMIT', 0, limit)
   end
   for x = 1, #members do ids[x] = string.sub(members[x], 17) end
+elseif mode == 'zb' then
+  -- Newest first, strictly before the position (<ms>, <seq>), found by rank: within one score a
+  -- sorted set orders by member, whose 16-digit prefix is the seq, so a crowded millisecond is
+  -- searched, not read.
+  local key, lo, hi, ms, seq, limit = base .. ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], tonumber(ARGV[10])
+  local a = redis.call('ZCOUNT', key, '-inf', '(' .. ms)
+  local b = a + redis.call('ZCOUNT', key, ms, ms)
+  while a < b do
+    local mid = math.floor((a + b) / 2)
+    if string.sub(redis.call('ZRANGE', key, mid, mid)[1], 1, 16) < seq then a = mid + 1 else b = mid end
+  end
+  local stop, first = a, 0  -- ranks [first, stop) are in scope and before the position
+  if hi ~= '+inf' then stop = math.min(stop, redis.call('ZCOUNT', key, '-inf', hi)) end
+  if lo ~= '-inf' then first = redis.call('ZCOUNT', key, '-inf', string.sub(lo, 2)) end
+  if limit >= 0 then first = math.max(first, stop - limit) end
+  members = {}
+  if stop > first then members = redis.call('ZRANGE', key, first, stop - 1) end
+  for x = 1, #members do ids[x] = string.sub(members[#members + 1 - x], 17) end
 elseif mode == 'ids' then
   for x = 5, #ARGV do ids[#ids + 1] = ARGV[x] end
 elseif mode == 'keys' then
@@ -356,22 +374,6 @@ def _index(scope: Scope) -> tuple[str, str, str, dict[str, Any]]:
     lo = "-inf" if scope.after is None else f"({_millis(scope.after)}"
     hi = "+inf" if scope.before is None else f"({_millis(scope.before)}"
     return index, lo, hi, where
-
-
-def _millisecond(scope: Scope, stamp: str) -> Scope:
-    """`scope` narrowed to the records created in `stamp`'s millisecond (bounds are exclusive)."""
-    moment = datetime.fromisoformat(stamp)
-    try:
-        after = format_ts(moment - _MS)
-        after = after if scope.after is None else max(scope.after, after)
-    except OverflowError:  # the first millisecond there is: nothing lies before it
-        after = scope.after
-    try:
-        before = format_ts(moment + _MS)
-        before = before if scope.before is None else min(scope.before, before)
-    except OverflowError:
-        before = scope.before
-    return replace(scope, after=after, before=before)
 
 
 def _single(where: Mapping[str, Any], name: str) -> tuple[bool, str | None]:
@@ -719,22 +721,23 @@ class RedisStore:
 
     async def timeline_page(self, scope: Scope, *, below: Position | None, limit: int | None,
                             with_embeddings: bool = False) -> list[tuple[Record, Position]]:
-        """`select` newest first from strictly before `below`: the rest of its millisecond, then the
-        milliseconds before it. An index range starts at a score, not inside one, so that millisecond
-        is read whole: working sets are small (decision 120)."""
+        """`select` newest first from strictly before `below`, which an index finds by rank (the
+        `zb` fetch), however many records share its millisecond."""
         if limit is not None and limit <= 0:
             return []
         if below is None:
             found = await self._scan(scope, order="desc", limit=limit, with_embeddings=with_embeddings)
+        elif scope.named_ids() is not None or scope.key_prefix is not None:  # read whole by _scan anyway
+            found = [(m, r) for m, r in await self._scan(scope, order="desc", limit=None, with_embeddings=with_embeddings)
+                     if (r.created_at, int(m[:16])) < below][:limit]
         else:
-            stamp, seq = below
-            inside = await self._scan(_millisecond(scope, stamp), order="desc", limit=None,
-                                      with_embeddings=with_embeddings)
-            found = [(m, r) for m, r in inside if int(m[:16]) < seq][:limit]
-            if limit is None or len(found) < limit:
-                earlier = replace(scope, before=stamp if scope.before is None else min(scope.before, stamp))
-                found += await self._scan(earlier, order="desc", limit=None if limit is None else limit - len(found),
-                                          with_embeddings=with_embeddings)
+            index, lo, hi, where = _index(scope)
+            pushed = -1 if limit is None or where else limit
+            found = self._records(await self._eval(self._fetch, [
+                _enc(scope.owner), "1" if with_embeddings else "0", "zb", index, lo, hi, _millis(below[0]),
+                f"{below[1]:016d}", pushed]))
+            if where:
+                found = [(m, r) for m, r in found if matches(r, scope)][:limit]
         return [(r, (r.created_at, int(m[:16]))) for m, r in found]
 
     async def search(

@@ -190,7 +190,8 @@ async def test_a_negative_zero_in_metadata_reads_back_as_zero_on_every_tier(tier
 async def _crowd(d: Dispatcher, me: str) -> list[dict[str, Any]]:
     """140 records, 130 of them in one millisecond, alternating between two sessions."""
     stamps = ["2026-03-01T00:00:00.000Z"] * 5 + ["2026-03-01T00:00:00.001Z"] * 130 + ["2026-03-01T00:00:00.002Z"] * 5
-    records = [{"id": f"{me}-{i:03d}", "content": f"note {i}", "created_at": stamp, "session": f"s{i % 2}"}
+    records = [{"id": f"{me}-{i:03d}", "content": f"note {i}", "created_at": stamp, "session": f"s{i % 2}",
+                "metadata": {"n": i % 3}, **({"key": f"k/{i:03d}"} if i % 4 == 0 else {})}
                for i, stamp in enumerate(stamps)]
     for start in range(0, len(records), 70):
         await call(d, "memory/remember", {"owner": me, "records": records[start:start + 70]})
@@ -203,7 +204,10 @@ async def test_a_cursor_pages_a_crowded_millisecond_exactly(tiers: dict[str, Dis
     records = await _crowd(d, me)
     ids = [r["id"] for r in records]
     for scope, want in (({}, ids), ({"where": {"session": "s1"}}, ids[1::2]),
-                        ({"after": "2026-03-01T00:00:00.000Z"}, ids[5:])):
+                        ({"after": "2026-03-01T00:00:00.000Z"}, ids[5:]),
+                        ({"before": "2026-03-01T00:00:00.002Z", "where": {"session": "s0"}}, ids[:135:2]),
+                        ({"where": {"n": 0}}, ids[::3]), ({"key_prefix": "k/"}, ids[::4]),
+                        ({"where": {"id": ids[::5][::-1]}}, ids[::5])):
         pages, cursor = [], True
         while cursor is not None:
             answer = await call(d, "memory/timeline", {"owner": me, **scope, "limit": 40, "cursor": cursor})
@@ -211,6 +215,11 @@ async def test_a_cursor_pages_a_crowded_millisecond_exactly(tiers: dict[str, Dis
             assert len(answer["records"]) == 40 or answer["cursor"] is None, scope
             cursor = answer["cursor"]
         assert pages == want, scope
+    # A cursor with a narrower scope than the one that made it: the scope still bounds the page.
+    late = (await call(d, "memory/timeline", {"owner": me, "limit": 3, "cursor": True}))["cursor"]
+    early = await call(d, "memory/timeline", {"owner": me, "limit": 50, "cursor": late,
+                                               "before": "2026-03-01T00:00:00.001Z", "where": {"session": "s0"}})
+    assert [r["id"] for r in early["records"]] == ids[:5:2] and early["cursor"] is None
     # The plain timeline is unchanged: no cursor unless asked for.
     assert "cursor" not in await call(d, "memory/timeline", {"owner": me, "limit": 3})
 
