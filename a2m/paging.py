@@ -21,10 +21,9 @@ timeline past a tier's cap) and `a2m export` (any endpoint) read this way.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from .timefmt import format_ts, parse_ts
+from .timefmt import parse_ts, shift_ms
 
 Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -50,15 +49,6 @@ def _outside(records: list[dict[str, Any]], after: str | None, before: str | Non
                 or (after is not None and parse_ts(min(stamps)) <= parse_ts(after)))
     except Exception:  # a stamp that is not one: nothing to tell from it here
         return False
-
-
-def _shift(stamp: str, ms: int) -> str | None:
-    """`stamp` moved by `ms` milliseconds, or None past year 9999 or before year 1: no record lies
-    there, so the bound it would have been is simply left off."""
-    try:
-        return format_ts(parse_ts(stamp) + timedelta(milliseconds=ms))
-    except OverflowError:
-        return None
 
 
 def _bounded(params: dict[str, Any], **bounds: str | None) -> dict[str, Any]:
@@ -116,7 +106,7 @@ async def _by_time(call: Call, base: dict[str, Any], result: dict[str, Any], *, 
         if earliest == floor:
             # The whole page sits in the boundary millisecond: it holds at least `page` records, and
             # the next page would be this one again. Read that millisecond alone, then go below it.
-            exact = _bounded({**base, "limit": 0}, after=_shift(earliest, -1), before=_shift(earliest, 1))
+            exact = _bounded({**base, "limit": 0}, after=shift_ms(earliest, -1), before=shift_ms(earliest, 1))
             same = (await call("memory/timeline", exact))["records"]
             if same and _outside(same, exact.get("after"), exact.get("before")):
                 raise BoundsIgnored(f"a timeline asked for the records of {earliest} alone holds others: the "
@@ -127,7 +117,7 @@ async def _by_time(call: Call, base: dict[str, Any], result: dict[str, Any], *, 
             fresh = [r for r in same if r["id"] not in boundary]
             if fresh:
                 yield fresh
-            if (floor := _shift(earliest, -1)) is None:
+            if (floor := shift_ms(earliest, -1)) is None:
                 return  # that was the first millisecond there is
             before, boundary = earliest, set()
         else:
@@ -135,5 +125,5 @@ async def _by_time(call: Call, base: dict[str, Any], result: dict[str, Any], *, 
                 yield fresh
             # Re-read the earliest millisecond next time (it may hold more than this page showed).
             boundary = {r["id"] for r in records if r["created_at"] == earliest}
-            before, floor = _shift(earliest, 1), earliest
+            before, floor = shift_ms(earliest, 1), earliest
         result = await call("memory/timeline", _bounded(base, before=before))

@@ -7,7 +7,7 @@ zone, string order is time order, which lets every engine index them as text.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from .errors import invalid
 
@@ -22,6 +22,15 @@ def format_ts(moment: datetime) -> str:
     """The canonical form: `2026-07-28T10:15:30.123Z`."""
     m = moment.astimezone(timezone.utc)  # an f-string: strftime was a tenth of an episodic recall's Python
     return f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}.{m.microsecond // 1000:03d}Z"
+
+
+def shift_ms(stamp: str, ms: int) -> str | None:
+    """`stamp` moved by `ms` milliseconds, or None past year 9999 or before year 1: no record lies
+    there, so a bound it would have been is simply left off."""
+    try:
+        return format_ts(parse_ts(stamp) + timedelta(milliseconds=ms))
+    except OverflowError:
+        return None
 
 
 def now() -> str:

@@ -46,6 +46,7 @@ from gitdb.base import IStream
 
 from a2m.filters import Scope, matches
 from a2m.records import Record
+from a2m.timefmt import shift_ms
 from backends.children import die_with_parent
 from backends.settings import TierSettings
 from backends.store import (Position, SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
@@ -648,13 +649,13 @@ class GitStore:
 
     async def timeline_page(self, scope: Scope, *, below: Position | None, limit: int | None,
                             with_embeddings: bool = False) -> list[tuple[Record, Position]]:
-        order = self._visible.order_key
-        placed = sorted(((order(r), r) for r in self._visible.scoped(scope)), key=lambda p: p[0], reverse=True)
-        if below is not None:
-            placed = [p for p in placed if p[0] < below]
-        if limit is not None:
-            placed = placed[:limit]
-        return [(copy_out(r, with_embeddings), position) for position, r in placed]
+        if below is not None and (bound := shift_ms(below[0], 1)) is not None:  # as select narrows by time
+            scope = replace(scope, before=bound if scope.before is None else min(scope.before, bound))
+        order, records = self._visible.order_key, self._visible.scoped(scope)
+        if below is not None:  # only below's own millisecond is left to compare by sequence
+            records = [r for r in records if r.created_at < below[0] or order(r) < below]
+        records.sort(key=order, reverse=True)
+        return [(copy_out(r, with_embeddings), order(r)) for r in records[:limit]]
 
     async def search(
         self,
