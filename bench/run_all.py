@@ -29,7 +29,8 @@ from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-ORDER = ["protocol", "working", "episodic", "semantic", "procedural", "tiers_http", "router", "locomo", "peer_langgraph"]
+ORDER = ["protocol", "working", "episodic", "semantic", "procedural", "tiers_http", "router", "paging", "locomo",
+         "peer_langgraph"]
 SKIP = {"run_all", "__init__"}
 
 # Arguments per benchmark: (quick, full). A benchmark not listed gets `--quick` when its
@@ -173,6 +174,8 @@ HEADLINE: dict[str, tuple[str, ...]] = {
     "router": ("router_recall_rrf.p50_ms", "router_recall_rrf.vs_slowest_tier", "router_recall_rerank.p50_ms",
                "router_recall_rerank.vs_slowest_tier", "slowest_tier.p50_ms", "timeline_session.p50_ms",
                "concurrent_recall.recalls_per_s", "spill.records_per_s"),
+    "paging": tuple(f"{tier}.{figure}" for tier in ("working", "episodic", "semantic", "procedural")
+                    for figure in ("cursor_records_per_s", "cursor_vs_time", "crowded_records_per_s")),
 }
 
 
