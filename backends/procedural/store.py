@@ -221,7 +221,23 @@ class GitStore:
                 count, at = self._sidecar.access.get(record.id, NO_STATS)
             tree.set(replace(record, access_count=count, accessed_at=at), path, seq)
             self._next_seq = max(self._next_seq, seq + 1)
+        self._own_seqs(tree)
         return tree
+
+    def _own_seqs(self, tree: Tree) -> None:
+        """A sequence of its own for each record of `tree`. A file committed by hand has none (0), or
+        the `seq` of the file it was copied from; but the timeline cursor places a record by
+        (created_at, seq) (decision 120), and of two records in one place a walk passes both at
+        once. The first by path keeps its sequence, the others take new ones after every other."""
+        held: set[int] = set()
+        clashing = []
+        for record_id in sorted(tree.seqs, key=tree.paths.__getitem__):
+            if tree.seqs[record_id] in held:
+                clashing.append(record_id)
+            held.add(tree.seqs[record_id])
+        for record_id in clashing:
+            tree.seqs[record_id] = self._next_seq
+            self._next_seq += 1
 
     def _flush_state(self) -> None:
         """Write the sidecar if it changed and the repository is open (a touch may come after a close)."""

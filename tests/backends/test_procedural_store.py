@@ -1396,3 +1396,38 @@ async def test_a_committed_file_that_is_not_a_record_is_skipped_not_fatal(tmp_pa
         assert [r["revision"] for r in result["revisions"]] == [None, 1]
     finally:
         await store.close()
+
+
+async def test_files_committed_by_hand_each_have_a_place_of_their_own_in_the_timeline(tmp_path: Path) -> None:
+    """A file a reviewer copied (its `seq` with it) or wrote anew (no `seq`: 0) shares its insertion
+    sequence with another record of the same millisecond. The timeline cursor names a record's place
+    by (created_at, seq) (decision 120), so a walk past one of the two skipped the other: each record
+    loaded takes a sequence no other one holds."""
+    stamp = "2026-03-01T00:00:00.000Z"
+    store = await opened(tmp_path)
+    await store.write([rec(1, key="skills/good", created_at=stamp), rec(2, key="skills/other", created_at=stamp)])
+    await store.close()
+    repo = tmp_path / "repo"
+    copied = (repo / "owners/alice/skills/good.md").read_text("utf-8")
+    assert "\nseq: 1\n" in copied, copied
+    (repo / "owners/alice/skills/better.md").write_text(
+        copied.replace("id: '1'", "id: '3'").replace("key: skills/good", "key: skills/better"), "utf-8")
+    for n in (1, 2):
+        (repo / f"owners/alice/skills/hand{n}.md").write_text(
+            f"---\nid: h{n}\nkey: skills/hand{n}\nowner: alice\ncreated_at: '{stamp}'\n---\nby hand\n", "utf-8")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=Hand", "-c", "user.email=hand@example.org", "commit", "-qm", "hand edit")
+    store = await opened(tmp_path)
+    try:
+        every = [r.id for r in await store.select(Scope(owner="alice"), order="desc")]
+        assert sorted(every) == ["1", "2", "3", "h1", "h2"]
+        walked: list[str] = []
+        below = None
+        while page := await store.timeline_page(Scope(owner="alice"), below=below, limit=1):
+            walked += [r.id for r, _ in page]
+            below = page[-1][1]
+        assert walked == every
+        await store.write([rec(4, key="skills/new", created_at=stamp)])  # a write after them comes after them
+        assert [r.id for r, _ in await store.timeline_page(Scope(owner="alice"), below=None, limit=1)] == ["4"]
+    finally:
+        await store.close()

@@ -150,6 +150,27 @@ async def test_a_millisecond_beyond_the_recall_cap_is_exported_by_cursor(tmp_pat
         assert first.read_bytes() == second.read_bytes()
 
 
+@pytest.mark.anyio
+async def test_export_through_a_router_pages_each_tier_by_its_cursor(tmp_path: Path) -> None:
+    """Through a router export reads each tier alone (`tier`), which the router passes the tier's
+    cursor for: 1,100 records of one millisecond in each of two real tiers all come out, in order."""
+    from tests.router.stack import federation
+
+    stamp = "2026-03-01T00:00:00.000Z"
+    with federation(tmp_path, [{"name": "working", "kind": "working"}, {"name": "episodic", "kind": "episodic"}],
+                    mode="real") as stack:
+        want = {}
+        for tier in ("working", "episodic"):
+            async with HTTPClient(stack.tiers[tier].url) as client:
+                want[tier] = [i for start in (0, 550) for i in (await client.call("memory/remember", {
+                    "records": [{"content": f"{tier} {i}", "created_at": stamp} for i in range(start, start + 550)]
+                }))["ids"]]
+        out = tmp_path / "x.jsonl"
+        assert await transfer.export(stack.url, str(out), quiet=True) == 0
+    lines = _lines(out)
+    assert {t: [r["id"] for r in lines if r["tier"] == t] for t in want} == want
+
+
 def test_bad_lines_are_refused(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"content": "ok"}\nnot json\n')
