@@ -46,7 +46,7 @@ makes them recallable (procedural's `memory/approve`) tells them. Absent: True.
 Optional, for the timeline cursor (docs/extensions.md): `timeline_page(scope, below=,
 limit=, with_embeddings=)`, the newest `limit` records in scope strictly before
 the `Position` `below` in creation order, newest first, each with its own
-position. Absent: the surface answers a timeline without a cursor, and a reader
+position; no two records share one. Absent: the surface answers a timeline without a cursor, and a reader
 pages by time (`a2m.paging`), which cannot cross a millisecond holding more
 records than one timeline returns.
 """
@@ -60,9 +60,11 @@ from a2m.filters import Scope
 from a2m.records import Record
 
 
-Position = tuple[str, int]
-"""Where a record stands in creation order: its created_at (canonical, so it sorts as text) and the
-store's insertion sequence number, which breaks ties. A record re-put takes a new one."""
+Position = tuple[str, int, str]
+"""Where a record stands in creation order: its created_at (canonical, so it sorts as text), the
+store's insertion sequence number, which breaks ties (a record re-put takes a new one), and its id,
+which breaks a tie of those two where a sequence may repeat (semantic replicas on one Qdrant
+server each count their own)."""
 
 
 class StoreUnavailable(Exception):

@@ -601,15 +601,17 @@ def cursor_param(params: Mapping[str, Any]) -> Position | None:
     if value is True:
         return None
     if isinstance(value, str):
-        stamp, _, seq = value.rpartition("|")
+        stamp, _, rest = value.partition("|")
+        seq, _, record_id = rest.partition("|")
         try:
-            if seq.isascii() and seq.isdigit() and len(seq) <= 18 and format_ts(parse_ts(stamp)) == stamp:
-                return stamp, int(seq)
+            if (seq.isascii() and seq.isdigit() and len(seq) <= 18 and record_id and "\x00" not in record_id
+                    and format_ts(parse_ts(stamp)) == stamp):
+                return stamp, int(seq), record_id
         except A2MError:
             pass
     raise invalid("cursor must be true or the cursor of a previous timeline answer", field="cursor")
 
 
 def make_cursor(position: Position) -> str:
-    """Opaque to callers; here `<created_at>|<sequence>`, read back by `cursor_param`."""
-    return f"{position[0]}|{position[1]}"
+    """Opaque to callers; here `<created_at>|<sequence>|<id>`, read back by `cursor_param`."""
+    return f"{position[0]}|{position[1]}|{position[2]}"

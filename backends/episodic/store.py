@@ -392,7 +392,8 @@ class PostgresStore:
     async def timeline_page(self, scope: Scope, *, below: Position | None, limit: int | None,
                             with_embeddings: bool = False) -> list[tuple[Record, Position]]:
         """`select` newest first, from strictly before `below`: (created_at, seq) is the order of the
-        owner's b-tree indexes, so a page of a crowded millisecond is one index range too."""
+        owner's b-tree indexes, so a page of a crowded millisecond is one index range too (one
+        sequence numbers every row: no tie for the id to break)."""
         condition, params = scope_sql(scope)
         if below is not None:
             condition = f"({condition}) AND (created_at, seq) < (%s::timestamptz, %s)"
@@ -406,7 +407,7 @@ class PostgresStore:
             embed = with_embeddings and await self._dimensions(conn) is not None
             cur = await conn.execute(sql.replace("{columns}", self._columns(embed)), params)
             pairs = [(to_record(row[1:], with_embedding=embed), int(row[0])) for row in await cur.fetchall()]
-            return [(record, (record.created_at, seq)) for record, seq in pairs]
+            return [(record, (record.created_at, seq, record.id)) for record, seq in pairs]
 
         return await self._db.run(work)
 

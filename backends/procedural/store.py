@@ -669,9 +669,9 @@ class GitStore:
             scope = replace(scope, before=bound if scope.before is None else min(scope.before, bound))
         order, records = self._visible.order_key, self._visible.scoped(scope)
         if below is not None:  # only below's own millisecond is left to compare by sequence
-            records = [r for r in records if r.created_at < below[0] or order(r) < below]
+            records = [r for r in records if r.created_at < below[0] or order(r) < below[:2]]
         records.sort(key=order, reverse=True)
-        return [(copy_out(r, with_embeddings), order(r)) for r in records[:limit]]
+        return [(copy_out(r, with_embeddings), (*order(r), r.id)) for r in records[:limit]]  # seqs are own
 
     async def search(
         self,

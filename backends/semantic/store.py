@@ -44,7 +44,7 @@ import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, Collection, Literal, Mapping, Protocol, Sequence
+from typing import Any, Awaitable, Collection, Literal, Mapping, Protocol, Sequence
 
 import anyio
 
@@ -384,8 +384,8 @@ def unpack_vector(packed: str | None) -> list[float] | None:
     return list(struct.unpack(f"<{len(raw) // 8}d", raw))
 
 
-def _order_key(payload: dict[str, Any]) -> tuple[int, int]:
-    return payload["created_ms"], payload["seq"]
+def _order_key(payload: dict[str, Any]) -> tuple[int, int, str]:
+    return payload["created_ms"], payload["seq"], payload["id"]  # the id: replicas may repeat a seq
 
 
 def query_sparse(text: str) -> tuple[list[int], list[float]] | None:
@@ -701,18 +701,31 @@ class SemanticStore:
 
     async def timeline_page(self, scope: Scope, *, below: Position | None, limit: int | None,
                             with_embeddings: bool = False) -> list[tuple[Record, Position]]:
-        """`select` newest first from strictly before `below`: the rest of its millisecond by seq,
-        then the milliseconds before it, each read as Qdrant orders by one key."""
-        if below is None:
-            pages = await self._select(scope, desc=True, limit=limit, with_embeddings=with_embeddings)
+        """`select` newest first from strictly before `below`: the rest of its (millisecond, seq),
+        by id, then of its millisecond by seq, then the milliseconds before it, each read as
+        Qdrant orders by one key. Replicas on one Qdrant server count `seq` apart, so two records
+        may share one: a tie at the page's end is read whole, and the id orders it."""
+        def read(n: int | None, *bounds: Cond) -> Awaitable[list[tuple[dict[str, Any], Record]]]:
+            return self._select(scope, desc=True, limit=n, with_embeddings=with_embeddings, bounds=bounds)
+
+        start = None if below is None else (_millis(below[0]), below[1], below[2])  # as _order_key has it
+        if start is None:
+            pages = await read(limit)
         else:
-            ms = _millis(below[0])
-            pages = await self._select(scope, desc=True, limit=limit, with_embeddings=with_embeddings,
-                                       bounds=(Range("created_ms", gte=ms, lte=ms), Range("seq", lt=below[1])))
-            if limit is None or len(pages) < limit:
-                pages += await self._select(scope, desc=True, limit=None if limit is None else limit - len(pages),
-                                            with_embeddings=with_embeddings, bounds=(Range("created_ms", lt=ms),))
-        return [(record, (record.created_at, payload["seq"])) for payload, record in pages]
+            same_ms = Range("created_ms", gte=start[0], lte=start[0])
+            pages = [pr for pr in await read(None, same_ms, Range("seq", gte=start[1], lte=start[1]))
+                     if _order_key(pr[0]) < start]
+            for bounds in ((same_ms, Range("seq", lt=start[1])), (Range("created_ms", lt=start[0]),)):
+                if limit is not None and len(pages) >= limit:
+                    break
+                pages += await read(None if limit is None else limit - len(pages), *bounds)
+            pages = pages[:limit]
+        if limit is not None and len(pages) == limit:
+            ms, seq, _ = _order_key(pages[-1][0])
+            whole = [pr for pr in await read(None, Range("created_ms", gte=ms, lte=ms), Range("seq", gte=seq, lte=seq))
+                     if start is None or _order_key(pr[0]) < start]
+            pages = ([pr for pr in pages if _order_key(pr[0])[:2] != (ms, seq)] + whole)[:limit]
+        return [(record, (record.created_at, payload["seq"], record.id)) for payload, record in pages]
 
     async def _select(self, scope: Scope, *, desc: bool, limit: int | None, with_embeddings: bool,
                       bounds: Sequence[Cond] = ()) -> list[tuple[dict[str, Any], Record]]:

@@ -728,8 +728,8 @@ class RedisStore:
         if below is None:
             found = await self._scan(scope, order="desc", limit=limit, with_embeddings=with_embeddings)
         elif scope.named_ids() is not None or scope.key_prefix is not None:  # read whole by _scan anyway
-            found = [(m, r) for m, r in await self._scan(scope, order="desc", limit=None, with_embeddings=with_embeddings)
-                     if (r.created_at, int(m[:16])) < below][:limit]
+            every = await self._scan(scope, order="desc", limit=None, with_embeddings=with_embeddings)
+            found = [(m, r) for m, r in every if (r.created_at, int(m[:16])) < below[:2]][:limit]
         else:
             index, lo, hi, where = _index(scope)
             pushed = -1 if limit is None or where else limit
@@ -738,7 +738,7 @@ class RedisStore:
                 f"{below[1]:016d}", pushed]))
             if where:
                 found = [(m, r) for m, r in found if matches(r, scope)][:limit]
-        return [(r, (r.created_at, int(m[:16]))) for m, r in found]
+        return [(r, (r.created_at, int(m[:16]), r.id)) for m, r in found]  # INCR's seq: no tie for the id
 
     async def search(
         self,

@@ -244,7 +244,33 @@ async def test_a_cursor_still_holds_when_what_it_passed_is_forgotten(tiers: dict
 
 @pytest.mark.parametrize("cursor", [False, 5, "", "x", "2026-03-01T00:00:00.001Z", "2026-03-01T00:00:00.001Z|",
                                     "2026-03-01T00:00:00.001Z|-1", "2026-03-01T00:00:00.001Z|1e3",
-                                    "2026-03-01T00:00:00.001+00:00|3", "2026-03-01T00:00:00.001Z|" + "9" * 19])
+                                    "2026-03-01T00:00:00.001+00:00|3|a", "2026-03-01T00:00:00.001Z|" + "9" * 19 + "|a",
+                                    "2026-03-01T00:00:00.001Z|3", "2026-03-01T00:00:00.001Z|3|",
+                                    "2026-03-01T00:00:00.001Z|3|a\x00"])
 async def test_a_cursor_no_timeline_made_is_refused_on_every_tier(tiers: dict[str, Dispatcher], cursor: Any) -> None:
     for tier, d in tiers.items():
         assert await call(d, "memory/timeline", {"owner": owner(), "cursor": cursor}) == {"error": -32602}, tier
+
+
+async def test_a_cursor_passes_no_record_that_shares_its_sequence(tiers: dict[str, Dispatcher]) -> None:
+    """Semantic replicas on one Qdrant server each count `seq` from their own clock, so two records
+    of one millisecond can share it (a batch runs its count a millisecond ahead). Written here as a
+    second replica would, by winding this one's count back: the id breaks the tie, and a walk reads
+    each record once, in the order a timeline shows them."""
+    d, me = tiers["semantic"], owner()
+    store = d.service.store
+    stamp = "2026-03-01T00:00:00.001Z"
+    for batch in ("a", "b"):
+        store._seq = 5_000_000_000_000_000  # both batches take the sequences after this one
+        await call(d, "memory/remember", {"owner": me, "records": [
+            {"id": f"{me}-{batch}{i:02d}", "content": f"fact {batch} {i}", "created_at": stamp} for i in range(30)]})
+    shown = [r["id"] for r in (await call(d, "memory/timeline", {"owner": me, "limit": 100}))["records"]]
+    assert len(shown) == 60
+    for size in (1, 7, 30):
+        read: list[str] = []
+        cursor: Any = True
+        while cursor is not None:
+            answer = await call(d, "memory/timeline", {"owner": me, "limit": size, "cursor": cursor})
+            read[:0] = [r["id"] for r in answer["records"]]
+            cursor = answer["cursor"]
+        assert read == shown, size
