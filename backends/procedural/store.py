@@ -670,8 +670,8 @@ class GitStore:
         order, records = self._visible.order_key, self._visible.scoped(scope)
         if below is not None:  # only below's own millisecond is left to compare by sequence
             records = [r for r in records if r.created_at < below[0] or order(r) < below[:2]]
-        records.sort(key=order, reverse=True)
-        return [(copy_out(r, with_embeddings), (*order(r), r.id)) for r in records[:limit]]  # seqs are own
+        records.sort(key=order, reverse=True)  # each seq is a record's own (_own_seqs): no tie for the id
+        return [(copy_out(r, with_embeddings), (*order(r), r.id)) for r in records[:limit]]
 
     async def search(
         self,
