@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: install up test conformance bench clean
+.PHONY: install up test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("a2m-router needs Python 3.11+, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'

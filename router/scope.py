@@ -68,7 +68,7 @@ def scope_params(params: Mapping[str, Any], owner: str | None) -> dict[str, Any]
 
 
 def read_only(tier: Tier, **data: Any) -> A2MError:
-    """The refusal of a write into a read-only tier (-32007)."""
+    """The refusal of a write into a read-only tier (-32004)."""
     return A2MError(errors.READ_ONLY, f"tier {tier.name} is read-only", {"tier": tier.name, **data})
 
 
