@@ -302,6 +302,65 @@ async def test_sessions(store: SemanticStore) -> None:
     assert got["s2"].records == 1 and got["s2"].touched_at == "2026-03-09T00:00:00.000Z"
 
 
+def sessions_from_records(records: list[Record]) -> list[tuple[str, int, str, str]]:
+    """What `session/list` must answer, computed from the records themselves."""
+    out: dict[str, tuple[str, int, str, str]] = {}
+    for r in records:
+        if r.session is None:
+            continue
+        latest = max(r.created_at, r.accessed_at or r.created_at)
+        _, n, first, last = out.get(r.session, (r.session, 0, r.created_at, latest))
+        out[r.session] = (r.session, n + 1, min(first, r.created_at), max(last, latest))
+    return sorted(out.values(), key=lambda s: (s[2], s[0]))
+
+
+async def test_sessions_match_the_records(store: SemanticStore) -> None:
+    # many sessions across more than one scroll page, interleaved in time; a null session; records
+    # touched (some after, some before a later record of their session) and never touched; another
+    # owner, and the None partition, holding the same session names
+    def stamp(i: int) -> str:
+        return f"2026-03-{1 + i // 1000:02d}T10:{(i // 60) % 16:02d}:{i % 60:02d}.{i % 997:03d}Z"
+
+    batch = [Record(id=f"{owner}-{i}", content=f"fact {i}", created_at=stamp(i), owner=owner,
+                    session=None if i % 7 == 0 else f"s{i % 37}")
+             for owner, n in (("alice", 1200), ("bob", 150), (None, 80)) for i in range(n)]
+    for k in range(0, len(batch), 500):
+        await store.write(batch[k:k + 500])
+    await store.touch("alice", [f"alice-{i}" for i in range(0, 1200, 11)], "2026-03-01T10:30:00.000Z")
+    await store.touch("alice", [f"alice-{i}" for i in range(3, 1200, 97)], "2026-04-01T00:00:00.000Z")
+    await store.touch("bob", ["bob-1", "bob-2"], "2026-05-01T00:00:00.000Z")
+    for owner in ("alice", "bob", None, "nobody"):
+        got = [(s.session, s.records, s.opened_at, s.touched_at) for s in await store.sessions(owner)]
+        assert got == sessions_from_records(await store.select(Scope(owner=owner))), owner
+    alice = {s.session: s for s in await store.sessions("alice")}
+    assert len(alice) == 37 and sum(s.records for s in alice.values()) == 1200 - 172
+    assert alice["s3"].touched_at == "2026-04-01T00:00:00.000Z"  # an access later than any record
+    assert alice["s1"].touched_at == max(r.created_at for r in batch if r.owner == "alice" and r.session == "s1")
+
+
+async def test_a_full_read_in_local_mode_is_one_request(tmp_path: Path) -> None:
+    # local mode sorts and filters the whole collection for each page it answers: paging a full
+    # read made `session/list` quadratic (8.3 s over 20,000 points in pages of 1,000)
+    store = make_store(settings("local", tmp_path))
+    await store.open()
+    try:
+        await store.write([rec(i, session=f"s{i % 3}") for i in range(1100)])
+        engine = store._engine
+        assert isinstance(engine, ClientEngine)
+        client, calls = engine.client, []
+        scroll = client.scroll
+
+        async def counted(*args: object, **kwargs: object) -> object:
+            calls.append(kwargs.get("limit"))
+            return await scroll(*args, **kwargs)  # type: ignore[arg-type]
+
+        client.scroll = counted  # type: ignore[method-assign]
+        assert [s.records for s in await store.sessions("alice")] == [367, 367, 366]
+        assert len(calls) == 1
+    finally:
+        await store.close()
+
+
 async def test_count_and_dimensions(store: SemanticStore) -> None:
     assert await store.count("alice") == 0 and await store.dimensions() is None
     await store.write([rec(1), rec(2, embedding=[0.1, 0.2, 0.3, 0.4])])
