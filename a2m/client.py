@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import os
+import re
 from typing import Any, Awaitable, Callable, Sequence
 
 import orjson
@@ -24,6 +25,10 @@ from .stdio import MAX_LINE, LineTooLong, read_line
 log = logging.getLogger("a2m.client")
 
 Notify = Callable[[dict[str, Any]], Awaitable[None] | None]
+
+
+# A reply's opening as JSON-RPC servers write it: `{"jsonrpc": "2.0", "id": 7, ...` (either order).
+_REPLY_HEAD = re.compile(rb'\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(\d{1,18})\s*,')
 
 
 class Unavailable(A2MError):
@@ -159,8 +164,9 @@ class StdioClient:
             while True:
                 try:
                     line = await read_line(proc.stdout)
-                except LineTooLong:  # its caller times out; the lines after it are still read
+                except LineTooLong as exc:  # the lines after it are still read
                     log.warning("%s: dropped a reply line over %d bytes", self.command[0], MAX_LINE)
+                    self._too_long(exc.head)
                     continue
                 if not line:
                     break
@@ -189,6 +195,19 @@ class StdioClient:
                 if not future.done():
                     future.set_exception(Unavailable(ended))
             self._pending.clear()
+
+    def _too_long(self, head: bytes) -> None:
+        """Fail the call a dropped reply answered, as an HTTP reply past `max_response` fails, rather
+        than leave it to wait out its timeout: the one whose id opens the line (servers here write
+        `jsonrpc`, then `id`), or else the only call waiting. With several and no id, they wait."""
+        opening = _REPLY_HEAD.match(head)
+        if opening is not None:
+            key: int | None = int(opening.group(1))
+        else:
+            key = next(iter(self._pending)) if len(self._pending) == 1 else None
+        future = self._pending.pop(key, None) if key is not None else None
+        if future is not None and not future.done():
+            future.set_exception(Unavailable(f"{self.command[0]}: a reply line larger than {MAX_LINE} bytes"))
 
     def _notify(self, message: dict[str, Any]) -> None:
         if self.on_notify is None:

@@ -18,10 +18,16 @@ from .dispatch import Context, Dispatcher, dumps
 log = logging.getLogger("a2m.stdio")
 
 MAX_LINE = 64 * 1024 * 1024
+HEAD = 256  # bytes of a dropped line kept for its reader
 
 
 class LineTooLong(Exception):
-    """A line past the reader's limit, already read past to its end."""
+    """A line past the reader's limit, already read past to its end; `head` is its first bytes (a
+    reader can tell whose reply it was from the id there)."""
+
+    def __init__(self, head: bytes = b"") -> None:
+        super().__init__()
+        self.head = head
 
 
 async def read_line(reader: asyncio.StreamReader) -> bytes:
@@ -37,16 +43,18 @@ async def read_line(reader: asyncio.StreamReader) -> bytes:
         return exc.partial
     except asyncio.LimitOverrunError as exc:
         over = exc.consumed
+    head = b""
     while True:
-        await reader.readexactly(over)  # what is buffered of the long line (up to the newline, if it came)
+        dropped = await reader.readexactly(over)  # what is buffered of the long line (up to the newline, if it came)
+        head = head or dropped[:HEAD]
         try:
             await reader.readuntil(b"\n")
         except asyncio.IncompleteReadError:
-            raise LineTooLong from None  # the input ended inside the long line
+            raise LineTooLong(head) from None  # the input ended inside the long line
         except asyncio.LimitOverrunError as exc:
             over = exc.consumed
             continue
-        raise LineTooLong
+        raise LineTooLong(head)
 
 
 class _FileReader(asyncio.ReadTransport):

@@ -128,6 +128,8 @@ for line in sys.stdin:
     m = json.loads(line)
     if m["method"] == "big":  # a reply line past the client's limit
         out = '{"jsonrpc":"2.0","id":%d,"result":{"x":"%s"}}' % (m["id"], "a" * (MAX_LINE + 1024))
+    elif m["method"] == "big-id-last":  # the same, its id where the head of the line does not show it
+        out = '{"result":{"x":"%s"},"jsonrpc":"2.0","id":%d}' % ("a" * (MAX_LINE + 1024), m["id"])
     elif m["method"] == "odd":  # an id no request can have
         out = json.dumps({"jsonrpc": "2.0", "id": [m["id"]], "result": {}})
     else:
@@ -139,13 +141,15 @@ for line in sys.stdin:
 
 @pytest.mark.anyio
 async def test_stdio_reader_survives_a_reply_over_the_limit_and_an_odd_id() -> None:
-    """Either ended the reader (ValueError, TypeError): every later call waited out its timeout."""
+    """Either ended the reader (ValueError, TypeError): every later call waited out its timeout.
+    A reply over the limit now fails its call at once, as an HTTP reply over `max_response` does,
+    found by the id at the head of its line or as the only call waiting."""
     client = StdioClient([sys.executable, "-c", f"MAX_LINE = {MAX_LINE}\n" + ODD_SERVER], timeout=30)
     async with client:
-        with anyio.fail_after(20):
-            for method in ("big", "odd"):
-                with pytest.raises(Unavailable, match="in time"):
-                    await client.call(method, timeout=1)
+        with anyio.fail_after(40):
+            for method, said in (("big", "larger than"), ("big-id-last", "larger than"), ("odd", "in time")):
+                with pytest.raises(Unavailable, match=said):
+                    await client.call(method, timeout=1 if said == "in time" else 20)
                 assert await client.call("ok") == {"ok": True}
 
 
