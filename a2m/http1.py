@@ -21,7 +21,8 @@ A response body is buffered whole, so it is capped (`max_response`, MAX_RESPONSE
 past it, declared in `content-length` or counted as it arrives (chunked or until close), the
 call fails with ConnectionFailed saying so and the connection is closed. A server sending
 gigabytes no longer takes the caller's memory with it. A response's head (status line and
-headers, which the parser buffers whole) is capped apart, at MAX_HEAD bytes.
+headers, which the parser buffers whole) is capped apart, at MAX_HEAD bytes, and so are the
+framing and trailers around a body (`max_response` + MAX_HEAD bytes after the head in all).
 
 A response that begins while no request waits on its connection (an answer sent twice, a
 408 written to an idle connection) closes that connection: the next request on it would
@@ -63,6 +64,7 @@ class _Connection(asyncio.Protocol):
         self.interim = False  # the message in progress is a 1xx: the final response follows it
         self.heading = False  # a response has begun and its headers are not all in
         self.head_size = 0  # bytes received while `heading`
+        self.tail_size = 0  # bytes received after the head: the body with its framing, and any trailers
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -82,11 +84,15 @@ class _Connection(asyncio.Protocol):
             if self.head_size > MAX_HEAD:
                 self._fail(ConnectionFailed(f"response headers larger than {MAX_HEAD} bytes"))
                 self.close()
+        elif self.waiter is not None:  # a chunked body's trailers are buffered whole as well
+            self.tail_size += len(data)
+            if self.tail_size > self.max_response + MAX_HEAD:
+                self._too_large("with its framing and trailers")
 
     def on_message_begin(self) -> None:
         if self.waiter is None:  # nobody asked: an answer sent twice, or a 408 on an idle connection.
             self.close()  # kept, its rest would be read as the next request's answer
-        self.heading, self.head_size = True, 0
+        self.heading, self.head_size, self.tail_size = True, 0, 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lower = name.lower()

@@ -369,6 +369,31 @@ async def test_headers_past_max_head_fail_at_once() -> None:
 
 
 @pytest.mark.anyio
+async def test_trailers_past_the_cap_fail_at_once() -> None:
+    """A chunked body's trailer is a header too, which httptools buffers whole: a server streaming
+    one endless trailer after the last chunk filled memory until the call's timeout."""
+    from a2m.http1 import MAX_HEAD
+
+    async def endless_trailer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request_body(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-trailer: ")
+        for _ in range(MAX_HEAD // 65536 + 24):
+            writer.write(b"a" * 65536)
+            await writer.drain()
+        await asyncio.sleep(30)
+
+    async with raw_server(endless_trailer) as url:
+        pool = ConnectionPool(url, max_response=1024)
+        with anyio.fail_after(5), pytest.raises(ConnectionFailed, match="framing and trailers"):
+            await pool.post(b"{}", timeout=30)
+        assert pool.idle == 0
+
+    trailed = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-t: %s\r\n\r\n" % (b"a" * 60000)
+    async with server(lambda req: trailed) as (url, _, _):  # a trailer under the cap is read past
+        assert await ConnectionPool(url).post(b"{}", timeout=5) == (200, b"{}")
+
+
+@pytest.mark.anyio
 async def test_a_connection_in_use_across_close_is_closed_not_kept() -> None:
     """close() promised that a connection in use closes when its request ends; it went back to
     the pool instead, an open socket after the client was closed."""
