@@ -79,7 +79,7 @@ class Reads:
         self.limits = limits
         self.spawn = spawn
         self.degraded = degraded
-        self.seal = CursorSeal.of(config)
+        self.seal = CursorSeal.of(config.tokens, config.service_token)  # `Router.take_tokens` may widen them
 
     async def recall(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
@@ -241,11 +241,11 @@ class CursorSeal:
         self._key = key
 
     @classmethod
-    def of(cls, config: RouterConfig) -> "CursorSeal | None":
+    def of(cls, tokens: Mapping[str, Any], service_token: str | None) -> "CursorSeal | None":
         """None without tokens: every caller may then name any owner, and a cursor passes as it is."""
-        if not config.tokens:
+        if not tokens:
             return None
-        secret = [sorted(config.tokens.items()), config.service_token or ""]
+        secret = [sorted((token, str(principal)) for token, principal in tokens.items()), service_token or ""]
         return cls(hashlib.sha256(b"a2m-router timeline cursor\x00" + repr(secret).encode()).digest())
 
     def _tag(self, plain: bytes, owner: str | None, tier: str) -> bytes:

@@ -90,3 +90,18 @@ async def test_a_cursor_is_the_principals_and_the_tiers_it_was_made_for(stack: S
             error = await _refused(client, params)
             assert error.code == -32602 and error.data == {"field": "cursor"}, (params, error)
         assert (await alice.call("memory/timeline", {"tier": "episodic", "cursor": cursor}))["records"]
+
+
+async def test_tokens_given_on_the_command_line_seal_cursors_too(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`a2m serve router --token T=P` without an [auth] table: the binding takes the tokens from the
+    command line, and the cursors are sealed all the same."""
+    token = "tok-cli-" + uuid.uuid4().hex
+    tiers = [{"name": "episodic", "kind": "episodic", "timeout": 10.0}]
+    with federation(tmp_path_factory.mktemp("cursor-cli"), tiers, mode="real",
+                    router_args=["--token", f"{token}=carol"]) as running:
+        async with HTTPClient(running.url, token=token) as carol:
+            await carol.call("memory/remember", {"records": [{"content": f"carol {i}"} for i in range(2)]})
+            cursor = (await carol.call("memory/timeline", {"limit": 1, "cursor": True}))["cursor"]
+            assert "|" not in cursor, cursor
+            older = await carol.call("memory/timeline", {"limit": 1, "cursor": cursor})
+            assert [r["content"] for r in older["records"]] == ["carol 0"]
