@@ -250,6 +250,7 @@ def _serve(args: argparse.Namespace) -> int:
         if clash:
             raise SystemExit(f"--token: a token of router.toml's [auth] is given to {tokens[clash[0]]!r} here")
         tokens = {**configured.tokens, **tokens}
+        server.take_tokens(tokens)
         origins |= configured.allowed_origins
     else:
         # Tier servers trust the router's service token to name owners; the router itself

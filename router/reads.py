@@ -11,6 +11,9 @@ on each tier's reply as it arrives (decision 31), counts what it returned toward
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import logging
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
@@ -76,6 +79,7 @@ class Reads:
         self.limits = limits
         self.spawn = spawn
         self.degraded = degraded
+        self.seal = CursorSeal.of(config.tokens, config.service_token)  # `Router.take_tokens` may widen them
 
     async def recall(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
@@ -160,6 +164,8 @@ class Reads:
         asked_vectors = bool_param(params, "embeddings", False)
         asked = {**scope, "limit": limit, "embeddings": asked_vectors}
         cursor = cursor_passed(params, tiers)
+        if isinstance(cursor, str) and self.seal is not None:
+            cursor = self.seal.open(cursor, owner, tiers[0].name)
         if cursor is not None:
             asked["cursor"] = cursor
 
@@ -178,6 +184,8 @@ class Reads:
         self.degraded(result, fan)
         if cursor is not None:
             pass_cursor(result, fan, tiers[0].name)
+            if isinstance(result.get("cursor"), str) and self.seal is not None:
+                result["cursor"] = self.seal.close(result["cursor"], owner, tiers[0].name)
         if options is not None:
             records = [Record.from_wire(r) for r in wire]
             result.update(prompts.render(records, options, ordered_by_time=True))
@@ -210,6 +218,71 @@ def cursor_passed(params: Mapping[str, Any], tiers: Sequence[Tier]) -> bool | st
     if cursor is True:
         return None
     raise invalid("a cursor pages one tier's timeline: name that tier with `tier`", field="cursor")
+
+
+class CursorSeal:
+    """The tiers' timeline cursors as a router with bearer tokens hands them out: encrypted and
+    bound to the principal and tier they were made for.
+
+    A tier's cursor is its position, `<created_at>|<seq>|<id>`, and `seq` counts every write of
+    the tier, whoever's it was: two cursors of a principal's own told it how many records all
+    other owners wrote in between (the event log's cursors say nothing of other owners, for the
+    same reason). Sealed, it reads as noise; one made for another principal or tier, or not by a
+    router with these tokens, is refused like any cursor no tier made. Deterministic (a SIV: the
+    tag is the HMAC of what it seals, and the nonce of its keystream), so a walk that does not
+    move on still answers the cursor it was asked with (`a2m.paging` stops on that). The key comes
+    from the tokens, so replicas and restarts of the router with the same ones open each other's
+    cursors; a principal knows only its own token."""
+
+    PREFIX = "s1."
+    TAG = 16
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @classmethod
+    def of(cls, tokens: Mapping[str, Any], service_token: str | None) -> "CursorSeal | None":
+        """None without tokens: every caller may then name any owner, and a cursor passes as it is."""
+        if not tokens:
+            return None
+        secret = [sorted((token, str(principal)) for token, principal in tokens.items()), service_token or ""]
+        return cls(hashlib.sha256(b"a2m-router timeline cursor\x00" + repr(secret).encode()).digest())
+
+    def _tag(self, plain: bytes, owner: str | None, tier: str) -> bytes:
+        bound = repr((owner, tier)).encode() + b"\x00" + plain
+        return hmac.new(self._key, b"tag\x00" + bound, hashlib.sha256).digest()[:self.TAG]
+
+    def _stream(self, tag: bytes, size: int) -> bytes:
+        blocks = (hmac.new(self._key, b"ks\x00" + tag + i.to_bytes(4, "big"), hashlib.sha256).digest()
+                  for i in range(-(-size // 32)))
+        return b"".join(blocks)[:size]
+
+    def close(self, cursor: str, owner: str | None, tier: str) -> str:
+        plain = cursor.encode()
+        tag = self._tag(plain, owner, tier)
+        body = bytes(a ^ b for a, b in zip(plain, self._stream(tag, len(plain))))
+        return self.PREFIX + base64.urlsafe_b64encode(tag + body).decode().rstrip("=")
+
+    def open(self, sealed: str, owner: str | None, tier: str) -> str:
+        """The tier's cursor in `sealed`; -32602 unless this router sealed it for `owner` on `tier`."""
+        refused = invalid("cursor must be true or the cursor of a previous timeline answer", field="cursor")
+        if not sealed.startswith(self.PREFIX) or len(sealed) > 4096:
+            raise refused
+        text = sealed[len(self.PREFIX):]
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        except ValueError:
+            raise refused from None
+        if base64.urlsafe_b64encode(raw).decode().rstrip("=") != text:  # one spelling per cursor
+            raise refused
+        tag, body = raw[:self.TAG], raw[self.TAG:]
+        plain = bytes(a ^ b for a, b in zip(body, self._stream(tag, len(body))))
+        if len(tag) < self.TAG or not hmac.compare_digest(tag, self._tag(plain, owner, tier)):
+            raise refused
+        try:
+            return plain.decode()
+        except UnicodeDecodeError:
+            raise refused from None
 
 
 def pass_cursor(result: dict[str, Any], fan: FanOut, tier: str) -> None:

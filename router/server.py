@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from a2m import errors, prompt as prompts
 from a2m.capabilities import CAPABILITIES
@@ -34,7 +34,7 @@ from .config import RouterConfig, load, unenforced
 from .federation import FanOut, Federation, Tier
 from .moves import Moves
 from .policy import Policy
-from .reads import Reads
+from .reads import CursorSeal, Reads
 from .scope import VectorWidth, with_owner
 from .summarize import Summaries
 from .writes import Writes
@@ -99,6 +99,11 @@ class Router(EventMethods):
     def http_settings(self) -> HTTPSettings:
         """Bearer tokens -> principals and allowed origins from the config (for the HTTP binding)."""
         return HTTPSettings(allowed_origins=self.config.allowed_origins, tokens=dict(self.config.tokens))
+
+    def take_tokens(self, tokens: Mapping[str, Any]) -> None:
+        """The bearer tokens the binding takes in the end (router.toml's and `--token`'s): the
+        timeline cursors it answers are sealed with them (`CursorSeal`), not only with router.toml's."""
+        self.reads.seal = CursorSeal.of(tokens, self.config.service_token)
 
     async def startup(self) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per tier call otherwise

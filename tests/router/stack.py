@@ -134,8 +134,9 @@ def tier_command(tier: dict[str, Any], port: int, mode: str, data: Path) -> list
 @contextmanager
 def federation(tmp: Path, tiers: Sequence[dict[str, Any]] = FOUR, *, mode: str = "fixture",
                top: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-               timeout: float = 120.0) -> Iterator[Stack]:
-    """Start the tier servers (concurrently), then the router over HTTP with a config naming them."""
+               timeout: float = 120.0, router_args: Sequence[str] = ()) -> Iterator[Stack]:
+    """Start the tier servers (concurrently), then the router over HTTP with a config naming them
+    (and `router_args`, switches of `a2m serve router`)."""
     # Short, because embedded engines put unix sockets in their data dirs (108-byte path limit).
     data = Path(tempfile.mkdtemp(prefix="a2m-", dir="/tmp"))
     procs: dict[str, Proc] = {}
@@ -146,8 +147,8 @@ def federation(tmp: Path, tiers: Sequence[dict[str, Any]] = FOUR, *, mode: str =
                                    tmp / f"{tier['name']}.log")
         configured.append({**tier, "url": f"http://127.0.0.1:{port}/"})
     config = write_config(tmp / "router.toml", configured, top)
-    router = Proc("router", [PYTHON, "-m", "a2mctl.cli", "serve", "router", "--config", str(config), "--port", "0"], 0, dict(env or {}),
-                  tmp / "router.log")
+    router = Proc("router", [PYTHON, "-m", "a2mctl.cli", "serve", "router", "--config", str(config), *router_args,
+                             "--port", "0"], 0, dict(env or {}), tmp / "router.log")
     router.port = free_port()
     router.command[-1] = str(router.port)
     started: list[Proc] = []

@@ -1,0 +1,107 @@
+"""The timeline cursor (docs/extensions.md) through a router with bearer tokens, over the real tier
+servers (Redis, PostgreSQL, Qdrant Edge, git, embedded).
+
+A tier's cursor is its position `<created_at>|<seq>|<id>`, and `seq` counts every write of the
+tier, whoever's it was (a PostgreSQL sequence, a Redis INCR, the git store's counter; the semantic
+tier's is the clock in microseconds, pushed ahead by bursts). Passed to a principal as it is, two
+cursors of its own told it how many records every other owner wrote in between: the router seals
+them, as the event log's cursors already say nothing of other owners (a2m/events.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Iterator
+
+import pytest
+
+from a2m.client import HTTPClient
+from a2m.errors import A2MError
+
+from .stack import Stack, federation
+
+pytestmark = pytest.mark.anyio
+
+TIERS = [
+    {"name": "working", "kind": "working", "capacity": 100, "spill_to": "episodic", "timeout": 10.0},
+    {"name": "episodic", "kind": "episodic", "timeout": 10.0},
+    {"name": "semantic", "kind": "semantic", "timeout": 10.0},
+    {"name": "procedural", "kind": "procedural", "timeout": 10.0},
+]
+NAMES = [t["name"] for t in TIERS]
+SERVICE = "svc-" + uuid.uuid4().hex
+TOKEN_OF = {p: f"tok-{p}-{uuid.uuid4().hex}" for p in ("alice", "bob")}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    top = {"background_promotion": False, "auth": {"tokens": {t: p for p, t in TOKEN_OF.items()}}}
+    with federation(tmp_path_factory.mktemp("cursor-auth"), TIERS, mode="real", top=top,
+                    env={"A2M_SERVICE_TOKEN": SERVICE}) as running:
+        yield running
+
+
+async def _refused(client: HTTPClient, params: dict[str, Any]) -> A2MError:
+    with pytest.raises(A2MError) as caught:
+        await client.call("memory/timeline", params)
+    return caught.value
+
+
+@pytest.mark.parametrize("tier", NAMES)
+async def test_a_cursor_tells_a_principal_nothing_of_other_owners_writes(stack: Stack, tier: str) -> None:
+    """Alice pages her records between bob's writes: her cursors carry no tier position (whose
+    `seq` moved by every record bob wrote), only what the router can read back for her."""
+    async with HTTPClient(stack.url, token=TOKEN_OF["alice"]) as alice, \
+            HTTPClient(stack.url, token=TOKEN_OF["bob"]) as bob, \
+            HTTPClient(stack.tiers[tier].url, token=SERVICE) as direct:
+        await alice.call("memory/remember", {"records": [{"content": "alice one", "tier": tier}]})
+        await bob.call("memory/remember", {"records": [{"content": f"bob {i}", "tier": tier} for i in range(7)]})
+        await alice.call("memory/remember", {"records": [{"content": "alice two", "tier": tier}]})
+        page = {"tier": tier, "limit": 1, "cursor": True}
+        mine = await alice.call("memory/timeline", page)
+        theirs = await direct.call("memory/timeline", {"owner": "alice", "limit": 1, "cursor": True})
+        assert mine["records"] == theirs["records"]
+        stamp, _, record_id = theirs["cursor"].split("|")
+        assert "|" not in mine["cursor"], (mine["cursor"], theirs["cursor"])  # no `seq` to read
+        assert stamp not in mine["cursor"] and record_id not in mine["cursor"]
+        # Still a cursor: the next page is alice's first record, then none.
+        older = await alice.call("memory/timeline", {**page, "cursor": mine["cursor"]})
+        assert [r["content"] for r in older["records"]] == ["alice one"] and isinstance(older["cursor"], str)
+        last = await alice.call("memory/timeline", {**page, "cursor": older["cursor"]})
+        assert last == {"records": [], "cursor": None}
+
+
+async def test_a_cursor_is_the_principals_and_the_tiers_it_was_made_for(stack: Stack) -> None:
+    """A cursor replayed by another principal, or on another tier, or a tier's own cursor (which
+    a caller could build from its records' `created_at` and ids) is -32602, like any cursor the
+    router never made; the walk it would have answered was the caller's own scope anyway."""
+    async with HTTPClient(stack.url, token=TOKEN_OF["alice"]) as alice, \
+            HTTPClient(stack.url, token=TOKEN_OF["bob"]) as bob, \
+            HTTPClient(stack.tiers["episodic"].url, token=SERVICE) as direct:
+        await alice.call("memory/remember", {"records": [{"content": f"alice {i}", "tier": "episodic"}
+                                                         for i in range(3)]})
+        cursor = (await alice.call("memory/timeline", {"tier": "episodic", "limit": 1, "cursor": True}))["cursor"]
+        plain = (await direct.call("memory/timeline", {"owner": "alice", "limit": 1, "cursor": True}))["cursor"]
+        for client, params in ((bob, {"tier": "episodic", "cursor": cursor}),
+                               (alice, {"tier": "semantic", "cursor": cursor}),
+                               (alice, {"tier": "episodic", "cursor": plain}),
+                               (alice, {"tier": "episodic", "cursor": cursor[:-2]}),
+                               (alice, {"tier": "episodic", "cursor": cursor + "AA"})):
+            error = await _refused(client, params)
+            assert error.code == -32602 and error.data == {"field": "cursor"}, (params, error)
+        assert (await alice.call("memory/timeline", {"tier": "episodic", "cursor": cursor}))["records"]
+
+
+async def test_tokens_given_on_the_command_line_seal_cursors_too(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`a2m serve router --token T=P` without an [auth] table: the binding takes the tokens from the
+    command line, and the cursors are sealed all the same."""
+    token = "tok-cli-" + uuid.uuid4().hex
+    tiers = [{"name": "episodic", "kind": "episodic", "timeout": 10.0}]
+    with federation(tmp_path_factory.mktemp("cursor-cli"), tiers, mode="real",
+                    router_args=["--token", f"{token}=carol"]) as running:
+        async with HTTPClient(running.url, token=token) as carol:
+            await carol.call("memory/remember", {"records": [{"content": f"carol {i}"} for i in range(2)]})
+            cursor = (await carol.call("memory/timeline", {"limit": 1, "cursor": True}))["cursor"]
+            assert "|" not in cursor, cursor
+            older = await carol.call("memory/timeline", {"limit": 1, "cursor": cursor})
+            assert [r["content"] for r in older["records"]] == ["carol 0"]
