@@ -11,9 +11,6 @@ on each tier's reply as it arrives (decision 31), counts what it returned toward
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
 import logging
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
@@ -27,6 +24,7 @@ from a2m.records import Record, validate_embedding
 
 from . import fusion
 from .config import RouterConfig
+from .cursors import CursorSeal, cursor_passed, pass_cursor
 from .federation import FanOut, Federation, Tier
 from .policy import Policy
 from .scope import VectorWidth, scope_params, scope_tiers, settle_tier, with_owner
@@ -202,101 +200,6 @@ class Reads:
         out: dict[str, Any] = {"record": None if best is None else best.to_wire(embeddings=asked_vectors)}
         self.degraded(out, fan)
         return out
-
-
-def cursor_passed(params: Mapping[str, Any], tiers: Sequence[Tier]) -> bool | str | None:
-    """The timeline cursor to send down (docs/extensions.md), None for none: it pages one tier, so
-    it goes down only where the call covers one. `true` over several tiers is answered without a
-    cursor (a reader then pages by time), a tier's cursor string is refused there."""
-    cursor = params.get("cursor")
-    if cursor is None:
-        return None
-    if cursor is not True and not isinstance(cursor, str):
-        raise invalid("cursor must be true or the cursor of a previous timeline answer", field="cursor")
-    if len(tiers) == 1:
-        return cursor
-    if cursor is True:
-        return None
-    raise invalid("a cursor pages one tier's timeline: name that tier with `tier`", field="cursor")
-
-
-class CursorSeal:
-    """The tiers' timeline cursors as a router with bearer tokens hands them out: encrypted and
-    bound to the principal and tier they were made for.
-
-    A tier's cursor is its position, `<created_at>|<seq>|<id>`, and `seq` counts every write of
-    the tier, whoever's it was: two cursors of a principal's own told it how many records all
-    other owners wrote in between (the event log's cursors say nothing of other owners, for the
-    same reason). Sealed, it reads as noise; one made for another principal or tier, or not by a
-    router with these tokens, is refused like any cursor no tier made. Deterministic (a SIV: the
-    tag is the HMAC of what it seals, and the nonce of its keystream), so a walk that does not
-    move on still answers the cursor it was asked with (`a2m.paging` stops on that). The key comes
-    from the tokens, so replicas and restarts of the router with the same ones open each other's
-    cursors; a principal knows only its own token."""
-
-    PREFIX = "s1."
-    TAG = 16
-
-    def __init__(self, key: bytes) -> None:
-        self._key = key
-
-    @classmethod
-    def of(cls, tokens: Mapping[str, Any], service_token: str | None) -> "CursorSeal | None":
-        """None without tokens: every caller may then name any owner, and a cursor passes as it is."""
-        if not tokens:
-            return None
-        secret = [sorted((token, str(principal)) for token, principal in tokens.items()), service_token or ""]
-        return cls(hashlib.sha256(b"a2m-router timeline cursor\x00" + repr(secret).encode()).digest())
-
-    def _tag(self, plain: bytes, owner: str | None, tier: str) -> bytes:
-        bound = repr((owner, tier)).encode() + b"\x00" + plain
-        return hmac.new(self._key, b"tag\x00" + bound, hashlib.sha256).digest()[:self.TAG]
-
-    def _stream(self, tag: bytes, size: int) -> bytes:
-        blocks = (hmac.new(self._key, b"ks\x00" + tag + i.to_bytes(4, "big"), hashlib.sha256).digest()
-                  for i in range(-(-size // 32)))
-        return b"".join(blocks)[:size]
-
-    def close(self, cursor: str, owner: str | None, tier: str) -> str:
-        plain = cursor.encode()
-        tag = self._tag(plain, owner, tier)
-        body = bytes(a ^ b for a, b in zip(plain, self._stream(tag, len(plain))))
-        return self.PREFIX + base64.urlsafe_b64encode(tag + body).decode().rstrip("=")
-
-    def open(self, sealed: str, owner: str | None, tier: str) -> str:
-        """The tier's cursor in `sealed`; -32602 unless this router sealed it for `owner` on `tier`."""
-        refused = invalid("cursor must be true or the cursor of a previous timeline answer", field="cursor")
-        if not sealed.startswith(self.PREFIX) or len(sealed) > 4096:
-            raise refused
-        text = sealed[len(self.PREFIX):]
-        try:
-            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        except ValueError:
-            raise refused from None
-        if base64.urlsafe_b64encode(raw).decode().rstrip("=") != text:  # one spelling per cursor
-            raise refused
-        tag, body = raw[:self.TAG], raw[self.TAG:]
-        plain = bytes(a ^ b for a, b in zip(body, self._stream(tag, len(body))))
-        if len(tag) < self.TAG or not hmac.compare_digest(tag, self._tag(plain, owner, tier)):
-            raise refused
-        try:
-            return plain.decode()
-        except UnicodeDecodeError:
-            raise refused from None
-
-
-def pass_cursor(result: dict[str, Any], fan: FanOut, tier: str) -> None:
-    """The tier's cursor in `result`: null where the tier was not asked (nothing of it could match),
-    none where it answered none (no cursor extension) or did not answer (named in `degraded`). A
-    cursor the tier refused is the caller's mistake, answered as the tier did (-32602)."""
-    error = fan.errors.get(tier)
-    if isinstance(error, A2MError) and error.code == errors.INVALID_PARAMS:
-        raise error
-    if tier in fan.results:
-        if "cursor" in fan.results[tier]:
-            result["cursor"] = fan.results[tier]["cursor"]
-    elif tier not in fan.degraded:
-        result["cursor"] = None
 
 
 async def written_order(fed: Federation, policy: Policy, owner: str | None, records: Sequence[Record],

@@ -34,7 +34,8 @@ from .config import RouterConfig, load, unenforced
 from .federation import FanOut, Federation, Tier
 from .moves import Moves
 from .policy import Policy
-from .reads import CursorSeal, Reads
+from .cursors import CursorSeal
+from .reads import Reads
 from .scope import VectorWidth, with_owner
 from .summarize import Summaries
 from .writes import Writes

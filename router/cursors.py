@@ -1,0 +1,99 @@
+"""The timeline cursor (docs/extensions.md, decision 120) as the router passes it: to and from the
+one tier a timeline names, and sealed when the router has bearer tokens.
+
+A tier's cursor is its position, `<created_at>|<seq>|<id>`, and `seq` counts every write of the
+tier, whoever's it was: two cursors of a principal's own would tell it how many records all other
+owners wrote in between (the event log's cursors say nothing of other owners, for the same reason).
+So a router with tokens hands out the tier's cursor encrypted and bound to the principal and the
+tier (decision 122).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Any, Mapping, Sequence
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESSIV
+
+from a2m import errors
+from a2m.errors import A2MError, invalid
+
+from .federation import FanOut, Tier
+
+_REFUSED = "cursor must be true or the cursor of a previous timeline answer"
+
+
+def cursor_passed(params: Mapping[str, Any], tiers: Sequence[Tier]) -> bool | str | None:
+    """The timeline cursor to send down, None for none: it pages one tier, so it goes down only
+    where the call covers one. `true` over several tiers is answered without a cursor (a reader
+    then pages by time), a tier's cursor string is refused there."""
+    cursor = params.get("cursor")
+    if cursor is None:
+        return None
+    if cursor is not True and not isinstance(cursor, str):
+        raise invalid(_REFUSED, field="cursor")
+    if len(tiers) == 1:
+        return cursor
+    if cursor is True:
+        return None
+    raise invalid("a cursor pages one tier's timeline: name that tier with `tier`", field="cursor")
+
+
+def pass_cursor(result: dict[str, Any], fan: FanOut, tier: str) -> None:
+    """The tier's cursor in `result`: null where the tier was not asked (nothing of it could match),
+    none where it answered none (no cursor extension) or did not answer (named in `degraded`). A
+    cursor the tier refused is the caller's mistake, answered as the tier did (-32602)."""
+    error = fan.errors.get(tier)
+    if isinstance(error, A2MError) and error.code == errors.INVALID_PARAMS:
+        raise error
+    if tier in fan.results:
+        if "cursor" in fan.results[tier]:
+            result["cursor"] = fan.results[tier]["cursor"]
+    elif tier not in fan.degraded:
+        result["cursor"] = None
+
+
+class CursorSeal:
+    """Tiers' cursors encrypted and authenticated with AES-SIV, the principal and the tier as
+    associated data: one made for another principal or tier, or not by a router with these tokens,
+    is refused like any cursor no tier made. Deterministic, so a walk that does not move on still
+    answers the cursor it was asked with (`a2m.paging` stops on that). The key is drawn from the
+    tokens and the service token, so replicas and restarts of the router with the same ones open
+    each other's cursors; a principal knows only its own token."""
+
+    PREFIX = "s1."
+    MAX = 4096  # characters of a sealed cursor: a tier's is a timestamp, a number and an id
+
+    def __init__(self, key: bytes) -> None:
+        self._siv = AESSIV(key)
+
+    @classmethod
+    def of(cls, tokens: Mapping[str, Any], service_token: str | None) -> "CursorSeal | None":
+        """None without tokens: every caller may then name any owner, and a cursor passes as it is."""
+        if not tokens:
+            return None
+        secret = repr([sorted((token, str(principal)) for token, principal in tokens.items()), service_token or ""])
+        return cls(hashlib.sha512(b"a2m-router timeline cursor\x00" + secret.encode()).digest())  # AES-256-SIV
+
+    @staticmethod
+    def _bound(owner: str | None, tier: str) -> list[bytes]:
+        return [repr(owner).encode(), tier.encode()]
+
+    def close(self, cursor: str, owner: str | None, tier: str) -> str:
+        sealed = self._siv.encrypt(cursor.encode(), self._bound(owner, tier))
+        return self.PREFIX + base64.urlsafe_b64encode(sealed).decode().rstrip("=")
+
+    def open(self, sealed: str, owner: str | None, tier: str) -> str:
+        """The tier's cursor in `sealed`; -32602 unless this router sealed it for `owner` on `tier`."""
+        if not sealed.startswith(self.PREFIX) or len(sealed) > self.MAX:
+            raise invalid(_REFUSED, field="cursor")
+        text = sealed[len(self.PREFIX):]
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+            if base64.urlsafe_b64encode(raw).decode().rstrip("=") != text:  # one spelling per cursor
+                raise ValueError(text)
+            return self._siv.decrypt(raw, self._bound(owner, tier)).decode()
+        except (ValueError, InvalidTag):  # binascii.Error and UnicodeDecodeError are ValueErrors
+            raise invalid(_REFUSED, field="cursor") from None
