@@ -25,34 +25,45 @@ from .federation import FanOut, Tier
 _REFUSED = "cursor must be true or the cursor of a previous timeline answer"
 
 
-def cursor_passed(params: Mapping[str, Any], tiers: Sequence[Tier]) -> bool | str | None:
-    """The timeline cursor to send down, None for none: it pages one tier, so it goes down only
-    where the call covers one. `true` over several tiers is answered without a cursor (a reader
-    then pages by time), a tier's cursor string is refused there."""
-    cursor = params.get("cursor")
-    if cursor is None:
-        return None
-    if cursor is not True and not isinstance(cursor, str):
-        raise invalid(_REFUSED, field="cursor")
-    if len(tiers) == 1:
+class Cursors:
+    """A timeline's cursor on its way down to the tier and back, sealed where `seal` is set."""
+
+    def __init__(self, seal: CursorSeal | None) -> None:
+        self.seal = seal
+
+    def down(self, params: Mapping[str, Any], tiers: Sequence[Tier], owner: str | None) -> bool | str | None:
+        """The cursor to send the tier, None for none: it pages one tier, so it goes down only where
+        the call covers one. `true` over several tiers is answered without a cursor (a reader then
+        pages by time), a cursor string is refused there."""
+        cursor = params.get("cursor")
+        if cursor is None:
+            return None
+        if cursor is not True and not isinstance(cursor, str):
+            raise invalid(_REFUSED, field="cursor")
+        if len(tiers) != 1:
+            if cursor is True:
+                return None
+            raise invalid("a cursor pages one tier's timeline: name that tier with `tier`", field="cursor")
+        if isinstance(cursor, str) and self.seal is not None:
+            return self.seal.open(cursor, owner, tiers[0].name)
         return cursor
-    if cursor is True:
-        return None
-    raise invalid("a cursor pages one tier's timeline: name that tier with `tier`", field="cursor")
 
-
-def pass_cursor(result: dict[str, Any], fan: FanOut, tier: str) -> None:
-    """The tier's cursor in `result`: null where the tier was not asked (nothing of it could match),
-    none where it answered none (no cursor extension) or did not answer (named in `degraded`). A
-    cursor the tier refused is the caller's mistake, answered as the tier did (-32602)."""
-    error = fan.errors.get(tier)
-    if isinstance(error, A2MError) and error.code == errors.INVALID_PARAMS:
-        raise error
-    if tier in fan.results:
-        if "cursor" in fan.results[tier]:
-            result["cursor"] = fan.results[tier]["cursor"]
-    elif tier not in fan.degraded:
-        result["cursor"] = None
+    def up(self, result: dict[str, Any], fan: FanOut, tier: str, owner: str | None) -> None:
+        """The tier's cursor in `result`: null where the tier was not asked (nothing of it could
+        match), none where it answered none (no cursor extension) or did not answer (named in
+        `degraded`). A cursor the tier refused is the caller's mistake, answered as the tier did
+        (-32602)."""
+        error = fan.errors.get(tier)
+        if isinstance(error, A2MError) and error.code == errors.INVALID_PARAMS:
+            raise error
+        if tier in fan.results:
+            if "cursor" in fan.results[tier]:
+                cursor = fan.results[tier]["cursor"]
+                if isinstance(cursor, str) and self.seal is not None:
+                    cursor = self.seal.close(cursor, owner, tier)
+                result["cursor"] = cursor
+        elif tier not in fan.degraded:
+            result["cursor"] = None
 
 
 class CursorSeal:

@@ -24,7 +24,7 @@ from a2m.records import Record, validate_embedding
 
 from . import fusion
 from .config import RouterConfig
-from .cursors import CursorSeal, cursor_passed, pass_cursor
+from .cursors import Cursors, CursorSeal
 from .federation import FanOut, Federation, Tier
 from .policy import Policy
 from .scope import VectorWidth, scope_params, scope_tiers, settle_tier, with_owner
@@ -77,7 +77,7 @@ class Reads:
         self.limits = limits
         self.spawn = spawn
         self.degraded = degraded
-        self.seal = CursorSeal.of(config.tokens, config.service_token)  # `Router.take_tokens` may widen them
+        self.cursors = Cursors(CursorSeal.of(config.tokens, config.service_token))  # `Router.take_tokens` may widen
 
     async def recall(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
@@ -161,9 +161,7 @@ class Reads:
         options = prompts.parse(params.get("prompt"))
         asked_vectors = bool_param(params, "embeddings", False)
         asked = {**scope, "limit": limit, "embeddings": asked_vectors}
-        cursor = cursor_passed(params, tiers)
-        if isinstance(cursor, str) and self.seal is not None:
-            cursor = self.seal.open(cursor, owner, tiers[0].name)
+        cursor = self.cursors.down(params, tiers, owner)
         if cursor is not None:
             asked["cursor"] = cursor
 
@@ -181,9 +179,7 @@ class Reads:
         result: dict[str, Any] = {"records": wire}
         self.degraded(result, fan)
         if cursor is not None:
-            pass_cursor(result, fan, tiers[0].name)
-            if isinstance(result.get("cursor"), str) and self.seal is not None:
-                result["cursor"] = self.seal.close(result["cursor"], owner, tiers[0].name)
+            self.cursors.up(result, fan, tiers[0].name, owner)
         if options is not None:
             records = [Record.from_wire(r) for r in wire]
             result.update(prompts.render(records, options, ordered_by_time=True))
