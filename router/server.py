@@ -4,7 +4,7 @@ The router stores nothing itself except its event log and the recall counts that
 promotion: records live in the tiers. Where each method is answered:
 
 - `writes.py`: remember (route, write, take back, capacity), forget, reinforce;
-- `reads.py`: recall, timeline, fetch (fused by `fusion.py`);
+- `reads.py`: recall, timeline, fetch (fused by `fusion.py`; a timeline's cursor is `cursors.py`'s);
 - `moves.py`: promote, consolidate, session list and close (the moves are `policy.py`'s);
 - `summarize.py`: summarize, over the reads and the write path;
 - here: the events methods, describe, health (/readyz and the probes of tiers), metrics, and the
