@@ -235,30 +235,21 @@ async def test_interim_1xx_responses_are_skipped_not_taken_for_the_answer() -> N
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal count
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
-                count += 1
-                if count == 1:
-                    writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n")
-                    await writer.drain()
-                    await asyncio.sleep(0.2)  # the final answer comes later
-                writer.write(sized(b'{"n":%d}' % count))
+        while True:
+            await _request_body(reader)
+            count += 1
+            if count == 1:
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n")
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+                await asyncio.sleep(0.2)  # the final answer comes later
+            writer.write(sized(b'{"n":%d}' % count))
+            await writer.drain()
 
-    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        pool = ConnectionPool(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}/")
+    async with raw_server(handle) as url:
+        pool = ConnectionPool(url)
         assert await pool.post(b"{}", timeout=5) == (200, b'{"n":1}')
         assert await pool.post(b"{}", timeout=5) == (200, b'{"n":2}')
         assert pool.idle == 1
-    finally:
-        srv.close()
 
 
 @pytest.mark.anyio
