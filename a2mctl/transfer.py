@@ -21,6 +21,9 @@ same way before the batch that holds a line is sent.
 Whatever stops an import (a refused batch, an endpoint gone, Ctrl-C) is said
 with the file lines that were written: records with ids are skipped by a second
 run (an existing id is an idempotent write).
+
+A router's rate limit (`-32006` with `data.retry_after`, router/rate.py) is
+waited out, not an error: a refused call did nothing, so it is sent again.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ import orjson
 from a2m import paging
 
 PAGE = 1000  # the protocol's usual max_recall_limit
+# The longest wait for a rate limit that the transfer takes; past it (or after as many refusals in a
+# row) the refusal is the error: a limit that slow is not one an export can get through.
+MAX_RATE_WAIT = 60.0
+MAX_RATE_REFUSALS = 100
 BATCH_BYTES = 8 * 1024 * 1024  # JSON per import call: half the 16 MiB any server here takes at its front door
 WIRE_FIELDS = ("id", "content", "created_at", "role", "metadata", "group", "tier", "salience", "access_count",
                "accessed_at", "owner", "session", "key", "revision", "uri", "media_type")
@@ -72,9 +79,42 @@ def _client(target: str, token: str | None, timeout: float) -> Any:
     if not http and not shlex.split(target):
         raise TransferError("no endpoint: give an http(s) URL or the command line of a stdio A2M server")
     try:
-        return connect(target, token=token, timeout=timeout)
+        return _Paced(connect(target, token=token, timeout=timeout))
     except ValueError as exc:  # a token for a command line
         raise TransferError(f"--token: {exc}") from None
+
+
+class _Paced:
+    """A client that waits out a rate limit: a call answered `-32006` with a `retry_after` it can
+    wait is sent again after it. Anything else, as the client has it."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    async def call(self, method: str, params: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+        from a2m import errors
+        from a2m.errors import A2MError
+
+        for _ in range(MAX_RATE_REFUSALS):
+            try:
+                return await self._client.call(method, params, **kwargs)
+            except A2MError as exc:
+                wait = exc.data.get("retry_after") if isinstance(exc.data, dict) else None
+                if (exc.code != errors.QUOTA_EXCEEDED or isinstance(wait, bool)
+                        or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_RATE_WAIT):
+                    raise
+                await asyncio.sleep(wait)
+        return await self._client.call(method, params, **kwargs)
+
+    async def __aenter__(self) -> "_Paced":
+        await self._client.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._client.__aexit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
 
 
 def _scope_problem(exc: Any, named: str) -> str | None:

@@ -29,6 +29,8 @@ from a2m.http import origin_problem, token_problem
 from a2m.http1 import MAX_RESPONSE
 from a2m.params import DEFAULT_LIMITS
 
+from .rate import RateLimit
+
 FUSIONS = ("rrf", "rerank")
 RETENTIONS = ("keep", "drop")
 
@@ -85,6 +87,7 @@ class RouterConfig:
     limits: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     events_capacity: int = 1024
     background_promotion: bool = True
+    rate_limit: RateLimit | None = None  # each caller's calls a second (router/rate.py); None: no limit
 
     def tier(self, name: str) -> TierConfig:
         for tier in self.tiers:
@@ -260,7 +263,7 @@ def validate(tiers: tuple[TierConfig, ...]) -> None:
                     frontier.append((target, trail + [target]))
 
 
-SECTIONS = ("router", "tiers", "auth", "limits", "fusion", "embedder")
+SECTIONS = ("router", "tiers", "auth", "limits", "fusion", "embedder", "rate_limit")
 ROUTER_KEYS = ("name", "timeout", "default_tier", "fusion", "embedder", "service_token", "allowed_origins",
                "events_capacity", "background_promotion")
 TIER_KEYS = ("name", "kind", "url", "capacity", "per_session", "spill_to", "promote_to", "promote_after",
@@ -268,6 +271,7 @@ TIER_KEYS = ("name", "kind", "url", "capacity", "per_session", "spill_to", "prom
 AUTH_KEYS = ("tokens", "service_token", "allowed_origins")
 FUSION_KEYS = ("strategy", "rrf_k", "pool", "half_life_days", "weights")
 EMBEDDER_KEYS = ("spec", "url", "model")
+RATE_LIMIT_KEYS = ("per_second", "burst")
 
 
 def unenforced(tiers: Iterable[TierConfig]) -> list[str]:
@@ -467,7 +471,24 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
         events_capacity=_positive(section.get("events_capacity", 1024), "events_capacity"),
         background_promotion=_type(section.get("background_promotion", True), bool, "background_promotion",
                                    "true or false"),
+        rate_limit=_rate_limit(data.get("rate_limit")),
     )
+
+
+def _rate_limit(table: Any) -> RateLimit | None:
+    """`[rate_limit]`: `per_second` (required there; a fraction allowed: 0.5 is a call every 2 s) and
+    `burst` (calls at once after a quiet spell; default one second's worth, at least 1)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("rate_limit must be a table ([rate_limit])")
+    _known(table, RATE_LIMIT_KEYS, "[rate_limit]")
+    if "per_second" not in table:
+        raise ConfigError("[rate_limit] needs per_second (each caller's calls a second); leave the table out "
+                          "for no limit")
+    per_second = float(_positive(table["per_second"], "rate_limit.per_second", (int, float)))
+    burst = _positive(table.get("burst", max(1, math.ceil(per_second))), "rate_limit.burst")
+    return RateLimit(per_second=per_second, burst=burst)
 
 
 def load(path: str | Path | None, env: Mapping[str, str] | None = None) -> RouterConfig:

@@ -35,6 +35,7 @@ from .federation import FanOut, Federation, Tier
 from .moves import Moves
 from .policy import Policy
 from .cursors import CursorSeal
+from .rate import Buckets, rate_limited
 from .reads import Reads
 from .scope import VectorWidth, with_owner
 from .summarize import Summaries
@@ -92,6 +93,7 @@ class Router(EventMethods):
         self.moves = Moves(self.fed, self.policy, self.events, degraded=self._degraded)
         self.summaries = Summaries(self.fed, self.policy, self.reads, self.writes, self.limits, config.default_tier)
         self._degraded_calls: Any = None  # a2m_router_degraded_calls, once metrics are registered
+        self.buckets = None if config.rate_limit is None else Buckets(config.rate_limit)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._probes: dict[str, asyncio.Task[Any]] = {}  # tier -> its describe in flight (`_probe`)
 
@@ -138,9 +140,13 @@ class Router(EventMethods):
     # ---- handlers ------------------------------------------------------------------------
 
     def handlers(self) -> dict[str, Handler]:
-        """Every A2M method, from the part that answers it (the events methods are the router's own)."""
+        """Every A2M method, from the part that answers it (the events methods are the router's own),
+        each behind the caller's rate limit where one is set."""
         parts = (self, self.writes, self.reads, self.moves, self.summaries)
-        return {method: _told_plainly(handler) for part in parts for method, handler in bound_handlers(part).items()}
+        table = {method: _told_plainly(handler) for part in parts for method, handler in bound_handlers(part).items()}
+        if self.buckets is not None:
+            table = {method: rate_limited(handler, self.buckets, method) for method, handler in table.items()}
+        return table
 
     def _degraded(self, out: dict[str, Any], fan: FanOut) -> dict[str, Any]:
         """`out` naming the tiers `fan` left out, each counted in `a2m_router_degraded_calls`."""
@@ -198,6 +204,10 @@ class Router(EventMethods):
         self.policy.observe_drop = lambda tier, n: dropped.labels(tier).inc(n)
         self._degraded_calls = Counter("a2m_router_degraded_calls", "calls that left a tier out", ["tier"],
                                        registry=registry)
+        if self.buckets is not None:
+            limited = Counter("a2m_router_rate_limited_calls", "calls refused by the per-caller rate limit "
+                              "([rate_limit])", ["method"], registry=registry)
+            self.buckets.on_refused = lambda method: limited.labels(method).inc()
         up = Gauge("a2m_router_tier_up", "1 while the router reaches the tier", ["tier"], registry=registry)
         for name in self.fed.order:  # the tiers themselves exist only once the federation starts
             up.labels(name).set_function(
@@ -212,6 +222,8 @@ class Router(EventMethods):
 
     async def describe_fields(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
+        if self.buckets is not None and not ctx.anonymous:  # the discovery document asks no tier
+            self.buckets.spend(ctx.principal, "memory/describe")
         if ctx.anonymous:
             # The layout and what the federation can do, never what it holds or where it runs: the
             # unowned partition's counts, tier URLs and errors are for a caller with a token.
@@ -257,6 +269,7 @@ class Router(EventMethods):
             "summarize": {"model": None},
             "prompt": prompts.describe(),
             "fusion": self.config.fusion.strategy,
+            **({"rate_limit": self.config.rate_limit.describe()} if self.config.rate_limit else {}),
         }
 
 

@@ -1,0 +1,80 @@
+"""Each caller's rate of calls to the router: a token bucket per principal (decision 123).
+
+One agent in a loop (a retry without backoff, a recall per token it streams) is
+every other tenant's outage: each of its calls fans out to the tiers. With
+`[rate_limit]` set, a caller past its budget is answered `-32006` (quota
+exceeded) at once, before any tier is asked, with `data.retry_after` saying
+when its next call will go.
+
+The caller is the principal its bearer token maps to. A call without one (a
+router without tokens, stdio, the anonymous discovery document) draws on one
+shared bucket: without tokens a caller names its own `owner`, so a bucket per
+owner would let one caller pass as any number of them. The buckets are
+therefore bounded by the configured principals, plus the shared one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from a2m import errors
+from a2m.dispatch import Context, Handler
+from a2m.errors import A2MError
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """`per_second` calls a second on average, and up to `burst` at once after a quiet spell."""
+
+    per_second: float
+    burst: int
+
+    def describe(self) -> dict[str, Any]:
+        return {"per_second": self.per_second, "burst": self.burst}
+
+
+class Buckets:
+    """One token bucket per principal, full when first seen. `on_refused(method)` is told of each
+    refusal (the router's metrics)."""
+
+    def __init__(self, limit: RateLimit, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self.clock = clock
+        self.on_refused: Callable[[str], None] | None = None
+        self._buckets: dict[str | None, tuple[float, float]] = {}  # principal -> (tokens, at)
+
+    def take(self, principal: str | None) -> float:
+        """Take one call from `principal`'s budget: 0.0 when it may go now, else the seconds until
+        its next call may (nothing is taken then, so a refused caller does not dig itself deeper)."""
+        now = self.clock()
+        tokens, at = self._buckets.get(principal, (float(self.limit.burst), now))
+        tokens = min(float(self.limit.burst), tokens + (now - at) * self.limit.per_second)
+        if tokens >= 1.0:
+            self._buckets[principal] = (tokens - 1.0, now)
+            return 0.0
+        self._buckets[principal] = (tokens, now)
+        return (1.0 - tokens) / self.limit.per_second
+
+    def spend(self, principal: str | None, method: str) -> None:
+        """Take one call, or raise -32006 saying when the next one will go."""
+        wait = self.take(principal)
+        if not wait:
+            return
+        if self.on_refused is not None:
+            self.on_refused(method)
+        retry_after = math.ceil(wait * 1000) / 1000  # never early: a retry at once would be refused again
+        raise A2MError(errors.QUOTA_EXCEEDED,
+                       f"rate limit: {self.limit.per_second:g} calls a second, bursts of {self.limit.burst}; "
+                       f"retry in {retry_after:g} s", {"retry_after": retry_after, **self.limit.describe()})
+
+
+def rate_limited(handler: Handler, buckets: Buckets, method: str) -> Handler:
+    """`handler` behind the caller's budget: refused before any tier is asked."""
+    async def limited(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        buckets.spend(ctx.principal, method)
+        return await handler(params, ctx)
+
+    return limited
