@@ -7,10 +7,20 @@ advance over events of kinds the caller filtered out, so successive polls
 deliver every visible event exactly once, in order.
 
 `seq` counts one owner's events, from a random start: a cursor says nothing
-of how much other owners did, and is meaningless under another owner. The
-window holds `capacity` events in all; when it is full, the owner holding the
-most gives up its oldest, so a tenant writing in bulk pushes out its own
-events, not a quiet tenant's few.
+of how much other owners did, and is meaningless under another owner. Each
+owner keeps a window of its own newest `capacity` events, which only its own
+new events push out: what an owner can see of the log (its events, cursors,
+resets, `more`) follows from its own events alone. A window shared by all
+owners, whose largest holder gave up its oldest for anyone's new event, let
+that holder count everyone else's events from its resets.
+
+Memory is bounded apart from that, as a safety valve: `bound` counts every
+event held plus `OWNER_UNITS` for each owner with a window. Past it, the whole
+window of the least recently active owner (the one that least recently wrote,
+polled or asked for a head) goes, count and all: its next poll resets once.
+An owner can then learn one thing of the others, and only under a load far
+past the ordinary: that, since it was last active, enough happened to push
+out a whole log's worth.
 
 Order: the events of one call are appended together (`emit_many`), with no
 await between them, so a concurrent call's events never land among them; and
@@ -26,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import secrets
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -38,6 +48,12 @@ EVENT_KINDS = frozenset({"written", "forgotten", "promoted", "consolidated", "se
 DEFAULT_POLL = 100
 MAX_POLL = 1000
 SEQ_START_BITS = 40  # an owner's first event is numbered at random below 2**40: far from any other start
+# The safety bound, in units: one per event held, OWNER_UNITS per owner with a window. Measured with
+# tracemalloc (tests/a2m/test_events.py): 440-500 bytes a unit, whatever the mix of owners and events
+# (a `written` event ~440, an owner with a head and nothing else ~1,000), so the default holds ~60 MB at
+# most: 127 owners with full windows of 1024, or 65,536 owners with nothing kept.
+DEFAULT_BOUND = 1 << 17
+OWNER_UNITS = 2
 
 Push = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -80,41 +96,54 @@ def parse_kinds(value: Any) -> frozenset[str] | None:
     return frozenset(value)
 
 
+@dataclass(slots=True, eq=False)
+class _Window:
+    """One owner's count and its newest events, oldest first."""
+
+    next: int  # the seq of the owner's next event
+    events: deque[tuple[int, dict[str, Any]]] = field(default_factory=deque)
+
+
 class EventLog:
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 1024, *, bound: int | None = None) -> None:
+        """`capacity`: events kept per owner. `bound`: the safety bound on everything held, in
+        units (see `DEFAULT_BOUND`); never below one full window, by default room for four."""
         self.capacity = capacity
+        floor = max(capacity, 0) + OWNER_UNITS
+        self.bound = max(bound, floor) if bound is not None else max(DEFAULT_BOUND, 4 * floor)
         self.salt = secrets.token_hex(6)
-        self._logs: dict[str | None, deque[tuple[int, dict[str, Any]]]] = {}  # owner -> (seq, event), oldest first
-        self._next: dict[str | None, int] = {}  # owner -> the seq of its next event
-        self._size = 0
-        # held -> the owners holding that many events (a dict as an ordered set): the largest holder in O(1)
-        self._holders: dict[int, dict[str | None, None]] = {}
-        self._most = 0
+        self._windows: OrderedDict[str | None, _Window] = OrderedDict()  # least recently active first
+        self._held = 0  # units: events held, and OWNER_UNITS per window
         self._subscribers: dict[object, _Subscriber] = {}
 
     def _cursor(self, seq: int) -> str:
         return f"{self.salt}.{seq}"
 
-    def _next_seq(self, owner: str | None) -> int:
-        """The owner's next seq, starting its count if it has none.
+    def _window(self, owner: str | None) -> _Window:
+        """`owner`'s window, now its most recently active; started (at a random seq) if it has none.
 
-        Counts of owners with nothing in the window are dropped once there are
-        twice as many counts as the window holds events, so the log stays
-        bounded however many owners pass. A count started again starts at
-        another random place: a cursor from before then is then before the
-        oldest event or past the newest, and its poll resets instead of
-        skipping the new events.
-        """
-        seq = self._next.get(owner)
-        if seq is None:
-            if len(self._next) >= 2 * max(self.capacity, 1):
-                self._next = {o: n for o, n in self._next.items() if o in self._logs}
-            seq = self._next[owner] = secrets.randbits(SEQ_START_BITS) + 1
-        return seq
+        A window started again after the safety bound took the last one starts
+        at another random place: a cursor from before is then before the oldest
+        event or past the newest, and its poll resets instead of skipping."""
+        window = self._windows.get(owner)
+        if window is not None:
+            self._windows.move_to_end(owner)
+            return window
+        window = self._windows[owner] = _Window(secrets.randbits(SEQ_START_BITS) + 1)
+        self._held += OWNER_UNITS
+        self._bound()
+        return window
+
+    def _bound(self) -> None:
+        """The safety valve: past `bound`, the least recently active owners' windows go whole. Never
+        the owner just active (it is the newest, and one window alone fits), and O(1) a unit freed."""
+        while self._held > self.bound and len(self._windows) > 1:
+            _, gone = self._windows.popitem(last=False)
+            self._held -= len(gone.events) + OWNER_UNITS
 
     def head(self, owner: str | None = None) -> str:
         """The cursor of `owner`'s newest event: a poll from it sees only what comes after."""
-        return self._cursor(self._next_seq(owner) - 1)
+        return self._cursor(self._window(owner).next - 1)
 
     async def emit(self, kind: str, owner: str | None, **fields: Any) -> dict[str, Any]:
         """Append an event visible to `owner`'s scope and push it to matching subscribers."""
@@ -129,11 +158,19 @@ class EventLog:
         return events
 
     def _append(self, kind: str, owner: str | None, fields: dict[str, Any]) -> dict[str, Any]:
+        """Number the event in its owner's count and keep it in its owner's window, whose oldest goes
+        once it holds `capacity`: only an owner's own events push its events out."""
         event = {"kind": kind, "at": now(), **{k: v for k, v in fields.items() if v is not None}}
-        seq = self._next_seq(owner)
-        self._next[owner] = seq + 1
+        window = self._window(owner)
+        seq = window.next
+        window.next = seq + 1
         if self.capacity > 0:
-            self._keep(owner, seq, event)
+            window.events.append((seq, event))
+            if len(window.events) > self.capacity:
+                window.events.popleft()
+            else:
+                self._held += 1
+                self._bound()
         return event
 
     async def _deliver(self, owner: str | None, events: list[dict[str, Any]]) -> None:
@@ -180,33 +217,6 @@ class EventLog:
                 sub.busy = False
                 sub.wake()
 
-    def _keep(self, owner: str | None, seq: int, event: dict[str, Any]) -> None:
-        log = self._logs.setdefault(owner, deque())
-        self._recount(owner, len(log), len(log) + 1)
-        log.append((seq, event))
-        self._size += 1
-        if self._size > self.capacity:  # the largest holder (the first to get there) gives up its oldest
-            victim = next(iter(self._holders[self._most]))
-            dropped = self._logs[victim]
-            self._recount(victim, len(dropped), len(dropped) - 1)
-            dropped.popleft()
-            self._size -= 1
-            if not dropped:
-                del self._logs[victim]
-
-    def _recount(self, owner: str | None, held: int, holds: int) -> None:
-        """Move `owner` from the holders of `held` events to those of `holds` (one more or one fewer)."""
-        if held:
-            bucket = self._holders[held]
-            del bucket[owner]
-            if not bucket:
-                del self._holders[held]
-                if self._most == held:
-                    self._most = holds
-        if holds:
-            self._holders.setdefault(holds, {})[owner] = None
-            self._most = max(self._most, holds)
-
     def poll(self, cursor: Any, *, limit: Any = None, kinds: Any = None, owner: str | None) -> dict[str, Any]:
         if limit is None:
             limit = DEFAULT_POLL
@@ -218,8 +228,8 @@ class EventLog:
             return {"events": [], "cursor": self.head(owner)}
         if not isinstance(cursor, str):
             raise invalid("cursor must be a string", field="cursor")
-        mine = self._logs.get(owner, ())
-        upcoming = self._next_seq(owner)
+        window = self._window(owner)
+        mine, upcoming = window.events, window.next
         oldest = mine[0][0] if mine else upcoming
         position = self._parse(cursor)
         reset = position is None or position < oldest - 1 or position >= upcoming

@@ -1,7 +1,9 @@
+from typing import Any
+
 import pytest
 
 from a2m.errors import A2MError
-from a2m.events import EventLog
+from a2m.events import DEFAULT_BOUND, OWNER_UNITS, EventLog
 
 
 @pytest.mark.anyio
@@ -114,25 +116,87 @@ async def test_a_bulk_writer_pushes_out_its_own_events_not_a_quiet_tenants() -> 
     page = log.poll(quiet, owner="quiet")
     assert [e["id"] for e in page["events"]] == ["q1", "q2"] and "reset" not in page
     bulk = log.poll(f"{log.salt}.0", owner="bulk")
-    assert bulk["reset"] is True and [e["id"] for e in bulk["events"]] == [f"b{i}" for i in range(92, 100)]
-    # with many holders, the window stays at capacity and each keeps its newest
-    for i in range(30):
-        await log.emit("written", f"o{i % 5}", id=f"o{i}")
-    assert sum(len(d) for d in log._logs.values()) == 10
-    assert max(len(d) for d in log._logs.values()) - min(len(d) for d in log._logs.values()) <= 1
+    assert bulk["reset"] is True and [e["id"] for e in bulk["events"]] == [f"b{i}" for i in range(90, 100)]
 
 
 @pytest.mark.anyio
-async def test_counts_of_owners_with_nothing_retained_are_bounded() -> None:
-    log = EventLog(capacity=3)
-    held = log.head("held")
-    for i in range(100):
-        await log.emit("written", f"o{i}", id=str(i))
-    assert len(log._next) <= 2 * log.capacity
-    # "held"'s count was dropped and starts again elsewhere: its old cursor resets, nothing is skipped
-    await log.emit("written", "held", id="h")
-    page = log.poll(held, owner="held")
-    assert [e["id"] for e in page["events"]] == ["h"]
+async def test_each_owner_keeps_its_own_newest_capacity_events_whatever_the_others_do() -> None:
+    log = EventLog(capacity=5)
+    heads = {o: log.head(o) for o in ("a", "b", "c")}
+    for i in range(40):
+        owner = ("a", "b", "c")[i % 3] if i < 30 else "c"
+        await log.emit("written", owner, id=f"{owner}{i}")
+    kept = {o: [e["id"] for e in log.poll(heads[o], owner=o)["events"]] for o in heads}
+    assert kept == {"a": ["a15", "a18", "a21", "a24", "a27"], "b": ["b16", "b19", "b22", "b25", "b28"],
+                    "c": ["c35", "c36", "c37", "c38", "c39"]}
+    assert {len(w.events) for w in log._windows.values()} == {5}
+
+
+@pytest.mark.anyio
+async def test_owners_coming_and_going_stay_within_the_bound() -> None:
+    """Owners that ask for a head, write a few events and never come back: what the log holds
+    stays within `bound`, however many pass, and its count of what it holds stays exact."""
+    log = EventLog(capacity=8, bound=300)
+    for i in range(5000):
+        if i % 2:
+            log.head(f"reader{i}")
+        else:
+            await log.emit_many("written", f"writer{i}", [{"id": str(n)} for n in range(i % 11)])
+        assert log._held <= log.bound
+    assert log._held == sum(len(w.events) + OWNER_UNITS for w in log._windows.values())
+    assert len(log._windows) <= log.bound // OWNER_UNITS
+
+
+@pytest.mark.anyio
+async def test_past_the_bound_the_least_recently_active_owner_goes_whole_and_resets_once() -> None:
+    """The safety valve: nobody else loses an event, and the owner that goes is told once."""
+    log = EventLog(capacity=4, bound=3 * (4 + OWNER_UNITS))
+    heads = {o: log.head(o) for o in ("a", "b", "c")}
+    for o in heads:
+        await log.emit_many("written", o, [{"id": f"{o}{i}"} for i in range(4)])
+    assert log.poll(heads["a"], owner="a", limit=1)["events"][0]["id"] == "a0"  # a poll: a is active
+    await log.emit("written", "d", id="d0")  # over the bound: b, the least recently active, goes
+    for o in ("a", "c"):
+        page = log.poll(heads[o], owner=o)
+        assert [e["id"] for e in page["events"]] == [f"{o}{i}" for i in range(4)] and "reset" not in page
+    assert [e["id"] for e in log.poll(log.head("d"), owner="d")["events"]] == []
+    gone = log.poll(heads["b"], owner="b")
+    assert gone["reset"] is True and gone["events"] == []
+    await log.emit("written", "b", id="b4")
+    again = log.poll(gone["cursor"], owner="b")
+    assert [e["id"] for e in again["events"]] == ["b4"] and "reset" not in again
+    assert log._held <= log.bound
+
+
+def test_the_bound_is_never_below_one_full_window_and_grows_with_the_capacity() -> None:
+    assert EventLog(capacity=10, bound=1).bound == 10 + OWNER_UNITS
+    assert EventLog().bound == DEFAULT_BOUND
+    assert EventLog(capacity=100_000).bound == 4 * (100_000 + OWNER_UNITS)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("shape", ["one owner, many events", "many owners, one event", "many owners, a head"])
+async def test_the_default_bound_holds_tens_of_megabytes_at_most(shape: str) -> None:
+    """Measured: what a unit of the bound costs, for the shapes at either end (UUID ids and owners)."""
+    import tracemalloc
+    import uuid
+
+    log = EventLog(capacity=20_000, bound=10**9)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for i in range(5_000 if shape != "one owner, many events" else 1):
+            owner = f"tenant-{uuid.uuid4()}"
+            if shape == "many owners, a head":
+                log.head(owner)
+                continue
+            n = 1 if shape == "many owners, one event" else 10_000
+            await log.emit_many("written", owner, [{"id": str(uuid.uuid4()), "tier": "episodic", "session": "s1"}
+                                                   for _ in range(n)])
+        per_unit = (tracemalloc.get_traced_memory()[0] - base) / log._held
+    finally:
+        tracemalloc.stop()
+    assert per_unit * DEFAULT_BOUND < 70 * 2**20, per_unit
 
 
 @pytest.mark.anyio
@@ -193,7 +257,7 @@ async def test_unsubscribe_refuses_an_owner_the_caller_may_not_name() -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("seed", range(5))
 async def test_every_reader_gets_its_owners_events_once_in_order_or_a_reset(seed: int) -> None:
-    """Owners writing at different rates into a small window, each read by a poller with a cursor:
+    """Owners writing at different rates into small windows, each read by a poller with a cursor:
     without `reset`, a page continues exactly where the last one stopped; with it, the page starts
     at the owner's oldest kept event, and only events the window dropped were skipped."""
     import random
@@ -225,7 +289,7 @@ async def test_every_reader_gets_its_owners_events_once_in_order_or_a_reset(seed
             await log.emit("written", owner, id=event_id)
             continue
         poll(step, owner, rng.randint(1, 5))
-        assert sum(len(d) for d in log._logs.values()) <= log.capacity
+        assert all(len(w.events) <= log.capacity for w in log._windows.values())
     # each reader then reads to the end: its last event is its owner's last (the checks above hold
     # only of pages that carried events, so a poll answering none passed them all)
     for owner in owners:
@@ -279,7 +343,7 @@ async def test_a_push_that_emits_does_not_wait_for_itself() -> None:
     log.subscribe("conn", push, owner="alice", kinds=None)
     await asyncio.wait_for(log.emit_many("written", "alice", [{"id": "a"}, {"id": "b"}]), 5)
     assert got == ["a", "b", "reaction"]
-    assert [e["id"] for _, e in log._logs["alice"]] == got
+    assert [e["id"] for _, e in log._windows["alice"].events] == got
 
 
 @pytest.mark.anyio
@@ -318,3 +382,77 @@ async def test_subscribing_again_changes_the_filter_and_keeps_the_order() -> Non
     log.subscribe("conn", push, owner=None, kinds=["forgotten"])
     await asyncio.gather(slow, log.emit("forgotten", None, count=1), log.emit("written", None, id="b"))
     assert got == ["written", "forgotten"]
+
+
+def _seq(cursor: str) -> int:
+    return int(cursor.rpartition(".")[2])
+
+
+async def _alices_view(others: int) -> list[tuple[list[str], bool, bool, int]]:
+    """What alice sees of a log of capacity 8 that she fills, while other owners cause `others`
+    events: each page from her first cursor, as (ids, reset, more, where her cursor moved)."""
+    log = EventLog(capacity=8)
+    start = log.head("alice")
+    for i in range(8):
+        await log.emit("written", "alice", id=f"a{i}")
+    for i in range(others):
+        await log.emit("written", f"t{i % 3}", id=f"x{i}")
+    await log.emit("written", "alice", id="a8")
+    pages = []
+    for limit in (3, 0):
+        page = log.poll(start, owner="alice", limit=limit)
+        pages.append(([e["id"] for e in page["events"]], bool(page.get("reset")), bool(page.get("more")),
+                      _seq(page["cursor"]) - _seq(start)))
+    return pages
+
+
+@pytest.mark.anyio
+async def test_an_owners_view_of_a_full_log_does_not_count_other_owners_events() -> None:
+    """Alice held the most of a full shared window: every event another owner caused took one of
+    hers, so her poll's `reset` and the events it still found told her how many they caused."""
+    alone = await _alices_view(0)
+    for others in (1, 3, 7, 50):
+        assert await _alices_view(others) == alone, others
+
+
+async def _a_view_among(others_seed: int | None, seed: int) -> list[tuple[Any, ...]]:
+    """Alice's pages (ids, reset, more, cursor relative to her first) over one run of her own calls,
+    with other owners' calls between them drawn from `others_seed` (None: no other owner at all)."""
+    import random
+
+    mine, theirs = random.Random(seed), random.Random(others_seed)
+    log = EventLog(capacity=6)
+    start = log.head("alice")
+    cursor, n, pages = start, 0, []
+    for _ in range(300):
+        if others_seed is not None:
+            for _ in range(theirs.randint(0, 6)):
+                owner = theirs.choice(["bob", "carol", None, f"passer{theirs.randint(0, 999)}"])
+                if theirs.random() < 0.8:
+                    kind = theirs.choice(["written", "forgotten"])
+                    await log.emit_many(kind, owner, [{"id": "x"}] * theirs.randint(1, 9))
+                else:
+                    log.poll(log.head(owner), owner=owner)
+        if mine.random() < 0.5:
+            await log.emit_many(mine.choice(["written", "forgotten"]), "alice",
+                                [{"id": f"a{n + i}"} for i in range(mine.randint(1, 4))])
+            n += 4
+            continue
+        if mine.random() < 0.2:
+            cursor = start  # back to her first cursor: long since out of her window
+        page = log.poll(cursor, owner="alice", limit=mine.randint(0, 4), kinds=mine.choice([None, ["written"]]))
+        cursor = page["cursor"]
+        pages.append(([e["id"] for e in page["events"]], page.get("reset"), page.get("more"),
+                      _seq(cursor) - _seq(start)))
+    return pages
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("seed", range(4))
+async def test_what_an_owner_sees_follows_from_its_own_events_alone(seed: int) -> None:
+    """Below the safety bound, every page alice polls (events, reset, more, where her cursor moves)
+    is the same whether no one else uses the log or other owners write and poll in between."""
+    alone = await _a_view_among(None, seed)
+    assert any(p[1] for p in alone) and any(p[2] for p in alone)  # resets and partial pages were seen
+    for others in range(3):
+        assert await _a_view_among(others, seed) == alone, others
