@@ -5,7 +5,8 @@ path, else `<data_dir>/repo`); `extensions` adds `memory/history`,
 `memory/restore` and `memory/approve`, documented in `EXTENSION_DOCS`.
 Options: `review` (bool, the review gate), `remote` (push target),
 `author` ("Name <email>", the identity for unowned writes and the committer),
-`approvers` (owners allowed to call `memory/approve`; default anyone).
+`approvers` (owners allowed to call `memory/approve`; default anyone),
+`case_insensitive` (treat the file system as folding case, which open otherwise probes).
 
 `sessions` is declared: a record's `session` is stored, and `memory/session/list`
 counts what a recall sees (behind the gate, what is approved), so the router's

@@ -12,7 +12,12 @@ Layout (chosen so `ls` of the repository reads like a knowledge base):
     owners/<owner>/_ids/<id>.md
 
 Owner names and ids are arbitrary strings, so they are percent-encoded into one
-safe path segment (injective: `%` itself is encoded). Keys are chosen by
+safe path segment (injective: `%` itself is encoded). On a file system that folds
+case (macOS's default, Windows) that is not enough: `Alice` and `alice` would share
+one directory. A repository created there records the `case-escaped` layout in
+`LAYOUT_FILE`, and its segments also write an upper-case letter as `!` and the
+letter (`Alice` -> `!alice`, as Go's module cache does), so no two fold together;
+repositories without that file keep the first layout byte for byte. Keys are chosen by
 callers to be readable paths, so they are *validated* rather than encoded: a key
 that could escape its owner's directory or clash with git's own files is
 refused with `StoreRejected` before anything is written.
@@ -26,7 +31,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+import unicodedata
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 import yaml
 
@@ -37,6 +44,9 @@ SHARED_ROOT = "shared"
 OWNERS_ROOT = "owners"
 IDS_DIR = "_ids"
 SUFFIX = ".md"
+# Committed at the root (so a clone reads paths as the repository that wrote them): the layout's name.
+LAYOUT_FILE = ".a2m-layout"
+CASE_ESCAPED = "case-escaped"
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _BaseDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -66,13 +76,18 @@ _Dumper.add_representer(
 )
 
 
-def encode_segment(text: str) -> str:
-    """One filesystem-safe, injective path segment for an owner name or an id."""
+def encode_segment(text: str, *, escape_case: bool = False) -> str:
+    """One filesystem-safe, injective path segment for an owner name or an id.
+
+    `escape_case`: `A` is written `!a`, so the segment stays injective when case is folded (`!` is
+    otherwise percent-encoded, and percent-encoding writes its hex digits upper-case only)."""
     if text == "":
         return "%"  # never produced otherwise: an encoded `%` is always followed by two hex digits
     out = []
     for i, char in enumerate(text):
-        if _SAFE.fullmatch(char) and not (i == 0 and char == "."):
+        if escape_case and "A" <= char <= "Z":
+            out.append("!" + char.lower())
+        elif _SAFE.fullmatch(char) and not (i == 0 and char == "."):
             out.append(char)
         else:
             out.extend(f"%{b:02X}" for b in char.encode("utf-8", "surrogatepass"))
@@ -87,6 +102,62 @@ def encode_segment(text: str) -> str:
 
 def owner_root(owner: str | None) -> str:
     return SHARED_ROOT if owner is None else f"{OWNERS_ROOT}/{encode_segment(owner)}"
+
+
+def fold(path: str) -> str:
+    """`path` as a case-insensitive file system compares names: case-folded, normalisation-insensitive
+    (APFS), without the code points HFS+ ignores. Two paths that fold alike are one file there."""
+    return unicodedata.normalize("NFD", unicodedata.normalize("NFD", _HFS_IGNORED.sub("", path)).casefold())
+
+
+def folding_clashes(held: Iterable[str], written: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """Pairs of distinct paths that are one file where case folds, the earlier first: `held` in
+    order, then each of `written` (a path in both counts as written)."""
+    written = list(written)
+    fresh = set(written)
+    seen: dict[str, str] = {}
+    clashes = []
+    for path in [*(p for p in held if p not in fresh), *written]:
+        other = seen.setdefault(fold(path), path)
+        if other != path:
+            clashes.append((other, path))
+    return clashes
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How one repository spells owners and ids in its paths (see the module's docstring)."""
+
+    escape_case: bool = False
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Layout":
+        """The layout `LAYOUT_FILE` names (None: no such file, the first layout)."""
+        if text is None:
+            return cls()
+        name = next((line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")), "")
+        if name != CASE_ESCAPED:
+            raise ValueError(f"unknown procedural layout {name!r} in {LAYOUT_FILE}")
+        return cls(escape_case=True)
+
+    def file(self) -> bytes:
+        """What `LAYOUT_FILE` holds for this layout."""
+        return (f"# a2m procedural layout: owner and id path segments write an upper-case letter as ! and the\n"
+                f"# letter (Alice -> !alice), so a case-insensitive file system keeps them apart.\n"
+                f"{CASE_ESCAPED}\n").encode()
+
+    def owner_root(self, owner: str | None) -> str:
+        return SHARED_ROOT if owner is None else f"{OWNERS_ROOT}/{encode_segment(owner, escape_case=self.escape_case)}"
+
+    def path_for(self, owner: str | None, key: str | None, record_id: str) -> str:
+        root = self.owner_root(owner)
+        if key is not None:
+            validate_key(key)
+            return f"{root}/{key}{SUFFIX}"
+        return f"{root}/{IDS_DIR}/{encode_segment(record_id, escape_case=self.escape_case)}{SUFFIX}"
+
+    def record_path(self, record: Record) -> str:
+        return self.path_for(record.owner, record.key, record.id)
 
 
 def _names_git_dir(segment: str) -> bool:
@@ -139,11 +210,8 @@ def record_path(record: Record) -> str:
 
 
 def path_for(owner: str | None, key: str | None, record_id: str) -> str:
-    root = owner_root(owner)
-    if key is not None:
-        validate_key(key)
-        return f"{root}/{key}{SUFFIX}"
-    return f"{root}/{IDS_DIR}/{encode_segment(record_id)}{SUFFIX}"
+    """The path in the first layout (a repository without `LAYOUT_FILE`)."""
+    return Layout().path_for(owner, key, record_id)
 
 
 # Header field order: identity first, then what a reviewer reads, then bookkeeping.

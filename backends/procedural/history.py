@@ -101,7 +101,7 @@ def _last_path(repo: git.Repo, store: GitStore, owner: str | None, record_id: st
         return None
     branch = PROPOSED if store.review else store.main
     out = repo.git.log(branch, f"-S{needle}", "--no-renames", "--format=commit %H", "--name-only", "-z", "--",
-                       f":(literal){files.owner_root(owner)}")
+                       f":(literal){store.layout.owner_root(owner)}")
     commits: list[tuple[str, list[str]]] = []
     for token in out.split("\0"):  # every path starts with the owner's root, never with "commit "
         token = token.lstrip("\n")

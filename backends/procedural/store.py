@@ -21,6 +21,12 @@ What the store itself decides:
   judgement kept in the file, so it is a commit.
 - **Review gate** (`options["review"]`): writes commit to the `proposed`
   branch and recall sees main only, until `approve` fast-forwards main.
+- **Case-folding file systems** (macOS's default, Windows; found by a probe at
+  open, or said by `options["case_insensitive"]`): a new repository takes the
+  `case-escaped` layout (`files.Layout`), so owners and ids never share a file;
+  a write whose path is one file with another of the owner's (keys `Deploy` and
+  `deploy`) is refused, and a repository that already holds such a pair is not
+  opened there (`_check_folding`).
 - **Remote** (`options["remote"]`): pushed after each commit. A failed push (or
   one cut off after `PUSH_TIMEOUT_S`) is logged and retried with the next commit; the local repository is the
   source of truth and a write is not refused because a mirror is down.
@@ -33,6 +39,7 @@ import logging
 import os
 import signal
 import subprocess
+import tempfile
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -83,6 +90,9 @@ class GitStore:
         self.review = bool(options.get("review", False))
         self.remote: str | None = options.get("remote") or None
         self.identity = actor(options.get("author"), git.Actor("a2m", "a2m@a2m.local"))
+        # Whether the working tree's file system folds case: None until the probe at open (or set by the option).
+        self.folds_case: bool | None = True if options.get("case_insensitive") else None
+        self.layout = files.Layout()  # read from the repository at open
         self.repo: git.Repo | None = None
         self.main = "main"
         self._lock = anyio.Lock()  # one writer (and one user of the repo's object database)
@@ -148,6 +158,9 @@ class GitStore:
             fsync_ref(repo, git.Head.create(repo, repo.head.ref.path, commit, logmsg=f"commit (initial): {message}"))
             index.write()  # a valid (empty) index: git refuses a missing-but-truncated one
         self.main = repo.active_branch.name
+        if self.folds_case is None:
+            self.folds_case = folds_case(self._state_dir)
+        self.layout = self._read_layout(repo)
         self._sidecar.load(self._state_dir / "state.json")
         # From the commit, not the working tree: git writes that through the user's config and attributes
         # (`core.autocrlf`, `eol`), and the store holds what was committed, byte for byte.
@@ -160,11 +173,51 @@ class GitStore:
             self._proposed = self._load_tree(self._iter_commit(proposed), self._sidecar.pending)
         else:
             warn_unapproved(repo, self.main, self.path)
+        self._check_folding(tree, self._proposed)
         self._trees = TreeBuilder.of_commit(repo, repo.heads[PROPOSED].commit if self.review else repo.head.commit)
         if self._sidecar.dimensions is None:
             self._sidecar.dimensions = next(
                 (len(r.embedding) for r in tree.records.values() if r.embedding is not None), None
             )
+
+    def _read_layout(self, repo: git.Repo) -> files.Layout:
+        """The layout main's commit records; on a case-folding file system a repository holding no record
+        yet on either branch takes the case-escaped one first (a commit of `LAYOUT_FILE`), as no path moves."""
+        try:
+            text: str | None = (repo.head.commit.tree / files.LAYOUT_FILE).data_stream.read().decode("utf-8")
+        except KeyError:
+            text = None
+        layout = files.Layout.parse(text)  # ValueError for a layout this version does not know: not opened
+        if layout.escape_case or not self.folds_case:
+            return layout
+        heads = [repo.head.commit, *([repo.heads[PROPOSED].commit] if PROPOSED in repo.heads else [])]
+        if any(next(self._iter_commit(commit), None) is not None for commit in heads):
+            return layout  # the first layout stays; `_check_folding` refuses what is one file here
+        layout = files.Layout(escape_case=True)
+        data = layout.file()
+        (self.path / files.LAYOUT_FILE).write_bytes(data)
+        trees = TreeBuilder.of_commit(repo, repo.head.commit)
+        trees.set(files.LAYOUT_FILE, FILE_MODE, trees.odb.store(IStream("blob", len(data), io.BytesIO(data))).binsha)
+        message = "record the case-escaped layout (this file system folds case)"
+        commit = Commit.create_from_tree(repo, GitTree(repo, trees.write()), message, parent_commits=[repo.head.commit],
+                                         head=False, author=self.identity, committer=self.identity)
+        set_ref(repo, repo.head.ref, commit, f"commit: {message}")
+        repo.git.reset("-q")  # the index to the new commit
+        return layout
+
+    def _check_folding(self, main: Tree, proposed: Tree | None) -> None:
+        """On a case-folding file system, refuse to open a repository two of whose records are one file
+        there (written on Linux, or before this check): git checks out only one of them, so the working
+        tree, `git status` and every approve's merge would disagree with the commits for good."""
+        if not self.folds_case:
+            return
+        clashes = [pair for tree in (main, proposed) if tree is not None for pair in files.folding_clashes(tree.by_path)]
+        if clashes:
+            named = "; ".join(f"{a} and {b}" for a, b in list(dict.fromkeys(clashes))[:10])
+            raise StoreUnavailable(
+                f"the procedural repository {self.path} is on a file system that folds case, where these records "
+                f"are one file: {named}. Serve it from a case-sensitive file system, or rename one of each pair "
+                f"there (git mv, commit) and start again")
 
     def _release(self) -> None:
         if self._lock_fd is not None:
@@ -373,7 +426,7 @@ class GitStore:
                     width = len(record.embedding)
                 elif len(record.embedding) != width:
                     raise StoreWidthMismatch(width, len(record.embedding))
-            path = files.record_path(record)  # validates the key
+            path = self.layout.record_path(record)  # validates the key
             self._check_path_length(path, record)
             if record.id in paths:  # ids are global: a put never takes over another owner's record
                 held = final[record.id][0] if record.id in final else tree.records.get(record.id)
@@ -395,11 +448,31 @@ class GitStore:
             seq += 1
             verbs.append(f"{'replace' if replacing else 'remember'} {label(record)}")
         plan.puts = list(final.values())
+        if self.folds_case:
+            self._refuse_folding(by_path, plan, tree)
         plan.message = message or commit_message(verbs)
         owners = [r.owner for r in puts] or [tree.records[i].owner for i in deletes if i in tree.records]
         owner = owners[0] if owners else None
         plan.author = owner_actor(owner) if owner is not None else self.identity
         return plan
+
+    def _refuse_folding(self, by_path: dict[str, str], plan: Plan, tree: Tree) -> None:
+        """StoreRejected for a write of a file that is one file with another record's where case folds.
+        In the case-escaped layout the other is the writer's own (owners never fold together), named
+        then; in the first layout it may be another owner's, and the refusal names nothing of it."""
+        clashes = files.folding_clashes(by_path, plan.files)
+        if not clashes:
+            return
+        held, written = clashes[0]
+        records = {**tree.records, **{r.id: r for r, _, _ in plan.puts}}
+        mine, other = records[by_path[written]], records[by_path[held]]
+        what = f"key {mine.key!r}" if mine.key is not None else f"id {mine.id!r}"
+        if other.owner == mine.owner:
+            theirs = f"key {other.key!r}" if other.key is not None else f"id {other.id!r}"
+            raise StoreRejected(f"{what} and this owner's {theirs} differ only in case (or Unicode normalisation), "
+                                f"and the procedural tier's file system folds them into one file; use another")
+        raise StoreRejected(f"{what} cannot be stored: this procedural repository keeps owner names' case in its "
+                            f"paths (its first layout) on a file system that folds case")
 
     async def _commit(self, plan: Plan) -> None:
         try:
@@ -584,7 +657,7 @@ class GitStore:
             record_id = self._visible.keys.get((owner, key))
             return tree.records.get(record_id) if record_id else None
         try:
-            record_id = tree.by_path.get(files.path_for(owner, key, ""))
+            record_id = tree.by_path.get(self.layout.path_for(owner, key, ""))
         except StoreRejected:
             return None
         return tree.records.get(record_id) if record_id else None
@@ -602,11 +675,11 @@ class GitStore:
         for `owner`, the file an unkeyed record of that id would have (see `held_at`)."""
         if key is not None:
             try:
-                return files.path_for(owner, key, "")
+                return self.layout.path_for(owner, key, "")
             except StoreRejected:
                 return None
         assert record_id is not None
-        return self.held_at(owner, record_id) or files.path_for(owner, None, record_id)
+        return self.held_at(owner, record_id) or self.layout.path_for(owner, None, record_id)
 
     def held_at(self, owner: str | None, record_id: str) -> str | None:
         """The file `owner`'s record `record_id` lives at on the branch writes land on, else on main;
@@ -803,3 +876,15 @@ class GitStore:
         return self._sidecar.dimensions
 
 
+
+
+def folds_case(directory: Path) -> bool:
+    """Whether `directory`'s file system folds case: a file made there is found by its name in the other case
+    (as `git init` probes for `core.ignorecase`; that setting is not read, as it travels with a copied repository)."""
+    fd, name = tempfile.mkstemp(prefix="case-probe-", dir=directory)
+    os.close(fd)
+    try:
+        swapped = Path(name).with_name(Path(name).name.swapcase())
+        return swapped.exists() and os.path.samefile(name, swapped)
+    finally:
+        os.unlink(name)
