@@ -136,7 +136,7 @@ OPTIONS: dict[str, dict[str, Check]] = {
                  "statement_timeout": _seconds(zero=True),
                  "hnsw_m": _int(2, 100), "hnsw_ef_construction": _int(4, 1000), "index_quiet_s": _seconds(zero=True)},
     "semantic": {"engine": _choice("edge", "local"), "collection": _text, "api_key": _text},
-    "procedural": {"author": _text, "review": _flag, "approvers": _text, "remote": _text},
+    "procedural": {"author": _text, "review": _flag, "approvers": _text, "remote": _text, "case_insensitive": _flag},
     "corpus": {**TABLE_OPTIONS, **COLLECTION_OPTIONS},
 }
 # The corpus adapters' names for one thing: a table's option given to a collection, or back, is pointed here.

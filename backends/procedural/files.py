@@ -101,7 +101,8 @@ def encode_segment(text: str, *, escape_case: bool = False) -> str:
 
 
 def owner_root(owner: str | None) -> str:
-    return SHARED_ROOT if owner is None else f"{OWNERS_ROOT}/{encode_segment(owner)}"
+    """The owner's directory in the first layout (a repository without `LAYOUT_FILE`)."""
+    return Layout().owner_root(owner)
 
 
 def fold(path: str) -> str:
@@ -202,11 +203,6 @@ def validate_key(key: str) -> list[str]:
     if segments[0] == IDS_DIR:
         raise StoreRejected(f"key must not start with {IDS_DIR}/ (reserved for records without a key)")
     return segments
-
-
-def record_path(record: Record) -> str:
-    """Repository-relative POSIX path of a record's file."""
-    return path_for(record.owner, record.key, record.id)
 
 
 def path_for(owner: str | None, key: str | None, record_id: str) -> str:

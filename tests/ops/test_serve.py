@@ -295,6 +295,7 @@ def test_engine_options_as_written_on_the_command_line_are_typed_by_the_engine(t
     assert _check("semantic", tmp_path, "http://qdrant:6333", collection="007", api_key="1e5") == \
         {"collection": "007", "api_key": "1e5"}
     assert _check("procedural", tmp_path, review="off", approvers="42") == {"review": False, "approvers": "42"}
+    assert _check("procedural", tmp_path, case_insensitive="true") == {"case_insensitive": True}
     assert _check("episodic", tmp_path, "host=/tmp dbname=a2m", ef_search="64", pool_timeout="2.5") == \
         {"ef_search": 64, "pool_timeout": 2.5}
     from backends.settings import SettingsError
