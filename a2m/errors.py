@@ -63,6 +63,15 @@ class A2MError(Exception):
         return cls(code if type(code) is int else INTERNAL_ERROR, str(error.get("message", "")), error.get("data"))
 
 
+def retry_after(exc: A2MError, most: float) -> float | None:
+    """The seconds a rate limit's refusal (`-32006` with `data.retry_after`, as the router answers)
+    asks the caller to wait, when that is a number from 0 to `most`; None for any other error."""
+    wait = exc.data.get("retry_after") if isinstance(exc.data, dict) else None
+    if exc.code != QUOTA_EXCEEDED or isinstance(wait, bool) or not isinstance(wait, (int, float)):
+        return None
+    return float(wait) if 0 <= wait <= most else None
+
+
 def invalid(message: str, **data: Any) -> A2MError:
     """Shorthand for the most common error, `-32602`, with the offending field in `data`."""
     return A2MError(INVALID_PARAMS, message, data or None)

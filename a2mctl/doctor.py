@@ -9,6 +9,7 @@ bearer token: HTTP 401).
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import sys
 import time
@@ -16,6 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 PROBES = 5
+# A router's rate limit (docs/configuration.md, [rate_limit]) is waited out, not reported as a tier
+# down: up to this many refusals a call, each asking at most RATE_WAIT seconds. The wait is not timed.
+RATE_REFUSALS = PROBES
+RATE_WAIT = 10.0
 PROBE_QUERY = "a2m doctor probe"
 
 
@@ -46,6 +51,23 @@ async def _get(http: Any, url: str) -> int | None:
         return None
 
 
+async def _call(client: Any, method: str, params: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """`method`'s result and how long its answered call took in ms, after waiting out rate limits."""
+    from a2m.errors import A2MError, retry_after
+
+    refused = 0
+    while True:
+        start = time.perf_counter()
+        try:
+            return await client.call(method, params, timeout=10.0), (time.perf_counter() - start) * 1000
+        except A2MError as exc:
+            wait = retry_after(exc, RATE_WAIT)
+            if wait is None or refused == RATE_REFUSALS:
+                raise
+            refused += 1
+            await asyncio.sleep(wait)
+
+
 async def _probe(client: Any, tier: str | None) -> tuple[float | None, str]:
     """p50 of a few recalls in ms, or (None, why)."""
     from a2m.errors import A2MError
@@ -55,12 +77,11 @@ async def _probe(client: Any, tier: str | None) -> tuple[float | None, str]:
         params["tier"] = tier
     took: list[float] = []
     for _ in range(PROBES):
-        start = time.perf_counter()
         try:
-            result = await client.call("memory/recall", params, timeout=10.0)
+            result, ms = await _call(client, "memory/recall", params)
         except A2MError as exc:
             return None, exc.message
-        took.append((time.perf_counter() - start) * 1000)
+        took.append(ms)
         if tier is not None and tier in (result.get("degraded") or []):
             return None, "left out of the recall (down or slow)"
     return statistics.median(took), ""
@@ -79,7 +100,7 @@ async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], lis
     summary: dict[str, Any] = {"url": base, "readyz": ready, "healthz": health}
     async with HTTPClient(base, token=token, timeout=10.0) as client:
         try:
-            described = await client.call("memory/describe", {})
+            described, _ = await _call(client, "memory/describe", {})
         except A2MError as exc:
             if (ready is None and health is None) or _token_refused(exc):
                 raise  # not there, or it refused the token: nothing below could be asked either

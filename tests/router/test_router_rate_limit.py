@@ -141,3 +141,13 @@ async def test_export_and_import_wait_out_the_rate_limit(paced: Stack, tmp_path:
         assert await transfer.import_(paced.url, str(dump), token=TOKEN_OF["alice"], batch=4, quiet=True) == 0
         back = await tier.call("memory/timeline", {"owner": "alice"})
     assert [r["content"] for r in back["records"]] == [f"alice {i}" for i in range(30)]
+
+
+async def test_doctor_waits_out_the_rate_limit(paced: Stack) -> None:
+    """`a2m doctor` makes a describe and five probe recalls a tier: past a burst of 2, a refusal was
+    reported as the tier down ("rate limit: ..."). It waits them out instead."""
+    from a2mctl.doctor import check
+
+    summary, reports = await check(paced.url, TOKEN_OF["bob"])
+    assert [(r.name, r.status, r.detail) for r in reports] == [("working", "up", "")]
+    assert reports[0].p50_ms is not None and reports[0].p50_ms < 1000  # no 50 ms wait inside the timing
