@@ -7,10 +7,11 @@ exceeded) at once, before any tier is asked, with `data.retry_after` saying
 when its next call will go.
 
 The caller is the principal its bearer token maps to. A call without one (a
-router without tokens, stdio, the anonymous discovery document) draws on one
-shared bucket: without tokens a caller names its own `owner`, so a bucket per
-owner would let one caller pass as any number of them. The buckets are
-therefore bounded by the configured principals, plus the shared one.
+router without tokens, stdio, its discovery document) draws on one shared
+bucket: without tokens a caller names its own `owner`, so a bucket per owner
+would let one caller pass as any number of them. The buckets are therefore
+bounded by the configured principals, plus the shared one. The anonymous
+discovery document of a router with tokens asks no tier and is not counted.
 """
 
 from __future__ import annotations

@@ -141,3 +141,25 @@ async def test_export_and_import_wait_out_the_rate_limit(paced: Stack, tmp_path:
         assert await transfer.import_(paced.url, str(dump), token=TOKEN_OF["alice"], batch=4, quiet=True) == 0
         back = await tier.call("memory/timeline", {"owner": "alice"})
     assert [r["content"] for r in back["records"]] == [f"alice {i}" for i in range(30)]
+
+
+@pytest.fixture(scope="module")
+def open_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A router without tokens: every caller shares one budget, the discovery document included."""
+    top = {"background_promotion": False, "rate_limit": {"per_second": 0.01, "burst": 1}}
+    tiers = [{"name": "working", "kind": "working", "timeout": 10.0}]
+    with federation(tmp_path_factory.mktemp("open"), tiers, mode="real", top=top) as running:
+        yield running
+
+
+async def test_the_discovery_document_past_the_budget_is_a_429_not_a_500(open_router: Stack) -> None:
+    """Without tokens the discovery document is a describe that counts; past the budget it is refused
+    as HTTP says (429 with Retry-After), not an unhandled -32006 that the server answers 500."""
+    async with httpx.AsyncClient() as http:
+        url = open_router.url.rstrip("/") + "/.well-known/a2m-server.json"
+        first = await http.get(url)
+        assert first.status_code == 200 and first.json()["rate_limit"]["burst"] == 1
+        refused = await http.get(url)
+    assert refused.status_code == 429, refused.text
+    assert 99 <= int(refused.headers["retry-after"]) <= 100
+    assert refused.json()["error"]["code"] == errors.QUOTA_EXCEEDED
