@@ -26,6 +26,11 @@ from a2m.dispatch import Context, Handler
 from a2m.errors import A2MError
 
 
+# The slowest rate `[rate_limit]` takes: a call a day. Below ~1e-305 a refusal's wait overflowed a float
+# (every refused call a -32603 and a traceback), and a retry_after of years tells a client nothing.
+MIN_PER_SECOND = 1 / 86400
+
+
 @dataclass(frozen=True)
 class RateLimit:
     """`per_second` calls a second on average, and up to `burst` at once after a quiet spell."""

@@ -53,6 +53,7 @@ def test_callers_without_a_principal_share_one_bucket() -> None:
     ({"burst": 3}, "needs per_second"),
     ({"per_second": 0}, "rate_limit.per_second must be a positive number"),
     ({"per_second": True}, "rate_limit.per_second must be a positive number"),
+    ({"per_second": 1e-320}, "at least one call a day"),  # a refusal's wait overflowed: -32603 on every call
     ({"per_second": 5, "burst": 0.5}, "rate_limit.burst must be a positive integer"),
     ({"per_second": 5, "bursts": 3}, "did you mean 'bursts' -> 'burst'"),
 ])
