@@ -17,9 +17,10 @@ that holder count everyone else's events from its resets.
 Memory is bounded apart from that, as a safety valve: `bound` counts every
 event held plus `OWNER_UNITS` for each owner with a window, each by its size
 (`UNIT_BYTES` a unit, so an event naming a thousand ids or an owner with a
-long name counts as what it holds). An owner's window never holds more than
-its share of the bound (a quarter): past it its own oldest events go, as past
-`capacity`. Past the bound, the whole
+long name counts as what it holds). An owner's window never holds more units
+than a full window of ordinary events (`capacity` and its own): past that its
+own oldest events go, as past `capacity`, so as many owners fill the bound
+whatever their events are. Past the bound, the whole
 window of the least recently active owner (the one that least recently wrote,
 polled or asked for a head) goes, count and all: its next poll resets once.
 An owner can then learn one thing of the others, and only under a load far
@@ -132,7 +133,7 @@ class EventLog:
         self.capacity = capacity
         floor = max(capacity, 0) + OWNER_UNITS
         self.bound = max(bound, floor) if bound is not None else max(DEFAULT_BOUND, 4 * floor)
-        self.share = max(self.bound // 4, floor)  # the most one owner's window holds, in units
+        self.share = floor  # the most one owner's window holds, in units: a full window of ordinary events
         self.salt = secrets.token_hex(6)
         self._windows: OrderedDict[str | None, _Window] = OrderedDict()  # least recently active first
         self._held = 0  # units: events held, and OWNER_UNITS per window

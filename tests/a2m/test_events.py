@@ -501,9 +501,10 @@ async def test_the_bound_holds_in_bytes_whatever_a_caller_sends(shape: str) -> N
 
 @pytest.mark.anyio
 async def test_an_owner_of_large_events_keeps_its_newest_within_its_share() -> None:
-    """Past its share of the bound (a quarter, here one full window), an owner's own oldest go as past `capacity`: only its
-    own events decide, and a poll from before them resets as it would past `capacity`."""
-    log = EventLog(capacity=1024, bound=4_000)
+    """Past a full window's units, an owner's own oldest go as past `capacity`: only its own events
+    decide, a poll from before them resets as it would past `capacity`, and an owner of large events
+    fills no more of the bound (nor pushes out more owners) than one of ordinary events."""
+    log = EventLog(capacity=1024, bound=10**6)
     head = log.head("big")
     for i in range(100):
         await log.emit("promoted", "big", ids=[f"{i}-{n:04d}" + "x" * 60 for n in range(100)], tier="episodic")
