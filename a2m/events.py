@@ -136,7 +136,7 @@ class EventLog:
         self.share = floor  # the most one owner's window holds, in units: a full window of ordinary events
         self.salt = secrets.token_hex(6)
         self._windows: OrderedDict[str | None, _Window] = OrderedDict()  # least recently active first
-        self._held = 0  # units: events held, and OWNER_UNITS per window
+        self._held = 0  # units: the windows' (`_Window.units`) together
         self._subscribers: dict[object, _Subscriber] = {}
 
     def _cursor(self, seq: int) -> str:
