@@ -15,7 +15,12 @@ owners, whose largest holder gave up its oldest for anyone's new event, let
 that holder count everyone else's events from its resets.
 
 Memory is bounded apart from that, as a safety valve: `bound` counts every
-event held plus `OWNER_UNITS` for each owner with a window. Past it, the whole
+event held plus `OWNER_UNITS` for each owner with a window, each by its size
+(`UNIT_BYTES` a unit, so an event naming a thousand ids or an owner with a
+long name counts as what it holds). An owner's window never holds more units
+than a full window of ordinary events (`capacity` and its own): past that its
+own oldest events go, as past `capacity`, so as many owners fill the bound
+whatever their events are. Past the bound, the whole
 window of the least recently active owner (the one that least recently wrote,
 polled or asked for a head) goes, count and all: its next poll resets once.
 An owner can then learn one thing of the others, and only under a load far
@@ -36,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import secrets
+import sys
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable
@@ -54,6 +60,10 @@ SEQ_START_BITS = 40  # an owner's first event is numbered at random below 2**40:
 # most: 127 owners with full windows of 1024, or 65,536 owners with nothing kept.
 DEFAULT_BOUND = 1 << 17
 OWNER_UNITS = 2
+# What one unit stands for: an ordinary event's size. An event (or owner name) larger than that counts
+# one unit more for each UNIT_BYTES of its strings: counted as one however large, a `promoted` event
+# of 1,000 ids held ~90 KB a unit, an owner named in 16 KB ~8.5 KB, and the bound gigabytes.
+UNIT_BYTES = 512
 
 Push = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -96,12 +106,24 @@ def parse_kinds(value: Any) -> frozenset[str] | None:
     return frozenset(value)
 
 
+def _size_units(values: Iterable[Any]) -> int:
+    """The units beyond the first that `values`' strings (and lists of strings: ids) hold."""
+    size = 0
+    for value in values:
+        if isinstance(value, str):
+            size += sys.getsizeof(value)
+        elif isinstance(value, list):
+            size += sum(sys.getsizeof(item) + 8 for item in value if isinstance(item, str))
+    return size // UNIT_BYTES
+
+
 @dataclass(slots=True, eq=False)
 class _Window:
-    """One owner's count and its newest events, oldest first."""
+    """One owner's count and its newest events (each with its units), oldest first."""
 
     next: int  # the seq of the owner's next event
-    events: deque[tuple[int, dict[str, Any]]] = field(default_factory=deque)
+    units: int  # what it holds: OWNER_UNITS (and its name's size) plus its events' units
+    events: deque[tuple[int, dict[str, Any], int]] = field(default_factory=deque)
 
 
 class EventLog:
@@ -111,9 +133,10 @@ class EventLog:
         self.capacity = capacity
         floor = max(capacity, 0) + OWNER_UNITS
         self.bound = max(bound, floor) if bound is not None else max(DEFAULT_BOUND, 4 * floor)
+        self.share = floor  # the most one owner's window holds, in units: a full window of ordinary events
         self.salt = secrets.token_hex(6)
         self._windows: OrderedDict[str | None, _Window] = OrderedDict()  # least recently active first
-        self._held = 0  # units: events held, and OWNER_UNITS per window
+        self._held = 0  # units: the windows' (`_Window.units`) together
         self._subscribers: dict[object, _Subscriber] = {}
 
     def _cursor(self, seq: int) -> str:
@@ -129,8 +152,9 @@ class EventLog:
         if window is not None:
             self._windows.move_to_end(owner)
             return window
-        window = self._windows[owner] = _Window(secrets.randbits(SEQ_START_BITS) + 1)
-        self._held += OWNER_UNITS
+        units = OWNER_UNITS + (0 if owner is None else _size_units([owner]))
+        window = self._windows[owner] = _Window(secrets.randbits(SEQ_START_BITS) + 1, units)
+        self._held += units
         self._bound()
         return window
 
@@ -139,7 +163,7 @@ class EventLog:
         the owner just active (it is the newest, and one window alone fits), and O(1) a unit freed."""
         while self._held > self.bound and len(self._windows) > 1:
             _, gone = self._windows.popitem(last=False)
-            self._held -= len(gone.events) + OWNER_UNITS
+            self._held -= gone.units
 
     def head(self, owner: str | None = None) -> str:
         """The cursor of `owner`'s newest event: a poll from it sees only what comes after."""
@@ -158,19 +182,23 @@ class EventLog:
         return events
 
     def _append(self, kind: str, owner: str | None, fields: dict[str, Any]) -> dict[str, Any]:
-        """Number the event in its owner's count and keep it in its owner's window, whose oldest goes
-        once it holds `capacity`: only an owner's own events push its events out."""
+        """Number the event in its owner's count and keep it in its owner's window, whose oldest go
+        once it holds `capacity` events or its `share` of units: only an owner's own events push its
+        events out (one larger than the share alone is not kept: it is pushed, never polled)."""
         event = {"kind": kind, "at": now(), **{k: v for k, v in fields.items() if v is not None}}
         window = self._window(owner)
         seq = window.next
         window.next = seq + 1
         if self.capacity > 0:
-            window.events.append((seq, event))
-            if len(window.events) > self.capacity:
-                window.events.popleft()
-            else:
-                self._held += 1
-                self._bound()
+            units = 1 + _size_units(event.values())
+            window.events.append((seq, event, units))
+            window.units += units
+            self._held += units
+            while window.events and (len(window.events) > self.capacity or window.units > self.share):
+                gone = window.events.popleft()[2]
+                window.units -= gone
+                self._held -= gone
+            self._bound()
         return event
 
     async def _deliver(self, owner: str | None, events: list[dict[str, Any]]) -> None:
@@ -238,7 +266,7 @@ class EventLog:
         out: list[dict[str, Any]] = []
         last = position
         more = False
-        for seq, event in mine:
+        for seq, event, _ in mine:
             if seq <= position:
                 continue
             if wanted is not None and event["kind"] not in wanted:

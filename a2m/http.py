@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
@@ -24,7 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from . import errors
 from .capabilities import PROTOCOL
 from .dispatch import Context, Dispatcher
-from .errors import A2MError
+from .errors import A2MError, retry_after
 
 log = logging.getLogger("a2m.http")
 
@@ -231,8 +232,12 @@ class HTTPApp:
             await self._refuse(send, 405, b'{"error":"use GET"}', headers=[(b"allow", b"GET")])
         elif path == "/.well-known/a2m-server.json":
             # No token is needed here (protocol §8): with tokens configured the caller is anonymous.
-            result = await self.dispatcher.call("memory/describe", {},
-                                                Context(transport="http", anonymous=bool(self.settings.tokens)))
+            try:
+                result = await self.dispatcher.call("memory/describe", {},
+                                                    Context(transport="http", anonymous=bool(self.settings.tokens)))
+            except A2MError as exc:  # a router's rate limit, which this document counts against without tokens
+                await self._discovery_refused(send, exc)
+                return
             await _respond(send, 200, orjson.dumps(result))
         elif path == "/healthz":
             await _respond(send, 200, b'{"status":"ok"}')
@@ -260,6 +265,17 @@ class HTTPApp:
         it (and logging each one would let any caller flood the log)."""
         self.metrics.refused.labels(str(status)).inc()
         await _respond(send, status, body, headers=headers)
+
+    async def _discovery_refused(self, send: Send, exc: A2MError) -> None:
+        """The discovery document refused (a router's `[rate_limit]` without tokens): said as HTTP says
+        it, 429 with Retry-After, the JSON-RPC error as the body. Unhandled, it was a 500 and a
+        traceback in the log for every GET past the budget."""
+        wait = retry_after(exc, 86400.0)  # at most a day: the slowest rate a router takes
+        if wait is not None:
+            status, headers = 429, [(b"retry-after", str(max(1, math.ceil(wait))).encode())]
+        else:
+            status, headers = 503, []
+        await self._refuse(send, status, orjson.dumps({"error": exc.to_error()}), headers=headers)
 
     async def _before_scrape(self) -> None:
         """Let the service bring what its gauges read up to date (the router probes tiers that may be

@@ -29,7 +29,7 @@ from a2m.http import origin_problem, token_problem
 from a2m.http1 import MAX_RESPONSE
 from a2m.params import DEFAULT_LIMITS
 
-from .rate import RateLimit
+from .rate import MIN_PER_SECOND, RateLimit
 
 FUSIONS = ("rrf", "rerank")
 RETENTIONS = ("keep", "drop")
@@ -487,6 +487,9 @@ def _rate_limit(table: Any) -> RateLimit | None:
         raise ConfigError("[rate_limit] needs per_second (each caller's calls a second); leave the table out "
                           "for no limit")
     per_second = float(_positive(table["per_second"], "rate_limit.per_second", (int, float)))
+    if per_second < MIN_PER_SECOND:
+        raise ConfigError(f"rate_limit.per_second must be at least one call a day ({MIN_PER_SECOND:.3g}), "
+                          f"got {per_second!r}")
     burst = _positive(table.get("burst", max(1, math.ceil(per_second))), "rate_limit.burst")
     return RateLimit(per_second=per_second, burst=burst)
 

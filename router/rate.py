@@ -7,10 +7,11 @@ exceeded) at once, before any tier is asked, with `data.retry_after` saying
 when its next call will go.
 
 The caller is the principal its bearer token maps to. A call without one (a
-router without tokens, stdio, the anonymous discovery document) draws on one
-shared bucket: without tokens a caller names its own `owner`, so a bucket per
-owner would let one caller pass as any number of them. The buckets are
-therefore bounded by the configured principals, plus the shared one.
+router without tokens, stdio, its discovery document) draws on one shared
+bucket: without tokens a caller names its own `owner`, so a bucket per owner
+would let one caller pass as any number of them. The buckets are therefore
+bounded by the configured principals, plus the shared one. The anonymous
+discovery document of a router with tokens asks no tier and is not counted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from typing import Any, Callable
 from a2m import errors
 from a2m.dispatch import Context, Handler
 from a2m.errors import A2MError
+
+
+# The slowest rate `[rate_limit]` takes: a call a day. Below ~1e-305 a refusal's wait overflowed a float
+# (every refused call a -32603 and a traceback), and a retry_after of years tells a client nothing.
+MIN_PER_SECOND = 1 / 86400
 
 
 @dataclass(frozen=True)

@@ -343,7 +343,7 @@ async def test_a_push_that_emits_does_not_wait_for_itself() -> None:
     log.subscribe("conn", push, owner="alice", kinds=None)
     await asyncio.wait_for(log.emit_many("written", "alice", [{"id": "a"}, {"id": "b"}]), 5)
     assert got == ["a", "b", "reaction"]
-    assert [e["id"] for _, e in log._windows["alice"].events] == got
+    assert [e["id"] for _, e, _ in log._windows["alice"].events] == got
 
 
 @pytest.mark.anyio
@@ -456,3 +456,60 @@ async def test_what_an_owner_sees_follows_from_its_own_events_alone(seed: int) -
     assert any(p[1] for p in alone) and any(p[2] for p in alone)  # resets and partial pages were seen
     for others in range(3):
         assert await _a_view_among(others, seed) == alone, others
+
+
+async def _fill(log: EventLog, shape: str) -> None:
+    """What a caller can put in a log: long owner names (a router without tokens takes any owner, of
+    any length), the longest session, key and id a record may have, and `promoted` events naming
+    a thousand records each."""
+    import uuid
+
+    if shape == "heads of 16 KB owner names":
+        for i in range(2_000):
+            log.head(f"{i}-" + "o" * 16_000)
+    elif shape == "writes with 1 KB sessions and keys":
+        for o in range(20):
+            await log.emit_many("written", f"tenant{o}", [
+                {"id": f"{i:05d}" + "i" * 507, "tier": "episodic", "session": "s" * 1024, "key": f"{i:05d}" + "k" * 1019,
+                 "revision": 1} for i in range(1024)])
+    else:
+        for j in range(250):
+            await log.emit("promoted", "tenant", ids=[f"{j:04d}-{n:04d}-" + "u" * 26 for n in range(1000)],
+                           tier="episodic")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("shape", ["heads of 16 KB owner names", "writes with 1 KB sessions and keys",
+                                   "promoted events of 1000 ids"])
+async def test_the_bound_holds_in_bytes_whatever_a_caller_sends(shape: str) -> None:
+    """A unit is ~500 bytes for an ordinary event or owner; one counted as a unit however large it
+    was let the default bound hold gigabytes (measured: 16 KB owner names 8.5 KB a unit, `promoted`
+    events of 1000 ids 90 KB a unit, one owner alone 90 MB within its 1024 events)."""
+    import tracemalloc
+
+    log = EventLog(capacity=1024, bound=20_000)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        await _fill(log, shape)
+        used = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert used < log.bound * 600, (used, log._held)
+    assert log._held == sum(w.units for w in log._windows.values()) and log._held <= log.bound
+
+
+@pytest.mark.anyio
+async def test_an_owner_of_large_events_keeps_its_newest_within_its_share() -> None:
+    """Past a full window's units, an owner's own oldest go as past `capacity`: only its own events
+    decide, a poll from before them resets as it would past `capacity`, and an owner of large events
+    fills no more of the bound (nor pushes out more owners) than one of ordinary events."""
+    log = EventLog(capacity=1024, bound=10**6)
+    head = log.head("big")
+    for i in range(100):
+        await log.emit("promoted", "big", ids=[f"{i}-{n:04d}" + "x" * 60 for n in range(100)], tier="episodic")
+    window = log._windows["big"]
+    assert window.units <= log.share and 0 < len(window.events) < 100
+    page = log.poll(head, owner="big", limit=0)
+    assert page["reset"] is True and page["events"][-1]["ids"][0].startswith("99-")
+    assert [int(e["ids"][0].split("-")[0]) for e in page["events"]] == list(range(100 - len(page["events"]), 100))

@@ -53,6 +53,7 @@ def test_callers_without_a_principal_share_one_bucket() -> None:
     ({"burst": 3}, "needs per_second"),
     ({"per_second": 0}, "rate_limit.per_second must be a positive number"),
     ({"per_second": True}, "rate_limit.per_second must be a positive number"),
+    ({"per_second": 1e-320}, "at least one call a day"),  # a refusal's wait overflowed: -32603 on every call
     ({"per_second": 5, "burst": 0.5}, "rate_limit.burst must be a positive integer"),
     ({"per_second": 5, "bursts": 3}, "did you mean 'bursts' -> 'burst'"),
 ])
@@ -151,3 +152,25 @@ async def test_doctor_waits_out_the_rate_limit(paced: Stack) -> None:
     summary, reports = await check(paced.url, TOKEN_OF["bob"])
     assert [(r.name, r.status, r.detail) for r in reports] == [("working", "up", "")]
     assert reports[0].p50_ms is not None
+
+
+@pytest.fixture(scope="module")
+def open_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A router without tokens: every caller shares one budget, the discovery document included."""
+    top = {"background_promotion": False, "rate_limit": {"per_second": 0.01, "burst": 1}}
+    tiers = [{"name": "working", "kind": "working", "timeout": 10.0}]
+    with federation(tmp_path_factory.mktemp("open"), tiers, mode="real", top=top) as running:
+        yield running
+
+
+async def test_the_discovery_document_past_the_budget_is_a_429_not_a_500(open_router: Stack) -> None:
+    """Without tokens the discovery document is a describe that counts; past the budget it is refused
+    as HTTP says (429 with Retry-After), not an unhandled -32006 that the server answers 500."""
+    async with httpx.AsyncClient() as http:
+        url = open_router.url.rstrip("/") + "/.well-known/a2m-server.json"
+        first = await http.get(url)
+        assert first.status_code == 200 and first.json()["rate_limit"]["burst"] == 1
+        refused = await http.get(url)
+    assert refused.status_code == 429, refused.text
+    assert 99 <= int(refused.headers["retry-after"]) <= 100
+    assert refused.json()["error"]["code"] == errors.QUOTA_EXCEEDED
