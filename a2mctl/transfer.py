@@ -92,16 +92,14 @@ class _Paced:
         self._client = client
 
     async def call(self, method: str, params: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
-        from a2m import errors
-        from a2m.errors import A2MError
+        from a2m.errors import A2MError, retry_after
 
         for _ in range(MAX_RATE_REFUSALS):
             try:
                 return await self._client.call(method, params, **kwargs)
             except A2MError as exc:
-                wait = exc.data.get("retry_after") if isinstance(exc.data, dict) else None
-                if (exc.code != errors.QUOTA_EXCEEDED or isinstance(wait, bool)
-                        or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_RATE_WAIT):
+                wait = retry_after(exc, MAX_RATE_WAIT)
+                if wait is None:
                     raise
                 await asyncio.sleep(wait)
         return await self._client.call(method, params, **kwargs)
