@@ -239,12 +239,17 @@ def _checked(engine: str, settings: TierSettings) -> TierSettings:
     return replace(settings, options=options)
 
 
+# A tier server's event log holds eight full windows (~4 MB), not the router's ~60 MB (decision 124):
+# behind a router nobody polls it (callers read the router's log), yet every owner's writes land in it.
+TIER_EVENTS_BOUND = 8 * 1024
+
+
 def build(engine: str, settings: TierSettings, *, embedder: Embedder | None = None,
           limits: Mapping[str, int] | None = None) -> TierServer:
     settings = check(engine, settings)
     module = importlib.import_module(ENGINES.get(engine, engine))
     store = module.make_store(settings)
-    events = EventLog()  # the server's log, which its extensions' writes are told on too
+    events = EventLog(bound=TIER_EVENTS_BOUND)  # the server's log, which its extensions' writes are told on too
     extensions = module.extensions(store, events) if hasattr(module, "extensions") else None
     return TierServer(
         store, name=settings.name, kind=settings.options.get("kind", module.KIND),

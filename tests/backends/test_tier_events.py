@@ -94,3 +94,22 @@ async def test_a_batch_of_several_owners_tells_each_owner_its_own_writes(
         {"content": "a1", "owner": alice}, {"content": "b1", "owner": bob}, {"content": "a2", "owner": alice}]}))["ids"]
     assert [e["id"] for e in await events(d, alice, heads[alice])] == [ids[0], ids[2]]
     assert [e["id"] for e in await events(d, bob, heads[bob])] == [ids[1]]
+
+
+async def test_a_tier_servers_log_stays_a_few_megabytes_however_many_owners_write(
+        tiers: dict[str, Dispatcher]) -> None:
+    """Behind a router nobody polls a tier's log, yet every owner's writes land in it: it is bounded at
+    TIER_EVENTS_BOUND units (~4 MB), not the router's ~60 MB; past it the least recently active owner
+    goes whole and its next poll resets once (decision 124)."""
+    from backends.serve import TIER_EVENTS_BOUND
+
+    d = tiers["working"]
+    log = d.service.events
+    first = owner()
+    cursor = (await call(d, "memory/events", {"owner": first}))["cursor"]
+    await call(d, "memory/remember", {"owner": first, "records": [{"content": "first"}]})
+    for _ in range(TIER_EVENTS_BOUND // 3 + 1):  # an event (1 unit) and an owner (2) each: past the bound
+        await log.emit("written", owner(), id="x", tier="working")
+    assert log._held <= TIER_EVENTS_BOUND
+    polled = await call(d, "memory/events", {"owner": first, "cursor": cursor})
+    assert polled["reset"] is True and polled["events"] == []
