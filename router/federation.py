@@ -139,12 +139,15 @@ class Tier:
         self._down_for = cause
 
     async def call(self, method: str, params: dict[str, Any], *, timeout: float | None = None,
-                   probe: bool = False, check: bool = False) -> dict[str, Any]:
+                   probe: bool = False, check: bool = False, slow: bool = False) -> dict[str, Any]:
         """One call under the tier's timeout. Unreachable -> Unavailable (and the tier is marked down);
         a protocol error from the tier is raised as the tier's A2MError. A `check` (a health check's
         describe) that the tier answers with its engine down (`engine_down`) marks it down too; any
         other call does not: one statement timeout or a busy pool must not take a tier away from
-        every owner for the backoff."""
+        every owner for the backoff. A `slow` call (a forget, whose work grows with the records it
+        matches) that runs out its whole timeout leaves the tier up, for the same reason: one owner's
+        large forget marked the tier down for every owner's reads. The next health check asks the
+        tier at once, and if it hangs, the next ordinary call to time out marks it down."""
         was_down = not self.healthy
         started = time.monotonic()
         outcome: str | None = None  # stays None when cancelled: neither the tier's success nor its fault
@@ -156,7 +159,10 @@ class Tier:
         except (Unavailable, asyncio.TimeoutError, OSError) as exc:
             outcome = "unavailable"
             error = exc if isinstance(exc, Unavailable) else Unavailable(f"{self.name}: {type(exc).__name__}")
-            self._down(error, started)
+            if slow and time.monotonic() - started >= limit:  # busy with it, not gone (see above)
+                self.heard_at = 0.0
+            else:
+                self._down(error, started)
             raise Unavailable(f"tier {self.name} unavailable: {error.message}",
                               {"tier": self.name, "url": self.config.url}) from exc
         except A2MError as exc:
@@ -287,9 +293,11 @@ class Federation:
 
     async def fan_out(self, method: str, params: Mapping[str, dict[str, Any]] | dict[str, Any],
                       tiers: Iterable[Tier], *, per_tier: Callable[[Tier], dict[str, Any] | None] | None = None,
-                      skip_down: bool = True, arrived: Callable[[str, dict[str, Any]], None] | None = None) -> FanOut:
+                      skip_down: bool = True, arrived: Callable[[str, dict[str, Any]], None] | None = None,
+                      slow: bool = False) -> FanOut:
         """Call `method` on every tier concurrently, each under its own timeout. A tier that is down
         (or waiting out its backoff) or fails is listed in `degraded`, never fails the whole call.
+        `slow`: see `Tier.call`.
 
         `arrived(tier, result)` runs on each reply as it comes, so work on the fast tiers' replies
         overlaps the wait for the slowest; an exception there counts as that tier failing."""
@@ -303,7 +311,7 @@ class Federation:
                 out.degraded.append(tier.name)
                 out.errors[tier.name] = Unavailable(f"tier {tier.name} is down", {"tier": tier.name})
                 continue
-            call = tier.call(method, tier_params, probe=skip_down and tier.probe())
+            call = tier.call(method, tier_params, probe=skip_down and tier.probe(), slow=slow)
             calls.append((tier, call if arrived is None else _then(tier.name, call, arrived)))
         results = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
         for (tier, _), result in zip(calls, results):

@@ -214,14 +214,15 @@ class Writes:
         asked = with_owner(down, owner)
         async with self.policy.owner_lock(owner):  # a record mid-move is forgotten in both tiers, not revived
             fan = await self.fed.fan_out("memory/forget", {}, [t for t in tiers if t.writable], skip_down=False,
-                                         per_tier=lambda t: settle_tier(asked, t, keep=True))
+                                         per_tier=lambda t: settle_tier(asked, t, keep=True), slow=True)
         count = sum(int(r.get("forgotten", 0)) for r in fan.results.values())
         told = count - sum(int(r.get("forgotten", 0)) for name, r in fan.results.items() if self.fed[name].gated)
         if told or count == 0:  # a gated tier's forget is a proposal, told at its approve
             await self.events.emit("forgotten", owner, count=told)
         if fan.degraded:
             raise A2MError(errors.INTERNAL_ERROR, f"forget incomplete: tiers {', '.join(fan.degraded)} did not answer "
-                           f"({count} forgotten elsewhere); repeat it when they are back",
+                           f"({count} forgotten elsewhere; one that ran out of time may still be deleting); repeat it "
+                           f"to finish, counting only what is left",
                            {"forgotten": count, "degraded": fan.degraded})
         return {"forgotten": count}
 

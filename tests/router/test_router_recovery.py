@@ -103,3 +103,43 @@ async def test_a_hung_tier_costs_one_probe_per_backoff_not_one_timeout_per_concu
             assert max(latencies) < 1.0 + 0.5, "a recall was held past the tier's timeout"
             # the (up to) 8 reads in flight when it stopped, then one probe per backoff
             assert len(waited) <= 8 + 4, f"{len(waited)} recalls waited out the timeout"
+
+
+@pytest.mark.anyio
+async def test_a_forget_that_outlasts_the_timeout_leaves_the_tier_up_for_everyone(tmp_path: Path) -> None:
+    """One owner's forget that runs past the tier's timeout (here its DELETE waits on a lock a session
+    holds on the real PostgreSQL; in production, a wipe of many records) is answered `forget
+    incomplete`, and the tier stays up: it marked the tier down, and every other owner's reads left
+    it out for the backoff. The tier finishes the delete once it can."""
+    import psycopg
+
+    from a2m.errors import A2MError
+    from backends.episodic.embedded import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(tmp_path / "pg")
+    dsn = pg.start()
+    try:
+        tiers = [{"name": "working", "kind": "working", "timeout": TIMEOUT},
+                 {"name": "episodic", "kind": "episodic", "timeout": 1.0, "args": ["--url", dsn]}]
+        with federation(tmp_path, tiers, mode="real") as stack:
+            leaving, staying = new_owner(), new_owner()
+            async with HTTPClient(stack.url, timeout=30) as router:
+                for who in (leaving, staying):
+                    await _remember_one(router, who)
+                with psycopg.connect(dsn, autocommit=False) as locker:
+                    locker.execute("LOCK TABLE records IN SHARE MODE")  # reads go on; the DELETE waits
+                    with pytest.raises(A2MError) as caught:
+                        await router.call("memory/forget", {"owner": leaving, "where": {"tier": "episodic"}})
+                    assert "forget incomplete" in caught.value.message and caught.value.data["degraded"] == ["episodic"]
+                    read = await router.call("memory/recall", {"query": "harbour", "owner": staying, "touch": False})
+                    assert "degraded" not in read and len(read["records"]) == 1, read
+                    ready = await router.call("memory/describe", {"owner": staying})
+                    assert {t["name"]: t["status"] for t in ready["tiers"]}["episodic"] == "up"
+                for _ in range(100):  # the lock gone, the tier's DELETE goes through
+                    left = await router.call("memory/timeline", {"owner": leaving, "tier": "episodic"})
+                    if not left["records"]:
+                        break
+                    await asyncio.sleep(0.1)
+                assert left["records"] == []
+    finally:
+        pg.stop()
