@@ -12,6 +12,7 @@ the CORS answers a browser needs to call at all: the preflight (`OPTIONS`) and
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import math
 import time
@@ -68,6 +69,8 @@ class HTTPSettings:
     allowed_origins: frozenset[str] = frozenset()
     # token -> principal (owner scope), or SERVICE for a trusted caller that names owners itself.
     tokens: Mapping[str, Any] = field(default_factory=dict)
+    # The bearer token a /metrics scrape must present; None: /metrics is open (as /healthz and /readyz are).
+    metrics_token: str | None = None
     max_body: int = DEFAULT_MAX_BODY
     body_timeout: float = DEFAULT_BODY_TIMEOUT  # seconds for the whole body to arrive (408 past it)
     # Read by server() (uvicorn, not the app): connections at once before 503, and how long a stop waits.
@@ -82,6 +85,12 @@ class HTTPSettings:
                 raise ValueError(f"HTTPSettings.{name} must be a positive number, not {value!r}")
         if not (isinstance(self.shutdown_timeout, (int, float)) and self.shutdown_timeout >= 0):
             raise ValueError(f"HTTPSettings.shutdown_timeout must be a number >= 0, not {self.shutdown_timeout!r}")
+
+
+def _presents(scope: Scope, token: str) -> bool:
+    """Whether the request carries `Authorization: Bearer <token>` (compared in constant time)."""
+    scheme, _, given = _request_headers(scope).get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"), token.encode("latin-1"))
 
 
 def token_problem(token: str) -> str | None:
@@ -255,6 +264,10 @@ class HTTPApp:
                     body["error"] = type(exc).__name__
             await _respond(send, 200 if ready else 503, orjson.dumps(body))
         else:  # /metrics
+            if self.settings.metrics_token is not None and not _presents(scope, self.settings.metrics_token):
+                await self._refuse(send, 401, b'{"error":"missing or wrong bearer token for /metrics"}',
+                                   headers=[(b"www-authenticate", b'Bearer realm="a2m-metrics"')])
+                return
             await self._before_scrape()
             await _respond(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode())
 

@@ -24,6 +24,21 @@ def default_data_dir() -> Path:
     return Path(user_data_dir("a2m-router"))
 
 
+def _metrics_token(args: argparse.Namespace, tokens: dict[str, object]) -> str | None:
+    """`--metrics-token` / $A2M_METRICS_TOKEN: the bearer token /metrics asks for (None: it is open).
+    Never a caller's token: its holder could read every tenant's request counts."""
+    from a2m.http import token_problem
+
+    token = args.metrics_token or os.environ.get("A2M_METRICS_TOKEN") or None
+    if token is None:
+        return None
+    problem = token_problem(token) or ("is also a bearer token callers present: give /metrics a token of its own"
+                                       if token in tokens else None)
+    if problem:
+        raise SystemExit(f"a2m serve {args.what}: --metrics-token / A2M_METRICS_TOKEN {problem}")
+    return token
+
+
 def _tokens(values: list[str], service_token: str | None) -> dict[str, object]:
     """`--token TOKEN=principal`: a bearer token and the owner scope it grants; checked as router.toml's
     [auth] tokens are (a2m.http says what a header can carry)."""
@@ -298,7 +313,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"a2m serve {args.what}: {exc}") from None
     limits = {key: getattr(args, key) for key in ("body_timeout", "max_connections", "shutdown_timeout")
               if getattr(args, key) is not None}  # else HTTPSettings' defaults
-    http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens,
+    http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens, metrics_token=_metrics_token(args, tokens),
                                  max_body=DEFAULT_MAX_BODY if args.what == "router" else TIER_MAX_BODY, **limits)
     startup = _Startup(server)
     if args.stdio:
@@ -414,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--token", action="append", default=[], help="bearer TOKEN=PRINCIPAL (repeatable)")
     serve.add_argument("--service-token", help="bearer token trusted to name any owner (the router's); "
                                                "$A2M_SERVICE_TOKEN")
+    serve.add_argument("--metrics-token", help="bearer token a /metrics scrape must present (default: open); "
+                                               "$A2M_METRICS_TOKEN")
     serve.add_argument("--origin", action="append", help="allowed browser Origin (repeatable); "
                                                          "$A2M_ALLOWED_ORIGINS, comma-separated")
     serve.add_argument("--body-timeout", type=_seconds, default=os.environ.get("A2M_BODY_TIMEOUT") or None,

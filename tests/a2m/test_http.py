@@ -106,6 +106,22 @@ async def test_health_ready_metrics_well_known() -> None:
         assert 'a2m_requests_total{method="memory/describe",outcome="ok"}' in metrics
 
 
+@pytest.mark.anyio
+async def test_a_metrics_token_closes_metrics_and_nothing_else() -> None:
+    """With tokens, every caller holds one, and /metrics counts every tenant's calls by method: a tenant
+    scraping it twice read how much the others did. `metrics_token` keeps it to the scraper."""
+    async with client(make_app(tokens={"caller": "alice"}, metrics_token="scrape-me")) as c:
+        for headers in ({}, {"authorization": "Bearer caller"}, {"authorization": "Basic scrape-me"}):
+            refused = await c.get("/metrics", headers=headers)
+            assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
+        scraped = await c.get("/metrics", headers={"authorization": "Bearer scrape-me"})
+        assert scraped.status_code == 200
+        assert 'a2m_http_refused_total{status="401"} 3.0' in scraped.text
+        assert (await c.get("/healthz")).status_code == 200 and (await c.get("/readyz")).status_code == 200
+        # The token opens /metrics only: it is no caller's.
+        assert (await c.post("/", content=BODY, headers={"authorization": "Bearer scrape-me"})).status_code == 401
+
+
 def test_an_error_code_outside_the_protocols_counts_as_other() -> None:
     """A mounted third-party tier may answer any integer, which the router passes on: labelled by
     it, each new code would be a new series (what decision 106 keeps bounded)."""

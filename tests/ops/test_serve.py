@@ -306,6 +306,17 @@ def test_engine_options_as_written_on_the_command_line_are_typed_by_the_engine(t
         _check("procedural", tmp_path, None, review="maybe")
 
 
+@pytest.mark.parametrize("args, env, message", [
+    (("--token", "shared=alice", "--metrics-token", "shared"), {}, "is also a bearer token callers present"),
+    (("--service-token", "svc-1"), {"A2M_METRICS_TOKEN": "svc-1"}, "is also a bearer token callers present"),
+    (("--metrics-token", " spaced "), {}, "must be printable ASCII"),
+])
+def test_a_metrics_token_a_caller_holds_is_refused(tmp_path: Path, args: tuple[str, ...], env: dict[str, str],
+                                                   message: str) -> None:
+    stderr = _refused(tmp_path, "procedural", "--port", "0", "--data", str(tmp_path / "data"), *args, env=env)
+    assert "--metrics-token / A2M_METRICS_TOKEN" in stderr and message in stderr, stderr[-2000:]
+
+
 def test_an_option_given_twice_is_refused(tmp_path: Path) -> None:
     stderr = _refused(tmp_path, "procedural", "--stdio", "--data", str(tmp_path / "data"),
                       "--option", "review=true", "--option", "review=false")
@@ -329,6 +340,19 @@ async def test_a_tier_server_takes_a_body_past_the_front_doors_limit(tmp_path: P
             ids = (await tier.call("memory/remember", {"records": records}))["ids"]
             assert len(ids) == 20
             assert (await tier.call("memory/describe", {}))["tiers"][0]["count"] == 20
+
+
+def test_a_server_started_with_a_metrics_token_asks_a_scrape_for_it(tmp_path: Path) -> None:
+    import httpx
+
+    from tests.support.procs import http_server
+
+    port = free_port()
+    command = a2m_command("serve", "procedural", "--port", str(port), "--data", str(tmp_path / "data"))
+    with http_server(command, port, env={"A2M_METRICS_TOKEN": "scrape-me"}) as url:
+        assert httpx.get(url + "metrics", trust_env=False).status_code == 401
+        scraped = httpx.get(url + "metrics", headers={"authorization": "Bearer scrape-me"}, trust_env=False)
+        assert scraped.status_code == 200 and "a2m_http_refused_total" in scraped.text
 
 
 @pytest.mark.parametrize(("log_level", "shown"), [(None, True), ("info", True), ("error", False)])
