@@ -24,16 +24,21 @@ def default_data_dir() -> Path:
     return Path(user_data_dir("a2m-router"))
 
 
-def _metrics_token(args: argparse.Namespace, tokens: dict[str, object]) -> str | None:
+def _metrics_token(args: argparse.Namespace, tokens: dict[str, object],
+                   presented: str | None = None) -> str | None:
     """`--metrics-token` / $A2M_METRICS_TOKEN: the bearer token /metrics asks for (None: it is open).
-    Never a caller's token: its holder could read every tenant's request counts."""
+    Never a caller's token: its holder could read every tenant's request counts. Nor the service
+    token the router presents to its tiers (`presented`), which is in no caller's `tokens` there:
+    the scraper holding it could name any owner on every tier."""
     from a2m.http import token_problem
 
     token = args.metrics_token or os.environ.get("A2M_METRICS_TOKEN") or None
     if token is None:
         return None
-    problem = token_problem(token) or ("is also a bearer token callers present: give /metrics a token of its own"
-                                       if token in tokens else None)
+    problem = token_problem(token) or (
+        "is also a bearer token callers present: give /metrics a token of its own" if token in tokens else
+        "is the service token the router presents to its tiers: give /metrics a token of its own"
+        if token == presented else None)
     if problem:
         raise SystemExit(f"a2m serve {args.what}: --metrics-token / A2M_METRICS_TOKEN {problem}")
     return token
@@ -313,7 +318,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"a2m serve {args.what}: {exc}") from None
     limits = {key: getattr(args, key) for key in ("body_timeout", "max_connections", "shutdown_timeout")
               if getattr(args, key) is not None}  # else HTTPSettings' defaults
-    http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens, metrics_token=_metrics_token(args, tokens),
+    # A tier's service token is among its `tokens`; the router's, which it presents, is not.
+    metrics_token = _metrics_token(args, tokens, server.config.service_token if args.what == "router" else None)
+    http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens, metrics_token=metrics_token,
                                  max_body=DEFAULT_MAX_BODY if args.what == "router" else TIER_MAX_BODY, **limits)
     startup = _Startup(server)
     if args.stdio:

@@ -27,6 +27,11 @@ log = logging.getLogger("a2m.router")
 
 BACKOFF_MIN = 0.25
 BACKOFF_MAX = 15.0
+# How much sooner than `timeout` by the monotonic clock a call cut off by it may end: uvloop's timers
+# count whole milliseconds (a quarter of the router's timeouts fired up to ~0.6 ms early), and a
+# coarse clock's tick (15.6 ms on older Windows Pythons) is the same slip. A failure that late is
+# the timeout: a refused connection or an HTTP error comes back in milliseconds.
+TIMER_SLACK = 0.02
 
 
 Observer = Callable[[str, str, float, str], None]
@@ -38,6 +43,12 @@ def engine_down(error: A2MError) -> bool:
     a describe (which counts the tier's records) it means the tier is down as surely as one that
     does not answer, though its HTTP server is up; to a recall it may only mean that statement timed out."""
     return error.code == INTERNAL_ERROR and isinstance(error.data, dict) and "engine" in error.data
+
+
+def ran_out(started: float, limit: float) -> bool:
+    """Whether a call begun at `started` (time.monotonic()) failed only once its `limit` was spent:
+    cut off by its timeout, not refused. Within TIMER_SLACK of it counts (at most a tenth of it)."""
+    return time.monotonic() - started >= limit - min(TIMER_SLACK, limit / 10)
 
 
 @dataclass(eq=False)
@@ -159,7 +170,7 @@ class Tier:
         except (Unavailable, asyncio.TimeoutError, OSError) as exc:
             outcome = "unavailable"
             error = exc if isinstance(exc, Unavailable) else Unavailable(f"{self.name}: {type(exc).__name__}")
-            if slow and time.monotonic() - started >= limit:  # busy with it, not gone (see above)
+            if slow and ran_out(started, limit):  # busy with it, not gone (see above)
                 self.heard_at = 0.0
             else:
                 self._down(error, started)

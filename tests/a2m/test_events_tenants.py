@@ -12,7 +12,7 @@ from tests.support.inprocess import dispatchers, owner
 
 pytestmark = pytest.mark.anyio
 
-WINDOW = 1024  # the tier server's log: EventLog() as `a2m serve` builds it
+WINDOW = 1024  # the tier server's log per owner, as `a2m serve` builds it (backends.serve.build)
 
 
 @pytest.fixture(scope="module")

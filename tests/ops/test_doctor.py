@@ -100,3 +100,26 @@ async def test_doctors_readyz_agrees_with_its_table(federation: tuple[str, dict[
     summary, reports = await check(url)
     assert {r.name: r.status for r in reports} == {"working": "down", "procedural": "up"}
     assert summary["readyz"] == 503, summary
+
+
+@pytest.mark.anyio
+async def test_a_probe_times_the_answered_call_not_the_rate_limits_wait() -> None:
+    """Each probe recall is refused once (`-32006`, retry_after 0.3 s) and then answered at once: the
+    p50 is the answered call's, not the wait's (the router test cannot claim a timing on a loaded
+    machine; this client answers in microseconds, so 0.3 s is far from either side)."""
+    from a2m import errors
+    from a2m.errors import A2MError
+    from a2mctl.doctor import PROBES, _probe
+
+    class RefusedOnce:
+        calls = 0
+
+        async def call(self, method: str, params: dict[str, object], *, timeout: float | None = None) -> dict:
+            self.calls += 1
+            if self.calls % 2:
+                raise A2MError(errors.QUOTA_EXCEEDED, "rate limit", {"retry_after": 0.3})
+            return {"records": []}
+
+    client = RefusedOnce()
+    p50, why = await _probe(client, None)
+    assert client.calls == 2 * PROBES and why == "" and p50 is not None and p50 < 300, (p50, why)

@@ -317,6 +317,18 @@ def test_a_metrics_token_a_caller_holds_is_refused(tmp_path: Path, args: tuple[s
     assert "--metrics-token / A2M_METRICS_TOKEN" in stderr and message in stderr, stderr[-2000:]
 
 
+@pytest.mark.parametrize("written", [True, False])
+def test_a_routers_metrics_token_that_is_its_service_token_is_refused(tmp_path: Path, written: bool) -> None:
+    """The router presents its service token to the tiers, so it is in no caller's tokens there: the
+    router took it as its /metrics token, and the scraper holding it could name any owner on every tier."""
+    config = tmp_path / "router.toml"
+    config.write_text(('service_token = "svc-1"\n' if written else "")
+                      + '[[tiers]]\nname = "working"\nkind = "working"\nurl = "http://127.0.0.1:9/"\n')
+    env = {"A2M_METRICS_TOKEN": "svc-1", **({} if written else {"A2M_SERVICE_TOKEN": "svc-1"})}
+    stderr = _refused(tmp_path, "router", "--port", "0", "--config", str(config), env=env)
+    assert "--metrics-token / A2M_METRICS_TOKEN is the service token the router presents" in stderr, stderr[-2000:]
+
+
 def test_an_option_given_twice_is_refused(tmp_path: Path) -> None:
     stderr = _refused(tmp_path, "procedural", "--stdio", "--data", str(tmp_path / "data"),
                       "--option", "review=true", "--option", "review=false")

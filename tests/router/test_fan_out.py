@@ -167,3 +167,36 @@ async def test_a_tier_down_logs_again_when_the_cause_of_its_outage_changes(caplo
     down = [r.getMessage() for r in caplog.records if "is down" in r.getMessage()]
     assert len(down) == 2 and "connection refused" in down[0] and "10.0.0.9" in down[1], down
     await fed.close()
+
+
+def test_a_slow_call_cut_off_by_its_timeout_leaves_the_tier_up_under_uvloop() -> None:
+    """A forget (`slow`) that runs out its timeout leaves the tier up (decision 127). The router runs
+    on uvloop, whose timers count whole milliseconds: about a quarter of those timeouts ended up to
+    ~0.6 ms before time.monotonic() said the limit had passed, and `elapsed >= limit` then marked
+    the tier down for every owner's reads (the real-engine test failed one run in three). Here the
+    tier is a loopback socket that takes the request and never answers, as a tier busy deleting."""
+    import socket
+
+    import uvloop
+
+    from a2m.client import HTTPClient, Unavailable
+    from router.federation import Tier
+
+    async def main() -> None:
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            held.listen(64)
+            url = f"http://127.0.0.1:{held.getsockname()[1]}/"
+            tier = Tier(config=TierConfig(name="t", url=url, timeout=0.05), client=HTTPClient(url))
+            try:
+                for _ in range(40):  # one early timer in 40 all but certain without the slack
+                    with pytest.raises(Unavailable):
+                        await tier.call("memory/forget", {}, slow=True)
+                    assert tier.healthy, tier.last_error
+                with pytest.raises(Unavailable):  # an ordinary call that times out still marks it down
+                    await tier.call("memory/recall", {})
+                assert not tier.healthy
+            finally:
+                await tier.close()
+
+    uvloop.run(main())
