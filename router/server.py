@@ -8,7 +8,7 @@ promotion: records live in the tiers. Where each method is answered:
 - `moves.py`: promote, consolidate, session list and close (the moves are `policy.py`'s);
 - `summarize.py`: summarize, over the reads and the write path;
 - here: the events methods, describe, health (/readyz and the probes of tiers), metrics, and the
-  handler table that joins them.
+  handler table that joins them, each handler behind the caller's budget of calls (`rate.py`).
 
 What they share (the tiers a call covers, what each tier is asked, the vector width) is
 `scope.py`; the tiers themselves, their health and fan-out are `federation.py`. Owner scoping
