@@ -3,7 +3,8 @@
 Transport rules are checked before any JSON-RPC processing, in this order:
 path and method, Origin (403), bearer token (401), protocol header (400 with a
 -32007 body), body size (413), the whole body within `body_timeout` (408, and
-the connection closed). Then one JSON-RPC message per body: 200 with the
+the connection closed). Before all of them, the server (`server()`) closes a
+connection whose request head has not arrived within `body_timeout` either. Then one JSON-RPC message per body: 200 with the
 response, or 202 with an empty body for a notification. An allowed Origin gets
 the CORS answers a browser needs to call at all: the preflight (`OPTIONS`) and
 `Access-Control-Allow-Origin` on every response.
@@ -72,7 +73,7 @@ class HTTPSettings:
     # The bearer token a /metrics scrape must present; None: /metrics is open (as /healthz and /readyz are).
     metrics_token: str | None = None
     max_body: int = DEFAULT_MAX_BODY
-    body_timeout: float = DEFAULT_BODY_TIMEOUT  # seconds for the whole body to arrive (408 past it)
+    body_timeout: float = DEFAULT_BODY_TIMEOUT  # seconds for a request head, then its whole body, to arrive
     # Read by server() (uvicorn, not the app): connections at once before 503, and how long a stop waits.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
@@ -457,6 +458,66 @@ class _Deadlines:
         self._timer = loop.call_later(self.tick, self._check, loop) if self._running else None
 
 
+class _Heads:
+    """The connections whose request head is arriving, each with its deadline: one timer, ticking while
+    any is, closes those past theirs (`_Deadlines`' way, for the same reason: no timer per request).
+
+    Why: uvicorn has no header timeout (its keep-alive timer stops at a request's first byte), so a
+    client that opened connections and sent nothing, or half a head, held each until the server
+    stopped, and `max_connections` of them turned every other caller away with 503. A head gets
+    `timeout` seconds from the connection's opening, or from its request's first byte.
+    """
+
+    def __init__(self, timeout: float, on_late: Callable[[], None]) -> None:
+        self.timeout = timeout
+        self.tick = min(timeout / 8, 1.0)
+        self.on_late = on_late
+        self._arriving: dict[asyncio.Protocol, float] = {}  # connection -> its head's deadline (loop time)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, connection: Any, loop: asyncio.AbstractEventLoop) -> None:
+        if connection not in self._arriving:  # a head already timed from the connection's opening keeps that
+            self._arriving[connection] = loop.time() + self.timeout
+            if self._timer is None:
+                self._timer = loop.call_later(self.tick, self._check, loop)
+
+    def done(self, connection: Any) -> None:
+        self._arriving.pop(connection, None)
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        for connection in [c for c, deadline in self._arriving.items() if deadline <= now]:
+            del self._arriving[connection]
+            if not connection.transport.is_closing():  # type: ignore[attr-defined]
+                self.on_late()
+                connection.transport.close()  # type: ignore[attr-defined]
+        self._timer = loop.call_later(self.tick, self._check, loop) if self._arriving else None
+
+
+def _timed_heads(heads: _Heads) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol, each request's head under `heads`' deadline."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class TimedHeads(HttpToolsProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            heads.start(self, self.loop)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            heads.start(self, self.loop)
+
+        def on_headers_complete(self) -> None:
+            heads.done(self)
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            heads.done(self)
+            super().connection_lost(exc)
+
+    return TimedHeads
+
+
 class _TooLarge(Exception):
     """A body past max_body (413)."""
 
@@ -514,7 +575,8 @@ def server(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: s
 
     # No proxy-header middleware (this binding never reads the client address) and no
     # Server header: both are per-request work on the hottest path. uvicorn's backlog (2048) is kept.
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http="httptools", loop="uvloop",
+    heads = _Heads(app.settings.body_timeout, app.metrics.refused.labels("408").inc)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http=_timed_heads(heads), loop="uvloop",
                             lifespan="on", access_log=False, proxy_headers=False, server_header=False,
                             limit_concurrency=app.settings.max_connections, timeout_keep_alive=KEEP_ALIVE,
                             timeout_graceful_shutdown=app.settings.shutdown_timeout)  # type: ignore[arg-type]

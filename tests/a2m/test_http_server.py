@@ -80,6 +80,39 @@ def test_a_body_that_stops_coming_is_answered_408_and_the_connection_closed() ->
         assert refused(app, 408) == 1
 
 
+@pytest.mark.parametrize("sent", [b"", b"POST / HTTP/1.1\r\nhost: t\r\n"], ids=["nothing", "half a head"])
+def test_a_connection_whose_head_does_not_arrive_is_closed(sent: bytes) -> None:
+    """uvicorn has no header timeout: a connection that sent nothing, or half a head, was held until the
+    server stopped, and max_connections of them turned every other caller away with 503."""
+    app = make_app(body_timeout=0.5)
+    with serving(app) as (port, _, _), connect(port) as sock:
+        sock.sendall(sent)
+        started = time.monotonic()
+        assert read_until_closed(sock) == b""
+        assert 0.4 < time.monotonic() - started < 5
+        assert refused(app, 408) == 1
+
+
+def test_the_heads_deadline_is_for_the_whole_head_not_each_piece() -> None:
+    app = make_app(body_timeout=0.5)
+    with serving(app) as (port, _, _), connect(port) as sock:
+        started = time.monotonic()
+        for byte in head(len(BODY)):
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:  # closed under us
+                break
+            time.sleep(0.05)
+            if time.monotonic() - started > 3:
+                break
+        try:
+            rest = read_until_closed(sock)
+        except ConnectionResetError:  # closed while bytes were still coming: reset, not ended
+            rest = b""
+        assert rest == b"" and time.monotonic() - started < 3
+        assert refused(app, 408) == 1
+
+
 def test_the_deadline_is_for_the_whole_body_not_each_piece() -> None:
     """A byte every 100 ms keeps every single read short; the body as a whole still has its deadline."""
     app = make_app(body_timeout=0.5)
