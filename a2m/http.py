@@ -4,8 +4,12 @@ Transport rules are checked before any JSON-RPC processing, in this order:
 path and method, Origin (403), bearer token (401), protocol header (400 with a
 -32007 body), body size (413), the whole body within `body_timeout` (408, and
 the connection closed). Before all of them, the server (`server()`) closes a
-connection whose request head has not arrived within `body_timeout` either. Then one JSON-RPC message per body: 200 with the
-response, or 202 with an empty body for a notification. An allowed Origin gets
+connection whose request head has not arrived within `body_timeout` either (no
+answer; counted as a 408). Then one JSON-RPC message per body: 200 with the
+response, or 202 with an empty body for a notification. The other paths are GET
+only and take no caller's token: `/metrics` asks for `metrics_token` where one is
+set (401), and the discovery document answers a describe's error as HTTP (429
+with Retry-After past a router's rate limit, else 503). An allowed Origin gets
 the CORS answers a browser needs to call at all: the preflight (`OPTIONS`) and
 `Access-Control-Allow-Origin` on every response.
 """
