@@ -102,6 +102,7 @@ def test_a_connection_whose_head_does_not_arrive_is_closed(sent: bytes) -> None:
 
 
 def test_the_heads_deadline_is_for_the_whole_head_not_each_piece() -> None:
+    """A byte every 50 ms keeps the connection busy; the head as a whole still has its deadline."""
     app = make_app(body_timeout=0.5)
     with serving(app) as (port, _, _), connect(port) as sock:
         started = time.monotonic()
