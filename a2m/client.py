@@ -13,18 +13,19 @@ import itertools
 import logging
 import os
 import re
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import orjson
 
 from . import errors, tracing
-from .errors import A2MError
+from .errors import A2MError, retry_after
 from .http1 import MAX_RESPONSE, ConnectionFailed, ConnectionPool
 from .stdio import MAX_LINE, LineTooLong, read_line
 
 log = logging.getLogger("a2m.client")
 
 Notify = Callable[[dict[str, Any]], Awaitable[None] | None]
+T = TypeVar("T")
 
 
 # A reply's opening as JSON-RPC servers write it: `{"jsonrpc": "2.0", "id": 7, ...` (either order).
@@ -305,6 +306,21 @@ class StdioClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def waiting_out_rate_limits(call: Callable[[], Awaitable[T]], *, most: float, refusals: int) -> T:
+    """`call()`, sent again after each rate-limit refusal (`-32006` with a `retry_after` of at most
+    `most` seconds) up to `refusals` times: a refused call did nothing, so sending it again is safe.
+    Any other error, a longer wait, or the last refusal is raised."""
+    for _ in range(refusals):
+        try:
+            return await call()
+        except A2MError as exc:
+            wait = retry_after(exc, most)
+            if wait is None:
+                raise
+            await asyncio.sleep(wait)
+    return await call()
 
 
 def connect(target: str, **kwargs: Any) -> HTTPClient | StdioClient:

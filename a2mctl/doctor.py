@@ -9,7 +9,6 @@ bearer token: HTTP 401).
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import sys
 import time
@@ -53,19 +52,13 @@ async def _get(http: Any, url: str) -> int | None:
 
 async def _call(client: Any, method: str, params: dict[str, Any]) -> tuple[dict[str, Any], float]:
     """`method`'s result and how long its answered call took in ms, after waiting out rate limits."""
-    from a2m.errors import A2MError, retry_after
+    from a2m.client import waiting_out_rate_limits
 
-    refused = 0
-    while True:
+    async def timed() -> tuple[dict[str, Any], float]:
         start = time.perf_counter()
-        try:
-            return await client.call(method, params, timeout=10.0), (time.perf_counter() - start) * 1000
-        except A2MError as exc:
-            wait = retry_after(exc, RATE_WAIT)
-            if wait is None or refused == RATE_REFUSALS:
-                raise
-            refused += 1
-            await asyncio.sleep(wait)
+        return await client.call(method, params, timeout=10.0), (time.perf_counter() - start) * 1000
+
+    return await waiting_out_rate_limits(timed, most=RATE_WAIT, refusals=RATE_REFUSALS)
 
 
 async def _probe(client: Any, tier: str | None) -> tuple[float | None, str]:

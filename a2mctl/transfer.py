@@ -92,17 +92,10 @@ class _Paced:
         self._client = client
 
     async def call(self, method: str, params: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
-        from a2m.errors import A2MError, retry_after
+        from a2m.client import waiting_out_rate_limits
 
-        for _ in range(MAX_RATE_REFUSALS):
-            try:
-                return await self._client.call(method, params, **kwargs)
-            except A2MError as exc:
-                wait = retry_after(exc, MAX_RATE_WAIT)
-                if wait is None:
-                    raise
-                await asyncio.sleep(wait)
-        return await self._client.call(method, params, **kwargs)
+        return await waiting_out_rate_limits(lambda: self._client.call(method, params, **kwargs),
+                                             most=MAX_RATE_WAIT, refusals=MAX_RATE_REFUSALS)
 
     async def __aenter__(self) -> "_Paced":
         await self._client.__aenter__()
