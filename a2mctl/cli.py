@@ -270,6 +270,9 @@ def _serve(args: argparse.Namespace) -> int:
         if clash:
             raise SystemExit(f"--token: a token of router.toml's [auth] is given to {tokens[clash[0]]!r} here")
         tokens = {**configured.tokens, **tokens}
+        if server.config.cursor_secret in tokens:
+            raise SystemExit("a2m serve router: --token: a token is router.toml's cursor_secret (or "
+                             "$A2M_CURSOR_SECRET): give the secret a value of its own")
         server.take_tokens(tokens)
         origins |= configured.allowed_origins
     else:

@@ -83,6 +83,7 @@ class RouterConfig:
     embedder_model: str | None = None
     tokens: Mapping[str, str] = field(default_factory=dict)  # bearer token -> principal (owner)
     service_token: str | None = None  # how the router authenticates to its tiers
+    cursor_secret: str | None = None  # seals timeline cursors; None: a key drawn from the tokens (router/cursors.py)
     allowed_origins: frozenset[str] = frozenset()
     limits: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     events_capacity: int = 1024
@@ -268,7 +269,7 @@ ROUTER_KEYS = ("name", "timeout", "default_tier", "fusion", "embedder", "service
                "events_capacity", "background_promotion")
 TIER_KEYS = ("name", "kind", "url", "capacity", "per_session", "spill_to", "promote_to", "promote_after",
              "read_only", "timeout", "retention", "max_response")
-AUTH_KEYS = ("tokens", "service_token", "allowed_origins")
+AUTH_KEYS = ("tokens", "service_token", "allowed_origins", "cursor_secret")
 FUSION_KEYS = ("strategy", "rrf_k", "pool", "half_life_days", "weights")
 EMBEDDER_KEYS = ("spec", "url", "model")
 RATE_LIMIT_KEYS = ("per_second", "burst")
@@ -307,6 +308,26 @@ def _bearer(token: Any, where: str) -> None:
     problem = token_problem(token)
     if problem:
         raise ConfigError(f"{where} {problem}")
+
+
+MIN_CURSOR_SECRET = 32  # characters: a key, not a password
+
+
+def _cursor_secret(written: Any, from_env: str | None, tokens: Mapping[str, Any],
+                   service_token: str | None) -> str | None:
+    """`[auth] cursor_secret`, else `$A2M_CURSOR_SECRET`. Known to no caller: one who held it could
+    open its own cursors and read how many records other owners wrote between two of them."""
+    where = "cursor_secret" if written is not None else "$A2M_CURSOR_SECRET"
+    secret = written if written is not None else (from_env or None)
+    if secret is None:
+        return None
+    if not isinstance(secret, str) or len(secret) < MIN_CURSOR_SECRET:
+        raise ConfigError(f"{where} must be a string of at least {MIN_CURSOR_SECRET} characters "
+                          f"(e.g. `openssl rand -hex 32`)")
+    if secret in tokens or secret == service_token:
+        raise ConfigError(f"{where} is a bearer token: a caller holding it could open the cursors it is "
+                          f"handed; give it a value of its own")
+    return secret
 
 
 def _origin(origin: Any) -> str:
@@ -449,6 +470,7 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
         if token == service_token:
             raise ConfigError(f"auth.tokens: the token of principal {principal!r} is the service token, which "
                               f"the tiers trust to name any owner: give {principal!r} a token of its own")
+    cursor_secret = _cursor_secret(auth.get("cursor_secret"), env.get("A2M_CURSOR_SECRET"), tokens, service_token)
     origins = auth.get("allowed_origins", section.get("allowed_origins", []))
     if not isinstance(origins, list):
         raise ConfigError("allowed_origins must be an array of origins")
@@ -467,7 +489,7 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
     return RouterConfig(
         name=name, tiers=tiers,
         default_tier=default_tier, fusion=fusion, embedder=embedder_raw, embedder_model=embedder_model,
-        tokens=dict(tokens), service_token=service_token, allowed_origins=frozenset(origins), limits=limits,
+        tokens=dict(tokens), service_token=service_token, cursor_secret=cursor_secret, allowed_origins=frozenset(origins), limits=limits,
         events_capacity=_positive(section.get("events_capacity", 1024), "events_capacity"),
         background_promotion=_type(section.get("background_promotion", True), bool, "background_promotion",
                                    "true or false"),

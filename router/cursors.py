@@ -70,9 +70,10 @@ class CursorSeal:
     """Tiers' cursors encrypted and authenticated with AES-SIV, the principal and the tier as
     associated data: one made for another principal or tier, or not by a router with these tokens,
     is refused like any cursor no tier made. Deterministic, so a walk that does not move on still
-    answers the cursor it was asked with (`a2m.paging` stops on that). The key is drawn from the
-    tokens and the service token, so replicas and restarts of the router with the same ones open
-    each other's cursors; a principal knows only its own token."""
+    answers the cursor it was asked with (`a2m.paging` stops on that). The key is drawn from
+    `cursor_secret` where one is set, so a walk outlives a change of tokens; else from the tokens and
+    the service token. Either way replicas and restarts of the router with the same settings open
+    each other's cursors, and a principal knows neither the secret nor another's token."""
 
     PREFIX = "s1."
     MAX = 4096  # characters of a sealed cursor: a tier's is a timestamp, a number and an id
@@ -81,12 +82,15 @@ class CursorSeal:
         self._siv = AESSIV(key)
 
     @classmethod
-    def of(cls, tokens: Mapping[str, Any], service_token: str | None) -> "CursorSeal | None":
+    def of(cls, tokens: Mapping[str, Any], service_token: str | None,
+           secret: str | None = None) -> "CursorSeal | None":
         """None without tokens: every caller may then name any owner, and a cursor passes as it is."""
         if not tokens:
             return None
-        secret = repr([sorted((token, str(principal)) for token, principal in tokens.items()), service_token or ""])
-        return cls(hashlib.sha512(b"a2m-router timeline cursor\x00" + secret.encode()).digest())  # AES-256-SIV
+        if secret is not None:
+            return cls(hashlib.sha512(b"a2m-router timeline cursor secret\x00" + secret.encode()).digest())
+        drawn = repr([sorted((token, str(principal)) for token, principal in tokens.items()), service_token or ""])
+        return cls(hashlib.sha512(b"a2m-router timeline cursor\x00" + drawn.encode()).digest())  # AES-256-SIV
 
     @staticmethod
     def _bound(owner: str | None, tier: str) -> list[bytes]:

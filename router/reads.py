@@ -77,7 +77,7 @@ class Reads:
         self.limits = limits
         self.spawn = spawn
         self.degraded = degraded
-        self.cursors = Cursors(CursorSeal.of(config.tokens, config.service_token))  # `Router.take_tokens` may widen
+        self.cursors = Cursors(CursorSeal.of(config.tokens, config.service_token, config.cursor_secret))  # `Router.take_tokens` may widen
 
     async def recall(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)

@@ -106,7 +106,7 @@ class Router(EventMethods):
     def take_tokens(self, tokens: Mapping[str, Any]) -> None:
         """The bearer tokens the binding takes in the end (router.toml's and `--token`'s): the
         timeline cursors it answers are sealed with them (`CursorSeal`), not only with router.toml's."""
-        self.reads.cursors.seal = CursorSeal.of(tokens, self.config.service_token)
+        self.reads.cursors.seal = CursorSeal.of(tokens, self.config.service_token, self.config.cursor_secret)
 
     async def startup(self) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per tier call otherwise

@@ -329,6 +329,17 @@ def test_a_routers_metrics_token_that_is_its_service_token_is_refused(tmp_path: 
     assert "--metrics-token / A2M_METRICS_TOKEN is the service token the router presents" in stderr, stderr[-2000:]
 
 
+def test_a_token_on_the_command_line_that_is_the_cursor_secret_is_refused(tmp_path: Path) -> None:
+    """router.toml checks its own tokens against `cursor_secret`; a `--token` is checked here: its
+    holder could open the cursors it is handed."""
+    secret = "s" * 32
+    config = tmp_path / "router.toml"
+    config.write_text('[[tiers]]\nname = "working"\nkind = "working"\nurl = "http://127.0.0.1:9/"\n')
+    stderr = _refused(tmp_path, "router", "--port", "0", "--config", str(config), "--token", f"{secret}=alice",
+                      env={"A2M_CURSOR_SECRET": secret})
+    assert "--token: a token is router.toml's cursor_secret" in stderr, stderr[-2000:]
+
+
 def test_an_option_given_twice_is_refused(tmp_path: Path) -> None:
     stderr = _refused(tmp_path, "procedural", "--stdio", "--data", str(tmp_path / "data"),
                       "--option", "review=true", "--option", "review=false")

@@ -35,6 +35,30 @@ def test_defaults_are_the_four_tier_stack() -> None:
     assert config.service_token is None
 
 
+SECRET = "c" * 32
+
+
+def test_cursor_secret_from_the_file_or_the_environment() -> None:
+    assert parse({"auth": {"cursor_secret": SECRET}}).cursor_secret == SECRET
+    assert parse({}, env={"A2M_CURSOR_SECRET": SECRET}).cursor_secret == SECRET
+    assert parse({"auth": {"cursor_secret": SECRET}}, env={"A2M_CURSOR_SECRET": "d" * 32}).cursor_secret == SECRET
+    assert parse({}).cursor_secret is None
+
+
+@pytest.mark.parametrize("data, env, message", [
+    ({"auth": {"cursor_secret": "short"}}, {}, r"cursor_secret must be a string of at least 32"),
+    ({"auth": {"cursor_secret": 12345}}, {}, r"cursor_secret must be a string"),
+    ({}, {"A2M_CURSOR_SECRET": "short"}, r"\$A2M_CURSOR_SECRET must be a string of at least 32"),
+    ({"auth": {"tokens": {SECRET: "alice"}, "cursor_secret": SECRET}}, {}, r"cursor_secret is a bearer token"),
+    ({"auth": {"cursor_secret": SECRET}}, {"A2M_SERVICE_TOKEN": SECRET}, r"cursor_secret is a bearer token"),
+])
+def test_a_cursor_secret_is_long_and_no_token(data: dict, env: dict, message: str) -> None:
+    """A secret a caller holds (its own token) would let it open its cursors and count other owners'
+    writes between two of them: refused at start, as a short one is."""
+    with pytest.raises(ConfigError, match=message):
+        parse(data, env=env)
+
+
 def test_service_token_from_env() -> None:
     assert parse({}, env={"A2M_SERVICE_TOKEN": "s3cret"}).service_token == "s3cret"
     # checked as one written in router.toml: a bearer header could never carry this one as written

@@ -18,7 +18,7 @@ import pytest
 from a2m.client import HTTPClient
 from a2m.errors import A2MError
 
-from .stack import Stack, federation
+from .stack import Stack, federation, write_config
 
 pytestmark = pytest.mark.anyio
 
@@ -105,3 +105,35 @@ async def test_tokens_given_on_the_command_line_seal_cursors_too(tmp_path_factor
             assert "|" not in cursor, cursor
             older = await carol.call("memory/timeline", {"limit": 1, "cursor": cursor})
             assert [r["content"] for r in older["records"]] == ["carol 0"]
+
+
+async def test_a_cursor_secret_keeps_a_walk_open_across_a_change_of_tokens(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Rotating tokens (here: adding one) drew a new sealing key, and every walk in flight -- an
+    export half done -- was refused from then on. With `cursor_secret` the key is the secret's: the
+    router restarted with other tokens still opens the cursor it handed out; without it, it does not."""
+    token = "tok-dave-" + uuid.uuid4().hex
+    secret = uuid.uuid4().hex
+    tiers = [{"name": "episodic", "kind": "episodic", "timeout": 10.0}]
+    tmp = tmp_path_factory.mktemp("cursor-secret")
+
+    def auth(*tokens: str, with_secret: bool) -> dict[str, Any]:
+        table: dict[str, Any] = {"tokens": {t: "dave" for t in tokens}}
+        return {"auth": table | ({"cursor_secret": secret} if with_secret else {})}
+
+    with federation(tmp, tiers, mode="real", top=auth(token, with_secret=True)) as running:
+        async with HTTPClient(running.url, token=token) as dave:
+            await dave.call("memory/remember", {"records": [{"content": f"dave {i}"} for i in range(3)]})
+            cursor = (await dave.call("memory/timeline", {"limit": 1, "cursor": True}))["cursor"]
+        configured = [{**t, "url": running.tiers[t["name"]].url} for t in tiers]
+        for with_secret, opens in ((True, True), (False, False)):
+            running.router.stop()
+            write_config(running.config, configured, auth(token, "tok-new-" + uuid.uuid4().hex,
+                                                          with_secret=with_secret))
+            running.router.start().wait()
+            async with HTTPClient(running.url, token=token) as dave:
+                if opens:
+                    older = await dave.call("memory/timeline", {"limit": 1, "cursor": cursor})
+                    assert [r["content"] for r in older["records"]] == ["dave 1"]
+                else:
+                    assert (await _refused(dave, {"limit": 1, "cursor": cursor})).code == -32602
