@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import errors
+from .bodies import BodyBudget
 from .capabilities import PROTOCOL
 from .dispatch import Context, Dispatcher
 from .errors import A2MError, retry_after
@@ -52,6 +53,9 @@ DEFAULT_BODY_TIMEOUT = 30.0
 # limit_concurrency): a flood is turned away instead of growing memory without bound. Far above what a
 # router's pools open to a tier (64 per tier) and what bench/ drives (16 clients).
 DEFAULT_MAX_CONNECTIONS = 1024
+# Bodies of `max_body` a server holds at once by default (`max_body_in_flight`, a2m.bodies): the router's
+# 64 MiB, a tier's 512 MiB, where max_connections times max_body was 16 and 128 GiB.
+BODIES_IN_FLIGHT = 4
 # Seconds a stopping server waits for requests in progress before cancelling them (uvicorn's default is
 # for ever: one stuck client kept the process up). Under the 30 s a supervisor (Kubernetes, systemd,
 # docker stop) commonly allows before SIGKILL, leaving room to close the engines.
@@ -77,6 +81,8 @@ class HTTPSettings:
     # The bearer token a /metrics scrape must present; None: /metrics is open (as /healthz and /readyz are).
     metrics_token: str | None = None
     max_body: int = DEFAULT_MAX_BODY
+    # Bytes of request bodies held at once (a2m.bodies); None: BODIES_IN_FLIGHT bodies of max_body.
+    max_body_in_flight: int | None = None
     body_timeout: float = DEFAULT_BODY_TIMEOUT  # seconds for a request head, then its whole body, to arrive
     # Read by server() (uvicorn, not the app): connections at once before 503, and how long a stop waits.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -84,8 +90,10 @@ class HTTPSettings:
 
     def __post_init__(self) -> None:
         # The CLI refuses these; a library caller gets the same answer (a zero deadline would tick at 0 s: a spin).
-        for name in ("body_timeout", "max_connections"):
+        for name in ("body_timeout", "max_connections", "max_body_in_flight"):
             value = getattr(self, name)
+            if value is None and name == "max_body_in_flight":
+                continue
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"HTTPSettings.{name} must be a positive number, not {value!r}")
         if not (isinstance(self.shutdown_timeout, (int, float)) and self.shutdown_timeout >= 0):
@@ -160,6 +168,8 @@ class Metrics:
         # Labelled by the status the binding answers (a fixed set), never by anything the caller sent.
         self.refused = Counter("a2m_http_refused", "HTTP requests refused before any JSON-RPC method ran",
                                ["status"], registry=self.registry)
+        self.body_bytes = Gauge("a2m_http_body_bytes_held", "Bytes of request bodies taken from the budget "
+                                "(max_body_in_flight) by requests in progress", registry=self.registry)
         self._children: dict[tuple[str, bool], tuple[Any, Any]] = {}
 
     def observe(self, method: str, seconds: float, code: int | None) -> None:
@@ -219,6 +229,8 @@ class HTTPApp:
         self.settings = settings or HTTPSettings()
         self.metrics = Metrics()
         self._body_deadlines = _Deadlines(self.settings.body_timeout)
+        self.bodies = BodyBudget(self.settings.max_body_in_flight or BODIES_IN_FLIGHT * self.settings.max_body)
+        self.metrics.body_bytes.set_function(lambda: self.bodies.held)
         self.lifespan = lifespan  # an object with async startup() / shutdown(), or None
         dispatcher.observer = self.metrics.observe
         register = getattr(dispatcher.service, "register_metrics", None)
@@ -367,6 +379,26 @@ class HTTPApp:
         if declared is not None and declared.isdigit() and int(declared) > self.settings.max_body:
             await self._refuse(send, 413, b'{"error":"body too large"}')
             return
+        # A chunked body declares no length: it takes the most it may be (JSON-RPC clients send a length).
+        size = int(declared) if declared is not None and declared.isdigit() else self.settings.max_body
+        taken = self.bodies.take_now(size)
+        if taken is None:
+            try:
+                with self._body_deadlines:
+                    taken = await self.bodies.take(size)
+            except TimeoutError:
+                # The body still in the socket is read and dropped by uvicorn once this is answered (as
+                # after a 413), never held: the connection stays usable.
+                await self._refuse(send, 503, b'{"error":"the server holds too many request bodies; retry"}',
+                                   headers=[(b"retry-after", b"1")])
+                return
+        try:
+            await self._answer(receive, send, headers, principal)
+        finally:
+            self.bodies.give(taken)
+
+    async def _answer(self, receive: Receive, send: Send, headers: dict[str, str], principal: str | None) -> None:
+        """Read the body, dispatch it and respond: what a request does once its bytes are taken."""
         try:
             with self._body_deadlines:
                 body = await self._read_body(receive)

@@ -319,7 +319,8 @@ def _serve(args: argparse.Namespace) -> int:
         tracing.configure("a2m-router" if args.what == "router" else f"a2m-{name}")
     except ValueError as exc:  # A2M_TRACE_FILE cannot be opened
         raise SystemExit(f"a2m serve {args.what}: {exc}") from None
-    limits = {key: getattr(args, key) for key in ("body_timeout", "max_connections", "shutdown_timeout")
+    limits = {key: getattr(args, key) for key in ("body_timeout", "max_connections", "max_body_in_flight",
+                                                  "shutdown_timeout")
               if getattr(args, key) is not None}  # else HTTPSettings' defaults
     # A tier's service token is among its `tokens`; the router's, which it presents, is not.
     metrics_token = _metrics_token(args, tokens, server.config.service_token if args.what == "router" else None)
@@ -447,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="seconds a request body may take to arrive, then 408 (default 30; $A2M_BODY_TIMEOUT)")
     serve.add_argument("--max-connections", type=_positive, default=os.environ.get("A2M_MAX_CONNECTIONS") or None,
                        help="connections or requests at once before 503 (default 1024; $A2M_MAX_CONNECTIONS)")
+    serve.add_argument("--max-body-in-flight", type=_positive, default=os.environ.get("A2M_MAX_BODY_IN_FLIGHT") or None,
+                       help="bytes of request bodies held at once; a body past them waits (default: 4 of the "
+                            "largest body, 64 MiB on the router, 512 MiB on a tier; $A2M_MAX_BODY_IN_FLIGHT)")
     serve.add_argument("--shutdown-timeout", type=_seconds, default=os.environ.get("A2M_SHUTDOWN_TIMEOUT") or None,
                        help="seconds a stop waits for requests in progress (default 20; $A2M_SHUTDOWN_TIMEOUT)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug", "trace"],

@@ -443,6 +443,32 @@ def test_the_http_limits_are_set_by_flag_or_variable(tmp_path: Path) -> None:
         stop(proc)  # type: ignore[arg-type]
 
 
+def test_the_body_budget_is_set_by_flag_or_variable(tmp_path: Path) -> None:
+    """$A2M_MAX_BODY_IN_FLIGHT reaches the server: a body past what a stalled one holds is not read
+    until the stalled one is answered 408, then it is served."""
+    import socket
+
+    port = free_port()
+    proc = _serve_http(tmp_path, "--port", str(port), "--body-timeout", "0.5",
+                       env={"A2M_MAX_BODY_IN_FLIGHT": "200000"})
+    head = b"POST / HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    start, end = b'{"jsonrpc":"2.0","id":1,"method":"memory/remember","params":{"records":[{"content":"', b'"}]}}'
+    body = start + b"x" * (150_000 - len(start) - len(end)) + end
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/", proc)  # type: ignore[arg-type]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as stalled, \
+                socket.create_connection(("127.0.0.1", port), timeout=10) as waiting:
+            stalled.sendall(head % len(body) + b"{")
+            time.sleep(0.1)
+            sent = time.monotonic()
+            waiting.sendall(head % len(body) + body)
+            assert waiting.recv(1024).startswith(b"HTTP/1.1 200 ")
+            assert time.monotonic() - sent > 0.2  # it waited for the stalled one's 408
+            assert stalled.recv(1024).startswith(b"HTTP/1.1 408 ")
+    finally:
+        stop(proc)  # type: ignore[arg-type]
+
+
 def test_a_failed_start_leaves_no_filter_on_uvicorns_log(tmp_path: Path) -> None:
     """The filter that keeps uvicorn's own lines about a failed start quiet stayed on `uvicorn.error`:
     in a process that serves again (tests, an embedding application), every later server's uvicorn

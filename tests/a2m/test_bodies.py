@@ -1,0 +1,88 @@
+"""The body budget's queue (a2m.bodies): first come, first served, and nothing lost to a cancel."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from a2m.bodies import SMALL, BodyBudget
+
+pytestmark = pytest.mark.timeout(30)
+BIG = SMALL + 1
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_bodies_wait_in_order_and_a_large_one_is_not_passed_over() -> None:
+    async def go() -> None:
+        budget = BodyBudget(3 * BIG)
+        assert budget.take_now(2 * BIG) == 2 * BIG
+        order: list[str] = []
+
+        async def take(name: str, size: int) -> None:
+            await budget.take(size)
+            order.append(name)
+
+        large = asyncio.create_task(take("large", 3 * BIG))
+        await _settle()
+        medium = asyncio.create_task(take("medium", BIG))  # would fit now, but the large one came first
+        await _settle()
+        assert order == [] and budget.held == 2 * BIG
+        budget.give(2 * BIG)
+        await _settle()
+        assert order == ["large"]
+        budget.give(3 * BIG)
+        await asyncio.wait_for(medium, 5)
+        await large
+        assert order == ["large", "medium"] and budget.held == BIG
+
+    asyncio.run(go())
+
+
+def test_a_body_larger_than_the_budget_passes_alone_and_small_ones_never_wait() -> None:
+    async def go() -> None:
+        budget = BodyBudget(2 * BIG)
+        assert budget.take_now(10 * BIG) == 2 * BIG  # clamped: it passes, alone
+        assert budget.take_now(BIG) is None
+        assert budget.take_now(SMALL) == SMALL  # past the budget: a recall never queues behind writes
+        budget.give(SMALL)
+        budget.give(2 * BIG)
+        assert budget.held == 0
+
+    asyncio.run(go())
+
+
+def test_a_cancelled_wait_lets_those_behind_it_go_and_keeps_nothing() -> None:
+    async def go() -> None:
+        budget = BodyBudget(2 * BIG)
+        assert budget.take_now(BIG) == BIG
+        first = asyncio.create_task(budget.take(2 * BIG))  # waits for the whole budget
+        await _settle()
+        second = asyncio.create_task(budget.take(BIG))  # fits, but queued behind the first
+        await _settle()
+        assert not second.done()
+        first.cancel()  # the caller went away (its deadline): the one behind it fits, and goes
+        assert await asyncio.wait_for(second, 5) == BIG
+        assert budget.held == 2 * BIG
+
+    asyncio.run(go())
+
+
+def test_a_wait_granted_and_then_cancelled_gives_its_bytes_back() -> None:
+    async def go() -> None:
+        budget = BodyBudget(BIG)
+        assert budget.take_now(BIG) == BIG
+        waiter = asyncio.create_task(budget.take(BIG))
+        await _settle()
+        budget.give(BIG)  # granted: its bytes are taken for it before it runs again
+        assert budget.held == BIG
+        waiter.cancel()  # and cancelled before it ran on
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert budget.held == 0
+
+    asyncio.run(go())
