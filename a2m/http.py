@@ -87,6 +87,9 @@ class HTTPSettings:
     # Read by server() (uvicorn, not the app): connections at once before 503, and how long a stop waits.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    # PEM files: served over HTTPS where both are set (read by server(), as the two above).
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         # The CLI refuses these; a library caller gets the same answer (a zero deadline would tick at 0 s: a spin).
@@ -96,6 +99,8 @@ class HTTPSettings:
                 continue
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"HTTPSettings.{name} must be a positive number, not {value!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("HTTPSettings.tls_cert and tls_key go together: a certificate and its private key")
         if not (isinstance(self.shutdown_timeout, (int, float)) and self.shutdown_timeout >= 0):
             raise ValueError(f"HTTPSettings.shutdown_timeout must be a number >= 0, not {self.shutdown_timeout!r}")
 
@@ -607,7 +612,8 @@ def server(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: s
             if on_listening is not None and self.started and not self.should_exit:
                 bound = next((s.getsockname() for srv in self.servers for s in srv.sockets or ()), None)
                 shown = host if ":" not in host else f"[{host}]"  # an IPv6 literal
-                on_listening(f"http://{shown}:{bound[1] if bound else port}/")
+                scheme = "https" if app.settings.tls_cert else "http"
+                on_listening(f"{scheme}://{shown}:{bound[1] if bound else port}/")
 
     # No proxy-header middleware (this binding never reads the client address) and no
     # Server header: both are per-request work on the hottest path. uvicorn's backlog (2048) is kept.
@@ -615,7 +621,8 @@ def server(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: s
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http=_timed_heads(heads), loop="uvloop",
                             lifespan="on", access_log=False, proxy_headers=False, server_header=False,
                             limit_concurrency=app.settings.max_connections, timeout_keep_alive=KEEP_ALIVE,
-                            timeout_graceful_shutdown=app.settings.shutdown_timeout)  # type: ignore[arg-type]
+                            timeout_graceful_shutdown=app.settings.shutdown_timeout,
+                            ssl_certfile=app.settings.tls_cert, ssl_keyfile=app.settings.tls_key)  # type: ignore[arg-type]
     return Server(config)
 
 

@@ -44,6 +44,31 @@ def _metrics_token(args: argparse.Namespace, tokens: dict[str, object],
     return token
 
 
+def _tls(args: argparse.Namespace) -> dict[str, str]:
+    """`--tls-cert` / `--tls-key` ($A2M_TLS_CERT / $A2M_TLS_KEY): HTTPS where both are given, loaded
+    here so that a wrong path, a key that is not the certificate's or a passphrase-protected key is
+    one line at start, not uvicorn's traceback after the engines started."""
+    import ssl
+
+    cert = args.tls_cert or os.environ.get("A2M_TLS_CERT") or None
+    key = args.tls_key or os.environ.get("A2M_TLS_KEY") or None
+    if cert is None and key is None:
+        return {}
+    where = f"a2m serve {args.what}: --tls-cert / --tls-key (A2M_TLS_CERT / A2M_TLS_KEY)"
+    if cert is None or key is None:
+        raise SystemExit(f"{where}: give both, the certificate chain and its private key (PEM files)")
+    if args.stdio:
+        raise SystemExit(f"{where}: TLS is for HTTP, not --stdio")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key, password=lambda: b"")
+    except ssl.SSLError as exc:  # an OSError too: first
+        raise SystemExit(f"{where}: {cert} and {key} are not a PEM certificate chain and its unencrypted "
+                         f"private key ({exc.reason or exc})") from None
+    except OSError as exc:
+        raise SystemExit(f"{where}: cannot read {exc.filename or f'{cert} or {key}'}: {exc.strerror}") from None
+    return {"tls_cert": cert, "tls_key": key}
+
+
 def _tokens(values: list[str], service_token: str | None) -> dict[str, object]:
     """`--token TOKEN=principal`: a bearer token and the owner scope it grants; checked as router.toml's
     [auth] tokens are (a2m.http says what a header can carry)."""
@@ -325,7 +350,8 @@ def _serve(args: argparse.Namespace) -> int:
     # A tier's service token is among its `tokens`; the router's, which it presents, is not.
     metrics_token = _metrics_token(args, tokens, server.config.service_token if args.what == "router" else None)
     http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens, metrics_token=metrics_token,
-                                 max_body=DEFAULT_MAX_BODY if args.what == "router" else TIER_MAX_BODY, **limits)
+                                 max_body=DEFAULT_MAX_BODY if args.what == "router" else TIER_MAX_BODY, **limits,
+                                 **_tls(args))
     startup = _Startup(server)
     if args.stdio:
         from a2m.stdio import serve_stdio
@@ -444,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
                                                "$A2M_METRICS_TOKEN")
     serve.add_argument("--origin", action="append", help="allowed browser Origin (repeatable); "
                                                          "$A2M_ALLOWED_ORIGINS, comma-separated")
+    serve.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS (with --tls-key; $A2M_TLS_CERT)")
+    serve.add_argument("--tls-key", help="PEM private key of --tls-cert, unencrypted ($A2M_TLS_KEY)")
     serve.add_argument("--body-timeout", type=_seconds, default=os.environ.get("A2M_BODY_TIMEOUT") or None,
                        help="seconds a request body may take to arrive, then 408 (default 30; $A2M_BODY_TIMEOUT)")
     serve.add_argument("--max-connections", type=_positive, default=os.environ.get("A2M_MAX_CONNECTIONS") or None,

@@ -335,3 +335,8 @@ def test_a_body_that_waits_past_the_deadline_for_the_budget_is_answered_503() ->
         sock.sendall(head(len(BODY)) + BODY)
         assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
         assert app.bodies.held == 0
+
+
+def test_a_certificate_without_its_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="tls_cert and tls_key go together"):
+        HTTPSettings(tls_cert="/etc/a2m/cert.pem")

@@ -1,0 +1,107 @@
+"""HTTPS served by `a2m serve` itself (`--tls-cert` / `--tls-key`), front door and tier alike.
+
+Without it a router reachable over a network took bearer tokens in clear, and a tier on another
+host took the service token in clear, unless a proxy stood in front of each. The certificate here is
+made for 127.0.0.1 and trusted through SSL_CERT_FILE, as a private CA is trusted in production.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from a2m.client import HTTPClient, Unavailable
+from tests.support.procs import ROOT, a2m_command, free_port, stop, wait_ready
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _key_and_cert(directory: Path, name: str) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    key_path, cert_path = directory / f"{name}.key", directory / f"{name}.pem"
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return key_path, cert_path
+
+
+@pytest.fixture
+def pki(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
+    """A key and a self-signed certificate for 127.0.0.1, trusted by this process (SSL_CERT_FILE)."""
+    key, cert = _key_and_cert(tmp_path, "a2m")
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    yield key, cert
+
+
+def _serve(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(a2m_command("serve", *args), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / f"{args[0]}.log", "ab"),
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+@pytest.mark.anyio
+async def test_the_router_and_a_tier_serve_https_and_the_router_calls_the_tier_over_it(
+        tmp_path: Path, pki: tuple[Path, Path]) -> None:
+    key, cert = pki
+    tls = {"A2M_TLS_CERT": str(cert), "A2M_TLS_KEY": str(key), "SSL_CERT_FILE": str(cert)}
+    tier_port, router_port = free_port(), free_port()
+    config = tmp_path / "router.toml"
+    config.write_text(f'default_tier = "procedural"\n[[tiers]]\nname = "procedural"\nkind = "procedural"\n'
+                      f'url = "https://127.0.0.1:{tier_port}/"\n')
+    tier = _serve(tmp_path, "procedural", "--port", str(tier_port), "--data", str(tmp_path / "data"), env=tls)
+    router = None
+    try:
+        wait_ready(f"https://127.0.0.1:{tier_port}/", tier)  # type: ignore[arg-type]
+        router = _serve(tmp_path, "router", "--port", str(router_port), "--config", str(config), env=tls)
+        wait_ready(f"https://127.0.0.1:{router_port}/", router)  # type: ignore[arg-type]
+        async with HTTPClient(f"https://127.0.0.1:{router_port}/") as client:
+            await client.call("memory/remember", {"records": [{"content": "rotate the keys", "key": "ops/keys"}]})
+            found = await client.call("memory/fetch", {"key": "ops/keys"})
+            assert found["record"]["content"] == "rotate the keys" and found["record"]["tier"] == "procedural"
+        async with HTTPClient(f"http://127.0.0.1:{router_port}/", timeout=5) as plain:
+            with pytest.raises(Unavailable):  # no clear-text answer on a TLS port
+                await plain.call("memory/describe")
+        assert "listening on https://127.0.0.1" in (tmp_path / "router.log").read_text()
+    finally:
+        for proc in (router, tier):
+            if proc is not None:
+                stop(proc)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("cert only", "give both, the certificate chain and its private key"),
+    ("missing file", "cannot read"),
+    ("another key", "are not a PEM certificate chain and its unencrypted private key"),
+    ("stdio", "TLS is for HTTP, not --stdio"),
+])
+def test_a_certificate_that_cannot_serve_is_one_line_at_start(tmp_path: Path, case: str, message: str) -> None:
+    key, cert = _key_and_cert(tmp_path, "a2m")
+    other, _ = _key_and_cert(tmp_path, "other")
+    args = {"cert only": ["--tls-cert", str(cert)],
+            "missing file": ["--tls-cert", str(tmp_path / "nowhere.pem"), "--tls-key", str(key)],
+            "another key": ["--tls-cert", str(cert), "--tls-key", str(other)],
+            "stdio": ["--tls-cert", str(cert), "--tls-key", str(key), "--stdio"]}[case]
+    done = subprocess.run(a2m_command("serve", "procedural", "--port", "0", "--data", str(tmp_path / "d"), *args),
+                          cwd=tmp_path, timeout=60, input=b"", capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    stderr = done.stderr.decode()
+    assert done.returncode != 0 and "Traceback" not in stderr and message in stderr, stderr[-2000:]
