@@ -57,6 +57,8 @@ def _index_schema(kind: str) -> Any:
         return m.KeywordIndexParams(type=m.KeywordIndexType.KEYWORD, prefix=True)
     if kind == "integer":
         return m.IntegerIndexParams(type=m.IntegerIndexType.INTEGER, lookup=True, range=True)
+    if kind == "datetime":
+        return m.PayloadSchemaType.DATETIME
     return m.PayloadSchemaType.KEYWORD
 
 
@@ -206,6 +208,12 @@ class ClientEngine:
     async def count(self, must: Sequence[Cond]) -> int:
         result = await self.client.count(self.collection, count_filter=_filter(must), exact=True)
         return result.count
+
+    async def facet(self, must: Sequence[Cond], key: str, *, exact: bool) -> list[tuple[str, int]] | None:
+        # Not served: local mode answers each of the per-session reads that would follow by testing
+        # every point, and a server's round trips per session were never measured against one
+        # paged scroll; `sessions` reads the partition instead.
+        return None
 
 
 def _point(p: PointData) -> m.PointStruct:

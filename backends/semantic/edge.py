@@ -29,6 +29,7 @@ from backends.store import StoreUnavailable
 from .store import (DENSE, EMBEDDING, INDEXES, RRF_K, SPARSE, AnyOf, Cond, Either, Empty, HasIds, Hit, Match, Not,
                     PointData, Prefix, Range)
 
+FACET_LIMIT = 1_000_000_000  # a facet's values: all of them
 
 
 def _cond(c: Cond) -> Any:
@@ -67,6 +68,8 @@ def _index_schema(kind: str) -> Any:
         return q.KeywordIndexParams(prefix=True)
     if kind == "integer":
         return q.IntegerIndexParams(lookup=True, range=True)
+    if kind == "datetime":
+        return q.PayloadSchemaType.Datetime
     return q.PayloadSchemaType.Keyword
 
 
@@ -211,6 +214,12 @@ class EdgeEngine:
 
     async def count(self, must: Sequence[Cond]) -> int:
         return self.shard.count(q.CountRequest(exact=True, filter=_filter(must)))
+
+    async def facet(self, must: Sequence[Cond], key: str, *, exact: bool) -> list[tuple[str, int]] | None:
+        # exact: the shard lists the values, then counts each one's points (a point two segments
+        # hold is counted once); otherwise it sums the segments' own counts (under a millisecond)
+        found = self.shard.facet(q.FacetRequest(key, limit=FACET_LIMIT, exact=exact, filter=_filter(must)))
+        return [(hit.value, hit.count) for hit in found.hits]
 
 
 def _point(p: PointData) -> Any:
