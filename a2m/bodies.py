@@ -53,7 +53,8 @@ class BodyBudget:
             if granted.done() and not granted.cancelled():  # granted, then cancelled before it ran on
                 self.give(size)
             else:
-                self._waiting.remove(entry)
+                if entry in self._waiting:  # else `_grant` already dropped it, cancelled
+                    self._waiting.remove(entry)
                 self._grant()  # those behind it may fit now
             raise
         return size
@@ -63,7 +64,18 @@ class BodyBudget:
         self._grant()
 
     def _grant(self) -> None:
-        while self._waiting and self.held + self._waiting[0][0] <= self.limit:
-            size, granted = self._waiting.popleft()
+        """Hand the bytes to the waits at the head of the queue that fit, in order.
+
+        A wait whose task was cancelled (its deadline) but has not run on yet is still queued, its
+        future cancelled: it is dropped, never granted, or a give in the same turn of the loop counted
+        its bytes as held for good and raised InvalidStateError into the request that gave them."""
+        while self._waiting:
+            size, granted = self._waiting[0]
+            if granted.done():
+                self._waiting.popleft()
+                continue
+            if self.held + size > self.limit:
+                return
+            self._waiting.popleft()
             self.held += size
             granted.set_result(None)

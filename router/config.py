@@ -324,6 +324,10 @@ def _cursor_secret(written: Any, from_env: str | None, tokens: Mapping[str, Any]
     if not isinstance(secret, str) or len(secret) < MIN_CURSOR_SECRET:
         raise ConfigError(f"{where} must be a string of at least {MIN_CURSOR_SECRET} characters "
                           f"(e.g. `openssl rand -hex 32`)")
+    try:
+        secret.encode()
+    except UnicodeEncodeError:  # an environment value that is not UTF-8 (read with lone surrogates)
+        raise ConfigError(f"{where} must be UTF-8 text (e.g. `openssl rand -hex 32`)") from None
     if secret in tokens or secret == service_token:
         raise ConfigError(f"{where} is a bearer token: a caller holding it could open the cursors it is "
                           f"handed; give it a value of its own")

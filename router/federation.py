@@ -51,6 +51,19 @@ def ran_out(started: float, limit: float) -> bool:
     return time.monotonic() - started >= limit - min(TIMER_SLACK, limit / 10)
 
 
+def _kind(error: BaseException) -> tuple[type, ...]:
+    """What an outage is logged by: the error's type and those it was raised from. Every unreachable
+    tier is an Unavailable; a refused connection and a certificate the router does not trust (which
+    never heals: an https tier without SSL_CERT_FILE) differ only below it, and the log kept the
+    first for the whole outage."""
+    kinds: list[type] = []
+    seen: BaseException | None = error
+    while seen is not None and len(kinds) < 4:
+        kinds.append(type(seen))
+        seen = seen.__cause__
+    return tuple(kinds)
+
+
 @dataclass(eq=False)
 class Tier:
     config: TierConfig
@@ -64,7 +77,7 @@ class Tier:
     reached: bool = False  # has answered at least once (a tier still starting is not news)
     _probe_until: float = 0.0  # a read after the backoff is in flight: the others skip the tier until then
     heard_at: float = 0.0  # monotonic time of its last good answer: a health check probes a tier silent for long
-    _down_for: type | None = None  # the kind of failure last logged for this outage (`_down`)
+    _down_for: tuple[type, ...] | None = None  # the kind of failure last logged for this outage (`_down`)
     _malformed: set[str] = field(default_factory=set)  # methods whose last reply was malformed (logged once)
     # (tier, method, seconds, outcome) after every call: the router's per-tier metrics. Outcome is
     # "ok", "error" (the tier answered an A2M error) or "unavailable" (unreachable, timed out, or its
@@ -143,8 +156,8 @@ class Tier:
         self.failures += 1
         self.healthy = False
         self.retry_at = time.monotonic() + min(BACKOFF_MAX, BACKOFF_MIN * 2 ** (self.failures - 1))
-        cause = type(error)  # unreachable (Unavailable) or its engine away (A2MError)
-        if self.failures == 1 or cause is not self._down_for:  # once per outage, and when its cause changes
+        cause = _kind(error)  # unreachable (refused, a certificate not trusted, ...) or its engine away
+        if self.failures == 1 or cause != self._down_for:  # once per outage, and when its cause changes
             # (the tier's server is back, its engine is not): the operator reads the cause at hand
             log.log(logging.WARNING if self.reached else logging.INFO, "tier %s is down: %s", self.name, error)
         self._down_for = cause

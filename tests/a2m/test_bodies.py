@@ -86,3 +86,27 @@ def test_a_wait_granted_and_then_cancelled_gives_its_bytes_back() -> None:
         assert budget.held == 0
 
     asyncio.run(go())
+
+
+def test_a_wait_cancelled_and_then_reached_by_a_give_before_it_ran_on_keeps_nothing() -> None:
+    """A deadline's cancel and another request's answer in one turn of the loop: the give reached the
+    cancelled wait at the head of the queue before its task ran on. It set a result on the cancelled
+    future (InvalidStateError, raised into the answering request) after counting its bytes as held, and
+    the wait then failed to find itself in the queue: those bytes were held for good, a budget that
+    shrank with every such race until no large body passed."""
+    async def go() -> None:
+        budget = BodyBudget(2 * BIG)
+        assert budget.take_now(2 * BIG) == 2 * BIG
+        waiter = asyncio.create_task(budget.take(BIG))
+        behind = asyncio.create_task(budget.take(BIG))
+        await _settle()
+        waiter.cancel()  # its deadline: the cancel is delivered when the task next runs
+        budget.give(2 * BIG)  # in the same turn, another request is answered
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert await asyncio.wait_for(behind, 5) == BIG  # the one behind it got the bytes
+        assert budget.held == BIG
+        budget.give(BIG)
+        assert budget.held == 0 and not budget._waiting
+
+    asyncio.run(go())

@@ -105,3 +105,41 @@ def test_a_certificate_that_cannot_serve_is_one_line_at_start(tmp_path: Path, ca
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     stderr = done.stderr.decode()
     assert done.returncode != 0 and "Traceback" not in stderr and message in stderr, stderr[-2000:]
+
+
+def test_a_tier_whose_certificate_the_router_does_not_trust_is_named_in_the_router_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router started before its tier (refused: logged), then the tier came up on HTTPS with a
+    certificate the router does not trust (no SSL_CERT_FILE). The log said "Connection refused" for
+    good: a new cause of the same outage was logged only where its exception type changed, and both
+    are Unavailable. A certificate never trusted does not heal; the operator must read it."""
+    import time
+
+    import httpx
+
+    key, cert = _key_and_cert(tmp_path, "a2m")
+    tier_port, router_port = free_port(), free_port()
+    config = tmp_path / "router.toml"
+    config.write_text(f'default_tier = "procedural"\n[[tiers]]\nname = "procedural"\nkind = "procedural"\n'
+                      f'url = "https://127.0.0.1:{tier_port}/"\n')
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)  # the system's trust store: not this certificate
+    router = _serve(tmp_path, "router", "--port", str(router_port), "--config", str(config), env={})
+    tier = None
+    log = tmp_path / "router.log"
+    try:
+        deadline = time.monotonic() + 60
+        while "listening on" not in log.read_text() and router.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "Connection refused" in log.read_text()
+        tier = _serve(tmp_path, "procedural", "--port", str(tier_port), "--data", str(tmp_path / "data"),
+                      env={"A2M_TLS_CERT": str(cert), "A2M_TLS_KEY": str(key)})
+        deadline = time.monotonic() + 40  # the router's backoff reaches 15 s between tries
+        while "CERTIFICATE_VERIFY_FAILED" not in log.read_text() and time.monotonic() < deadline:
+            httpx.get(f"http://127.0.0.1:{router_port}/readyz", timeout=10)  # a health check asks the tier
+            time.sleep(0.5)
+        assert "tier procedural is down" in log.read_text() and "CERTIFICATE_VERIFY_FAILED" in log.read_text(), \
+            log.read_text()[-2000:]
+    finally:
+        for proc in (router, tier):
+            if proc is not None:
+                stop(proc)  # type: ignore[arg-type]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -57,6 +58,18 @@ def test_a_cursor_secret_is_long_and_no_token(data: dict, env: dict, message: st
     writes between two of them: refused at start, as a short one is."""
     with pytest.raises(ConfigError, match=message):
         parse(data, env=env)
+
+
+def test_a_cursor_secret_from_the_environment_that_is_not_utf8_is_refused_at_start() -> None:
+    """Python reads an environment value that is not UTF-8 with lone surrogates: it passed the
+    checks here and the router then died at start with a traceback (UnicodeEncodeError) where the
+    key is derived. Other non-ASCII text is a secret like any (its UTF-8 bytes are the key's input)."""
+    from router.cursors import CursorSeal
+
+    with pytest.raises(ConfigError, match=r"\$A2M_CURSOR_SECRET must be UTF-8 text"):
+        parse({}, env={"A2M_CURSOR_SECRET": os.fsdecode(b"\xff" * 40)})
+    secret = parse({}, env={"A2M_CURSOR_SECRET": "sécret clé 秘密 " * 3}).cursor_secret
+    assert secret is not None and CursorSeal.of({"t" * 16: "alice"}, None, secret) is not None
 
 
 def test_service_token_from_env() -> None:
