@@ -366,3 +366,15 @@ def test_up_serves_on_loopback_whatever_a2m_host_says(tmp_path: Path, monkeypatc
         up.kill()
     assert "a2m up: A2M_HOST=0.0.0.0" in up.output and "127.0.0.1" in up.output, up.output
     assert not (tmp_path / "data" / "Procfile").exists()
+
+
+def test_up_refuses_a_tls_certificate_left_in_the_environment(tmp_path: Path) -> None:
+    """A2M_TLS_CERT/KEY left in the shell made every server `a2m up` starts speak HTTPS, while the
+    router.toml it writes and its readiness checks speak HTTP: it waited out its start timeout."""
+    done = subprocess.run(a2m_command("up", "--data", str(tmp_path / "data"), "--port", str(free_port_block(5))),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "A2M_TLS_CERT": "/etc/a2m/cert.pem", "A2M_TLS_KEY": "/etc/a2m/key.pem"})
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "a2m up: A2M_TLS_CERT and A2M_TLS_KEY would make the servers speak HTTPS" in done.stderr, done.stderr
+    assert not (tmp_path / "data" / "Procfile").exists()
+
