@@ -42,8 +42,9 @@ def bm25_sql(condition: str, terms: int) -> str:
     (times k1 + 1) is computed once, in `s`: per row it cost a numeric addition and cast for every
     term. Both sorted row shapes lead with their sort keys and end with the id: most matches tie on
     the first key (the same counts, the same length), and reading the next key from behind a text
-    column walked the row for every comparison (`nocachegetattr`). The outer SELECT only puts
-    (id, score) back in the order `text_scores` reads."""
+    column walked the row for every comparison (`nocachegetattr`). The outer SELECT puts (id, score)
+    back in the order `text_scores` reads; its ORDER BY repeats the subquery's, so the order is
+    guaranteed, and the planner sees it already met (no second Sort)."""
     k1, b = BM25_K1, BM25_B
     counts = "".join(f", cardinality(array_positions(terms, %s::text)) AS f{i}" for i in range(terms))
     held = "".join(f", count(*) FILTER (WHERE f{i} > 0) AS d{i}" for i in range(terms))
@@ -60,7 +61,7 @@ def bm25_sql(condition: str, terms: int) -> str:
         f"s AS MATERIALIZED (SELECT n, avglen{idf} FROM (SELECT greatest(count(*), %s)::float8 AS n, "
         f"coalesce(nullif(avg(len), 0), 1)::float8 AS avglen{held} FROM m) c) "
         f"SELECT id, score FROM (SELECT {score} AS score, m.tr, m.created_at, m.id FROM m, s "
-        "ORDER BY score DESC, tr DESC, created_at DESC) o"
+        "ORDER BY score DESC, tr DESC, created_at DESC) o ORDER BY score DESC, tr DESC, created_at DESC"
     )
 
 
