@@ -621,8 +621,8 @@ def server(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: s
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http=_timed_heads(heads), loop="uvloop",
                             lifespan="on", access_log=False, proxy_headers=False, server_header=False,
                             limit_concurrency=app.settings.max_connections, timeout_keep_alive=KEEP_ALIVE,
-                            timeout_graceful_shutdown=app.settings.shutdown_timeout,
-                            ssl_certfile=app.settings.tls_cert, ssl_keyfile=app.settings.tls_key)  # type: ignore[arg-type]
+                            timeout_graceful_shutdown=app.settings.shutdown_timeout,  # type: ignore[arg-type]
+                            ssl_certfile=app.settings.tls_cert, ssl_keyfile=app.settings.tls_key)
     return Server(config)
 
 

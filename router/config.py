@@ -493,7 +493,8 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
     return RouterConfig(
         name=name, tiers=tiers,
         default_tier=default_tier, fusion=fusion, embedder=embedder_raw, embedder_model=embedder_model,
-        tokens=dict(tokens), service_token=service_token, cursor_secret=cursor_secret, allowed_origins=frozenset(origins), limits=limits,
+        tokens=dict(tokens), service_token=service_token, cursor_secret=cursor_secret,
+        allowed_origins=frozenset(origins), limits=limits,
         events_capacity=_positive(section.get("events_capacity", 1024), "events_capacity"),
         background_promotion=_type(section.get("background_promotion", True), bool, "background_promotion",
                                    "true or false"),

@@ -77,7 +77,8 @@ class Reads:
         self.limits = limits
         self.spawn = spawn
         self.degraded = degraded
-        self.cursors = Cursors(CursorSeal.of(config.tokens, config.service_token, config.cursor_secret))  # `Router.take_tokens` may widen
+        # `Router.take_tokens` may widen the tokens, and seals again
+        self.cursors = Cursors(CursorSeal.of(config.tokens, config.service_token, config.cursor_secret))
 
     async def recall(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
