@@ -148,6 +148,23 @@ def cpu_seconds(stack: Any, dsn: str) -> dict[str, float]:
     return out
 
 
+def profilers(stack: Any, folder: str | None, seconds: float) -> list[Any]:
+    """py-spy sampling the router and each tier server for the concurrent run, `<folder>/<name>.txt` in
+    its raw (collapsed stacks) form. py-spy counts a runnable thread as busy: on a loaded machine the
+    points where a process wakes another (a socket write) are over-counted, so read the Python below them."""
+    if not folder:
+        return []
+    import subprocess
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    procs = {**stack.tiers, "router": stack.router}
+    return [subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(proc.popen.pid),
+                              "--duration", str(max(1, int(seconds))), "--rate", "250", "--nonblocking",
+                              "--format", "raw", "-o", str(Path(folder) / f"{name}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, proc in procs.items() if proc.popen is not None]
+
+
 def with_postgres(tiers: list[dict[str, Any]], dsn: str) -> list[dict[str, Any]]:
     return [{**t, "args": ["--url", dsn]} if t["kind"] == "episodic" else t for t in tiers]
 
@@ -302,10 +319,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             out["spill"] = {"records": spill_records, "seconds": round(spill_time, 2),
                             "records_per_s": round(spill_records / spill_time, 1)}
 
+            spies = profilers(stack, args.profile, args.seconds)
             before = cpu_seconds(stack, dsn)
             t0 = time.perf_counter()
             rate = await throughput(router, queries, 16, args.seconds)
             wall = time.perf_counter() - t0
+            for spy in spies:
+                spy.wait()
             spent = {name: cpu - before.get(name, 0.0) for name, cpu in cpu_seconds(stack, dsn).items()}
             recalls = rate * wall
             out["concurrent_recall"] = {
@@ -345,6 +365,7 @@ def main() -> None:
     parser.add_argument("--spill-sessions", type=int)
     parser.add_argument("--spill-size", type=int)
     parser.add_argument("--seconds", type=float, help="duration of the 16-client recall run")
+    parser.add_argument("--profile", metavar="DIR", help="py-spy the router and tiers during that run into DIR (its CPU figures then include py-spy)")
     args = parser.parse_args()
     quick = dict(working=1000, episodic=5000, semantic=2000, procedural=200, queries=100, remember=200,
                  spill_sessions=2, spill_size=500, seconds=5.0)
