@@ -365,7 +365,8 @@ def main() -> None:
     parser.add_argument("--spill-sessions", type=int)
     parser.add_argument("--spill-size", type=int)
     parser.add_argument("--seconds", type=float, help="duration of the 16-client recall run")
-    parser.add_argument("--profile", metavar="DIR", help="py-spy the router and tiers during that run into DIR (its CPU figures then include py-spy)")
+    parser.add_argument("--profile", metavar="DIR", help="py-spy (`pip install py-spy`) the router and tiers during "
+                                                         "that run into DIR; its CPU figures then include py-spy")
     args = parser.parse_args()
     quick = dict(working=1000, episodic=5000, semantic=2000, procedural=200, queries=100, remember=200,
                  spill_sessions=2, spill_size=500, seconds=5.0)
