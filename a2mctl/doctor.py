@@ -80,15 +80,25 @@ async def _probe(client: Any, tier: str | None) -> tuple[float | None, str]:
     return statistics.median(took), ""
 
 
-async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], list[TierReport]]:
-    """Describe + readiness + probes. Raises `Unavailable` when `url` does not answer JSON-RPC."""
+def _plain_http() -> Any:
+    """The client for /readyz and /healthz: no proxy variables (trust_env=False), and the trust
+    store `a2m.client` verifies with (the system's, or SSL_CERT_FILE's private CA), not certifi's
+    bundle, which httpx uses alone without trust_env: an HTTPS server with a private CA answered
+    every call and still read `/readyz unreachable`."""
+    import ssl
+
     import httpx
 
+    return httpx.AsyncClient(trust_env=False, verify=ssl.create_default_context())
+
+
+async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], list[TierReport]]:
+    """Describe + readiness + probes. Raises `Unavailable` when `url` does not answer JSON-RPC."""
     from a2m.client import HTTPClient
     from a2m.errors import A2MError
 
     base = url.rstrip("/") + "/"
-    async with httpx.AsyncClient(trust_env=False) as http:
+    async with _plain_http() as http:
         ready, health = await _get(http, base + "readyz"), await _get(http, base + "healthz")
     summary: dict[str, Any] = {"url": base, "readyz": ready, "healthz": health}
     async with HTTPClient(base, token=token, timeout=10.0) as client:
@@ -124,7 +134,7 @@ async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], lis
     if not single:
         # Again, after the describe and probes went through every tier: a router's /readyz reads its
         # verdict on the default tier, which may date from before a kill the describe just found.
-        async with httpx.AsyncClient(trust_env=False) as http:
+        async with _plain_http() as http:
             summary["readyz"] = await _get(http, base + "readyz")
     return summary, reports
 

@@ -143,3 +143,24 @@ def test_a_tier_whose_certificate_the_router_does_not_trust_is_named_in_the_rout
         for proc in (router, tier):
             if proc is not None:
                 stop(proc)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_doctor_trusts_a_private_ca_in_ssl_cert_file_for_readyz_as_for_its_calls(
+        tmp_path: Path, pki: tuple[Path, Path]) -> None:
+    """`a2m doctor` asked /readyz and /healthz with httpx and trust_env=False, which never reads
+    SSL_CERT_FILE (certifi's bundle alone): against a server with a private CA it described every
+    tier as up and still said `/readyz unreachable`, not healthy, exit 1."""
+    from a2mctl.doctor import check
+
+    key, cert = pki
+    port = free_port()
+    tier = _serve(tmp_path, "procedural", "--port", str(port), "--data", str(tmp_path / "data"),
+                  env={"A2M_TLS_CERT": str(cert), "A2M_TLS_KEY": str(key)})
+    try:
+        wait_ready(f"https://127.0.0.1:{port}/", tier)  # type: ignore[arg-type]
+        summary, reports = await check(f"https://127.0.0.1:{port}/")
+        assert [r.status for r in reports] == ["up"]
+        assert (summary["readyz"], summary["healthz"]) == (200, 200), summary
+    finally:
+        stop(tier)  # type: ignore[arg-type]
