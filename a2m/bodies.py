@@ -3,8 +3,9 @@
 Why: each request may carry `max_body` bytes, and `max_connections` requests
 may be in progress, so without a budget a server held up to their product
 (16 GiB at the router's defaults, 128 GiB at a tier's) and parsing multiplies
-it again: a few dozen callers writing large batches at once had the router
-killed for memory, an outage for every tenant. A request takes its declared
+it again: 96 callers writing 15 MiB at once took a router to 624 MiB and
+growing (161 MiB with the budget), where Kubernetes gives it 1 GiB before an
+OOM kill, an outage for every tenant. A request takes its declared
 length from the budget before its body is read and gives it back once it is
 answered; one that does not fit waits, in order of arrival, with its body left
 in the socket (uvicorn stops reading a connection past 64 KiB unread), so a
