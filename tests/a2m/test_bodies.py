@@ -56,6 +56,23 @@ def test_a_body_larger_than_the_budget_passes_alone_and_small_ones_never_wait() 
     asyncio.run(go())
 
 
+def test_a_body_larger_than_the_budget_that_must_wait_passes_once_the_budget_is_free() -> None:
+    """Clamped when it waits too, not only when it passes at once: a wait for more than the whole
+    budget is never granted, and such a body was answered 503 however idle the server became."""
+    async def go() -> None:
+        budget = BodyBudget(2 * BIG)
+        assert budget.take_now(BIG) == BIG
+        huge = asyncio.create_task(budget.take(10 * BIG))
+        await _settle()
+        assert not huge.done()
+        budget.give(BIG)
+        assert await asyncio.wait_for(huge, 5) == 2 * BIG
+        budget.give(2 * BIG)
+        assert budget.held == 0
+
+    asyncio.run(go())
+
+
 def test_a_cancelled_wait_lets_those_behind_it_go_and_keeps_nothing() -> None:
     async def go() -> None:
         budget = BodyBudget(2 * BIG)

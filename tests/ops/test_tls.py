@@ -26,7 +26,7 @@ from tests.support.procs import ROOT, a2m_command, free_port, stop, wait_ready
 pytestmark = pytest.mark.timeout(120)
 
 
-def _key_and_cert(directory: Path, name: str) -> tuple[Path, Path]:
+def _key_and_cert(directory: Path, name: str, passphrase: bytes | None = None) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -39,7 +39,8 @@ def _key_and_cert(directory: Path, name: str) -> tuple[Path, Path]:
             .sign(key, hashes.SHA256()))
     key_path, cert_path = directory / f"{name}.key", directory / f"{name}.pem"
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+                                           serialization.BestAvailableEncryption(passphrase) if passphrase
+                                           else serialization.NoEncryption()))
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return key_path, cert_path
 
@@ -91,14 +92,18 @@ async def test_the_router_and_a_tier_serve_https_and_the_router_calls_the_tier_o
     ("cert only", "give both, the certificate chain and its private key"),
     ("missing file", "cannot read"),
     ("another key", "are not a PEM certificate chain and its unencrypted private key"),
+    ("encrypted key", "are not a PEM certificate chain and its unencrypted private key"),
     ("stdio", "TLS is for HTTP, not --stdio"),
 ])
 def test_a_certificate_that_cannot_serve_is_one_line_at_start(tmp_path: Path, case: str, message: str) -> None:
     key, cert = _key_and_cert(tmp_path, "a2m")
     other, _ = _key_and_cert(tmp_path, "other")
+    locked, locked_cert = _key_and_cert(tmp_path, "locked", passphrase=b"hunter22")
     args = {"cert only": ["--tls-cert", str(cert)],
             "missing file": ["--tls-cert", str(tmp_path / "nowhere.pem"), "--tls-key", str(key)],
             "another key": ["--tls-cert", str(cert), "--tls-key", str(other)],
+            # a passphrase is not asked for (a server starts unattended): refused, never prompted
+            "encrypted key": ["--tls-cert", str(locked_cert), "--tls-key", str(locked)],
             "stdio": ["--tls-cert", str(cert), "--tls-key", str(key), "--stdio"]}[case]
     done = subprocess.run(a2m_command("serve", "procedural", "--port", "0", "--data", str(tmp_path / "d"), *args),
                           cwd=tmp_path, timeout=60, input=b"", capture_output=True,

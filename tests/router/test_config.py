@@ -44,6 +44,8 @@ def test_cursor_secret_from_the_file_or_the_environment() -> None:
     assert parse({}, env={"A2M_CURSOR_SECRET": SECRET}).cursor_secret == SECRET
     assert parse({"auth": {"cursor_secret": SECRET}}, env={"A2M_CURSOR_SECRET": "d" * 32}).cursor_secret == SECRET
     assert parse({}).cursor_secret is None
+    # compose.yaml passes `${A2M_CURSOR_SECRET:-}`: set and empty where the operator gave none
+    assert parse({}, env={"A2M_CURSOR_SECRET": ""}).cursor_secret is None
 
 
 @pytest.mark.parametrize("data, env, message", [

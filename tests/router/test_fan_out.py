@@ -200,3 +200,49 @@ def test_a_slow_call_cut_off_by_its_timeout_leaves_the_tier_up_under_uvloop() ->
                 await tier.close()
 
     uvloop.run(main())
+
+
+@pytest.mark.anyio
+async def test_a_tier_down_logs_again_when_the_cause_beneath_unavailable_changes(caplog) -> None:
+    """Refused, then a certificate the router does not trust: both are an Unavailable raised from
+    httpx's ConnectError, raised from httpcore's, and differ only in the error beneath those (as the
+    client raises them). The second cause was not logged; the same cause again is not logged twice."""
+    import logging
+    import ssl
+
+    import httpcore
+    import httpx
+
+    from a2m.client import Unavailable
+
+    def unreachable(beneath: Exception) -> Unavailable:
+        core = httpcore.ConnectError(str(beneath))
+        core.__cause__ = beneath
+        mapped = httpx.ConnectError(str(beneath))
+        mapped.__cause__ = core
+        error = Unavailable(f"https://t/ unreachable: {beneath}")
+        error.__cause__ = mapped
+        return error
+
+    class Outage(Answering):
+        causes: list[Exception] = []
+
+        async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+            if method == "memory/describe" and self.causes:
+                raise self.causes.pop(0)
+            return await super().call(method, params, timeout)
+
+    fed = Federation(RouterConfig(tiers=(TierConfig(name="t", url="https://t"),)),
+                     client_factory=lambda t: Outage("t", 0.0))
+    await fed.start()
+    tier = fed["t"]
+    Outage.causes = [unreachable(ConnectionRefusedError(111, "Connection refused")),
+                     unreachable(ConnectionRefusedError(111, "Connection refused")),
+                     unreachable(ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED]"))]
+    with caplog.at_level(logging.INFO, logger="a2m.router"):
+        for _ in range(3):
+            tier.retry_at = 0.0  # its backoff over: the next describe is a new verdict
+            assert await tier.refresh() is None
+    down = [r.getMessage() for r in caplog.records if "is down" in r.getMessage()]
+    assert len(down) == 2 and "refused" in down[0] and "CERTIFICATE_VERIFY_FAILED" in down[1], down
+    await fed.close()

@@ -137,3 +137,23 @@ async def test_a_cursor_secret_keeps_a_walk_open_across_a_change_of_tokens(
                     assert [r["content"] for r in older["records"]] == ["dave 1"]
                 else:
                     assert (await _refused(dave, {"limit": 1, "cursor": cursor})).code == -32602
+
+
+async def test_a_router_built_in_process_seals_with_its_cursor_secret_from_the_start() -> None:
+    """`Reads` takes the secret when the router is built, not only when `a2m serve` hands it the tokens
+    (`take_tokens`): a router embedded without that call sealed with its tokens, and its walks broke
+    at the next change of them."""
+    from router.config import RouterConfig, TierConfig
+    from router.cursors import CursorSeal
+    from router.server import Router
+
+    secret = uuid.uuid4().hex
+    config = RouterConfig(tiers=(TierConfig(name="episodic", url="http://127.0.0.1:9/", kind="episodic"),),
+                          tokens={"tok-dave-" + uuid.uuid4().hex: "dave"}, cursor_secret=secret)
+    router = Router(config)
+    seal = router.reads.cursors.seal
+    assert seal is not None
+    sealed = seal.close("2026-01-01T00:00:00.000Z|7|r1", "dave", "episodic")
+    rotated = CursorSeal.of({"tok-other-" + uuid.uuid4().hex: "dave"}, None, secret)
+    assert rotated is not None and rotated.open(sealed, "dave", "episodic") == "2026-01-01T00:00:00.000Z|7|r1"
+    await router.fed.close()
