@@ -135,6 +135,18 @@ async def test_closing_cancels_the_describe_of_a_tier_that_came_back() -> None:
     assert revive.cancelled()
 
 
+def _failing_describes(url: str, causes: list[Exception]) -> Federation:
+    """A federation of one tier `t` whose describes raise `causes` in turn (the list is the caller's,
+    filled once the federation has started), then answer."""
+    class Outage(Answering):
+        async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+            if method == "memory/describe" and causes:
+                raise causes.pop(0)
+            return await super().call(method, params, timeout)
+
+    return Federation(RouterConfig(tiers=(TierConfig(name="t", url=url),)), client_factory=lambda t: Outage("t", 0.0))
+
+
 @pytest.mark.anyio
 async def test_a_tier_down_logs_again_when_the_cause_of_its_outage_changes(caplog) -> None:
     """Unreachable, then its server back with its engine still away: the log said only the first cause
@@ -144,19 +156,11 @@ async def test_a_tier_down_logs_again_when_the_cause_of_its_outage_changes(caplo
     from a2m.client import Unavailable
     from a2m.errors import A2MError
 
-    class Outage(Answering):
-        causes: list[Exception] = []
-
-        async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-            if method == "memory/describe" and self.causes:
-                raise self.causes.pop(0)
-            return await super().call(method, params, timeout)
-
-    fed = Federation(RouterConfig(tiers=(TierConfig(name="t", url="http://t"),)),
-                     client_factory=lambda t: Outage("t", 0.0))
+    causes: list[Exception] = []
+    fed = _failing_describes("http://t", causes)
     await fed.start()
     tier = fed["t"]
-    Outage.causes = [Unavailable("connection refused"),
+    causes[:] = [Unavailable("connection refused"),
                      A2MError(-32603, "tier t (postgresql) unavailable: could not connect to 10.0.0.9",
                               {"tier": "t", "engine": "postgresql"})]
     with caplog.at_level(logging.INFO, logger="a2m.router"):
@@ -224,19 +228,11 @@ async def test_a_tier_down_logs_again_when_the_cause_beneath_unavailable_changes
         error.__cause__ = mapped
         return error
 
-    class Outage(Answering):
-        causes: list[Exception] = []
-
-        async def call(self, method: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-            if method == "memory/describe" and self.causes:
-                raise self.causes.pop(0)
-            return await super().call(method, params, timeout)
-
-    fed = Federation(RouterConfig(tiers=(TierConfig(name="t", url="https://t"),)),
-                     client_factory=lambda t: Outage("t", 0.0))
+    causes: list[Exception] = []
+    fed = _failing_describes("https://t", causes)
     await fed.start()
     tier = fed["t"]
-    Outage.causes = [unreachable(ConnectionRefusedError(111, "Connection refused")),
+    causes[:] = [unreachable(ConnectionRefusedError(111, "Connection refused")),
                      unreachable(ConnectionRefusedError(111, "Connection refused")),
                      unreachable(ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED]"))]
     with caplog.at_level(logging.INFO, logger="a2m.router"):
