@@ -25,7 +25,7 @@ def default_data_dir() -> Path:
 
 
 def _metrics_token(args: argparse.Namespace, tokens: dict[str, object],
-                   presented: str | None = None) -> str | None:
+                   presented: str | None = None, cursor_secret: str | None = None) -> str | None:
     """`--metrics-token` / $A2M_METRICS_TOKEN: the bearer token /metrics asks for (None: it is open).
     Never a caller's token: its holder could read every tenant's request counts. Nor the service
     token the router presents to its tiers (`presented`), which is in no caller's `tokens` there:
@@ -38,7 +38,9 @@ def _metrics_token(args: argparse.Namespace, tokens: dict[str, object],
     problem = token_problem(token) or (
         "is also a bearer token callers present: give /metrics a token of its own" if token in tokens else
         "is the service token the router presents to its tiers: give /metrics a token of its own"
-        if token == presented else None)
+        if token == presented else
+        "is the router's cursor_secret, which no caller may hold: give /metrics a token of its own"
+        if token == cursor_secret else None)
     if problem:
         raise SystemExit(f"a2m serve {args.what}: --metrics-token / A2M_METRICS_TOKEN {problem}")
     return token
@@ -262,6 +264,7 @@ def _serve(args: argparse.Namespace) -> int:
     if unread:
         print(f"a2m serve {args.what}: {unread}", file=sys.stderr)
         return 2
+    tls = _tls(args)  # before anything is made: a bad pair left an empty data directory behind
     # One flag for both logs. Without it uvicorn stays at warning (its start and stop steps are info)
     # and the server's own log (`a2m.*`, engines, router) at info, where its one-off notes are.
     level = getattr(logging, (args.log_level or "info").replace("trace", "debug").upper())
@@ -348,10 +351,11 @@ def _serve(args: argparse.Namespace) -> int:
                                                   "shutdown_timeout")
               if getattr(args, key) is not None}  # else HTTPSettings' defaults
     # A tier's service token is among its `tokens`; the router's, which it presents, is not.
-    metrics_token = _metrics_token(args, tokens, server.config.service_token if args.what == "router" else None)
+    router_only = (server.config.service_token, server.config.cursor_secret) if args.what == "router" else (None, None)
+    metrics_token = _metrics_token(args, tokens, *router_only)
     http_settings = HTTPSettings(allowed_origins=origins, tokens=tokens, metrics_token=metrics_token,
                                  max_body=DEFAULT_MAX_BODY if args.what == "router" else TIER_MAX_BODY, **limits,
-                                 **_tls(args))
+                                 **tls)
     startup = _Startup(server)
     if args.stdio:
         from a2m.stdio import serve_stdio

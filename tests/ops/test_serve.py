@@ -340,6 +340,17 @@ def test_a_token_on_the_command_line_that_is_the_cursor_secret_is_refused(tmp_pa
     assert "--token: a token is router.toml's cursor_secret" in stderr, stderr[-2000:]
 
 
+def test_a_routers_metrics_token_that_is_its_cursor_secret_is_refused(tmp_path: Path) -> None:
+    """The scraper holding the cursor secret could open the cursors a caller shows it and count other
+    owners' writes between two of them: the secret is no caller's, so it is no scraper's either."""
+    secret = "m" * 32
+    config = tmp_path / "router.toml"
+    config.write_text('[[tiers]]\nname = "working"\nkind = "working"\nurl = "http://127.0.0.1:9/"\n')
+    stderr = _refused(tmp_path, "router", "--port", "0", "--config", str(config),
+                      env={"A2M_CURSOR_SECRET": secret, "A2M_METRICS_TOKEN": secret})
+    assert "--metrics-token / A2M_METRICS_TOKEN is the router's cursor_secret" in stderr, stderr[-2000:]
+
+
 def test_an_option_given_twice_is_refused(tmp_path: Path) -> None:
     stderr = _refused(tmp_path, "procedural", "--stdio", "--data", str(tmp_path / "data"),
                       "--option", "review=true", "--option", "review=false")

@@ -110,6 +110,7 @@ def test_a_certificate_that_cannot_serve_is_one_line_at_start(tmp_path: Path, ca
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     stderr = done.stderr.decode()
     assert done.returncode != 0 and "Traceback" not in stderr and message in stderr, stderr[-2000:]
+    assert not (tmp_path / "d").exists()  # refused before anything was made
 
 
 def test_a_tier_whose_certificate_the_router_does_not_trust_is_named_in_the_router_log(
