@@ -161,7 +161,7 @@ def profilers(stack: Any, folder: str | None, seconds: float) -> list[Any]:
     return [subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(proc.popen.pid),
                               "--duration", str(max(1, int(seconds))), "--rate", "250", "--nonblocking",
                               "--format", "raw", "-o", str(Path(folder) / f"{name}.txt")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL)  # its errors (ptrace refused, say) on stderr
             for name, proc in procs.items() if proc.popen is not None]
 
 
@@ -368,6 +368,8 @@ def main() -> None:
     parser.add_argument("--profile", metavar="DIR", help="py-spy (`pip install py-spy`) the router and tiers during "
                                                          "that run into DIR; its CPU figures then include py-spy")
     args = parser.parse_args()
+    if args.profile and not (Path(sys.executable).parent / "py-spy").exists():  # before minutes of loading
+        parser.error("--profile needs py-spy beside this Python (`pip install py-spy`)")
     quick = dict(working=1000, episodic=5000, semantic=2000, procedural=200, queries=100, remember=200,
                  spill_sessions=2, spill_size=500, seconds=5.0)
     full = dict(working=1000, episodic=100_000, semantic=20_000, procedural=1000, queries=300, remember=500,
