@@ -380,12 +380,12 @@ class HTTPApp:
         if ctype is not None and "json" not in ctype.lower():
             await self._refuse(send, 415, b'{"error":"send Content-Type: application/json (a JSON-RPC body)"}')
             return
-        declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.settings.max_body:
+        declared = headers.get("content-length", "")
+        # A chunked body declares no length: it takes the most it may be (JSON-RPC clients send a length).
+        size = int(declared) if declared.isdigit() else self.settings.max_body
+        if size > self.settings.max_body:
             await self._refuse(send, 413, b'{"error":"body too large"}')
             return
-        # A chunked body declares no length: it takes the most it may be (JSON-RPC clients send a length).
-        size = int(declared) if declared is not None and declared.isdigit() else self.settings.max_body
         taken = self.bodies.take_now(size)
         if taken is None:
             try:
