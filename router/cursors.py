@@ -1,5 +1,6 @@
 """The timeline cursor (docs/extensions.md, decision 120) as the router passes it: to and from the
-one tier a timeline names, and sealed when the router has bearer tokens.
+one tier a timeline names, or made of each tier's over several (`walk.py`, decision 137), and
+sealed when the router has bearer tokens.
 
 A tier's cursor is its position, `<created_at>|<seq>|<id>`, and `seq` counts every write of the
 tier, whoever's it was: two cursors of a principal's own would tell it how many records all other
@@ -11,9 +12,11 @@ tier (decision 122).
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 from typing import Any, Mapping, Sequence
 
+import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESSIV
 
@@ -21,8 +24,10 @@ from a2m import errors
 from a2m.errors import A2MError, invalid
 
 from .federation import FanOut, Tier
+from .walk import Positions
 
 _REFUSED = "cursor must be true or the cursor of a previous timeline answer"
+WALK_PREFIX = "w1."  # a cursor over several tiers: each tier's position, as JSON in base64url
 
 
 class Cursors:
@@ -31,22 +36,45 @@ class Cursors:
     def __init__(self, seal: CursorSeal | None) -> None:
         self.seal = seal
 
-    def down(self, params: Mapping[str, Any], tiers: Sequence[Tier], owner: str | None) -> bool | str | None:
-        """The cursor to send the tier, None for none: it pages one tier, so it goes down only where
-        the call covers one. `true` over several tiers is answered without a cursor (a reader then
-        pages by time), a cursor string is refused there."""
-        cursor = params.get("cursor")
-        if cursor is None:
-            return None
-        if cursor is not True and not isinstance(cursor, str):
-            raise invalid(_REFUSED, field="cursor")
-        if len(tiers) != 1:
-            if cursor is True:
-                return None
-            raise invalid("a cursor pages one tier's timeline: name that tier with `tier`", field="cursor")
+    def down(self, params: Mapping[str, Any], tier: Tier, owner: str | None) -> bool | str | None:
+        """The cursor to send the one tier the call covers, None for none."""
+        cursor = _asked(params)
         if isinstance(cursor, str) and self.seal is not None:
-            return self.seal.open(cursor, owner, tiers[0].name)
+            return self.seal.open(cursor, owner, tier.name)
         return cursor
+
+    def positions(self, params: Mapping[str, Any], tiers: Sequence[Tier], owner: str | None) -> Positions | None:
+        """Where a walk over several tiers stands in each (`walk.py`); None without a cursor."""
+        cursor = _asked(params)
+        if cursor is None or cursor is True:
+            return None if cursor is None else dict.fromkeys((t.name for t in tiers), True)
+        names = [t.name for t in tiers]
+        if len(cursor) > CursorSeal.MAX * max(len(names), 1):
+            raise invalid(_REFUSED, field="cursor")
+        text = cursor if self.seal is None else self.seal.open(cursor, owner, _walked(names), len(cursor))
+        body = text[len(WALK_PREFIX):]
+        try:
+            if not text.startswith(WALK_PREFIX):
+                raise ValueError(text)
+            positions = orjson.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        except (ValueError, binascii.Error):  # orjson.JSONDecodeError is a ValueError
+            raise invalid(_REFUSED, field="cursor") from None
+        if not isinstance(positions, dict) or not all(p is True or p is None or isinstance(p, str)
+                                                      for p in positions.values()):
+            raise invalid(_REFUSED, field="cursor")
+        if sorted(positions) != sorted(names):
+            raise invalid("the cursor walks other tiers than this timeline covers: ask with the params "
+                          "of the timeline that answered it", field="cursor")
+        return positions
+
+    def walked(self, positions: Positions, owner: str | None, tiers: Sequence[Tier]) -> str | None:
+        """The cursor naming `positions`; null where every tier is read through."""
+        if all(p is None for p in positions.values()):
+            return None
+        names = [t.name for t in tiers]
+        text = WALK_PREFIX + base64.urlsafe_b64encode(orjson.dumps({n: positions[n] for n in names})).decode()
+        text = text.rstrip("=")
+        return text if self.seal is None else self.seal.close(text, owner, _walked(names))
 
     def up(self, result: dict[str, Any], fan: FanOut, tier: str, owner: str | None) -> None:
         """The tier's cursor in `result`: null where the tier was not asked (nothing of it could
@@ -64,6 +92,18 @@ class Cursors:
                 result["cursor"] = cursor
         elif tier not in fan.degraded:
             result["cursor"] = None
+
+
+def _asked(params: Mapping[str, Any]) -> bool | str | None:
+    cursor = params.get("cursor")
+    if cursor is not None and cursor is not True and not isinstance(cursor, str):
+        raise invalid(_REFUSED, field="cursor")
+    return cursor
+
+
+def _walked(names: Sequence[str]) -> str:
+    """What a walk's sealed cursor is bound to in place of one tier's name: all of them."""
+    return "\x00".join(names)
 
 
 class CursorSeal:
@@ -100,9 +140,9 @@ class CursorSeal:
         sealed = self._siv.encrypt(cursor.encode(), self._bound(owner, tier))
         return self.PREFIX + base64.urlsafe_b64encode(sealed).decode().rstrip("=")
 
-    def open(self, sealed: str, owner: str | None, tier: str) -> str:
+    def open(self, sealed: str, owner: str | None, tier: str, most: int = MAX) -> str:
         """The tier's cursor in `sealed`; -32602 unless this router sealed it for `owner` on `tier`."""
-        if not sealed.startswith(self.PREFIX) or len(sealed) > self.MAX:
+        if not sealed.startswith(self.PREFIX) or len(sealed) > most:
             raise invalid(_REFUSED, field="cursor")
         text = sealed[len(self.PREFIX):]
         try:

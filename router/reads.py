@@ -28,6 +28,7 @@ from .cursors import Cursors, CursorSeal
 from .federation import FanOut, Federation, Tier
 from .policy import Policy
 from .scope import VectorWidth, scope_params, scope_tiers, settle_tier, with_owner
+from .walk import PerTier, walk_page
 
 log = logging.getLogger("a2m.router")
 
@@ -162,28 +163,59 @@ class Reads:
         options = prompts.parse(params.get("prompt"))
         asked_vectors = bool_param(params, "embeddings", False)
         asked = {**scope, "limit": limit, "embeddings": asked_vectors}
-        cursor = self.cursors.down(params, tiers, owner)
-        if cursor is not None:
-            asked["cursor"] = cursor
 
         def per_tier(tier: Tier) -> dict[str, Any] | None:
             cap = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
             return settle_tier({**asked, "limit": min(limit, cap) if cap else limit}, tier)
 
-        if cursor is None:
-            fan = await settled(self.policy, owner, tiers, lambda: ask_timeline(self.fed, tiers, per_tier, limit))
-        else:  # one tier's page as it answered it (it may hold fewer than `limit`: its cursor says more)
-            fan = await self.fed.fan_out("memory/timeline", {}, tiers, per_tier=per_tier)
-        wire = merge_by_time(self.fed, fan.results)
-        if limit:
-            wire = wire[-limit:]
-        result: dict[str, Any] = {"records": wire}
-        self.degraded(result, fan)
-        if cursor is not None:
-            self.cursors.up(result, fan, tiers[0].name, owner)
+        result: dict[str, Any]
+        if len(tiers) != 1:
+            result = await self._walk(params, tiers, per_tier, owner, limit)
+        else:
+            result = await self._one_tier(params, tiers[0], per_tier, owner, limit)
+        wire = result["records"]
         if options is not None:
             records = [Record.from_wire(r) for r in wire]
             result.update(prompts.render(records, options, ordered_by_time=True))
+        return result
+
+    async def _one_tier(self, params: dict[str, Any], tier: Tier, per_tier: PerTier, owner: str | None,
+                        limit: int) -> dict[str, Any]:
+        """A timeline of one tier: its cursor passed down and back, else its newest `limit` records."""
+        cursor = self.cursors.down(params, tier, owner)
+
+        def with_cursor(tier: Tier) -> dict[str, Any] | None:
+            asked = per_tier(tier)
+            return None if asked is None else {**asked, "cursor": cursor}
+
+        if cursor is None:
+            fan = await ask_timeline(self.fed, [tier], per_tier, limit)
+        else:  # the tier's page as it answered it (it may hold fewer than `limit`: its cursor says more)
+            fan = await self.fed.fan_out("memory/timeline", {}, [tier], per_tier=with_cursor)
+        wire = merge_by_time(self.fed, fan.results)
+        result: dict[str, Any] = {"records": wire[-limit:] if limit else wire}
+        self.degraded(result, fan)
+        if cursor is not None:
+            self.cursors.up(result, fan, tier.name, owner)
+        return result
+
+    async def _walk(self, params: dict[str, Any], tiers: list[Tier], per_tier: PerTier, owner: str | None,
+                    limit: int) -> dict[str, Any]:
+        """A timeline of several tiers: merged, and a page of a walk where a cursor is asked (`walk.py`)."""
+        positions = self.cursors.positions(params, tiers, owner)
+        if positions is None:
+            fan = await settled(self.policy, owner, tiers, lambda: ask_timeline(self.fed, tiers, per_tier, limit))
+            pages, after = {name: r.get("records", []) for name, r in fan.results.items()}, None
+        else:
+            pages, after, fan = await walk_page(self.fed, tiers, per_tier, positions, limit)
+            for name, error in fan.errors.items():  # a tier's cursor it refused: the caller's mistake
+                if error.code == errors.INVALID_PARAMS and isinstance(positions[name], str):
+                    raise error
+        wire = merge_by_time(self.fed, {name: {"records": records} for name, records in pages.items()})
+        result: dict[str, Any] = {"records": wire[-limit:] if limit else wire}
+        self.degraded(result, fan)
+        if after is not None:
+            result["cursor"] = self.cursors.walked(after, owner, tiers)
         return result
 
     async def fetch(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:

@@ -125,7 +125,7 @@ def tier_command(tier: dict[str, Any], port: int, mode: str, data: Path) -> list
                    "--kind", tier.get("kind") or "episodic"]
         if tier.get("seed_read_only"):
             command.append("--read-only")
-        return command
+        return [*command, *tier.get("args", ())]
     # `engine` picks another server than the kind's own (e.g. "corpus"), `args` adds its switches.
     return a2m_command("serve", tier.get("engine", tier["kind"]), "--port", str(port), "--data", str(data),
                        "--name", tier["name"], *tier.get("args", ()))

@@ -157,3 +157,27 @@ async def test_a_router_built_in_process_seals_with_its_cursor_secret_from_the_s
     rotated = CursorSeal.of({"tok-other-" + uuid.uuid4().hex: "dave"}, None, secret)
     assert rotated is not None and rotated.open(sealed, "dave", "episodic") == "2026-01-01T00:00:00.000Z|7|r1"
     await router.fed.close()
+
+
+async def test_a_walk_over_every_tier_is_sealed_for_its_principal(stack: Stack) -> None:
+    """A cursor over several tiers holds every tier's position: sealed, it shows none of them, it
+    walks alice's records of all four tiers, and bob cannot replay it."""
+    async with HTTPClient(stack.url, token=TOKEN_OF["alice"]) as alice, \
+            HTTPClient(stack.url, token=TOKEN_OF["bob"]) as bob:
+        wrote = set()
+        for tier in NAMES:
+            wrote |= set((await alice.call("memory/remember", {"records": [
+                {"content": f"alice walks {tier} {i}", "tier": tier} for i in range(3)]}))["ids"])
+            await bob.call("memory/remember", {"records": [{"content": f"bob {tier}", "tier": tier}]})
+        first = await alice.call("memory/timeline", {"limit": 5, "cursor": True})
+        cursor = first["cursor"]
+        assert cursor.startswith("s1.") and "|" not in cursor
+        assert (await _refused(bob, {"limit": 5, "cursor": cursor})).code == -32602
+        assert (await _refused(alice, {"tier": "episodic", "limit": 5, "cursor": cursor})).code == -32602
+        read = {r["id"] for r in first["records"]}
+        while cursor is not None:
+            page = await alice.call("memory/timeline", {"limit": 5, "cursor": cursor})
+            read |= {r["id"] for r in page["records"]}
+            cursor = page["cursor"]
+        everything = (await alice.call("memory/timeline", {"limit": 1000}))["records"]
+        assert wrote <= read == {r["id"] for r in everything}

@@ -135,6 +135,17 @@ class MemoryStore:
         return None
 
 
+class PagedStore(MemoryStore):
+    """Answers the cursor extension: a third-party server that pages exactly (`--paged`)."""
+
+    async def timeline_page(self, scope, *, below, limit, with_embeddings=False):  # type: ignore[no-untyped-def]
+        found = sorted(((r.created_at, seq, r) for seq, r in self.records.values() if matches(r, scope)),
+                       key=lambda t: (t[0], t[1]), reverse=True)
+        if below is not None:
+            found = [t for t in found if (t[0], t[1]) < (below[0], below[1])]
+        return [(self._copy(r, with_embeddings), (at, seq, r.id)) for at, seq, r in found[:limit]]
+
+
 class BrokenStore(MemoryStore):
     """Returns timelines newest-first: a violation the conformance suite must catch."""
 

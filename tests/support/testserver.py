@@ -5,6 +5,8 @@ Extra switches make deliberately broken servers for the suite's self-test:
 for a declared-off capability instead of -32003). `--capabilities a,b` declares
 only those (and core), `--no-limits` no limits: the rules for undeclared
 capabilities and for `limit: 0` without `max_recall_limit` then apply.
+`--paged` answers the timeline cursor extension, `--max-recall-limit N` declares
+a smaller cap than the tier servers' (a third-party server may).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from a2m.http import HTTPApp, HTTPSettings, run
 from a2m.stdio import log_to_stderr, serve_stdio
 from backends.surface import TierServer
 
-from .memstore import CAPABILITIES, BrokenStore, MemoryStore
+from a2m.params import DEFAULT_LIMITS
+
+from .memstore import CAPABILITIES, BrokenStore, MemoryStore, PagedStore
 
 
 class GatingBrokenDispatcher(Dispatcher):
@@ -39,13 +43,18 @@ def main() -> None:
     parser.add_argument("--kind", default="episodic", choices=["working", "episodic", "semantic", "procedural"])
     parser.add_argument("--capabilities", help="declare only these (comma-separated; core is always declared)")
     parser.add_argument("--no-limits", action="store_true", help="declare no limits")
+    parser.add_argument("--paged", action="store_true", help="answer the timeline cursor extension")
+    parser.add_argument("--max-recall-limit", type=int, help="declare this max_recall_limit")
     args = parser.parse_args()
-    store = BrokenStore() if args.broken == "order" else MemoryStore()
+    store = BrokenStore() if args.broken == "order" else PagedStore() if args.paged else MemoryStore()
     caps = CAPABILITIES - {"summarize"} if args.broken == "gating" else CAPABILITIES
     if args.capabilities is not None:
         caps = frozenset({"core", *filter(None, args.capabilities.split(","))})
+    limits = {} if args.no_limits else dict(DEFAULT_LIMITS)
+    if args.max_recall_limit:
+        limits["max_recall_limit"] = args.max_recall_limit
     server = TierServer(store, name=args.name, kind=args.kind, capabilities=caps, read_only=args.read_only,
-                        limits={} if args.no_limits else None)
+                        limits=limits)
     dispatcher = (GatingBrokenDispatcher if args.broken == "gating" else Dispatcher)(server)
     log_to_stderr()
     if args.stdio:

@@ -1,0 +1,173 @@
+"""A timeline cursor over several tiers (router/walk.py, decision 137), on the real tier servers and
+one third-party fixture that pages by cursor but caps a timeline at 5 records.
+
+The ground truth is each tier's own timeline, asked directly: a walk must hand out every record
+of every tier once, in the router's timeline order, whatever the page size and however many
+records share a millisecond."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Iterator
+
+import pytest
+
+from a2m.client import HTTPClient
+from a2m.errors import A2MError
+from a2m.paging import pages_backwards
+
+from .stack import Stack, federation, new_owner as owner, tier_call as direct
+
+pytestmark = pytest.mark.anyio
+
+TIERS = [
+    {"name": "working", "kind": "working", "spill_to": "episodic", "timeout": 2.0},
+    {"name": "episodic", "kind": "episodic", "spill_to": "semantic", "timeout": 2.0},
+    {"name": "semantic", "kind": "semantic", "timeout": 2.0},
+    {"name": "procedural", "kind": "procedural", "timeout": 2.0},
+    {"name": "capped", "kind": "episodic", "serve": "fixture", "args": ["--paged", "--max-recall-limit", "5"],
+     "timeout": 2.0},
+]
+NAMES = [t["name"] for t in TIERS]
+STAMPS = ["2026-03-01T00:00:00.000Z", "2026-03-01T00:00:00.001Z", "2026-03-02T10:00:00.000Z"]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with federation(tmp_path_factory.mktemp("walk"), TIERS, mode="real",
+                    top={"background_promotion": False}) as running:
+        yield running
+
+
+async def _walk(router: HTTPClient, params: dict[str, Any], limit: int) -> tuple[list[dict[str, Any]], int]:
+    """Every record the walk hands out, oldest first, and how many pages it took."""
+    read: list[dict[str, Any]] = []
+    cursor: Any = True
+    pages = 0
+    while cursor is not None:
+        answer = await router.call("memory/timeline", {**params, "limit": limit, "cursor": cursor})
+        assert "degraded" not in answer
+        assert len(answer["records"]) <= limit
+        read[:0] = answer["records"]
+        cursor, pages = answer["cursor"], pages + 1
+    return read, pages
+
+
+async def _written(stack: Stack, me: str, per_tier: int) -> dict[str, list[str]]:
+    """`per_tier` records in each tier, their stamps from STAMPS in turn; each tier's ids in its own
+    timeline order (asked of the tier, in pages: `capped` answers 5 at a time)."""
+    for name in NAMES:
+        await direct(stack, name, "memory/remember", {"owner": me, "records": [
+            {"content": f"{name} note {i}", "created_at": STAMPS[i % len(STAMPS)]} for i in range(per_tier)]})
+    own: dict[str, list[str]] = {}
+    for name in NAMES:
+        own[name] = []
+        async with HTTPClient(stack.tiers[name].url) as tier:
+            async for page in pages_backwards(tier.call, {"owner": me}, page=5, cap=None):
+                own[name][:0] = [r["id"] for r in page]
+        assert len(own[name]) == per_tier
+    return own
+
+
+def _in_each_tiers_order(read: list[dict[str, Any]], own: dict[str, list[str]]) -> None:
+    assert [r["created_at"] for r in read] == sorted(r["created_at"] for r in read)
+    for name, ids in own.items():
+        assert [r["id"] for r in read if r["tier"] == name] == ids, name
+
+
+@pytest.mark.parametrize("limit", [7, 40, 1000])
+async def test_a_walk_over_every_tier_reads_each_record_once_in_timeline_order(stack: Stack, limit: int) -> None:
+    """Five tiers, 30 records each over three stamps (two a millisecond apart): pages of 7 cut most
+    tiers' pages, and `capped` (5 a timeline) bounds every page at its fifth record."""
+    me = owner()
+    own = await _written(stack, me, 30)
+    async with HTTPClient(stack.url) as router:
+        read, pages = await _walk(router, {"owner": me}, limit)
+        whole = (await router.call("memory/timeline", {"owner": me, "limit": 1000}))["records"]
+    assert len(read) == 150 and len({r["id"] for r in read}) == 150
+    _in_each_tiers_order(read, own)
+    # the order a timeline without a cursor shows, deeper tiers first within a stamp; but that one
+    # reads `capped` by time, a page of 5 at a time
+    assert [(r["id"], r["tier"]) for r in read] == [(r["id"], r["tier"]) for r in whole]
+    assert pages >= 150 // min(limit, 5 * len(NAMES))  # `capped` holds each page to at most its 5 and what is newer
+
+
+async def test_a_walk_reads_a_millisecond_no_timeline_holds(stack: Stack) -> None:
+    """1,200 records of one millisecond in episodic and semantic (a timeline holds 1,000): a reader
+    walking by time stops there, the walk reads them all; semantic's first, the deeper tier."""
+    me, stamp = owner(), "2026-04-01T00:00:00.000Z"
+    ids: dict[str, list[str]] = {}
+    for name in ("semantic", "episodic"):
+        ids[name] = (await direct(stack, name, "memory/remember", {"owner": me, "records": [
+            {"content": f"{name} {i}", "created_at": stamp} for i in range(600)]}))["ids"]
+    async with HTTPClient(stack.url) as router:
+        read, _ = await _walk(router, {"owner": me}, 500)
+        # and what a2m.paging (export, the router's own scans) makes of the router: the same walk
+        paged: list[str] = []
+        async for page in pages_backwards(router.call, {"owner": me}, page=500, cap=1000):
+            paged[:0] = [r["id"] for r in page]
+    assert [r["id"] for r in read] == ids["semantic"] + ids["episodic"]
+    assert paged == ids["semantic"] + ids["episodic"]
+
+
+async def test_a_walk_is_a_position_writes_and_forgets_between_pages_leave_the_rest_as_it_was(stack: Stack) -> None:
+    me = owner()
+    own = await _written(stack, me, 12)
+    async with HTTPClient(stack.url) as router:
+        first = await router.call("memory/timeline", {"owner": me, "limit": 20, "cursor": True})
+        seen = {r["id"] for r in first["records"]}
+        unread = [i for ids in own.values() for i in ids if i not in seen]
+        # one record already read and one not yet are forgotten; a newer one is written to each tier
+        await router.call("memory/forget", {"owner": me, "ids": [first["records"][3]["id"], unread[0]]})
+        for name in NAMES:
+            await direct(stack, name, "memory/remember", {"owner": me, "records": [
+                {"content": "written mid-walk", "created_at": "2026-03-03T00:00:00.000Z"}]})
+        rest: list[dict[str, Any]] = []
+        cursor = first["cursor"]
+        while cursor is not None:
+            answer = await router.call("memory/timeline", {"owner": me, "limit": 20, "cursor": cursor})
+            rest[:0] = answer["records"]
+            cursor = answer["cursor"]
+    assert sorted(r["id"] for r in rest) == sorted(unread[1:])
+    assert not seen & {r["id"] for r in rest}
+
+
+async def test_a_page_with_a_tier_down_has_no_cursor_and_the_walk_goes_on_from_the_last_one(stack: Stack) -> None:
+    me = owner()
+    own = await _written(stack, me, 9)
+    async with HTTPClient(stack.url) as router:
+        first = await router.call("memory/timeline", {"owner": me, "limit": 8, "cursor": True})
+        stack.tiers["semantic"].pause()
+        try:
+            down = await router.call("memory/timeline", {"owner": me, "limit": 8, "cursor": first["cursor"]})
+        finally:
+            stack.tiers["semantic"].resume()
+        assert down["degraded"] == ["semantic"] and "cursor" not in down
+        for _ in range(100):  # until the router has seen semantic come back
+            again = await router.call("memory/timeline", {"owner": me, "limit": 8, "cursor": first["cursor"]})
+            if "degraded" not in again:
+                break
+            await asyncio.sleep(0.1)
+        read = first["records"]
+        cursor = first["cursor"]
+        while cursor is not None:
+            answer = await router.call("memory/timeline", {"owner": me, "limit": 8, "cursor": cursor})
+            assert "degraded" not in answer
+            read[:0] = answer["records"]
+            cursor = answer["cursor"]
+    assert len(read) == 45
+    _in_each_tiers_order(read, own)
+
+
+async def test_a_cursor_that_is_not_a_walks_is_refused(stack: Stack) -> None:
+    me = owner()
+    await _written(stack, me, 3)
+    async with HTTPClient(stack.url) as router:
+        walk = (await router.call("memory/timeline", {"owner": me, "limit": 2, "cursor": True}))["cursor"]
+        one = (await router.call("memory/timeline", {"owner": me, "tier": "episodic", "limit": 2,
+                                                     "cursor": True}))["cursor"]
+        for params in ({"cursor": one}, {"cursor": "w1.bm90IGpzb24"}, {"cursor": "w1.e30"},  # not JSON; {}
+                       {"cursor": walk[:-4]}, {"cursor": walk, "tier": "episodic"}, {"cursor": 3}):
+            with pytest.raises(A2MError) as refused:
+                await router.call("memory/timeline", {"owner": me, "limit": 2, **params})
+            assert refused.value.code == -32602, params
