@@ -174,7 +174,7 @@ HEADLINE: dict[str, tuple[str, ...]] = {
     "router": ("router_recall_rrf.p50_ms", "router_recall_rrf.vs_slowest_tier", "router_recall_rerank.p50_ms",
                "router_recall_rerank.vs_slowest_tier", "slowest_tier.p50_ms", "timeline_session.p50_ms",
                "concurrent_recall.recalls_per_s", "spill.records_per_s"),
-    "paging": tuple(f"{tier}.{figure}" for tier in ("working", "episodic", "semantic", "procedural")
+    "paging": tuple(f"{tier}.{figure}" for tier in ("working", "episodic", "semantic", "procedural", "router")
                     for figure in ("cursor_records_per_s", "cursor_vs_time", "crowded_records_per_s")),
 }
 
