@@ -4,20 +4,27 @@ what a slow, stalled or flooding client gets, and how long a stop waits."""
 from __future__ import annotations
 
 import asyncio
+import http.client
+import logging
 import queue
+import shutil
 import socket
+import ssl
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
+from cryptography import x509
 
 from a2m.dispatch import Dispatcher
 from a2m.http import KEEP_ALIVE, HTTPApp, HTTPSettings, _Deadlines, server
 from backends.surface import TierServer
 from tests.support.memstore import CAPABILITIES, MemoryStore
+from tests.support.pki import key_and_cert
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,10 +37,11 @@ def make_app(**settings: Any) -> HTTPApp:
 
 
 @contextmanager
-def serving(app: HTTPApp) -> Iterator[tuple[int, Any, threading.Thread]]:
-    """`app` served by a2m.http.server on a free loopback port, in a thread; stopped on the way out."""
+def serving(app: HTTPApp, **options: Any) -> Iterator[tuple[int, Any, threading.Thread]]:
+    """`app` served by a2m.http.server (given `options`) on a free loopback port, in a thread; stopped on the
+    way out."""
     ports: queue.Queue[int] = queue.Queue()
-    served = server(app, on_listening=lambda url: ports.put(int(url.rstrip("/").rsplit(":", 1)[1])))
+    served = server(app, on_listening=lambda url: ports.put(int(url.rstrip("/").rsplit(":", 1)[1])), **options)
     thread = threading.Thread(target=served.run, daemon=True)
     thread.start()
     try:
@@ -368,3 +376,149 @@ def test_a_chunked_body_takes_the_largest_body_from_the_budget() -> None:
 def test_a_certificate_without_its_key_is_refused() -> None:
     with pytest.raises(ValueError, match="tls_cert and tls_key go together"):
         HTTPSettings(tls_cert="/etc/a2m/cert.pem")
+
+
+# --- A renewed certificate is served without a restart (decision 136) ---
+
+RENEWAL_WAIT = 10  # seconds a new pair may take to be served here, with a look every CHECK_EVERY seconds
+CHECK_EVERY = 0.05
+
+
+def pairs(tmp_path: Path) -> tuple[Path, Path, tuple[Path, Path], tuple[Path, Path]]:
+    """The served paths (holding pair A) and two pairs for the same name: A and its renewal B."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    a, b = key_and_cert(tmp_path / "a", "127.0.0.1"), key_and_cert(tmp_path / "b", "127.0.0.1")
+    key, cert = tmp_path / "tls.key", tmp_path / "tls.pem"
+    renew(a, key, cert)
+    return key, cert, a, b
+
+
+def renew(pair: tuple[Path, Path], key: Path, cert: Path) -> None:
+    """`pair` (key, certificate) written over the served files in place, the certificate first."""
+    shutil.copyfile(pair[1], cert)
+    shutil.copyfile(pair[0], key)
+
+
+def serial(cert: Path) -> int:
+    return x509.load_pem_x509_certificate(cert.read_bytes()).serial_number
+
+
+def https(port: int) -> http.client.HTTPSConnection:
+    """A keep-alive HTTPS connection that takes whatever certificate the server shows (read, not trusted)."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    return http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+
+
+def served_serial(connection: http.client.HTTPSConnection) -> int:
+    """GET /healthz over `connection` (200 asserted); the serial of the certificate it was made with."""
+    connection.request("GET", "/healthz")
+    answer = connection.getresponse()
+    answer.read()
+    assert answer.status == 200
+    assert isinstance(connection.sock, ssl.SSLSocket)
+    return x509.load_der_x509_certificate(connection.sock.getpeercert(binary_form=True) or b"").serial_number
+
+
+def new_connection_serial(port: int) -> int:
+    connection = https(port)
+    try:
+        return served_serial(connection)
+    finally:
+        connection.close()
+
+
+def wait_for_serial(port: int, wanted: int) -> None:
+    deadline = time.monotonic() + RENEWAL_WAIT
+    while (seen := new_connection_serial(port)) != wanted and time.monotonic() < deadline:
+        time.sleep(CHECK_EVERY)
+    assert seen == wanted, "a new connection still gets the certificate served before the renewal"
+
+
+def tls_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "a2m.http" and r.levelno == level
+            and r.getMessage().startswith("TLS:")]
+
+
+def test_a_renewed_certificate_is_served_to_new_connections_and_open_ones_keep_working(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Renewal (cert-manager, certbot) rewrites the files in place; the server read them only at start,
+    so it served the old certificate until restarted, past its expiry."""
+    caplog.set_level(logging.INFO, logger="a2m.http")
+    key, cert, a, b = pairs(tmp_path)
+    app = make_app(tls_cert=str(cert), tls_key=str(key))
+    with serving(app, cert_check_every=CHECK_EVERY) as (port, _, _):
+        before = https(port)
+        try:
+            assert served_serial(before) == serial(a[1])
+            opened = before.sock
+            renew(b, key, cert)
+            wait_for_serial(port, serial(b[1]))
+            # the connection opened before is the same one, still served, with the pair it was made with
+            assert served_serial(before) == serial(a[1]) and before.sock is opened
+        finally:
+            before.close()
+    assert any("as they now are on disk" in line for line in tls_lines(caplog, logging.INFO)), caplog.text
+
+
+def test_a_renewal_of_a_kubernetes_secret_volume_is_served(tmp_path: Path) -> None:
+    """The kubelet writes a Secret's new files into a directory of their own and swaps the `..data` link
+    to it; tls.pem and tls.key are links through `..data`, themselves never rewritten."""
+    _, _, a, b = pairs(tmp_path)
+    volume = tmp_path / "volume"
+    for version, (pair_key, pair_cert) in (("..v1", a), ("..v2", b)):
+        (volume / version).mkdir(parents=True)
+        shutil.copyfile(pair_key, volume / version / "tls.key")
+        shutil.copyfile(pair_cert, volume / version / "tls.pem")
+    (volume / "..data").symlink_to("..v1")
+    for name in ("tls.key", "tls.pem"):
+        (volume / name).symlink_to(f"..data/{name}")
+    app = make_app(tls_cert=str(volume / "tls.pem"), tls_key=str(volume / "tls.key"))
+    with serving(app, cert_check_every=CHECK_EVERY) as (port, _, _):
+        assert new_connection_serial(port) == serial(a[1])
+        (volume / "..data_tmp").symlink_to("..v2")
+        (volume / "..data_tmp").replace(volume / "..data")  # atomic, as the kubelet's rename
+        wait_for_serial(port, serial(b[1]))
+
+
+def test_a_half_done_renewal_keeps_the_old_certificate_and_says_so_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The certificate rewritten, its key not yet: the old pair is served (loading the new certificate
+    over the old key would leave no usable key), one warning, then the new pair once its key is there."""
+    caplog.set_level(logging.INFO, logger="a2m.http")
+    key, cert, a, b = pairs(tmp_path)
+    app = make_app(tls_cert=str(cert), tls_key=str(key))
+    with serving(app, cert_check_every=CHECK_EVERY) as (port, _, _):
+        shutil.copyfile(b[1], cert)
+        deadline = time.monotonic() + RENEWAL_WAIT
+        while not tls_lines(caplog, logging.WARNING) and time.monotonic() < deadline:
+            time.sleep(CHECK_EVERY)
+        time.sleep(20 * CHECK_EVERY)  # twenty more looks at the same half-done pair
+        assert new_connection_serial(port) == serial(a[1])
+        warnings = tls_lines(caplog, logging.WARNING)
+        assert len(warnings) == 1 and "KEY_VALUES_MISMATCH" in warnings[0] and "stays in use" in warnings[0], \
+            warnings
+        shutil.copyfile(b[0], key)
+        wait_for_serial(port, serial(b[1]))
+    assert len(tls_lines(caplog, logging.WARNING)) == 1
+
+
+def test_certificate_files_gone_keep_the_pair_served_and_say_so_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    key, cert, a, _ = pairs(tmp_path)
+    app = make_app(tls_cert=str(cert), tls_key=str(key))
+    with serving(app, cert_check_every=CHECK_EVERY) as (port, _, _):
+        key.unlink()
+        deadline = time.monotonic() + RENEWAL_WAIT
+        while not tls_lines(caplog, logging.WARNING) and time.monotonic() < deadline:
+            time.sleep(CHECK_EVERY)
+        time.sleep(20 * CHECK_EVERY)
+        assert new_connection_serial(port) == serial(a[1])
+        warnings = tls_lines(caplog, logging.WARNING)
+        assert len(warnings) == 1 and f"cannot read {key}" in warnings[0], warnings
+
+
+def test_a_plain_http_server_looks_at_no_certificate() -> None:
+    with serving(make_app(), cert_check_every=CHECK_EVERY) as (_, served, _):
+        assert served.watching is None

@@ -7,48 +7,24 @@ made for 127.0.0.1 and trusted through SSL_CERT_FILE, as a private CA is trusted
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from a2m.client import HTTPClient, Unavailable
+from tests.support.pki import key_and_cert
 from tests.support.procs import ROOT, a2m_command, free_port, stop, wait_ready
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _key_and_cert(directory: Path, name: str, passphrase: bytes | None = None) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    key_path, cert_path = directory / f"{name}.key", directory / f"{name}.pem"
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.BestAvailableEncryption(passphrase) if passphrase
-                                           else serialization.NoEncryption()))
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return key_path, cert_path
-
-
 @pytest.fixture
 def pki(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
     """A key and a self-signed certificate for 127.0.0.1, trusted by this process (SSL_CERT_FILE)."""
-    key, cert = _key_and_cert(tmp_path, "a2m")
+    key, cert = key_and_cert(tmp_path, "a2m")
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     yield key, cert
 
@@ -96,9 +72,9 @@ async def test_the_router_and_a_tier_serve_https_and_the_router_calls_the_tier_o
     ("stdio", "TLS is for HTTP, not --stdio"),
 ])
 def test_a_certificate_that_cannot_serve_is_one_line_at_start(tmp_path: Path, case: str, message: str) -> None:
-    key, cert = _key_and_cert(tmp_path, "a2m")
-    other, _ = _key_and_cert(tmp_path, "other")
-    locked, locked_cert = _key_and_cert(tmp_path, "locked", passphrase=b"hunter22")
+    key, cert = key_and_cert(tmp_path, "a2m")
+    other, _ = key_and_cert(tmp_path, "other")
+    locked, locked_cert = key_and_cert(tmp_path, "locked", passphrase=b"hunter22")
     args = {"cert only": ["--tls-cert", str(cert)],
             "missing file": ["--tls-cert", str(tmp_path / "nowhere.pem"), "--tls-key", str(key)],
             "another key": ["--tls-cert", str(cert), "--tls-key", str(other)],
@@ -123,7 +99,7 @@ def test_a_tier_whose_certificate_the_router_does_not_trust_is_named_in_the_rout
 
     import httpx
 
-    key, cert = _key_and_cert(tmp_path, "a2m")
+    key, cert = key_and_cert(tmp_path, "a2m")
     tier_port, router_port = free_port(), free_port()
     config = tmp_path / "router.toml"
     config.write_text(f'default_tier = "procedural"\n[[tiers]]\nname = "procedural"\nkind = "procedural"\n'
