@@ -20,8 +20,6 @@ import asyncio
 import hmac
 import logging
 import math
-import os
-import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
@@ -33,6 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from . import errors
 from .bodies import BodyBudget
 from .capabilities import PROTOCOL
+from .certificates import CERT_CHECK_INTERVAL, Certificates
 from .dispatch import Context, Dispatcher
 from .errors import A2MError, retry_after
 
@@ -65,9 +64,6 @@ DEFAULT_SHUTDOWN_TIMEOUT = 20.0
 # Seconds an idle keep-alive connection is kept (uvicorn's default, fixed here). a2m.http1's pool stops
 # reusing a connection after 4 s idle, under this, so the router never writes into a socket a tier is closing.
 KEEP_ALIVE = 5
-# Seconds between two looks at a served certificate's files (decision 136): a renewed pair (cert-manager,
-# certbot, a rewritten Kubernetes Secret) is served within this, without a restart.
-CERT_CHECK_INTERVAL = 10.0
 _READ_HEADERS = frozenset({b"origin", b"authorization", b"a2m-protocol-version", b"content-type", b"content-length",
                            b"traceparent"})
 SERVICE = object()  # a token that maps to SERVICE is trusted to name any owner (the router's token)
@@ -598,100 +594,13 @@ def _quiet_over_limit_warnings() -> None:
         logger.addFilter(_OverLimitLog())
 
 
-def _stamp(*paths: str) -> tuple[tuple[int, int, int], ...]:
-    """What tells a rewritten file: (mtime, size, inode) of each path. stat follows symlinks, so a
-    Kubernetes Secret volume's swapped `..data` link reads as a change too. OSError where one is unreadable."""
-    return tuple((st.st_mtime_ns, st.st_size, st.st_ino) for st in map(os.stat, paths))
-
-
-class _Certificates:
-    """A TLS server's certificate pair as it is on disk, looked at every few seconds (`watch`).
-
-    A changed pair is loaded into a context of its own; only one that loads (the key is the certificate's
-    and unencrypted, as `a2m serve` checks at start) is served, by switching each new handshake to it from
-    uvicorn's context (`sni_callback`, called on every handshake, SNI or not). uvicorn's context itself is
-    never loaded again: a load that fails half-way (the certificate read, then a key that is not its own,
-    as a renewal caught between its two writes) leaves an OpenSSL context with no key, and every handshake
-    after it fails. Open connections keep the pair they were made with. A pair that cannot be served is
-    one warning, and the one served before stays in use until the files change into one that can.
-    """
-
-    def __init__(self, config: Any, cert: str, key: str, every: float) -> None:
-        self.config, self.cert, self.key, self.every = config, cert, key, every
-        self.seen = self._look()  # taken before uvicorn loads the files: a change in between is seen, not missed
-        self.served: ssl.SSLContext | None = None  # the newest pair that loaded; None: uvicorn's own
-        self.problem: str | None = None  # why the pair on disk is not served (logged once)
-
-    def _look(self) -> tuple[tuple[int, int, int], ...] | None:
-        try:
-            return _stamp(self.cert, self.key)
-        except OSError:
-            return None
-
-    def _context(self) -> ssl.SSLContext:
-        """The pair on disk in a context made as uvicorn makes its own (create_ssl_context, with what
-        server() gives it), except that an encrypted key is refused rather than prompted for."""
-        config = self.config
-        context = ssl.SSLContext(config.ssl_version)
-        context.load_cert_chain(self.cert, self.key, password=lambda: b"")
-        context.verify_mode = ssl.VerifyMode(config.ssl_cert_reqs)
-        if config.ssl_ca_certs:
-            context.load_verify_locations(config.ssl_ca_certs)
-        if config.ssl_ciphers:
-            context.set_ciphers(config.ssl_ciphers)
-        alpn = getattr(config.http_protocol_class, "alpn_protocols", None)
-        if alpn:
-            context.set_alpn_protocols(alpn)
-        return context
-
-    def check(self) -> None:
-        """One look: serve the pair on disk where it changed (or could not be served before) and loads."""
-        try:
-            stamp = _stamp(self.cert, self.key)
-        except OSError as exc:
-            return self._refuse(f"cannot read {exc.filename or self.cert}: {exc.strerror}")
-        if stamp == self.seen and self.problem is None:
-            return
-        self.seen = stamp
-        try:
-            context = self._context()
-        except ssl.SSLError as exc:  # an OSError too: first
-            return self._refuse(f"not a PEM certificate chain and its unencrypted private key ({exc.reason or exc})")
-        except OSError as exc:
-            return self._refuse(f"cannot read {exc.filename or self.cert}: {exc.strerror}")
-        self.served, self.problem = context, None
-        self.config.ssl.sni_callback = self._switch  # from the first reload on; before it, no call per handshake
-        log.info("TLS: serving %s and %s as they now are on disk: new connections get this certificate, "
-                 "open ones keep theirs", self.cert, self.key)
-
-    def _refuse(self, problem: str) -> None:
-        if problem != self.problem:
-            log.warning("TLS: %s and %s changed but cannot be served: %s; the certificate loaded before stays "
-                        "in use, and the files are tried again every %g s", self.cert, self.key, problem,
-                        self.every)
-        self.problem = problem
-
-    def _switch(self, connection: Any, server_name: str | None, context: ssl.SSLContext) -> None:
-        if self.served is not None:
-            connection.context = self.served
-
-    async def watch(self) -> None:
-        """`check` every `every` seconds until cancelled (the server's stop)."""
-        while True:
-            await asyncio.sleep(self.every)
-            try:
-                self.check()
-            except Exception:  # a watcher that died would never reload again, and say nothing
-                log.exception("TLS: looking at %s and %s failed", self.cert, self.key)
-
-
 def server(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
            on_listening: Callable[[str], None] | None = None, cert_check_every: float = CERT_CHECK_INTERVAL) -> Any:
     """A uvicorn server (httptools + uvloop) for `app`, the binding's production server, with the limits
     of `app.settings`: at most `max_connections` connections or requests at once (503 past it), and a stop
     that waits `shutdown_timeout` seconds for requests in progress, then cancels them. Over HTTPS, the
     certificate files are looked at every `cert_check_every` seconds and a renewed pair served
-    (`_Certificates`), without a restart.
+    (`a2m.certificates`), without a restart.
 
     `on_listening(url)` is called once the app has started and the socket is bound, with the
     port actually bound (port 0 asks for any free one, known only then).
@@ -727,7 +636,7 @@ def server(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: s
                             timeout_graceful_shutdown=app.settings.shutdown_timeout,  # type: ignore[arg-type]
                             ssl_certfile=app.settings.tls_cert, ssl_keyfile=app.settings.tls_key)
     cert, key = app.settings.tls_cert, app.settings.tls_key
-    certificates = _Certificates(config, cert, key, cert_check_every) if cert and key else None
+    certificates = Certificates(config, cert, key, cert_check_every) if cert and key else None
     return Server(config)
 
 
