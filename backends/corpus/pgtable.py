@@ -35,9 +35,9 @@ from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoade
 
 from a2m.filters import RECORD_FIELDS, Scope
 from a2m.records import Record
-from a2m.timefmt import format_ts
+from a2m.timefmt import format_ts, parse_ts
 
-from backends.store import StoreRejected, StoreUnavailable
+from backends.store import Position, StoreRejected, StoreUnavailable
 
 from .common import EPOCH, ReadOnlyStore, fuse, json_safe, visible
 
@@ -179,6 +179,26 @@ _INTEGERS = {"int2", "int4", "int8"}
 _FLOATS = {"float4", "float8"}
 _TEXTS = {"text", "varchar", "name", "citext"}
 _MS = timedelta(milliseconds=1)
+_ORIGIN = datetime(1, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+
+
+def exact_time(moment: datetime | date | None) -> int:
+    """A row's place within its millisecond, as a Position's int: the created column's exact time
+    (PostgreSQL keeps microseconds) as microseconds since 0001-01-01, plus one; 0 for a row without a
+    time (it shows the epoch and sorts after every row with one there). Years 1 to 9999 need 18 digits
+    at most, which a cursor carries."""
+    if not isinstance(moment, date):
+        return 0
+    return (_utc(moment) - _ORIGIN) // _US + 1
+
+
+def _moment(exact: int) -> datetime:
+    """The time `exact_time` was made from; a cursor naming none is refused."""
+    try:
+        return _ORIGIN + (exact - 1) * _US
+    except OverflowError:
+        raise StoreRejected("cursor names no time of this table") from None
 
 
 def _number(value: Any) -> bool:
@@ -328,6 +348,7 @@ class TableStore(ReadOnlyStore):
         self._pool: Any = None
         self._dims: int | None = None
         self._types: dict[str, str] = {}  # column -> its type's name in the catalog (a domain's base type)
+        self._formats: dict[str, str] = {}  # column -> its type as SQL writes it (format_type)
         self._nullable: set[str] = set()
         # Text search: the configuration, and the tsvector column to search (None: to_tsvector of the text).
         self._text_config = DEFAULT_TEXT_CONFIG
@@ -397,6 +418,7 @@ class TableStore(ReadOnlyStore):
             " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (oid,))).fetchall()
         columns = {r[1]: r for r in rows}
         self._types = {name: r[2] for name, r in columns.items()}
+        self._formats = {name: r[6] for name, r in columns.items()}
         self._nullable = {name for name, r in columns.items() if not r[4]}
         wanted = [spec.id_column, spec.text_column, *spec.metadata_columns]
         wanted += [c for c in (spec.vector_column, spec.created_column, spec.metadata_column) if c]
@@ -752,6 +774,97 @@ class TableStore(ReadOnlyStore):
             if not page or len(records) >= limit or all(len(rows) < page for rows in lists):
                 return records[:limit] if limit else records
             page *= 4
+
+    async def timeline_page(self, scope: Scope, *, below: Position | None, limit: int | None,
+                            with_embeddings: bool = False) -> list[tuple[Record, Position]]:
+        """The newest `limit` records in scope strictly before `below`, in `select(order="desc")`'s
+        order, each with its position (docs/extensions.md, the cursor on memory/timeline).
+
+        The order is select's: rows with a time by the created column itself, then the key column,
+        both descending; rows without one (they show the epoch) after every row with a time there,
+        by key. A position keeps the row's exact time (`exact_time`), so the keyset compares the
+        column with the time it holds, not with the millisecond a record shows: the condition
+        `col <= T AND (col < T OR key < K)` is a range on the column, which its own index answers in
+        order, and the key breaks ties in the key column's own type. Truncating both sides to the
+        millisecond would be exact too, but no index on the column answers `date_trunc` of it."""
+        if scope.key_prefix is not None:
+            return []
+        where, args = self._where(scope)
+        found: list[tuple[Record, Position]] = []
+        page = limit
+        while True:  # as select: a page the exact check thins is read on from where it stopped
+            lists = []
+            for tail, values in self._below(scope, where, args, below):
+                query = sql.SQL("SELECT {} FROM {} {}").format(self._columns(with_embeddings), self._table(), tail)
+                if page:
+                    query += sql.SQL(" LIMIT {}").format(sql.Literal(page))
+                lists.append([self._placed(r) for r in await self._query(query, values)])
+            # Stable: ties of (shown time, exact time) are rows of one list, already in key order.
+            merged = sorted((p for rows in lists for p in rows), key=lambda p: p[1][:2], reverse=True)
+            cut = len(merged)
+            for rows in lists:  # past a list's last row, rows of that list not read yet may come first
+                if page and len(rows) == page:
+                    cut = min(cut, next(n for n, p in enumerate(merged) if p is rows[-1]) + 1)
+            kept = {id(r) for r in visible([r for r, _ in merged[:cut]], scope)}
+            found += [p for p in merged[:cut] if id(p[0]) in kept]
+            if not page or (limit and len(found) >= limit) or all(len(rows) < page for rows in lists):
+                return found[:limit] if limit else found
+            below = merged[cut - 1][1]
+            page *= 4
+
+    def _placed(self, row: dict[str, Any]) -> tuple[Record, Position]:
+        record = self._record(row)
+        return record, (record.created_at, exact_time(row.get("a2m_created")), record.id)
+
+    def _below(self, scope: Scope, where: list[sql.Composable], args: list[Any],
+               below: Position | None) -> list[tuple[sql.Composable, list[Any]]]:
+        """select's two parts (rows with a time, rows without), each cut to the rows strictly before
+        `below` and ordered newest first."""
+        key = sql.Identifier(self.spec.id_column)
+        parts: list[tuple[sql.Composable, list[Any]]] = []
+        if self.spec.created_column:
+            column = sql.Identifier(self.spec.created_column)
+            timed, bounds = self._timed(scope)
+            if below is not None and below[1] > 0:  # a row with a time: before it in time, or by key
+                clause, value = self._key_below(below[2])
+                moment = _moment(below[1])
+                timed = timed + [sql.SQL("{} <= %s AND ({} < %s OR {})").format(column, column, clause)]
+                bounds = bounds + [moment, moment, value]
+            elif below is not None:  # a row without one: the rows with a time that show an earlier one
+                timed = timed + [sql.SQL("{} < %s::timestamptz").format(column)]
+                bounds = bounds + [parse_ts(below[0])]
+            parts.append((sql.SQL("WHERE {} ORDER BY {} DESC, {} DESC").format(
+                sql.SQL(" AND ").join(where + timed), column, key), args + bounds))
+        if self._untimed(scope) and (not self.spec.created_column or self.spec.created_column in self._nullable):
+            untimed = [sql.SQL("{} IS NULL").format(sql.Identifier(self.spec.created_column))] \
+                if self.spec.created_column else []
+            values = list(args)
+            if below is not None and (below[0], below[1]) == (EPOCH, 0):
+                clause, value = self._key_below(below[2])
+                untimed.append(clause)
+                values.append(value)
+            if below is None or (below[0], below[1]) >= (EPOCH, 0):
+                parts.append((sql.SQL("WHERE {} ORDER BY {} DESC").format(
+                    sql.SQL(" AND ").join(where + untimed or [sql.SQL("TRUE")]), key), values))
+        return parts
+
+    def _key_below(self, record_id: str) -> tuple[sql.Composable, Any]:
+        """`id_column` before the row `record_id` names in its own order: compared in the column's own
+        type (as `_ids` does), so that its index answers and 9 sorts before 10."""
+        column = sql.Identifier(self.spec.id_column)
+        kind = self._types.get(self.spec.id_column, "")
+        if kind in _INTEGERS:
+            if not (_INTEGER.fullmatch(record_id) and -2**63 <= int(record_id) < 2**63):
+                raise StoreRejected("cursor names no row of this table")
+            return sql.SQL("{} < %s::int8").format(column), int(record_id)
+        if kind == "uuid":
+            if not _canonical_uuid(record_id):
+                raise StoreRejected("cursor names no row of this table")
+            return sql.SQL("{} < %s::uuid").format(column), record_id
+        if kind in ("text", "varchar"):
+            return sql.SQL("{} < %s::text").format(column), record_id
+        # Any other type: the id is the column's text, read back as the column's own type.
+        return sql.SQL("{} < CAST(%s AS {})").format(column, sql.SQL(self._formats[self.spec.id_column])), record_id
 
     async def search(self, scope: Scope, *, text: str | None, vector: Sequence[float] | None, limit: int,
                      with_embeddings: bool = False) -> list[Record]:

@@ -30,7 +30,7 @@ import math
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from a2m.errors import A2MError
@@ -40,7 +40,7 @@ from a2m.stopwords import STOPWORDS
 from a2m.text import bm25_scores
 from a2m.timefmt import format_ts, parse_ts
 
-from backends.store import StoreRejected, StoreUnavailable
+from backends.store import Position, StoreRejected, StoreUnavailable
 
 from .common import EPOCH, ReadOnlyStore, fuse, json_safe, visible
 
@@ -132,6 +132,29 @@ def _created_at(value: Any) -> str:
         return EPOCH if moment is None else format_ts(moment)
     except (ValueError, OverflowError, OSError):  # a stamp whose offset leaves years 1 to 9999
         return EPOCH
+
+
+_ORIGIN = datetime(1, 1, 1, tzinfo=timezone.utc)
+
+
+def exact_time(value: Any) -> int:
+    """A payload time's place within its millisecond, as a Position's int: microseconds since
+    0001-01-01, plus one; 0 for a point with no readable time (it shows the epoch and sorts after
+    every point with a time there)."""
+    try:
+        moment = payload_time(value)
+        if moment is None:
+            return 0
+        moment = moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
+        format_ts(moment)  # what `_created_at` shows: one it cannot show is no time
+        return (moment - _ORIGIN) // timedelta(microseconds=1) + 1
+    except (ValueError, OverflowError, OSError):
+        return 0
+
+
+def id_order(record_id: str) -> tuple[int, int | str]:
+    """A point id's place in the tie-break order: integers by value, then UUIDs by their text."""
+    return (0, int(record_id)) if record_id.isdigit() else (1, record_id)
 
 
 def _epoch_within(after: str | None, before: str | None) -> bool:
@@ -521,16 +544,30 @@ class CollectionStore(ReadOnlyStore):
     async def _by_id(self, flt: Any, scope: Scope, limit: int | None, with_embeddings: bool) -> list[Record]:
         """The first `limit` records in scope in point id order, read page by page until that many
         pass the exact check (Qdrant's filter may hold more)."""
-        out: list[Record] = []
+        return [r for r, _ in await self._placed_by_id(flt, scope, limit, with_embeddings)]
+
+    async def _placed_by_id(self, flt: Any, scope: Scope, limit: int | None,
+                            with_embeddings: bool) -> list[tuple[Record, int]]:
+        """`_by_id`, each record with its exact time (`exact_time`)."""
+        out: list[tuple[Record, int]] = []
         offset = None
         while True:
             page = ID_PAGE if limit is None else max(limit - len(out), 16)
             points, offset = await self._call(self.client.scroll(
                 self.spec.collection, scroll_filter=flt, limit=page, offset=offset,
                 with_payload=True, with_vectors=self._vectors(with_embeddings)))
-            out += visible([self._record(p, with_embedding=with_embeddings) for p in points], scope)
+            out += self._visible([self._placed(p, with_embeddings) for p in points], scope)
             if offset is None or (limit is not None and len(out) >= limit):
                 return out[:limit]
+
+    def _placed(self, point: Any, with_embedding: bool) -> tuple[Record, int]:
+        created = self._metadata(point.payload or {}).get(self.spec.created_field) if self.spec.created_field else None
+        return self._record(point, with_embedding=with_embedding), exact_time(created)
+
+    @staticmethod
+    def _visible(placed: list[tuple[Record, int]], scope: Scope) -> list[tuple[Record, int]]:
+        kept = {id(r) for r in visible([r for r, _ in placed], scope)}
+        return [p for p in placed if id(p[0]) in kept]
 
     async def _by_time(self, scope: Scope, order: Literal["asc", "desc"], limit: int | None,
                        with_embeddings: bool) -> list[Record]:
@@ -551,17 +588,46 @@ class CollectionStore(ReadOnlyStore):
             points, _ = await self._call(self.client.scroll(
                 self.spec.collection, scroll_filter=flt, limit=want, order_by=order_by,
                 with_payload=True, with_vectors=self._vectors(with_embeddings)))
-            timed = visible([self._record(p, with_embedding=with_embeddings) for p in points], scope)
+            timed = self._visible([self._placed(p, with_embeddings) for p in points], scope)
             if limit is None or len(timed) >= limit or len(points) < want:
                 break
             want *= 2
-        untimed: list[Record] = []
+        untimed: list[tuple[Record, int]] = []
         if _epoch_within(scope.after, scope.before):
-            untimed = await self._by_id(self._filter(scope, [self._untimed()]), scope, limit, with_embeddings)
-            if desc:
-                untimed.reverse()
-        once = {r.id: r for r in untimed + timed}  # once each (a point may hold several times), ties by id
-        return sorted(once.values(), key=lambda r: r.created_at, reverse=desc)[:limit]
+            untimed = await self._placed_by_id(self._filter(scope, [self._untimed()]), scope, limit, with_embeddings)
+        once = {r.id: (r, n) for r, n in untimed + timed}  # once each (a point may hold several times)
+        return [r for r, _ in sorted(once.values(), key=self._order, reverse=desc)[:limit]]
+
+    def _order(self, placed: tuple[Record, int]) -> tuple[Any, ...]:
+        """Where a record (with its exact time) stands in the timeline, ascending: in created_field
+        order, by the time it shows, then its exact time (a point without one after those with one at
+        the epoch), then its point id; in point id order where the collection has no time index to
+        order by (as `select` reads it there)."""
+        record, exact = placed
+        if not self._ordered:
+            return (id_order(record.id),)
+        return record.created_at, exact, id_order(record.id)
+
+    async def timeline_page(self, scope: Scope, *, below: Position | None, limit: int | None,
+                            with_embeddings: bool = False) -> list[tuple[Record, Position]]:
+        """The newest `limit` records in scope strictly before `below`, in `select(order="desc")`'s
+        order, each with its position (docs/extensions.md, the cursor on memory/timeline).
+
+        Qdrant orders by a payload value with no tie-break and takes no offset with it, and scrolls
+        by id only upwards, so a page reads every point in scope (as a timeline with no limit does)
+        and places them here: a page costs the points in scope, a walk of n points by pages of
+        `limit` reads about n * n / (2 * limit) of them. A position keeps the exact time
+        (`exact_time`) and the point id, so however many points share a millisecond, none is
+        skipped or read twice."""
+        if scope.key_prefix is not None or self._outside_time(scope):
+            return []
+        every = await self._placed_by_id(self._filter(scope), scope, None, with_embeddings)
+        every.sort(key=self._order, reverse=True)
+        if below is not None:
+            mark = (id_order(below[2]),) if not self._ordered else (below[0], below[1], id_order(below[2]))
+            every = [p for p in every if self._order(p) < mark]
+        kept = every[:limit] if limit else every
+        return [(r, (r.created_at, n if self._ordered else 0, r.id)) for r, n in kept]
 
     async def search(self, scope: Scope, *, text: str | None, vector: Sequence[float] | None, limit: int,
                      with_embeddings: bool = False) -> list[Record]:

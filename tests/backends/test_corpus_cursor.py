@@ -1,0 +1,169 @@
+"""The timeline cursor on a mounted corpus (decision 138): a walk through the corpus tier server reads
+every record in scope once, in the order a plain timeline shows, however many share a millisecond,
+over a real PostgreSQL table and a real Qdrant collection (qdrant-client's local mode)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from a2m.dispatch import Context, Dispatcher
+from backends.corpus.pgtable import TableSpec, TableStore
+from backends.corpus.qdrant import CollectionSpec, CollectionStore
+from backends.episodic.embedded import EmbeddedPostgres
+from backends.surface import TierServer
+from tests.support.corpora import make_points
+
+pytestmark = pytest.mark.timeout(300)
+
+CROWD = 1300  # more than one timeline (1,000) in one millisecond
+TABLES = f"""
+-- (a) a bulk load: every row in one microsecond, and a few around it.
+CREATE TABLE crowd (id bigint PRIMARY KEY, body text, written timestamptz);
+INSERT INTO crowd SELECT g, 'row ' || g, timestamptz '2026-01-01 00:00:00.123+00' FROM generate_series(1, {CROWD}) g;
+INSERT INTO crowd VALUES ({CROWD} + 1, 'later', '2026-01-01 00:00:00.124+00'),
+                         ({CROWD} + 2, 'earlier', '2026-01-01 00:00:00.122999+00');
+CREATE INDEX crowd_written ON crowd (written);
+-- (b) one millisecond, rows apart by microseconds, in an order their keys do not keep (9 before 10 as ints).
+CREATE TABLE micro (id int PRIMARY KEY, body text, written timestamp);
+INSERT INTO micro SELECT g, 'micro ' || g, timestamp '2026-01-01 00:00:00.123' + ((g * 7) % 13) * interval '1 microsecond'
+  FROM generate_series(1, 40) g;
+-- (c) rows without a time among rows with one: at the epoch exactly, before it, after it; text keys.
+CREATE TABLE mixed (id text PRIMARY KEY, body text, src text, meta jsonb, written timestamptz);
+INSERT INTO mixed SELECT 'k' || g, 'mixed ' || g, CASE WHEN g % 3 = 0 THEN 'a' ELSE 'b' END,
+    jsonb_build_object('coll', CASE WHEN g % 2 = 0 THEN 'x' ELSE 'y' END),
+    CASE g % 5 WHEN 0 THEN NULL WHEN 1 THEN timestamptz '1970-01-01 00:00:00+00'
+               WHEN 2 THEN timestamptz '1969-12-31 23:59:59.9995+00' WHEN 3 THEN timestamptz '1970-01-01 00:00:00.0004+00'
+               ELSE timestamptz '2026-01-01 00:00:00+00' + (g % 4) * interval '1 ms' END
+  FROM generate_series(1, 90) g;
+"""
+
+
+@pytest.fixture(scope="module")
+def pg(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    engine = EmbeddedPostgres(tmp_path_factory.mktemp("cursor-pg"))
+    dsn = engine.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(TABLES)
+        yield dsn
+    finally:
+        engine.stop()
+
+
+async def walked(store: Any, params: dict[str, Any], page: int) -> tuple[list[str], list[str]]:
+    """Through the corpus tier server: the ids a cursor walk reads (newest first) and those a plain
+    timeline of the same params shows (newest first)."""
+    server = TierServer(store, name="kb", kind="semantic", capabilities=frozenset({"core"}), limits={},
+                        read_only=True)
+    dispatcher, ctx = Dispatcher(server), Context()
+    await server.startup()
+    try:
+        plain = (await dispatcher.call("memory/timeline", params, ctx))["records"]
+        walk: list[str] = []
+        cursor: Any = True
+        for _ in range(10_000):
+            answer = await dispatcher.call("memory/timeline", {**params, "limit": page, "cursor": cursor}, ctx)
+            assert "cursor" in answer, "the corpus answered no cursor"
+            walk += [r["id"] for r in reversed(answer["records"])]
+            cursor = answer["cursor"]
+            if cursor is None:
+                break
+        return walk, [r["id"] for r in reversed(plain)]
+    finally:
+        await server.shutdown()
+
+
+def table(dsn: str, **spec: Any) -> TableStore:
+    return TableStore(dsn, TableSpec(**spec))
+
+
+def once_in_order(walk: list[str], plain: list[str]) -> None:
+    assert len(walk) == len(set(walk)), "a record read twice"
+    assert walk == plain
+
+
+@pytest.mark.anyio
+async def test_a_crowded_millisecond_is_walked_whole_and_once(pg: str) -> None:
+    walk, plain = await walked(table(pg, table="crowd", text_column="body", created_column="written"), {}, 500)
+    assert len(plain) == CROWD + 2 and plain[0] == str(CROWD + 1) and plain[-1] == str(CROWD + 2)
+    once_in_order(walk, plain)
+
+
+@pytest.mark.anyio
+async def test_rows_apart_by_microseconds_keep_their_order(pg: str) -> None:
+    for page in (1, 3, 7, 100):
+        walk, plain = await walked(table(pg, table="micro", text_column="body", created_column="written"), {}, page)
+        assert len(plain) == 40
+        once_in_order(walk, plain)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("params", [
+    {}, {"where": {"src": "a"}}, {"where": {"coll": "x"}},
+    {"after": "1969-12-31T23:59:59.999Z"}, {"before": "1970-01-01T00:00:00.001Z"},
+    {"after": "1969-01-01T00:00:00.000Z", "before": "2026-01-01T00:00:00.002Z", "where": {"src": "b"}},
+])
+async def test_untimed_rows_and_scopes_are_walked_in_timeline_order(pg: str, params: dict[str, Any]) -> None:
+    for spec in ({"metadata_columns": ["src"], "metadata_column": "meta"},
+                 {"metadata_columns": ["src"], "metadata_column": "meta", "row_filter": ("src", "b")},
+                 {"metadata_columns": ["src"]} if "coll" not in str(params) else {"metadata_column": "meta"}):
+        for page in (1, 4, 25):
+            store = table(pg, table="mixed", text_column="body", created_column="written", **spec)
+            walk, plain = await walked(store, params, page)
+            assert plain or "row_filter" in spec, params
+            once_in_order(walk, plain)
+
+
+@pytest.mark.anyio
+async def test_a_table_without_a_created_column_is_walked_by_key(pg: str) -> None:
+    walk, plain = await walked(table(pg, table="crowd", text_column="body"), {}, 400)
+    assert plain[0] == str(CROWD + 2) and len(plain) == CROWD + 2  # every row shows the epoch: newest key first
+    once_in_order(walk, plain)
+
+
+@pytest.mark.anyio
+async def test_a_cursor_naming_no_row_of_the_key_type_is_invalid(pg: str) -> None:
+    server = TierServer(table(pg, table="micro", text_column="body", created_column="written"), name="kb",
+                        kind="semantic", capabilities=frozenset({"core"}), limits={}, read_only=True)
+    dispatcher, ctx = Dispatcher(server), Context()
+    await server.startup()
+    try:
+        answer = await dispatcher.call("memory/timeline", {"cursor": "2026-01-01T00:00:00.123Z|5|abc"}, ctx)
+    except Exception as exc:  # -32602, not an internal error
+        assert getattr(exc, "code", None) == -32602, exc
+    else:
+        raise AssertionError(answer)
+    finally:
+        await server.shutdown()
+
+
+# ---- Qdrant --------------------------------------------------------------------------------------------
+
+def collection(path: Path, **spec: Any) -> CollectionStore:
+    return CollectionStore(CollectionSpec(collection="kb", text_field="text", **spec), path=str(path))
+
+
+@pytest.mark.anyio
+async def test_a_qdrant_collection_is_walked_whole_and_once(tmp_path: Path) -> None:
+    points: dict[int | str, dict[str, Any]] = {
+        i: {"text": f"p {i}", "at": "2026-01-01T00:00:00.123000Z", "src": "a" if i % 3 else "b"}
+        for i in range(1, CROWD + 1)}  # (a) one microsecond
+    points |= {CROWD + i: {"text": "micro", "at": f"2026-01-01T00:00:00.123{(i * 7) % 13:03d}Z", "src": "a"}
+               for i in range(1, 30)}  # (b) apart by microseconds
+    points |= {CROWD + 100 + i: {"text": "untimed", "src": "b"} for i in range(12)}  # (c) no time
+    points |= {CROWD + 200: {"text": "epoch", "at": "1970-01-01T00:00:00Z"},
+               CROWD + 201: {"text": "before", "at": "1969-12-31T23:59:59.9995Z"},
+               "5f1c2c9e-3d7a-4c59-9a53-1b7e2f0c4a11": {"text": "uuid", "at": "2026-01-01T00:00:00.123Z"}}
+    make_points(tmp_path / "q", points)
+    for params, page in (({}, 500), ({"where": {"src": "b"}}, 97),
+                         ({"after": "1969-12-31T23:59:59.999Z", "before": "2026-01-01T00:00:00.124Z"}, 300)):
+        walk, plain = await walked(collection(tmp_path / "q", created_field="at"), params, page)
+        assert len(plain) > 400, params
+        once_in_order(walk, plain)
+    walk, plain = await walked(collection(tmp_path / "q"), {}, 333)  # no created_field: by point id
+    assert len(plain) == len(points)
+    once_in_order(walk, plain)
