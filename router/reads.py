@@ -211,6 +211,11 @@ class Reads:
             for name, error in fan.errors.items():  # a tier's cursor it refused: the caller's mistake
                 if error.code == errors.INVALID_PARAMS and isinstance(positions[name], str):
                     raise error
+            if after is None and all(p is True for p in positions.values()):
+                # No walk (a tier without the cursor extension, or not answering): the reader pages by
+                # time from this page, so it must be the timeline's, each tier read past its cap.
+                await read_past_caps(self.fed, fan, per_tier, limit)
+                pages = {name: r.get("records", []) for name, r in fan.results.items()}
         wire = merge_by_time(self.fed, {name: {"records": records} for name, records in pages.items()})
         result: dict[str, Any] = {"records": wire[-limit:] if limit else wire}
         self.degraded(result, fan)
@@ -268,10 +273,18 @@ async def ask_recall(fed: Federation, tiers: list[Tier], per_tier: Callable[[Tie
 
 async def ask_timeline(fed: Federation, tiers: list[Tier], per_tier: Callable[[Tier], dict[str, Any] | None],
                        limit: int) -> FanOut:
-    """One fan-out of a timeline, each tier asked for at most its own max_recall_limit. A tier whose
-    reply stopped there, short of `limit` (the router may declare more than a tier), is read
-    again backwards a page at a time (`a2m.paging`) for its newest `limit` records."""
+    """One fan-out of a timeline, each tier asked for at most its own max_recall_limit, and read
+    past it (`read_past_caps`)."""
     fan = await fed.fan_out("memory/timeline", {}, tiers, per_tier=per_tier)
+    await read_past_caps(fed, fan, per_tier, limit)
+    return fan
+
+
+async def read_past_caps(fed: Federation, fan: FanOut, per_tier: Callable[[Tier], dict[str, Any] | None],
+                         limit: int) -> None:
+    """A tier in `fan` whose reply stopped at its max_recall_limit, short of `limit` (the router may
+    declare more than a tier), read again backwards a page at a time (`a2m.paging`) for its newest
+    `limit` records."""
 
     async def more(name: str, params: dict[str, Any]) -> None:
         records: list[dict[str, Any]] = []
@@ -295,7 +308,6 @@ async def ask_timeline(fed: Federation, tiers: list[Tier], per_tier: Callable[[T
     if full:
         await asyncio.gather(*(more(name, params) for name, params in full))
         fan.degraded.sort(key=fed.order.index)
-    return fan
 
 
 def merge_by_time(fed: Federation, results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -171,3 +171,37 @@ async def test_a_cursor_that_is_not_a_walks_is_refused(stack: Stack) -> None:
             with pytest.raises(A2MError) as refused:
                 await router.call("memory/timeline", {"owner": me, "limit": 2, **params})
             assert refused.value.code == -32602, params
+
+
+PLAIN = [  # a third-party server without the cursor extension, capped at 5 a timeline
+    {"name": "episodic", "kind": "episodic", "timeout": 2.0},
+    {"name": "plain", "kind": "episodic", "serve": "fixture", "args": ["--max-recall-limit", "5"], "timeout": 2.0},
+]
+
+
+@pytest.fixture(scope="module")
+def plain_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with federation(tmp_path_factory.mktemp("walk-plain"), PLAIN, mode="real",
+                    top={"background_promotion": False}) as running:
+        yield running
+
+
+async def test_a_tier_without_a_cursor_makes_the_first_page_the_timeline_a_reader_pages_by_time(
+        plain_stack: Stack) -> None:
+    """`plain` answers no cursor, so there is no walk: a reader (`a2m.paging`, export) pages by time
+    from the first page, which must then read `plain` past its cap of 5 as a timeline without a
+    cursor does. Else its records newer than the page's earliest but past its first 5 are never read."""
+    me = owner()
+    await direct(plain_stack, "episodic", "memory/remember", {"owner": me, "records": [
+        {"content": f"old {i}", "created_at": f"2026-01-01T00:00:{i:02d}.000Z"} for i in range(10)]})
+    await direct(plain_stack, "plain", "memory/remember", {"owner": me, "records": [
+        {"content": f"new {i}", "created_at": f"2026-02-01T00:00:{i:02d}.000Z"} for i in range(10)]})
+    async with HTTPClient(plain_stack.url) as router:
+        timeline = await router.call("memory/timeline", {"owner": me, "limit": 12})
+        first = await router.call("memory/timeline", {"owner": me, "limit": 12, "cursor": True})
+        read: list[str] = []
+        async for page in pages_backwards(router.call, {"owner": me}, page=12, cap=1000):
+            read[:0] = [r["content"] for r in page]
+    assert "cursor" not in first
+    assert [r["id"] for r in first["records"]] == [r["id"] for r in timeline["records"]]
+    assert read == [f"old {i}" for i in range(10)] + [f"new {i}" for i in range(10)]
