@@ -70,14 +70,26 @@ async def pages_backwards(call: Call, params: dict[str, Any], *, page: int,
 
 async def _by_cursor(call: Call, base: dict[str, Any],
                      result: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+    """The pages as the cursor walks them. A router walking several tiers shows a record each tier
+    holds a copy of (an interrupted move, until repair) once per page it falls on; the copies share
+    a `created_at`, which is the earliest one read when the next copy comes, so the ids already
+    yielded at that stamp are dropped, as `_by_time` drops its boundary's."""
+    earliest: str | None = None  # the earliest created_at yielded, and the ids yielded there
+    boundary: set[str] = set()
     while True:
         records, cursor = result["records"], result.get("cursor", ...)
         if cursor is not None and not isinstance(cursor, str):
             told = "no cursor" if cursor is ... else f"cursor {str(cursor)[:80]!r}, not a string or null"
             raise BoundsIgnored(f"a timeline page answered {told}: the endpoint cannot be paged by it")
-        if records:
-            yield records
-        if cursor is None or not records:
+        if not records:
+            return
+        fresh = [r for r in records if not (r["created_at"] == earliest and r["id"] in boundary)]
+        if fresh:
+            yield fresh
+        if records[0]["created_at"] != earliest:
+            earliest, boundary = records[0]["created_at"], set()
+        boundary |= {r["id"] for r in records if r["created_at"] == earliest}
+        if cursor is None:
             return
         result = await call("memory/timeline", {**base, "cursor": cursor})
         if result.get("cursor") == cursor:

@@ -8,8 +8,9 @@ down to there) or `None` (read through). A page asks every tier not read through
 newest `limit`. A tier all of whose page was kept moves to the cursor it answered; one none of
 whose page was kept stays where it was; one whose page was cut is asked again for as many records
 as were kept of it, which answers the cursor standing exactly there (a tier's cursor is opaque, so
-the router cannot make one itself). Each position is a position, so records written, forgotten or
-moved between pages leave the rest of the walk as a one-tier walk leaves it (decision 137).
+the router cannot make one itself), and the records it answers are that tier's on the page. Each
+position is a position, so records written, forgotten or moved between pages leave the rest of
+the walk as a one-tier walk leaves it (decision 137).
 
 A tier capped below `limit` (its max_recall_limit) may hold more records newer than what the
 others answered: nothing older than the earliest record of its page is kept on this page, which
@@ -84,4 +85,10 @@ async def walk_page(fed: Federation, tiers: Sequence[Tier], per_tier: PerTier, p
         if walked_on:
             after.update((name, again.results[name]["cursor"]) for name in cut)
     pages = {name: pages[name][len(pages[name]) - kept[name]:] for name in answered}
+    if cut and walked_on:
+        # The records the cursor stands after, as the second ask answered them: the kept ones, unless
+        # a write or a forget came between the two asks. Shown as answered, the record the cursor
+        # passed over for one forgotten is not lost, nor a record written in between read twice; the
+        # page may then be out of order with the next by that one record.
+        pages.update((name, again.results[name].get("records", [])) for name in cut)
     return pages, after if walked_on else None, fan

@@ -679,3 +679,28 @@ async def test_a_second_move_of_a_record_waits_for_the_first_one_to_finish(inpro
         deleting.release()
     held = (await homes(stack, me)).get(rid, [])
     assert len(held) == 1, f"{rid} held {held} after a {second} raced the promote"
+
+
+async def test_a_record_forgotten_between_a_walk_pages_two_asks_does_not_lose_the_next_one(
+        inproc: InProcess, stack: Stack) -> None:
+    """A walk over several tiers asks a tier whose page it cut again, for as many records as it kept,
+    to learn where its cursor stands (router/walk.py). One of those forgotten in between moved that
+    cursor one record further: the record it passed over was never shown, on that page or any other."""
+    me = owner()
+    stamp = "2026-05-01T00:00:00.{:03d}Z".format
+    ids = {}
+    for name, odd in (("episodic", 1), ("semantic", 2)):  # interleaved: a page of 4 keeps 2 of each
+        ids[name] = (await direct(stack, name, "memory/remember", {"owner": me, "records": [
+            {"content": f"{name} {i}", "created_at": stamp(2 * i + odd)} for i in range(6)]}))["ids"]
+    gate = inproc.hold("episodic", "memory/timeline", lambda p: p.get("limit") == 2)
+    first = asyncio.create_task(inproc.call("memory/timeline", {"owner": me, "limit": 4, "cursor": True}))
+    await gate.reached.wait()
+    await direct(stack, "episodic", "memory/forget", {"owner": me, "ids": [ids["episodic"][5]]})
+    gate.release()
+    page = await first
+    read, cursor = [r["id"] for r in page["records"]], page["cursor"]
+    while cursor is not None:
+        page = await inproc.call("memory/timeline", {"owner": me, "limit": 4, "cursor": cursor})
+        read[:0] = [r["id"] for r in page["records"]]
+        cursor = page["cursor"]
+    assert sorted(read) == sorted(ids["semantic"] + ids["episodic"][:5])

@@ -205,3 +205,21 @@ async def test_a_tier_without_a_cursor_makes_the_first_page_the_timeline_a_reade
     assert "cursor" not in first
     assert [r["id"] for r in first["records"]] == [r["id"] for r in timeline["records"]]
     assert read == [f"old {i}" for i in range(10)] + [f"new {i}" for i in range(10)]
+
+
+@pytest.mark.parametrize("page", [1, 3])
+async def test_a_record_held_by_several_tiers_is_paged_once(stack: Stack, page: int) -> None:
+    """An interrupted move leaves one record in two tiers until repair: a timeline shows it once, and
+    a walk shows each copy on the page it falls on. a2m.paging (export, the router's scans) hands
+    out each id once all the same."""
+    me = owner()
+    dup = {"id": f"dup-{me}", "content": "held twice over", "created_at": STAMPS[1]}
+    for name in ("episodic", "semantic", "capped"):
+        await direct(stack, name, "memory/remember", {"owner": me, "records": [
+            dup, *({"content": f"{name} {i}", "created_at": STAMPS[i % 3]} for i in range(6))]})
+    async with HTTPClient(stack.url) as router:
+        whole = [r["id"] for r in (await router.call("memory/timeline", {"owner": me, "limit": 1000}))["records"]]
+        paged: list[str] = []
+        async for records in pages_backwards(router.call, {"owner": me}, page=page, cap=1000):
+            paged[:0] = [r["id"] for r in records]
+    assert len(whole) == 19 and sorted(paged) == sorted(whole)
