@@ -57,7 +57,8 @@ class Summaries:
         if scope.is_empty_selector() and not query and params.get("tier") is None:
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
         limit = limit_param(params, self.limits, 50)
-        asked = {k: v for k, v in params.items() if k not in ("prompt", "into", "key", "ids")}
+        # no `cursor` either: a tier's summarize takes none, and the router's timeline would walk by it
+        asked = {k: v for k, v in params.items() if k not in ("prompt", "into", "key", "ids", "cursor")}
         if scope.ids is not None:  # `ids` narrows the other selectors and `limit`, as on a tier server
             where = dict(scope.where)
             named = where.get("id", scope.ids)

@@ -223,3 +223,22 @@ async def test_a_record_held_by_several_tiers_is_paged_once(stack: Stack, page: 
         async for records in pages_backwards(router.call, {"owner": me}, page=page, cap=1000):
             paged[:0] = [r["id"] for r in records]
     assert len(whole) == 19 and sorted(paged) == sorted(whole)
+
+
+async def test_summarize_takes_no_cursor_as_a_tier_takes_none(stack: Stack) -> None:
+    """summarize reads through the router's own timeline, and passed a caller's `cursor` on to it:
+    over several tiers a summary then covered one walk page, or was refused for a cursor no
+    timeline made, where a tier server ignores the param."""
+    me = owner()
+    own = await _written(stack, me, 4)
+    asked = {"owner": me, "ids": [i for ids in own.values() for i in ids]}
+
+    def summary(answer: dict[str, Any]) -> tuple[str, list[str]]:
+        [written] = answer["records"]
+        return written["content"], written["metadata"]["summary_of"]
+
+    async with HTTPClient(stack.url) as router:
+        plain = summary(await router.call("memory/summarize", asked))
+        for cursor in (True, "not a cursor"):
+            assert summary(await router.call("memory/summarize", {**asked, "cursor": cursor})) == plain
+    assert len(plain[1]) == 20
