@@ -611,23 +611,60 @@ class CollectionStore(ReadOnlyStore):
     async def timeline_page(self, scope: Scope, *, below: Position | None, limit: int | None,
                             with_embeddings: bool = False) -> list[tuple[Record, Position]]:
         """The newest `limit` records in scope strictly before `below`, in `select(order="desc")`'s
-        order, each with its position (docs/extensions.md, the cursor on memory/timeline).
+        order, each with its position (docs/extensions.md, the cursor on memory/timeline). A position
+        keeps the exact time (`exact_time`) and the point id, so however many points share a
+        millisecond, none is skipped or read twice.
 
-        Qdrant orders by a payload value with no tie-break and takes no offset with it, and scrolls
-        by id only upwards, so a page reads every point in scope (as a timeline with no limit does)
-        and places them here: a page costs the points in scope, a walk of n points by pages of
-        `limit` reads about n * n / (2 * limit) of them. A position keeps the exact time
-        (`exact_time`) and the point id, so however many points share a millisecond, none is
-        skipped or read twice."""
+        In created_field order a page reads the newest points at or before the position's time by
+        Qdrant's ordered scroll (`_timed_before`), and the points with no time where the scope's range
+        holds the epoch and the position is not past it. In point id order (no time index) it reads
+        every point in scope: Qdrant scrolls ids only upwards, so a walk of n points by pages of
+        `limit` reads about n * n / (2 * limit) of them."""
         if scope.key_prefix is not None or self._outside_time(scope):
             return []
-        every = await self._placed_by_id(self._filter(scope), scope, None, with_embeddings)
+        if self._ordered and limit:
+            found = await self._timed_before(scope, below, limit, with_embeddings)
+            if _epoch_within(scope.after, scope.before) and (below is None or below[0] >= EPOCH):
+                found += await self._placed_by_id(self._filter(scope, [self._untimed()]), scope, None,
+                                                  with_embeddings)
+            every = list({r.id: (r, n) for r, n in found}.values())  # once each (a point may hold several times)
+        else:
+            every = await self._placed_by_id(self._filter(scope), scope, None, with_embeddings)
         every.sort(key=self._order, reverse=True)
         if below is not None:
             mark = (id_order(below[2]),) if not self._ordered else (below[0], below[1], id_order(below[2]))
             every = [p for p in every if self._order(p) < mark]
         kept = every[:limit] if limit else every
         return [(r, (r.created_at, n if self._ordered else 0, r.id)) for r, n in kept]
+
+    async def _timed_before(self, scope: Scope, below: Position | None, limit: int,
+                            with_embeddings: bool) -> list[tuple[Record, int]]:
+        """The newest points in scope with a time at or before `below`'s, newest first: at least
+        `limit` of them with a time later than the last one read, or all there are. The last time's
+        points are left out unless all were read (the scroll may have stopped among them, and
+        Qdrant orders them no further), and read on, twice as far, when too few are left."""
+        from qdrant_client import models as m
+
+        extra = []
+        if below is not None:  # up to the position's microsecond; one with no time stands at the epoch
+            bound = _ORIGIN + timedelta(microseconds=below[1]) if below[1] else parse_ts(EPOCH)
+            extra.append(m.Filter(should=[
+                m.FieldCondition(key=self._created_key, range=m.DatetimeRange(lt=bound)),
+                m.FieldCondition(key=self._created_key, range=m.Range(lt=bound.timestamp()))]))
+        flt = self._filter(scope, extra)
+        order_by = m.OrderBy(key=self._created_key, direction=m.Direction.DESC)
+        want = max(limit, 16)
+        while True:
+            points, _ = await self._call(self.client.scroll(
+                self.spec.collection, scroll_filter=flt, limit=want, order_by=order_by,
+                with_payload=True, with_vectors=self._vectors(with_embeddings)))
+            placed = [self._placed(p, with_embeddings) for p in points]
+            if len(points) < want:
+                return self._visible(placed, scope)
+            whole = self._visible([p for p in placed if p[1] > placed[-1][1]], scope)
+            if len(whole) >= limit:
+                return whole
+            want *= 2
 
     async def search(self, scope: Scope, *, text: str | None, vector: Sequence[float] | None, limit: int,
                      with_embeddings: bool = False) -> list[Record]:

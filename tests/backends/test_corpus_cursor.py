@@ -167,3 +167,38 @@ async def test_a_qdrant_collection_is_walked_whole_and_once(tmp_path: Path) -> N
     walk, plain = await walked(collection(tmp_path / "q"), {}, 333)  # no created_field: by point id
     assert len(plain) == len(points)
     once_in_order(walk, plain)
+
+
+@pytest.mark.anyio
+async def test_a_qdrant_page_in_time_order_reads_about_a_page_not_the_collection(tmp_path: Path) -> None:
+    """Each page read every point in scope and placed them in Python: a walk of n points by pages of
+    `limit` read n * n / (2 * limit). In created_field order a page now reads the newest points at or
+    before its position by Qdrant's ordered scroll; the points read are counted as the engine
+    returns them. The walk is still whole and once."""
+    n, page = 2000, 100
+    make_points(tmp_path / "q", {i: {"text": f"p {i}", "at": f"2026-01-01T00:{i // 60000:02d}:{i // 1000 % 60:02d}."
+                                                            f"{i % 1000:03d}Z"} for i in range(1, n + 1)})
+    store = collection(tmp_path / "q", created_field="at")
+    server = TierServer(store, name="kb", kind="semantic", capabilities=frozenset({"core"}), limits={},
+                        read_only=True)
+    dispatcher, ctx = Dispatcher(server), Context()
+    await server.startup()
+    try:
+        scroll, read = store.client.scroll, [0]
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            points, offset = await scroll(*args, **kwargs)
+            read[0] += len(points)
+            return points, offset
+
+        store.client.scroll = counted
+        walk: list[str] = []
+        cursor: Any = True
+        while cursor is not None:
+            answer = await dispatcher.call("memory/timeline", {"limit": page, "cursor": cursor}, ctx)
+            walk += [r["id"] for r in reversed(answer["records"])]
+            cursor = answer["cursor"]
+    finally:
+        await server.shutdown()
+    assert walk == [str(i) for i in range(n, 0, -1)]
+    assert read[0] <= 3 * n, f"{read[0]} points read for a walk of {n}"
