@@ -5,17 +5,15 @@ over a real PostgreSQL table and a real Qdrant collection (qdrant-client's local
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-import psycopg
 import pytest
 
 from a2m.dispatch import Context, Dispatcher
 from backends.corpus.pgtable import TableSpec, TableStore
 from backends.corpus.qdrant import CollectionSpec, CollectionStore
-from backends.episodic.embedded import EmbeddedPostgres
 from backends.surface import TierServer
-from tests.support.corpora import make_points
+from tests.support.corpora import make_points, postgres_holding
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,15 +41,9 @@ INSERT INTO mixed SELECT 'k' || g, 'mixed ' || g, CASE WHEN g % 3 = 0 THEN 'a' E
 
 
 @pytest.fixture(scope="module")
-def pg(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    engine = EmbeddedPostgres(tmp_path_factory.mktemp("cursor-pg"))
-    dsn = engine.start()
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(TABLES)
+def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with postgres_holding(tmp_path_factory.mktemp("cursor-pg"), TABLES) as dsn:
         yield dsn
-    finally:
-        engine.stop()
 
 
 async def walked(store: Any, params: dict[str, Any], page: int) -> tuple[list[str], list[str]]:

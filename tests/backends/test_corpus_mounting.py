@@ -30,7 +30,7 @@ from a2m.client import HTTPClient
 from a2m.errors import A2MError
 from a2m.filters import Scope
 from backends.episodic.embedded import EmbeddedPostgres
-from tests.support.corpora import TABLE_ARGS, make_table, opened_table
+from tests.support.corpora import TABLE_ARGS, make_table, opened_table, postgres_holding
 from tests.support.procs import ROOT, a2m_command, free_port, free_ports
 
 pytestmark = pytest.mark.timeout(300)
@@ -89,15 +89,9 @@ CREATE ROLE outsider LOGIN;
 
 
 @pytest.fixture(scope="module")
-def user_pg(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    pg = EmbeddedPostgres(tmp_path_factory.mktemp("mount-pg"))
-    dsn = pg.start()
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(USER_TABLES)
+def user_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with postgres_holding(tmp_path_factory.mktemp("mount-pg"), USER_TABLES) as dsn:
         yield dsn
-    finally:
-        pg.stop()
 
 
 def serve(url: str, data: Path, *options: str, calls: Sequence[tuple[str, dict[str, Any]]] = (),

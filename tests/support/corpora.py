@@ -4,9 +4,9 @@ server's back to prove it never wrote."""
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import psycopg
 
@@ -151,3 +151,18 @@ def llamaindex_points() -> dict[int | str, dict[str, Any]]:
         out[node_id] = {**metadata, "_node_content": json.dumps(node), "_node_type": "TextNode",
                         "document_id": f"doc-{source}", "doc_id": f"doc-{source}", "ref_doc_id": f"doc-{source}"}
     return out
+
+
+@contextmanager
+def postgres_holding(path: Path, statements: str) -> Iterator[str]:
+    """An embedded PostgreSQL in `path` that has run `statements` (someone's tables to mount): its DSN."""
+    from backends.episodic.embedded import EmbeddedPostgres
+
+    engine = EmbeddedPostgres(path)
+    dsn = engine.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(statements)
+        yield dsn
+    finally:
+        engine.stop()
