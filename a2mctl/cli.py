@@ -289,6 +289,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"a2m serve {args.what}: {unread}", file=sys.stderr)
         return 2
     tls = _tls(args)  # before anything is made: a bad pair left an empty data directory behind
+    if args.what == "router":
+        _client_certificate("a2m serve router")  # the pair it presents to https:// tiers
     # One flag for both logs. Without it uvicorn stays at warning (its start and stop steps are info)
     # and the server's own log (`a2m.*`, engines, router) at info, where its one-off notes are.
     level = getattr(logging, (args.log_level or "info").replace("trace", "debug").upper())
@@ -300,8 +302,6 @@ def _serve(args: argparse.Namespace) -> int:
     if args.what == "router":
         from router.config import ConfigError
         from router.server import build_router
-
-        _client_certificate("a2m serve router")  # the pair it presents to https:// tiers
 
         try:
             server = build_router(args.config)

@@ -85,8 +85,10 @@ def wait_for(port: int, pki: PKI, client: tuple[Path, Path] | None, wanted: int 
 
 
 def test_a_renewed_server_certificate_still_asks_for_client_certificates(pki: PKI, tmp_path: Path) -> None:
-    """The renewal watcher serves a context of its own (decision 136): built without the client CA and
-    CERT_REQUIRED, every client would pass from the first renewal on, certificate or not."""
+    """The renewal watcher serves a context of its own (decision 136), switched to in each handshake: one
+    built without the client CA refused every client from the first renewal on, the router included.
+    (The verify mode is the connection's own from its start, which OpenSSL keeps across the switch; the
+    watcher copies it all the same.)"""
     key, cert = tmp_path / "tls.key", tmp_path / "tls.pem"
     shutil.copyfile(pki.server[0], key)
     shutil.copyfile(pki.server[1], cert)
