@@ -169,13 +169,13 @@ def test_the_client_ca_variable_is_read_and_checked(tmp_path: Path, monkeypatch:
 
 
 @pytest.mark.parametrize("command", [["doctor", "https://127.0.0.1:1/"], ["export", "https://127.0.0.1:1/", "-"],
-                                     ["serve", "router"]])
+                                     ["serve", "router", "--config", "/nonexistent/router.toml"]])
 def test_a_client_certificate_without_its_key_is_one_line_at_start(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
     _, cert = key_and_cert(tmp_path, "client")
     monkeypatch.setenv("A2M_TLS_CLIENT_CERT", str(cert))
     monkeypatch.delenv("A2M_TLS_CLIENT_KEY", raising=False)
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(SystemExit) as refused:  # the router's before its router.toml is read
         main(command)
     assert isinstance(refused.value.code, str) and refused.value.code.startswith(f"a2m {command[0]}")
     assert "A2M_TLS_CLIENT_CERT and A2M_TLS_CLIENT_KEY go together" in refused.value.code
