@@ -1,4 +1,5 @@
-"""A TLS server's certificate pair, served anew when it is renewed on disk (decision 136).
+"""A TLS server's certificate pair, served anew when it is renewed on disk (decision 136), and the CA
+its clients' certificates must be signed by where it asks for them (mutual TLS, decision 139).
 
 cert-manager and certbot renew in place; a server that read the files only at
 start served the old certificate until someone restarted it, or until it
@@ -26,6 +27,22 @@ def _stamp(*paths: str) -> tuple[tuple[int, int, int], ...]:
     return tuple((st.st_mtime_ns, st.st_size, st.st_ino) for st in map(os.stat, paths))
 
 
+def ca_problem(path: str) -> str | None:
+    """Why `path` cannot be the CA a server checks client certificates against, or None. A file that
+    loads but holds no CA certificate (a leaf, the server's own) is refused too: OpenSSL would take it
+    and then fail every client's handshake, with nothing in the server's log."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_verify_locations(path)
+    except ssl.SSLError as exc:  # an OSError too: first
+        return f"{path} is not a PEM CA certificate ({exc.reason or exc})"
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror}"
+    if not context.cert_store_stats()["x509_ca"]:
+        return f"{path} holds no CA certificate (one with basicConstraints CA:TRUE), only a leaf's"
+    return None
+
+
 class Certificates:
     """A TLS server's certificate pair as it is on disk, looked at every few seconds (`watch`).
 
@@ -36,28 +53,37 @@ class Certificates:
     as a renewal caught between its two writes) leaves an OpenSSL context with no key, and every handshake
     after it fails. Open connections keep the pair they were made with. A pair that cannot be served is
     one warning, and the one served before stays in use until the files change into one that can.
+
+    Where the server asks for client certificates (`config.ssl_ca_certs`, `ssl_cert_reqs`), a new context
+    asks for them as uvicorn's did, and the CA file is looked at with the pair: a rotated CA bundle is
+    checked against from the next handshake on, and one that does not load keeps the context served before.
     """
 
     def __init__(self, config: Any, cert: str, key: str, every: float) -> None:
         self.config, self.cert, self.key, self.every = config, cert, key, every
+        self.files = (cert, key, config.ssl_ca_certs) if config.ssl_ca_certs else (cert, key)
         self.seen = self._look()  # taken before uvicorn loads the files: a change in between is seen, not missed
         self.served: ssl.SSLContext | None = None  # the newest pair that loaded; None: uvicorn's own
         self.problem: str | None = None  # why the pair on disk is not served (logged once)
 
     def _look(self) -> tuple[tuple[int, int, int], ...] | None:
         try:
-            return _stamp(self.cert, self.key)
+            return _stamp(*self.files)
         except OSError:
             return None
 
     def _context(self) -> ssl.SSLContext:
         """The pair on disk in a context made as uvicorn makes its own (create_ssl_context, with what
-        server() gives it), except that an encrypted key is refused rather than prompted for."""
+        server() gives it), except that an encrypted key is refused rather than prompted for. ValueError:
+        the client CA cannot be checked against (`ca_problem`)."""
         config = self.config
         context = ssl.SSLContext(config.ssl_version)
         context.load_cert_chain(self.cert, self.key, password=lambda: b"")
         context.verify_mode = ssl.VerifyMode(config.ssl_cert_reqs)
         if config.ssl_ca_certs:
+            problem = ca_problem(config.ssl_ca_certs)  # its own message: "not a certificate chain" would mislead
+            if problem:
+                raise ValueError(f"the client CA {problem}")
             context.load_verify_locations(config.ssl_ca_certs)
         if config.ssl_ciphers:
             context.set_ciphers(config.ssl_ciphers)
@@ -69,7 +95,7 @@ class Certificates:
     def check(self) -> None:
         """One look: serve the pair on disk where it changed (or could not be served before) and loads."""
         try:
-            stamp = _stamp(self.cert, self.key)
+            stamp = _stamp(*self.files)
         except OSError as exc:
             return self._refuse(f"cannot read {exc.filename or self.cert}: {exc.strerror}")
         if stamp == self.seen and self.problem is None:
@@ -81,17 +107,23 @@ class Certificates:
             return self._refuse(f"not a PEM certificate chain and its unencrypted private key ({exc.reason or exc})")
         except OSError as exc:
             return self._refuse(f"cannot read {exc.filename or self.cert}: {exc.strerror}")
+        except ValueError as exc:
+            return self._refuse(str(exc))
         self.served, self.problem = context, None
         self.config.ssl.sni_callback = self._switch  # from the first reload on; before it, no call per handshake
-        log.info("TLS: serving %s and %s as they now are on disk: new connections get this certificate, "
-                 "open ones keep theirs", self.cert, self.key)
+        log.info("TLS: serving %s as they now are on disk: new connections get this certificate%s, "
+                 "open ones keep theirs", self._named(), " and are checked against this client CA"
+                 if len(self.files) > 2 else "")
 
     def _refuse(self, problem: str) -> None:
         if problem != self.problem:
-            log.warning("TLS: %s and %s changed but cannot be served: %s; the certificate loaded before stays "
-                        "in use, and the files are tried again every %g s", self.cert, self.key, problem,
-                        self.every)
+            log.warning("TLS: %s changed but cannot be served: %s; the certificate loaded before stays "
+                        "in use, and the files are tried again every %g s", self._named(), problem, self.every)
         self.problem = problem
+
+    def _named(self) -> str:
+        """The files looked at, for the log: "cert and key", or "cert, key and ca"."""
+        return ", ".join(self.files[:-1]) + " and " + self.files[-1]
 
     def _switch(self, connection: Any, server_name: str | None, context: ssl.SSLContext) -> None:
         if self.served is not None:
@@ -104,4 +136,4 @@ class Certificates:
             try:
                 self.check()
             except Exception:  # a watcher that died would never reload again, and say nothing
-                log.exception("TLS: looking at %s and %s failed", self.cert, self.key)
+                log.exception("TLS: looking at %s failed", self._named())

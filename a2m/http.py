@@ -20,6 +20,7 @@ import asyncio
 import hmac
 import logging
 import math
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
@@ -91,6 +92,8 @@ class HTTPSettings:
     # PEM files: served over HTTPS where both are set (read by server(), as the two above).
     tls_cert: str | None = None
     tls_key: str | None = None
+    # A PEM CA file: every connection must present a client certificate it signed (mutual TLS); HTTPS only.
+    tls_client_ca: str | None = None
 
     def __post_init__(self) -> None:
         # The CLI refuses these; a library caller gets the same answer (a zero deadline would tick at 0 s: a spin).
@@ -102,6 +105,9 @@ class HTTPSettings:
                 raise ValueError(f"HTTPSettings.{name} must be a positive number, not {value!r}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("HTTPSettings.tls_cert and tls_key go together: a certificate and its private key")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("HTTPSettings.tls_client_ca asks clients for certificates over TLS: it needs tls_cert "
+                             "and tls_key")
         if not (isinstance(self.shutdown_timeout, (int, float)) and self.shutdown_timeout >= 0):
             raise ValueError(f"HTTPSettings.shutdown_timeout must be a number >= 0, not {self.shutdown_timeout!r}")
 
@@ -600,7 +606,9 @@ def server(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: s
     of `app.settings`: at most `max_connections` connections or requests at once (503 past it), and a stop
     that waits `shutdown_timeout` seconds for requests in progress, then cancels them. Over HTTPS, the
     certificate files are looked at every `cert_check_every` seconds and a renewed pair served
-    (`a2m.certificates`), without a restart.
+    (`a2m.certificates`), without a restart. With `tls_client_ca`, a connection whose client presents no
+    certificate signed by that CA ends in its handshake (OpenSSL's CERT_REQUIRED), before any HTTP:
+    /healthz and /readyz included, as the rest of the port.
 
     `on_listening(url)` is called once the app has started and the socket is bound, with the
     port actually bound (port 0 asks for any free one, known only then).
@@ -634,7 +642,9 @@ def server(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: s
                             lifespan="on", access_log=False, proxy_headers=False, server_header=False,
                             limit_concurrency=app.settings.max_connections, timeout_keep_alive=KEEP_ALIVE,
                             timeout_graceful_shutdown=app.settings.shutdown_timeout,  # type: ignore[arg-type]
-                            ssl_certfile=app.settings.tls_cert, ssl_keyfile=app.settings.tls_key)
+                            ssl_certfile=app.settings.tls_cert, ssl_keyfile=app.settings.tls_key,
+                            ssl_ca_certs=app.settings.tls_client_ca,
+                            ssl_cert_reqs=ssl.CERT_REQUIRED if app.settings.tls_client_ca else ssl.CERT_NONE)
     cert, key = app.settings.tls_cert, app.settings.tls_key
     certificates = Certificates(config, cert, key, cert_check_every) if cert and key else None
     return Server(config)

@@ -27,16 +27,27 @@ framing and trailers around a body (`max_response` + MAX_HEAD bytes after the he
 A response that begins while no request waits on its connection (an answer sent twice, a
 408 written to an idle connection) closes that connection: the next request on it would
 have read that answer as its own.
+
+TLS (`ClientTLS`): the system's trust store (SSL_CERT_FILE for a private CA) and, where
+A2M_TLS_CLIENT_CERT and A2M_TLS_CLIENT_KEY are set, that client certificate on every connection
+(mutual TLS), loaded again for a new connection once its files change. A server that requires a
+client certificate and refuses this connection's (or its lack) ends it without a word where it runs
+on asyncio or uvloop, uvicorn included (their TLS drops the alert OpenSSL wrote): the failure says
+what that most likely means (`ClientCertificateRefused`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import socket
 import ssl
 from urllib.parse import urlsplit
 
 import httptools
+
+log = logging.getLogger("a2m.client")
 
 
 MAX_RESPONSE = 256 * 1024 * 1024  # bytes of one response body; a tier's reply past it is its failure
@@ -45,6 +56,112 @@ MAX_HEAD = 1024 * 1024  # bytes of one response's status line and headers; a tie
 
 class ConnectionFailed(Exception):
     """The server could not be reached, broke the connection, or sent something that is not HTTP."""
+
+
+class ClientCertificateRefused(ConnectionFailed):
+    """A TLS server ended a new connection before any answer, or alerted about the client's certificate:
+    most likely one that requires a client certificate (mutual TLS) refusing this one, or its absence.
+    A type of its own: the router logs a tier's outage again when the type beneath it changes."""
+
+
+# OpenSSL's reasons for an alert a server sends about the client's certificate (a proxy's TLS sends them;
+# asyncio's and uvloop's do not): none given, not signed by a CA it trusts, expired, revoked, refused.
+CLIENT_CERT_ALERTS = frozenset({
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED", "SSLV3_ALERT_HANDSHAKE_FAILURE", "SSLV3_ALERT_BAD_CERTIFICATE",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN", "TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+    "SSLV3_ALERT_CERTIFICATE_REVOKED", "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE", "TLSV1_ALERT_ACCESS_DENIED",
+    "TLSV1_ALERT_DECRYPT_ERROR",
+})
+CLIENT_CERT = "A2M_TLS_CLIENT_CERT"
+CLIENT_KEY = "A2M_TLS_CLIENT_KEY"
+
+
+def _stamp(paths: tuple[str, ...]) -> tuple[tuple[int, int, int], ...] | None:
+    """(mtime, size, inode) of each path, through symlinks (a Kubernetes Secret volume's `..data` swap
+    reads as a change); None where one cannot be read (a renewal between its unlink and its write)."""
+    try:
+        return tuple((st.st_mtime_ns, st.st_size, st.st_ino) for st in map(os.stat, paths))
+    except OSError:
+        return None
+
+
+class ClientTLS:
+    """The TLS context a pool's connections are made with: the system's trust store (SSL_CERT_FILE adds
+    a private CA) and, given `pair` (certificate chain, key), that client certificate on every connection.
+
+    A renewed pair (cert-manager, a rewritten Secret) is picked up without a restart: `context()`, called
+    for each new connection and never per request, looks at the files' (mtime, size, inode) and loads a
+    changed pair into a new context. A pair that does not load (the certificate written, its key not yet)
+    is one warning, and the context loaded before stays in use until the files change again. Connections
+    already open keep the certificate they presented: the server checked it at their handshake only.
+    """
+
+    def __init__(self, pair: tuple[str, str] | None) -> None:
+        self.pair = pair
+        self.seen = _stamp(pair) if pair else None  # before the load: a change in between is seen, not missed
+        self._context = self._load()  # ValueError: the pair does not load, said at construction
+        self.problem: str | None = None  # why the pair on disk is not presented (logged once)
+
+    def _load(self) -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        if self.pair is None:
+            return context
+        cert, key = self.pair
+        try:
+            context.load_cert_chain(cert, key, password=lambda: b"")  # an encrypted key is refused, not prompted
+        except ssl.SSLError as exc:  # an OSError too: first
+            raise ValueError(f"{CLIENT_CERT} / {CLIENT_KEY}: {cert} and {key} are not a PEM certificate chain "
+                             f"and its unencrypted private key ({exc.reason or exc})") from None
+        except OSError as exc:
+            raise ValueError(f"{CLIENT_CERT} / {CLIENT_KEY}: cannot read {exc.filename or f'{cert} or {key}'}: "
+                             f"{exc.strerror}") from None
+        return context
+
+    def context(self) -> ssl.SSLContext:
+        """The context for a new connection: the pair as it is on disk where it changed and loads."""
+        if self.pair is None:
+            return self._context
+        stamp = _stamp(self.pair)
+        if stamp == self.seen:
+            return self._context
+        self.seen = stamp
+        try:
+            self._context = self._load()
+        except ValueError as exc:
+            if str(exc) != self.problem:
+                log.warning("TLS: the client certificate changed but cannot be presented: %s; the one loaded "
+                            "before stays in use, and the files are tried again when they change", exc)
+            self.problem = str(exc)
+            return self._context
+        self.problem = None
+        log.info("TLS: presenting %s as it now is on disk to new connections", self.pair[0])
+        return self._context
+
+    def refused(self, detail: str) -> str:
+        """What a new connection ended by its server before any answer (`detail`) most likely means."""
+        if self.pair is None:
+            return (f"{detail}, right after the TLS handshake: the server likely requires a client certificate "
+                    f"(mutual TLS) and none was presented; set {CLIENT_CERT} and {CLIENT_KEY}")
+        return (f"{detail}, right after the TLS handshake: the server likely refused the client certificate "
+                f"presented ({self.pair[0]}, {CLIENT_CERT}): not signed by the CA it trusts, expired, or not "
+                "for client authentication")
+
+
+def client_pair() -> tuple[str, str] | None:
+    """$A2M_TLS_CLIENT_CERT and $A2M_TLS_CLIENT_KEY (certificate chain, key), or None where neither is
+    set. ValueError where one is set without the other."""
+    cert, key = os.environ.get(CLIENT_CERT) or None, os.environ.get(CLIENT_KEY) or None
+    if (cert is None) != (key is None):
+        raise ValueError(f"{CLIENT_CERT} and {CLIENT_KEY} go together: set both, the client certificate chain "
+                         f"and its unencrypted private key (PEM files), or neither (set: "
+                         f"{CLIENT_CERT if cert else CLIENT_KEY})")
+    return (cert, key) if cert and key else None
+
+
+def client_tls() -> ClientTLS:
+    """This process's https client settings as the environment gives them (`client_pair`); ValueError
+    where they cannot be used, with a line that says why."""
+    return ClientTLS(client_pair())
 
 
 class _Connection(asyncio.Protocol):
@@ -65,6 +182,8 @@ class _Connection(asyncio.Protocol):
         self.heading = False  # a response has begun and its headers are not all in
         self.head_size = 0  # bytes received while `heading`
         self.tail_size = 0  # bytes received after the head: the body with its framing, and any trailers
+        # Over TLS, until the first byte of an answer: what an end before it most likely means (ClientTLS.refused)
+        self.refused: ClientTLS | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -73,6 +192,7 @@ class _Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a request is one write; never wait for an ACK
 
     def data_received(self, data: bytes) -> None:
+        self.refused = None  # the server answered: it took this connection's certificate
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -139,7 +259,13 @@ class _Connection(asyncio.Protocol):
         if exc is None and self.until_close and self.waiter is not None:
             self._complete(False)  # a close-delimited body ends here (RFC 9112 §6.3); a reset is no end
             return
-        self._fail(ConnectionFailed(f"connection lost: {exc!r}" if exc else "connection closed before the response"))
+        detail = f"connection lost: {exc!r}" if exc else "connection closed before the response"
+        if self.refused is not None and (exc is None or isinstance(exc, ConnectionResetError) or refusal(exc)):
+            # A new TLS connection ended before any answer: a server asking for a client certificate
+            # closes (asyncio's, uvloop's TLS) or resets it (the request it never read) - or alerts (a proxy's)
+            self._fail(ClientCertificateRefused(self.refused.refused(detail)))
+            return
+        self._fail(ConnectionFailed(detail))
 
     def _fail(self, exc: Exception) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -160,6 +286,11 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+def refusal(exc: BaseException) -> bool:
+    """Whether `exc` is OpenSSL reporting a server's alert about the client's certificate."""
+    return isinstance(exc, ssl.SSLError) and exc.reason in CLIENT_CERT_ALERTS
+
+
 def _header_lines(headers: dict[str, str]) -> bytes:
     """`name: value\\r\\n` lines; a CR or LF in either would let a value inject headers, so it is refused."""
     lines = []
@@ -171,7 +302,11 @@ def _header_lines(headers: dict[str, str]) -> bytes:
 
 
 class ConnectionPool:
-    """Keep-alive connections to the origin of `url`, bound to the event loop that first uses them."""
+    """Keep-alive connections to the origin of `url`, bound to the event loop that first uses them.
+
+    An `https` URL's connections are made with `ssl_context` where given (as it is: no client certificate
+    is added), else with `client_tls()`'s, which presents $A2M_TLS_CLIENT_CERT where set and follows its
+    renewals; a pair that cannot be used is a ValueError here, as a URL that is not http(s) is."""
 
     def __init__(self, url: str, *, headers: dict[str, str] | None = None, max_connections: int = 64,
                  idle_timeout: float = 4.0, ssl_context: ssl.SSLContext | None = None,
@@ -181,7 +316,8 @@ class ConnectionPool:
             raise ValueError(f"not an http(s) URL: {url!r}")
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
+        self._ssl = ssl_context if parts.scheme == "https" else None
+        self._tls = client_tls() if parts.scheme == "https" and ssl_context is None else None
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         authority = parts.netloc.rpartition("@")[2]
         self._head = f"POST {target} HTTP/1.1\r\nhost: {authority}\r\n".encode("latin-1") + _header_lines(headers or {})
@@ -223,6 +359,8 @@ class ConnectionPool:
         except TimeoutError:
             raise ConnectionFailed(f"no response in {timeout:g} s") from None
         except OSError as exc:
+            if refusal(exc) and self._tls is not None:  # alerted in the handshake (TLS 1.2, a proxy's TLS)
+                raise ClientCertificateRefused(self._tls.refused(f"{type(exc).__name__}: {exc}")) from None
             raise ConnectionFailed(f"{type(exc).__name__}: {exc}") from exc
 
     def _take_idle(self, now: float) -> _Connection | None:
@@ -235,8 +373,10 @@ class ConnectionPool:
         return None
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Connection:
+        context = self._tls.context() if self._tls is not None else self._ssl
         _, conn = await loop.create_connection(lambda: _Connection(self.max_response), self.host, self.port,
-                                               ssl=self._ssl, server_hostname=self.host if self._ssl else None)
+                                               ssl=context, server_hostname=self.host if context else None)
+        conn.refused = self._tls
         return conn
 
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -49,11 +49,16 @@ def _metrics_token(args: argparse.Namespace, tokens: dict[str, object],
 def _tls(args: argparse.Namespace) -> dict[str, str]:
     """`--tls-cert` / `--tls-key` ($A2M_TLS_CERT / $A2M_TLS_KEY): HTTPS where both are given, loaded
     here so that a wrong path, a key that is not the certificate's or a passphrase-protected key is
-    one line at start, not uvicorn's traceback after the engines started."""
+    one line at start, not uvicorn's traceback after the engines started. `--tls-client-ca`
+    ($A2M_TLS_CLIENT_CA): mutual TLS on top, the CA checked here the same way."""
     import ssl
 
     cert = args.tls_cert or os.environ.get("A2M_TLS_CERT") or None
     key = args.tls_key or os.environ.get("A2M_TLS_KEY") or None
+    client_ca = args.tls_client_ca or os.environ.get("A2M_TLS_CLIENT_CA") or None
+    if client_ca is not None and cert is None and key is None:
+        raise SystemExit(f"a2m serve {args.what}: --tls-client-ca (A2M_TLS_CLIENT_CA) asks clients for a "
+                         "certificate over HTTPS: give --tls-cert and --tls-key (A2M_TLS_CERT / A2M_TLS_KEY) too")
     if cert is None and key is None:
         return {}
     where = f"a2m serve {args.what}: --tls-cert / --tls-key (A2M_TLS_CERT / A2M_TLS_KEY)"
@@ -68,7 +73,26 @@ def _tls(args: argparse.Namespace) -> dict[str, str]:
                          f"private key ({exc.reason or exc})") from None
     except OSError as exc:
         raise SystemExit(f"{where}: cannot read {exc.filename or f'{cert} or {key}'}: {exc.strerror}") from None
-    return {"tls_cert": cert, "tls_key": key}
+    if client_ca is None:
+        return {"tls_cert": cert, "tls_key": key}
+    from a2m.certificates import ca_problem
+
+    problem = ca_problem(client_ca)
+    if problem:
+        raise SystemExit(f"a2m serve {args.what}: --tls-client-ca (A2M_TLS_CLIENT_CA): {problem}")
+    return {"tls_cert": cert, "tls_key": key, "tls_client_ca": client_ca}
+
+
+def _client_certificate(command: str) -> None:
+    """$A2M_TLS_CLIENT_CERT / $A2M_TLS_CLIENT_KEY, the certificate every outgoing https call presents
+    (mutual TLS), loaded once here: one of them without the other, or a pair that does not load, is one
+    line at start, not an error from the first call (the router's to its tiers, doctor's, export's)."""
+    from a2m.http1 import client_tls
+
+    try:
+        client_tls()
+    except ValueError as exc:
+        raise SystemExit(f"{command}: {exc}") from None
 
 
 def _tokens(values: list[str], service_token: str | None) -> dict[str, object]:
@@ -265,6 +289,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"a2m serve {args.what}: {unread}", file=sys.stderr)
         return 2
     tls = _tls(args)  # before anything is made: a bad pair left an empty data directory behind
+    if args.what == "router":
+        _client_certificate("a2m serve router")  # the pair it presents to https:// tiers
     # One flag for both logs. Without it uvicorn stays at warning (its start and stop steps are info)
     # and the server's own log (`a2m.*`, engines, router) at info, where its one-off notes are.
     level = getattr(logging, (args.log_level or "info").replace("trace", "debug").upper())
@@ -414,12 +440,14 @@ def _bearer(given: str | None, endpoint: str) -> str | None:
 def _doctor(args: argparse.Namespace) -> int:
     from .doctor import doctor
 
+    _client_certificate("a2m doctor")
     return asyncio.run(doctor(args.url, token=_bearer(args.token, args.url)))
 
 
 def _transfer(args: argparse.Namespace) -> int:
     from . import transfer
 
+    _client_certificate(f"a2m {args.command}")
     try:
         if args.command == "export":
             owners = ([None] if args.unowned or not args.owner else []) + (args.owner or [])
@@ -476,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          "$A2M_ALLOWED_ORIGINS, comma-separated")
     serve.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS (with --tls-key; $A2M_TLS_CERT)")
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert, unencrypted ($A2M_TLS_KEY)")
+    serve.add_argument("--tls-client-ca", help="PEM CA: every connection must present a client certificate it "
+                                               "signed (mutual TLS; with --tls-cert; $A2M_TLS_CLIENT_CA)")
     serve.add_argument("--body-timeout", type=_seconds, default=os.environ.get("A2M_BODY_TIMEOUT") or None,
                        help="seconds a request body may take to arrive, then 408 (default 30; $A2M_BODY_TIMEOUT)")
     serve.add_argument("--max-connections", type=_positive, default=os.environ.get("A2M_MAX_CONNECTIONS") or None,

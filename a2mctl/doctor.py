@@ -81,15 +81,16 @@ async def _probe(client: Any, tier: str | None) -> tuple[float | None, str]:
 
 
 def _plain_http() -> Any:
-    """The client for /readyz and /healthz: no proxy variables (trust_env=False), and the trust
-    store `a2m.client` verifies with (the system's, or SSL_CERT_FILE's private CA), not certifi's
-    bundle, which httpx uses alone without trust_env: an HTTPS server with a private CA answered
-    every call and still read `/readyz unreachable`."""
-    import ssl
-
+    """The client for /readyz and /healthz: no proxy variables (trust_env=False), and the TLS context
+    `a2m.client` connects with: its trust store (the system's, or SSL_CERT_FILE's private CA), not
+    certifi's bundle, which httpx uses alone without trust_env (an HTTPS server with a private CA
+    answered every call and still read `/readyz unreachable`), and the client certificate of
+    $A2M_TLS_CLIENT_CERT / _KEY, without which a server asking for one (mutual TLS) read the same."""
     import httpx
 
-    return httpx.AsyncClient(trust_env=False, verify=ssl.create_default_context())
+    from a2m.http1 import client_tls
+
+    return httpx.AsyncClient(trust_env=False, verify=client_tls().context())
 
 
 async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], list[TierReport]]:
