@@ -21,7 +21,7 @@ log = logging.getLogger("a2m.http")
 CERT_CHECK_INTERVAL = 10.0
 
 
-def _stamp(*paths: str) -> tuple[tuple[int, int, int], ...]:
+def file_stamp(*paths: str) -> tuple[tuple[int, int, int], ...]:
     """What tells a rewritten file: (mtime, size, inode) of each path. stat follows symlinks, so a
     Kubernetes Secret volume's swapped `..data` link reads as a change too. OSError where one is unreadable."""
     return tuple((st.st_mtime_ns, st.st_size, st.st_ino) for st in map(os.stat, paths))
@@ -68,7 +68,7 @@ class Certificates:
 
     def _look(self) -> tuple[tuple[int, int, int], ...] | None:
         try:
-            return _stamp(*self.files)
+            return file_stamp(*self.files)
         except OSError:
             return None
 
@@ -95,7 +95,7 @@ class Certificates:
     def check(self) -> None:
         """One look: serve the pair on disk where it changed (or could not be served before) and loads."""
         try:
-            stamp = _stamp(*self.files)
+            stamp = file_stamp(*self.files)
         except OSError as exc:
             return self._refuse(f"cannot read {exc.filename or self.cert}: {exc.strerror}")
         if stamp == self.seen and self.problem is None:

@@ -47,6 +47,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from .certificates import file_stamp
+
 log = logging.getLogger("a2m.client")
 
 
@@ -77,10 +79,9 @@ CLIENT_KEY = "A2M_TLS_CLIENT_KEY"
 
 
 def _stamp(paths: tuple[str, ...]) -> tuple[tuple[int, int, int], ...] | None:
-    """(mtime, size, inode) of each path, through symlinks (a Kubernetes Secret volume's `..data` swap
-    reads as a change); None where one cannot be read (a renewal between its unlink and its write)."""
+    """`file_stamp`, None where a file cannot be read (a renewal between its unlink and its write)."""
     try:
-        return tuple((st.st_mtime_ns, st.st_size, st.st_ino) for st in map(os.stat, paths))
+        return file_stamp(*paths)
     except OSError:
         return None
 

@@ -329,11 +329,12 @@ def up(args: argparse.Namespace) -> int:
         raise SystemExit(f"a2m up: A2M_HOST={shell_host} would put the tier servers, which trust any caller to "
                          "name any owner, on the network; a2m up serves on 127.0.0.1 only: unset A2M_HOST (for "
                          "a deployment beyond this machine see compose.yaml and deploy/)")
-    tls = [name for name in ("A2M_TLS_CERT", "A2M_TLS_KEY") if os.environ.get(name)]
+    tls = [name for name in ("A2M_TLS_CERT", "A2M_TLS_KEY", "A2M_TLS_CLIENT_CA") if os.environ.get(name)]
     if tls:  # the servers would read them, as `a2m serve` does, and answer this run's http:// checks with nothing
-        raise SystemExit(f"a2m up: {' and '.join(tls)} would make the servers speak HTTPS, which the router.toml "
-                         "a2m up writes and its readiness checks do not; a2m up serves plain HTTP on 127.0.0.1 "
-                         f"only: unset {' and '.join(tls)} (for TLS, `a2m serve --tls-cert`: docs/operations.md)")
+        raise SystemExit(f"a2m up: {' and '.join(tls)} would make the servers speak HTTPS (or ask for it), which "
+                         "the router.toml a2m up writes and its readiness checks do not; a2m up serves plain HTTP "
+                         f"on 127.0.0.1 only: unset {' and '.join(tls)} (for TLS, `a2m serve --tls-cert`: "
+                         "docs/operations.md)")
     console = Console(highlight=False)
     # The command line first: a typo in --tiers or --config used to make (and lock) the data dir before
     # it was refused.

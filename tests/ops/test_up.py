@@ -377,4 +377,10 @@ def test_up_refuses_a_tls_certificate_left_in_the_environment(tmp_path: Path) ->
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "a2m up: A2M_TLS_CERT and A2M_TLS_KEY would make the servers speak HTTPS" in done.stderr, done.stderr
     assert not (tmp_path / "data" / "Procfile").exists()
+    # a client CA alone: every tier it starts stopped at once, refusing it without a certificate of its own
+    done = subprocess.run(a2m_command("up", "--data", str(tmp_path / "data"), "--port", str(free_port_block(5))),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "A2M_TLS_CLIENT_CA": "/etc/a2m/ca.pem"})
+    assert done.returncode != 0 and "a2m up: A2M_TLS_CLIENT_CA would make" in done.stderr, done.stderr
+    assert not (tmp_path / "data" / "Procfile").exists()
 
