@@ -27,6 +27,19 @@ def file_stamp(*paths: str) -> tuple[tuple[int, int, int], ...]:
     return tuple((st.st_mtime_ns, st.st_size, st.st_ino) for st in map(os.stat, paths))
 
 
+def load_pair(context: ssl.SSLContext, cert: str, key: str) -> None:
+    """`context.load_cert_chain(cert, key)`, an encrypted key refused rather than prompted for on a tty.
+    ValueError with one line saying why a pair does not load (the server's at start and on renewal, the
+    client's of mutual TLS)."""
+    try:
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except ssl.SSLError as exc:  # an OSError too: first
+        raise ValueError(f"{cert} and {key} are not a PEM certificate chain and its unencrypted private key "
+                         f"({exc.reason or exc})") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {exc.filename or f'{cert} or {key}'}: {exc.strerror}") from None
+
+
 def ca_problem(path: str) -> str | None:
     """Why `path` cannot be the CA a server checks client certificates against, or None. A file that
     loads but holds no CA certificate (a leaf, the server's own) is refused too: OpenSSL would take it
@@ -75,10 +88,10 @@ class Certificates:
     def _context(self) -> ssl.SSLContext:
         """The pair on disk in a context made as uvicorn makes its own (create_ssl_context, with what
         server() gives it), except that an encrypted key is refused rather than prompted for. ValueError:
-        the client CA cannot be checked against (`ca_problem`)."""
+        the pair does not load (`load_pair`), or the client CA cannot be checked against (`ca_problem`)."""
         config = self.config
         context = ssl.SSLContext(config.ssl_version)
-        context.load_cert_chain(self.cert, self.key, password=lambda: b"")
+        load_pair(context, self.cert, self.key)
         context.verify_mode = ssl.VerifyMode(config.ssl_cert_reqs)
         if config.ssl_ca_certs:
             problem = ca_problem(config.ssl_ca_certs)  # its own message: "not a certificate chain" would mislead
@@ -103,11 +116,7 @@ class Certificates:
         self.seen = stamp
         try:
             context = self._context()
-        except ssl.SSLError as exc:  # an OSError too: first
-            return self._refuse(f"not a PEM certificate chain and its unencrypted private key ({exc.reason or exc})")
-        except OSError as exc:
-            return self._refuse(f"cannot read {exc.filename or self.cert}: {exc.strerror}")
-        except ValueError as exc:
+        except (ValueError, OSError) as exc:  # OSError: the CA file changed again since `ca_problem` read it
             return self._refuse(str(exc))
         self.served, self.problem = context, None
         self.config.ssl.sni_callback = self._switch  # from the first reload on; before it, no call per handshake

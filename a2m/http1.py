@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from .certificates import file_stamp
+from .certificates import file_stamp, load_pair
 
 log = logging.getLogger("a2m.client")
 
@@ -107,15 +107,10 @@ class ClientTLS:
         context = ssl.create_default_context()
         if self.pair is None:
             return context
-        cert, key = self.pair
         try:
-            context.load_cert_chain(cert, key, password=lambda: b"")  # an encrypted key is refused, not prompted
-        except ssl.SSLError as exc:  # an OSError too: first
-            raise ValueError(f"{CLIENT_CERT} / {CLIENT_KEY}: {cert} and {key} are not a PEM certificate chain "
-                             f"and its unencrypted private key ({exc.reason or exc})") from None
-        except OSError as exc:
-            raise ValueError(f"{CLIENT_CERT} / {CLIENT_KEY}: cannot read {exc.filename or f'{cert} or {key}'}: "
-                             f"{exc.strerror}") from None
+            load_pair(context, *self.pair)
+        except ValueError as exc:
+            raise ValueError(f"{CLIENT_CERT} / {CLIENT_KEY}: {exc}") from None
         return context
 
     def context(self) -> ssl.SSLContext:

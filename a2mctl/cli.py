@@ -66,17 +66,14 @@ def _tls(args: argparse.Namespace) -> dict[str, str]:
         raise SystemExit(f"{where}: give both, the certificate chain and its private key (PEM files)")
     if args.stdio:
         raise SystemExit(f"{where}: TLS is for HTTP, not --stdio")
+    from a2m.certificates import ca_problem, load_pair
+
     try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key, password=lambda: b"")
-    except ssl.SSLError as exc:  # an OSError too: first
-        raise SystemExit(f"{where}: {cert} and {key} are not a PEM certificate chain and its unencrypted "
-                         f"private key ({exc.reason or exc})") from None
-    except OSError as exc:
-        raise SystemExit(f"{where}: cannot read {exc.filename or f'{cert} or {key}'}: {exc.strerror}") from None
+        load_pair(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH), cert, key)
+    except ValueError as exc:
+        raise SystemExit(f"{where}: {exc}") from None
     if client_ca is None:
         return {"tls_cert": cert, "tls_key": key}
-    from a2m.certificates import ca_problem
-
     problem = ca_problem(client_ca)
     if problem:
         raise SystemExit(f"a2m serve {args.what}: --tls-client-ca (A2M_TLS_CLIENT_CA): {problem}")

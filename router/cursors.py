@@ -49,9 +49,10 @@ class Cursors:
         if cursor is None or cursor is True:
             return None if cursor is None else dict.fromkeys((t.name for t in tiers), True)
         names = [t.name for t in tiers]
-        if len(cursor) > CursorSeal.MAX * max(len(names), 1):
+        most = CursorSeal.MAX * max(len(names), 1)  # a tier's cursor each
+        if len(cursor) > most:
             raise invalid(_REFUSED, field="cursor")
-        text = cursor if self.seal is None else self.seal.open(cursor, owner, _walked(names), len(cursor))
+        text = cursor if self.seal is None else self.seal.open(cursor, owner, _walked(names), most)
         body = text[len(WALK_PREFIX):]
         try:
             if not text.startswith(WALK_PREFIX):

@@ -277,6 +277,11 @@ class Federation:
         self.depths = {name: self.depth(name) for name in self.order}  # the layout is fixed at start
         self._observe: Observer | None = None
 
+    def timeline_place(self, name: str) -> tuple[int, int]:
+        """Where a tier's records stand among records of one created_at in a timeline: deeper tiers
+        first (older by construction: records only move down), then in configured order."""
+        return -self.depths.get(name, 0), self.order.index(name)
+
     def observe_calls(self, observer: Observer | None) -> None:
         """Report every tier call, as it ends, to `observer` (tiers made before or after this)."""
         self._observe = observer

@@ -315,17 +315,15 @@ def merge_by_time(fed: Federation, results: Mapping[str, Mapping[str, Any]]) -> 
     construction: records only move down) first. Duplicate ids keep the newer revision, then the
     deeper copy (as fetch and repair do). Works on the tiers' wire records as they came (a session
     replay can be thousands of them)."""
-    depth = fed.depths
     keyed: dict[str, tuple[tuple[str, int, int, int], tuple[int, int], dict[str, Any]]] = {}
     for name, result in results.items():
-        here = depth.get(name, 0)
-        order = fed.order.index(name)
+        shallow, order = fed.timeline_place(name)
         for position, record in enumerate(result.get("records", [])):
             record["tier"] = name
-            rank = (int(record.get("revision") or 1), here)
+            rank = (int(record.get("revision") or 1), -shallow)
             held = keyed.get(record["id"])
             if held is None or rank > held[1]:
-                keyed[record["id"]] = ((record["created_at"], -here, order, position), rank, record)
+                keyed[record["id"]] = ((record["created_at"], shallow, order, position), rank, record)
     return [r for _, _, r in sorted(keyed.values(), key=lambda p: p[0])]
 
 

@@ -34,11 +34,6 @@ def _pages(result: dict[str, Any]) -> bool:
     return "cursor" in result and (result["cursor"] is None or isinstance(result["cursor"], str))
 
 
-def _order_key(fed: Federation, name: str, position: int, record: dict[str, Any]) -> tuple[str, int, int, int]:
-    """The record's place in the router's timeline order, as `merge_by_time` sorts it."""
-    return record["created_at"], -fed.depths.get(name, 0), fed.order.index(name), position
-
-
 async def walk_page(fed: Federation, tiers: Sequence[Tier], per_tier: PerTier, positions: Positions,
                     limit: int) -> tuple[dict[str, list[dict[str, Any]]], Positions | None, FanOut]:
     """Each tier's records on this page (ascending, for `merge_by_time`), the positions after it
@@ -56,11 +51,12 @@ async def walk_page(fed: Federation, tiers: Sequence[Tier], per_tier: PerTier, p
     if fan.degraded or not all(_pages(fan.results[name]) for name in answered):
         return pages, None, fan  # the caller keeps the newest `limit` of them, as without a cursor
 
+    places = {name: fed.timeline_place(name) for name in answered}  # each key as `merge_by_time` sorts
     # A tier with more to give bounds the page at its earliest record: what it holds before that may
     # be newer than the other tiers' records below it.
-    floor = max((_order_key(fed, name, 0, pages[name][0]) for name in answered
+    floor = max(((pages[name][0]["created_at"], *places[name], 0) for name in answered
                  if pages[name] and fan.results[name]["cursor"] is not None), default=None)
-    newest = sorted(((_order_key(fed, name, i, r), name) for name in answered
+    newest = sorted((((r["created_at"], *places[name], i), name) for name in answered
                      for i, r in enumerate(pages[name])), reverse=True)
     kept = dict.fromkeys(answered, 0)
     for key, name in newest[:limit or None]:  # limit 0: a tier answered all it holds
