@@ -15,17 +15,41 @@ millisecond means it holds more records than a page: it is then read alone
 (`after` / `before` around it, no limit) and the walk steps below it; past the
 endpoint's max_recall_limit it cannot be read (`CrowdedMillisecond`).
 
+A router answers a page without a tier that is down (`degraded`), and a walk
+over several tiers answers no cursor then: such a page is asked again, the
+same way, after waits that outlast the router's backoff of a down tier (30 s in
+all), then the walk stops with `TiersDown`. Read from a router, a tier that
+restarts mid-walk costs a wait, not the walk; what was read is never re-read.
+
 Both the router (its capacity, flush and repair scans of a tier, and a
 timeline past a tier's cap) and `a2m export` (any endpoint) read this way.
 """
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Awaitable, Callable
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from .timefmt import parse_ts, shift_ms
 
 Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+
+def waits_within(total: float) -> tuple[float, ...]:
+    """Seconds between asks of a page a router answered without some tiers, summing to `total`:
+    doubling from 1 s up to 15 s, the router's longest backoff of a down tier, so each wait past
+    that still finds the tier asked again."""
+    waits: list[float] = []
+    while (left := total - sum(waits)) > 0:
+        waits.append(min(left, 2.0 ** len(waits), 15.0))
+    return tuple(waits)
+
+
+DEGRADED_WAITS = waits_within(30.0)  # 1, 2, 4, 8, 15
+
+log = logging.getLogger("a2m.paging")
 
 
 class CrowdedMillisecond(Exception):
@@ -39,6 +63,37 @@ class BoundsIgnored(CrowdedMillisecond):
     params), or a cursor that does not move on. Paging on would read the same records forever, so
     the walk stops where it is. A CrowdedMillisecond for its callers: what was read stands, the rest
     is left out."""
+
+
+class TiersDown(Exception):
+    """A router kept answering timeline pages without these tiers for as long as the walk waited for
+    them: the rest of the walk cannot be read whole now. What was read stands."""
+
+    def __init__(self, tiers: Sequence[str], waited: float) -> None:
+        self.tiers = list(tiers)
+        super().__init__(f"tiers {', '.join(self.tiers)} did not answer a timeline page for {waited:g} s")
+
+
+def _asking_again(call: Call, waits: Sequence[float]) -> Call:
+    """`call`, with a timeline page a router answered `degraded` asked again after each of `waits`.
+
+    Taking such a page would leave the tier's records out silently (a walk by time steps past them)
+    or, walking several tiers, end the walk (the page has no cursor)."""
+
+    async def whole(method: str, params: dict[str, Any]) -> dict[str, Any]:
+        for wait in waits:
+            result = await call(method, params)
+            if not result.get("degraded"):
+                return result
+            log.warning("tiers %s did not answer a timeline page; asking again in %g s",
+                        ", ".join(result["degraded"]), wait)
+            await asyncio.sleep(wait)
+        result = await call(method, params)
+        if result.get("degraded"):
+            raise TiersDown(result["degraded"], sum(waits))
+        return result
+
+    return whole
 
 
 def _outside(records: list[dict[str, Any]], after: str | None, before: str | None) -> bool:
@@ -56,11 +111,13 @@ def _bounded(params: dict[str, Any], **bounds: str | None) -> dict[str, Any]:
     return {**params, **{name: value for name, value in bounds.items() if value is not None}}
 
 
-async def pages_backwards(call: Call, params: dict[str, Any], *, page: int,
-                          cap: int | None) -> AsyncIterator[list[dict[str, Any]]]:
+async def pages_backwards(call: Call, params: dict[str, Any], *, page: int, cap: int | None,
+                          waits: Sequence[float] = DEGRADED_WAITS) -> AsyncIterator[list[dict[str, Any]]]:
     """Every record `memory/timeline` with `params` (a scope) reaches, newest page first, each page
     ascending, no id twice. `call(method, params)` returns a result; `cap` is the endpoint's
-    max_recall_limit (None: `limit: 0` returns everything)."""
+    max_recall_limit (None: `limit: 0` returns everything); `waits`, the seconds between asks of a
+    page answered without some tiers (`TiersDown` after the last)."""
+    call = _asking_again(call, waits)
     base = {**params, "limit": page}
     first = await call("memory/timeline", {**base, "cursor": True})
     walk = _by_cursor(call, base, first) if "cursor" in first else _by_time(call, base, first, page=page, cap=cap)

@@ -170,6 +170,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _wait(text: str) -> float:
+    """Seconds to wait for something: 0 (not at all) or `_seconds`."""
+    try:
+        return 0.0 if float(text) == 0 else _seconds(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"expected 0 or a number of seconds above 0, not {text!r}") from None
+
+
 def http_url_problem(text: str) -> str | None:
     """What is wrong with `text` as an A2M server's http(s) URL, or None: said at the command line,
     not as a traceback from deep in a client."""
@@ -449,7 +457,8 @@ def _transfer(args: argparse.Namespace) -> int:
         if args.command == "export":
             owners = ([None] if args.unowned or not args.owner else []) + (args.owner or [])
             return asyncio.run(transfer.export(args.url, args.file, token=_bearer(args.token, args.url),
-                                               embeddings=args.embeddings, owners=owners))
+                                               embeddings=args.embeddings, owners=owners,
+                                               tier_wait=args.wait_for_tiers))
         return asyncio.run(transfer.import_(args.url, args.file, token=_bearer(args.token, args.url),
                                             batch=args.batch))
     except KeyboardInterrupt:  # Ctrl-C: what was done is said already, a traceback would bury it
@@ -545,6 +554,9 @@ def main(argv: list[str] | None = None) -> int:
                            help="export this owner's records (repeatable; default: the unowned partition)")
             p.add_argument("--unowned", action="store_true",
                            help="also export the unowned partition when --owner names owners")
+            p.add_argument("--wait-for-tiers", type=_wait, default=30.0, metavar="SECONDS",
+                           help="how long a tier the router answers without may take to come back before "
+                                "the export stops (default 30)")
         else:
             p.add_argument("--batch", type=_positive, default=500, help="records per memory/remember call")
         p.set_defaults(run=_transfer)

@@ -45,6 +45,7 @@ import orjson
 from a2m import paging
 
 PAGE = 1000  # the protocol's usual max_recall_limit
+TIER_WAIT = 30.0  # seconds a tier a router answers without may take to come back (`--wait-for-tiers`)
 # The longest wait for a rate limit that the transfer takes; past it (or after as many refusals in a
 # row) the refusal is the error: a limit that slow is not one an export can get through.
 MAX_RATE_WAIT = 60.0
@@ -182,33 +183,24 @@ def _recall_cap(described: dict[str, Any]) -> int | None:
 
 
 async def pages_backwards(client: Any, *, tier: str | None, owner: str | None, embeddings: bool,
-                          page: int = PAGE, cap: int | None = PAGE) -> AsyncIterator[list[dict[str, Any]]]:
+                          page: int = PAGE, cap: int | None = PAGE,
+                          tier_wait: float = TIER_WAIT) -> AsyncIterator[list[dict[str, Any]]]:
     """Every record of one (tier, owner) stream, newest page first, each page ascending, no duplicates
-    (`a2m.paging`); a tier behind a router that does not answer stops the export."""
+    (`a2m.paging`). A page a router answers without a tier is asked again for up to `tier_wait`
+    seconds, then stops the export: a backup that silently lacks a tier is worse than none."""
     params: dict[str, Any] = {"embeddings": embeddings}
     if tier is not None:
         params["tier"] = tier
     if owner is not None:
         params["owner"] = owner
-
-    async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
-        result = await client.call(method, params)
-        _complete(result, tier)
-        return result
-
     try:
-        async for records in paging.pages_backwards(call, params, page=page, cap=cap):
+        async for records in paging.pages_backwards(client.call, params, page=page, cap=cap,
+                                                    waits=paging.waits_within(tier_wait)):
             yield records
+    except paging.TiersDown as exc:
+        raise TransferError(f"{tier or 'the endpoint'}: {exc}; export again when they are back") from None
     except paging.CrowdedMillisecond as exc:
         raise TransferError(f"{tier or 'this endpoint'}: {exc}: export cannot page past them") from None
-
-
-def _complete(result: dict[str, Any], tier: str | None) -> None:
-    """Stop at a timeline page a router answered without one of its tiers: a backup that silently
-    lacks a tier is worse than none."""
-    if result.get("degraded"):
-        raise TransferError(f"{tier or 'the endpoint'}: tiers {', '.join(result['degraded'])} did not answer; "
-                            "export again when they are back")
 
 
 def _clean(record: dict[str, Any], embeddings: bool) -> dict[str, Any]:
@@ -265,8 +257,10 @@ def _export_left(file: str, written: int) -> str:
 
 
 async def export(url: str, file: str, token: str | None = None, embeddings: bool = False,
-                 owners: Sequence[str | None] = (None,), quiet: bool = False, page: int = PAGE) -> int:
-    """Write every record reachable at `url` (for each owner in `owners`) to `file` as JSON Lines."""
+                 owners: Sequence[str | None] = (None,), quiet: bool = False, page: int = PAGE,
+                 tier_wait: float = TIER_WAIT) -> int:
+    """Write every record reachable at `url` (for each owner in `owners`) to `file` as JSON Lines;
+    `tier_wait`, how long a tier a router answers without may take to come back."""
     from a2m.errors import A2MError
 
     written = 0
@@ -302,7 +296,8 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
                         task = None if quiet else progress.add_task(label, total=total)
                         written += await _export_stream(client, out, tier=tier, owner=owner, embeddings=embeddings,
                                                         page=page, cap=cap, progress=None if quiet else progress,
-                                                        task=task, skip=done, answered=answered)
+                                                        task=task, skip=done, answered=answered,
+                                                        tier_wait=tier_wait)
                     if owner is None and answered - {None}:
                         others = ", ".join(repr(o) for o in sorted(answered - {None}))
                         print(f"a2m export: the endpoint answers the unowned pass with the records of {others} "
@@ -338,7 +333,7 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
 
 async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner: str | None, embeddings: bool,
                          page: int, cap: int | None, progress: Any, task: Any, skip: AbstractSet[str | None] = frozenset(),
-                         answered: set[str | None] | None = None) -> int:
+                         answered: set[str | None] | None = None, tier_wait: float = TIER_WAIT) -> int:
     """One (tier, owner) stream into `out`, oldest first; records of an owner in `skip` (already in
     the file) are left out. The owners the endpoint answered with are added to `answered`."""
     # Spool pages (newest first) to a temporary file, then copy them out oldest first.
@@ -346,7 +341,7 @@ async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner
     count = 0
     with tempfile.TemporaryFile() as spool:
         async for page_records in pages_backwards(client, tier=tier, owner=owner, embeddings=embeddings, page=page,
-                                                  cap=cap):
+                                                  cap=cap, tier_wait=tier_wait):
             if answered is not None:
                 answered.update(r.get("owner") for r in page_records)
             records = [r for r in page_records if r.get("owner") not in skip]

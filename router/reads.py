@@ -18,7 +18,8 @@ from a2m import errors, prompt as prompts
 from a2m.dispatch import Context
 from a2m.embedder import Embedder, try_embed
 from a2m.errors import A2MError, invalid
-from a2m.paging import CrowdedMillisecond, pages_backwards
+from a2m.client import Unavailable
+from a2m.paging import CrowdedMillisecond, TiersDown, pages_backwards
 from a2m.params import bool_param, limit_param, min_score_param, query_param, required_str
 from a2m.records import Record, validate_embedding
 
@@ -289,15 +290,17 @@ async def read_past_caps(fed: Federation, fan: FanOut, per_tier: Callable[[Tier]
     async def more(name: str, params: dict[str, Any]) -> None:
         records: list[dict[str, Any]] = []
         try:
+            # No waits for a tier that is itself a router answering without some of its tiers: this
+            # read is under the caller's time, so the tier is named as left out at once.
             async for page in pages_backwards(fed[name].call, params, page=params["limit"],
-                                              cap=params["limit"]):
+                                              cap=params["limit"], waits=()):
                 records[:0] = page  # each page checked as every tier reply is (router/replies.py)
                 if len(records) >= limit:
                     break
         except CrowdedMillisecond as exc:
             log.warning("timeline of %s: %s; the rest of them are left out", name, exc)
-        except A2MError as exc:  # the first page stands; the tier is named as left out
-            fan.errors[name] = exc
+        except (A2MError, TiersDown) as exc:  # the first page stands; the tier is named as left out
+            fan.errors[name] = exc if isinstance(exc, A2MError) else Unavailable(str(exc), {"tier": name})
             fan.degraded.append(name)
             return
         fan.results[name] = {"records": records[-limit:]}

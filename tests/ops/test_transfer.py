@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -196,8 +197,8 @@ async def test_a_refused_batch_is_reported_at_its_file_line(two_fixture_servers:
 
 
 @pytest.mark.anyio
-async def test_export_through_a_router_with_a_tier_down_fails(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+async def test_export_through_a_router_waits_for_a_tier_down_then_fails(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     from tests.router.stack import federation
 
     tiers = [{"name": "working", "kind": "working"}, {"name": "semantic", "kind": "semantic", "timeout": 1.0}]
@@ -205,9 +206,14 @@ async def test_export_through_a_router_with_a_tier_down_fails(tmp_path: Path,
         await _fill(stack.url, [{"content": "kept in working"}, {"content": "a fact", "tier": "semantic"}])
         assert await transfer.export(stack.url, str(tmp_path / "all.jsonl"), quiet=True) == 0
         assert len(_lines(tmp_path / "all.jsonl")) == 2
+        stack.tiers["semantic"].pause()  # back 3 s later: the export waits for it
+        asyncio.get_running_loop().call_later(3.0, stack.tiers["semantic"].resume)
+        assert await transfer.export(stack.url, str(tmp_path / "waited.jsonl"), quiet=True, tier_wait=20) == 0
+        assert _lines(tmp_path / "waited.jsonl") == _lines(tmp_path / "all.jsonl")
+        assert "semantic did not answer a timeline page; asking again" in caplog.text
         stack.tiers["semantic"].kill()
-        assert await transfer.export(stack.url, str(tmp_path / "partial.jsonl"), quiet=True) == 1
-    assert "semantic did not answer" in capsys.readouterr().err
+        assert await transfer.export(stack.url, str(tmp_path / "partial.jsonl"), quiet=True, tier_wait=1) == 1
+    assert "tiers semantic did not answer a timeline page for 1 s; export again" in capsys.readouterr().err
     assert not (tmp_path / "partial.jsonl").exists()
 
 

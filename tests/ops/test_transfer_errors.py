@@ -255,7 +255,7 @@ async def test_token_and_endpoint_problems_are_said_with_their_fix(tmp_path: Pat
 
         # A tier gone mid-export: what already went to standard output is said to be incomplete.
         stack.tiers["procedural"].kill()
-        done = _cli("export", stack.url, "-", "--token", "tok-alice")
+        done = _cli("export", stack.url, "-", "--token", "tok-alice", "--wait-for-tiers", "0")
         assert done.returncode == 1 and len(done.stdout.splitlines()) == 1, done
         assert "procedural did not answer" in done.stderr and "standard output (1 records) is incomplete" in done.stderr
         import os
@@ -265,7 +265,7 @@ async def test_token_and_endpoint_problems_are_said_with_their_fix(tmp_path: Pat
         os.mkfifo(pipe)
         reader = threading.Thread(target=pipe.read_bytes, daemon=True)
         reader.start()
-        done = _cli("export", stack.url, str(pipe), "--token", "tok-alice", timeout=30)
+        done = _cli("export", stack.url, str(pipe), "--token", "tok-alice", "--wait-for-tiers", "0", timeout=30)
         reader.join(10)
         assert done.returncode == 1 and f"what went to {pipe} (1 records) is incomplete" in done.stderr, done.stderr
 

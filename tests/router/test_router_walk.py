@@ -14,7 +14,7 @@ import pytest
 
 from a2m.client import HTTPClient
 from a2m.errors import A2MError
-from a2m.paging import pages_backwards
+from a2m.paging import TiersDown, pages_backwards
 
 from .stack import Stack, federation, new_owner as owner, tier_call as direct
 
@@ -67,6 +67,16 @@ async def _written(stack: Stack, me: str, per_tier: int) -> dict[str, list[str]]
                 own[name][:0] = [r["id"] for r in page]
         assert len(own[name]) == per_tier
     return own
+
+
+async def _semantic_back(stack: Stack) -> None:
+    """Resume semantic and wait until the router has seen it back (its backoff may skip it a while)."""
+    stack.tiers["semantic"].resume()
+    async with HTTPClient(stack.url) as router:
+        for _ in range(100):
+            if "degraded" not in await router.call("memory/timeline", {"limit": 1}):
+                return
+            await asyncio.sleep(0.1)
 
 
 def _in_each_tiers_order(read: list[dict[str, Any]], own: dict[str, list[str]]) -> None:
@@ -141,13 +151,8 @@ async def test_a_page_with_a_tier_down_has_no_cursor_and_the_walk_goes_on_from_t
         try:
             down = await router.call("memory/timeline", {"owner": me, "limit": 8, "cursor": first["cursor"]})
         finally:
-            stack.tiers["semantic"].resume()
+            await _semantic_back(stack)
         assert down["degraded"] == ["semantic"] and "cursor" not in down
-        for _ in range(100):  # until the router has seen semantic come back
-            again = await router.call("memory/timeline", {"owner": me, "limit": 8, "cursor": first["cursor"]})
-            if "degraded" not in again:
-                break
-            await asyncio.sleep(0.1)
         read = first["records"]
         cursor = first["cursor"]
         while cursor is not None:
@@ -157,6 +162,49 @@ async def test_a_page_with_a_tier_down_has_no_cursor_and_the_walk_goes_on_from_t
             cursor = answer["cursor"]
     assert len(read) == 45
     _in_each_tiers_order(read, own)
+
+
+@pytest.mark.parametrize("down_at", [0, 1])
+async def test_a_reader_asks_a_page_with_a_tier_down_again_until_the_tier_is_back(stack: Stack, down_at: int) -> None:
+    """`a2m.paging` through the router, semantic stopped before the first or the second page and
+    back 3 s later: the page answered without it is asked again. Taken as it was, the first page
+    sent the reader by time past semantic's records, and the second ended the walk (no cursor)."""
+    me = owner()
+    own = await _written(stack, me, 9)
+    asked = 0
+    async with HTTPClient(stack.url) as router:
+
+        async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
+            nonlocal asked
+            if asked == down_at:
+                stack.tiers["semantic"].pause()
+                asyncio.get_running_loop().call_later(3.0, stack.tiers["semantic"].resume)
+            asked += 1
+            return await router.call(method, params)
+
+        read: list[dict[str, Any]] = []
+        try:
+            async for page in pages_backwards(call, {"owner": me}, page=8, cap=None, waits=(0.5,) * 30):
+                read[:0] = page
+        finally:
+            await _semantic_back(stack)
+    assert len(read) == 45 and asked > 6  # six pages, and at least one asked again
+    _in_each_tiers_order(read, own)
+
+
+async def test_a_reader_stops_with_the_tiers_that_stay_down(stack: Stack) -> None:
+    me = owner()
+    await _written(stack, me, 3)
+    stack.tiers["semantic"].pause()
+    try:
+        async with HTTPClient(stack.url) as router:
+            with pytest.raises(TiersDown) as stopped:
+                async for _ in pages_backwards(router.call, {"owner": me}, page=8, cap=None, waits=(0.1, 0.1)):
+                    pass
+    finally:
+        await _semantic_back(stack)
+    assert stopped.value.tiers == ["semantic"]
+    assert "semantic did not answer a timeline page for 0.2 s" in str(stopped.value)
 
 
 async def test_a_cursor_that_is_not_a_walks_is_refused(stack: Stack) -> None:
