@@ -9,6 +9,7 @@ summaries. Engines only store and rank (see `store.py`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 from contextlib import contextmanager
@@ -66,6 +67,7 @@ class TierServer(EventMethods):
         self.extension_docs = dict(extension_docs or {})
         self.events = events or EventLog()
         self.read_only = read_only
+        self._cursor_tag = cursor_tag(name, kind)
         self._dims: int | None = None
         # Held from resolving a batch's keys to writing them. A store whose own methods also replace
         # keys (procedural's memory/restore) lends its lock, so those serialise with remember too.
@@ -433,13 +435,13 @@ class TierServer(EventMethods):
         # The cursor extension, where the store can place a record exactly (docs/extensions.md).
         paged = getattr(self.store, "timeline_page", None)
         asked = paged is not None and params.get("cursor") is not None
-        below, cursor = cursor_param(params) if asked else None, None
+        below, cursor = cursor_param(params, self._cursor_tag) if asked else None, None
         with self.engine():
             if asked:
                 found = await paged(scope, below=below, limit=limit or None, with_embeddings=with_vectors)
                 records = [record for record, _ in found]
                 if limit and len(found) == limit:  # else this page reached the first record in scope
-                    cursor = make_cursor(found[-1][1])
+                    cursor = make_cursor(found[-1][1], self._cursor_tag)
             else:
                 records = await self.store.select(scope, order="desc", limit=limit or None,
                                                   with_embeddings=with_vectors)
@@ -593,25 +595,36 @@ class TierServer(EventMethods):
         return {"records": self._wire(stored, params), "read": len(sources), "written": 1}
 
 
-def cursor_param(params: Mapping[str, Any]) -> Position | None:
+def cursor_tag(name: str, kind: str) -> str:
+    """What a tier's cursors carry of the tier: another tier's position means nothing here (a
+    working tier's sequence is not episodic's), and taken, it answered a page from a place no
+    record holds. Replicas of a tier share its name, so each takes the others' cursors."""
+    return hashlib.sha256(f"{kind}\x00{name}".encode()).hexdigest()[:8]
+
+
+def cursor_param(params: Mapping[str, Any], tag: str) -> Position | None:
     """A timeline's `cursor`: `true` asks for the first page (None: no bound), a string for the page
-    before the position a previous answer named. Anything else is `-32602`: a cursor is only ever
-    one a timeline of this tier made."""
+    before the position a previous answer of this tier named. Anything else is `-32602`: a cursor is
+    only ever one a timeline of this tier made."""
     value = params.get("cursor")
     if value is True:
         return None
     if isinstance(value, str):
-        stamp, _, rest = value.partition("|")
+        mark, _, position = value.partition("|")
+        if mark != tag and len(mark) == len(tag) and set(mark) <= set("0123456789abcdef") and position.count("|") >= 2:
+            raise invalid("cursor was made by another tier than this one: page each tier with its own cursors",
+                          field="cursor")
+        stamp, _, rest = position.partition("|")
         seq, _, record_id = rest.partition("|")
         try:
-            if (seq.isascii() and seq.isdigit() and len(seq) <= 18 and record_id and "\x00" not in record_id
-                    and format_ts(parse_ts(stamp)) == stamp):
+            if (mark == tag and seq.isascii() and seq.isdigit() and len(seq) <= 18 and record_id
+                    and "\x00" not in record_id and format_ts(parse_ts(stamp)) == stamp):
                 return stamp, int(seq), record_id
         except A2MError:
             pass
     raise invalid("cursor must be true or the cursor of a previous timeline answer", field="cursor")
 
 
-def make_cursor(position: Position) -> str:
-    """Opaque to callers; here `<created_at>|<sequence>|<id>`, read back by `cursor_param`."""
-    return f"{position[0]}|{position[1]}|{position[2]}"
+def make_cursor(position: Position, tag: str) -> str:
+    """Opaque to callers; here `<tier tag>|<created_at>|<sequence>|<id>`, read back by `cursor_param`."""
+    return f"{tag}|{position[0]}|{position[1]}|{position[2]}"

@@ -12,7 +12,7 @@ import pytest
 from a2m.dispatch import Context, Dispatcher
 from backends.corpus.pgtable import TableSpec, TableStore
 from backends.corpus.qdrant import CollectionSpec, CollectionStore
-from backends.surface import TierServer
+from backends.surface import TierServer, cursor_tag
 from tests.support.corpora import make_points, postgres_holding
 
 pytestmark = pytest.mark.timeout(300)
@@ -124,7 +124,7 @@ async def test_a_cursor_naming_no_row_of_the_key_type_is_invalid(pg: str) -> Non
     dispatcher, ctx = Dispatcher(server), Context()
     await server.startup()
     try:
-        answer = await dispatcher.call("memory/timeline", {"cursor": "2026-01-01T00:00:00.123Z|5|abc"}, ctx)
+        answer = await dispatcher.call("memory/timeline", {"cursor": f"{cursor_tag('kb', 'semantic')}|2026-01-01T00:00:00.123Z|5|abc"}, ctx)
     except Exception as exc:  # -32602, not an internal error
         assert getattr(exc, "code", None) == -32602, exc
     else:

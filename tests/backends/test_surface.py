@@ -248,8 +248,29 @@ async def test_a_cursor_still_holds_when_what_it_passed_is_forgotten(tiers: dict
                                     "2026-03-01T00:00:00.001Z|3", "2026-03-01T00:00:00.001Z|3|",
                                     "2026-03-01T00:00:00.001Z|3|a\x00"])
 async def test_a_cursor_no_timeline_made_is_refused_on_every_tier(tiers: dict[str, Dispatcher], cursor: Any) -> None:
+    """Each malformed position is refused as it is and behind the tier's own tag, so it is the
+    position that is refused there, not the tag."""
     for tier, d in tiers.items():
-        assert await call(d, "memory/timeline", {"owner": owner(), "cursor": cursor}) == {"error": -32602}, tier
+        for asked in [cursor] + ([f"{d.service._cursor_tag}|{cursor}"] if isinstance(cursor, str) else []):
+            assert await call(d, "memory/timeline", {"owner": owner(), "cursor": asked}) == {"error": -32602}, tier
+
+
+async def test_a_tiers_cursor_is_refused_by_every_other_tier(tiers: dict[str, Dispatcher]) -> None:
+    """A working tier's position (its own sequence) means nothing to episodic: taken, it answered a
+    page from a place no record of that tier holds, usually an empty one, as if the walk were done."""
+    me = owner()
+    made = {}
+    for tier, d in tiers.items():
+        await call(d, "memory/remember", {"owner": me, "records": [{"content": f"{tier} {i}"} for i in range(3)]})
+        made[tier] = (await call(d, "memory/timeline", {"owner": me, "limit": 1, "cursor": True}))["cursor"]
+        assert isinstance(made[tier], str), tier
+    for tier, d in tiers.items():
+        for other, cursor in made.items():
+            answer = await call(d, "memory/timeline", {"owner": me, "limit": 1, "cursor": cursor})
+            if other == tier:
+                assert [r["content"] for r in answer["records"]] == [f"{tier} 1"], tier
+            else:
+                assert answer == {"error": -32602}, (tier, other)
 
 
 async def test_a_cursor_passes_no_record_that_shares_its_sequence(tiers: dict[str, Dispatcher]) -> None:

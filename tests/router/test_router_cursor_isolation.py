@@ -61,7 +61,7 @@ async def test_a_cursor_tells_a_principal_nothing_of_other_owners_writes(stack: 
         mine = await alice.call("memory/timeline", page)
         theirs = await direct.call("memory/timeline", {"owner": "alice", "limit": 1, "cursor": True})
         assert mine["records"] == theirs["records"]
-        stamp, _, record_id = theirs["cursor"].split("|")
+        _, stamp, _, record_id = theirs["cursor"].split("|")
         assert "|" not in mine["cursor"], (mine["cursor"], theirs["cursor"])  # no `seq` to read
         assert stamp not in mine["cursor"] and record_id not in mine["cursor"]
         # Still a cursor: the next page is alice's first record, then none.
