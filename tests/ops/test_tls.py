@@ -152,3 +152,31 @@ async def test_doctor_trusts_a_private_ca_in_ssl_cert_file_for_readyz_as_for_its
         assert (summary["readyz"], summary["healthz"]) == (200, 200), summary
     finally:
         stop(tier)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_doctor_says_when_the_certificate_it_was_presented_expires(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A renewal that failed: doctor said all was well until the certificate expired, and from then on
+    that the server was unreachable."""
+    from cryptography import x509
+
+    from a2mctl.doctor import check, doctor
+
+    key, cert = key_and_cert(tmp_path, "a2m", not_after=datetime.datetime.now(datetime.timezone.utc)
+                             + datetime.timedelta(days=5, hours=1))
+    ends = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    port = free_port()
+    tier = _serve(tmp_path, "procedural", "--port", str(port), "--data", str(tmp_path / "data"),
+                  env={"A2M_TLS_CERT": str(cert), "A2M_TLS_KEY": str(key)})
+    try:
+        wait_ready(f"https://127.0.0.1:{port}/", tier)  # type: ignore[arg-type]
+        summary, _ = await check(f"https://127.0.0.1:{port}/")
+        assert summary["certificate_expires"] == ends
+        assert await doctor(f"https://127.0.0.1:{port}/") == 0  # a warning, not a failure: it still serves
+        out = capsys.readouterr().out
+        assert f"certificate expires {ends:%Y-%m-%d %H:%M} UTC, in 5 days: renew it" in out, out
+    finally:
+        stop(tier)  # type: ignore[arg-type]
+    assert "expires on" in (tmp_path / "procedural.log").read_text()  # and the server said so at start
