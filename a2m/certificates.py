@@ -3,22 +3,29 @@ its clients' certificates must be signed by where it asks for them (mutual TLS, 
 
 cert-manager and certbot renew in place; a server that read the files only at
 start served the old certificate until someone restarted it, or until it
-expired.
+expired. A renewal that fails (a revoked DNS token, a stopped cron) is seen only
+where someone looks at the served certificate's end: it is logged near and past
+it, and told to a gauge.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import os
 import ssl
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger("a2m.http")
 
 # Seconds between two looks at a served certificate's files: a renewed pair (cert-manager, certbot, a
 # rewritten Kubernetes Secret) is served within this, without a restart.
 CERT_CHECK_INTERVAL = 10.0
+
+# A served certificate this close to its end is one whose renewal failed (certbot renews 30 days ahead,
+# cert-manager a third of the lifetime ahead, 30 days of Let's Encrypt's 90): warned of, once.
+EXPIRY_WARNING = datetime.timedelta(days=14)
 
 
 def file_stamp(*paths: str) -> tuple[tuple[int, int, int], ...]:
@@ -38,6 +45,26 @@ def load_pair(context: ssl.SSLContext, cert: str, key: str) -> None:
                          f"({exc.reason or exc})") from None
     except OSError as exc:
         raise ValueError(f"cannot read {exc.filename or f'{cert} or {key}'}: {exc.strerror}") from None
+
+
+def not_after(cert: str) -> datetime.datetime:
+    """When the certificate served from the chain file `cert` ends (its notAfter, UTC): the file's first
+    certificate, the leaf OpenSSL serves. ValueError where it holds no PEM certificate cryptography reads,
+    OSError where it cannot be read."""
+    from cryptography import x509  # 50 ms: not for every client that imports this module (a2m.http1)
+
+    with open(cert, "rb") as file:
+        return x509.load_pem_x509_certificates(file.read())[0].not_valid_after_utc
+
+
+def _days(delta: datetime.timedelta) -> str:
+    return f"{delta.days} day{'' if delta.days == 1 else 's'}"
+
+
+def expired_note(cert: str, ends: datetime.datetime) -> str:
+    """That the certificate in `cert` expired at `ends`, without how long ago: the refusal at start and
+    of a renewal, which must read the same at each look to be logged once."""
+    return f"the certificate in {cert} expired on {ends:%Y-%m-%d %H:%M} UTC"
 
 
 def ca_problem(path: str) -> str | None:
@@ -67,17 +94,27 @@ class Certificates:
     after it fails. Open connections keep the pair they were made with. A pair that cannot be served is
     one warning, and the one served before stays in use until the files change into one that can.
 
+    The served certificate's end is read with it (`not_after`): each one served is told to `expires`
+    (unix seconds: the gauge), and one within EXPIRY_WARNING of its end, or past it, is one warning, again
+    when it goes past it while served (a server that runs for months sees the end of a certificate it
+    loaded with 60 days left). A renewal to a certificate already expired is not served, as any pair that
+    cannot be.
+
     Where the server asks for client certificates (`config.ssl_ca_certs`, `ssl_cert_reqs`), a new context
     asks for them as uvicorn's did, and the CA file is looked at with the pair: a rotated CA bundle is
     checked against from the next handshake on, and one that does not load keeps the context served before.
     """
 
-    def __init__(self, config: Any, cert: str, key: str, every: float) -> None:
-        self.config, self.cert, self.key, self.every = config, cert, key, every
+    def __init__(self, config: Any, cert: str, key: str, every: float,
+                 expires: Callable[[float], None] | None = None) -> None:
+        self.config, self.cert, self.key, self.every, self.expires = config, cert, key, every, expires
         self.files = (cert, key, config.ssl_ca_certs) if config.ssl_ca_certs else (cert, key)
         self.seen = self._look()  # taken before uvicorn loads the files: a change in between is seen, not missed
         self.served: ssl.SSLContext | None = None  # the newest pair that loaded; None: uvicorn's own
         self.problem: str | None = None  # why the pair on disk is not served (logged once)
+        self.ends: datetime.datetime | None = None  # the served certificate's notAfter; None: unknown
+        self.said: str | None = None  # what was logged of its end ("expires", "expired"), each said once
+        self._serving(self._end())  # the pair uvicorn loads (one it cannot fails the start, and says why)
 
     def _look(self) -> tuple[tuple[int, int, int], ...] | None:
         try:
@@ -105,8 +142,47 @@ class Certificates:
             context.set_alpn_protocols(alpn)
         return context
 
+    def _end(self) -> datetime.datetime | Exception:
+        """The certificate file's notAfter, or why cryptography could not read it: OpenSSL loaded it, and
+        a stricter parse is no reason not to serve it."""
+        try:
+            return not_after(self.cert)
+        except (ValueError, OSError) as exc:
+            return exc
+
+    def _serving(self, end: datetime.datetime | Exception) -> None:
+        """The certificate ending at `end` is the one served now: told to `expires` (NaN where its end
+        could not be read: unknown, rather than the end of the one before), and its end said if near."""
+        self.ends = end if isinstance(end, datetime.datetime) else None
+        self.said = None
+        if self.expires is not None:
+            self.expires(float("nan") if self.ends is None else self.ends.timestamp())
+        if self.ends is None:
+            log.warning("TLS: cannot read when the certificate in %s expires (%s): it is served, but its "
+                        "end is not watched", self.cert, end)
+        self._say_expiry()
+
+    def _say_expiry(self) -> None:
+        """The served certificate's end, logged once when it is EXPIRY_WARNING away and once when past."""
+        if self.ends is None:
+            return
+        left = self.ends - datetime.datetime.now(datetime.timezone.utc)
+        state = "expired" if left <= datetime.timedelta(0) else "expires" if left <= EXPIRY_WARNING else None
+        if state is None or state == self.said:
+            return
+        self.said = state
+        renew = f"renew it (the renewed files are served within {self.every:g} s, without a restart)"
+        if state == "expired":
+            log.warning("TLS: %s, %s ago: clients that verify it refuse every connection; %s",
+                        expired_note(self.cert, self.ends), _days(-left), renew)
+        else:
+            log.warning("TLS: the certificate in %s expires on %s UTC, in %s: %s", self.cert,
+                        f"{self.ends:%Y-%m-%d %H:%M}", _days(left), renew)
+
     def check(self) -> None:
-        """One look: serve the pair on disk where it changed (or could not be served before) and loads."""
+        """One look: serve the pair on disk where it changed (or could not be served before), loads and
+        has not expired; say the served certificate's end where it came near or passed."""
+        self._say_expiry()
         try:
             stamp = file_stamp(*self.files)
         except OSError as exc:
@@ -118,11 +194,15 @@ class Certificates:
             context = self._context()
         except (ValueError, OSError) as exc:  # OSError: the CA file changed again since `ca_problem` read it
             return self._refuse(str(exc))
+        end = self._end()
+        if isinstance(end, datetime.datetime) and end <= datetime.datetime.now(datetime.timezone.utc):
+            return self._refuse(expired_note(self.cert, end))  # it would fail every client that verifies it
         self.served, self.problem = context, None
         self.config.ssl.sni_callback = self._switch  # from the first reload on; before it, no call per handshake
         log.info("TLS: serving %s as they now are on disk: new connections get this certificate%s, "
                  "open ones keep theirs", self._named(), " and are checked against this client CA"
                  if len(self.files) > 2 else "")
+        self._serving(end)
 
     def _refuse(self, problem: str) -> None:
         if problem != self.problem:

@@ -165,7 +165,7 @@ PROTOCOL_CODES = frozenset(value for name, value in vars(errors).items() if name
 class Metrics:
     """Per-app registry, so several servers in one process (tests) do not collide."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: bool = False) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("a2m_requests", "JSON-RPC requests", ["method", "outcome"], registry=self.registry)
         self.latency = Histogram(
@@ -182,6 +182,11 @@ class Metrics:
                                ["status"], registry=self.registry)
         self.body_bytes = Gauge("a2m_http_body_bytes_held", "Bytes of request bodies taken from the budget "
                                 "(max_body_in_flight) by requests in progress", registry=self.registry)
+        # Only over HTTPS: a plain server's 0 would read as a certificate expired in 1970. Set by
+        # `Certificates` at start and on each renewal served; NaN where cryptography cannot read the end.
+        self.certificate_expiry = Gauge(
+            "a2m_tls_certificate_expiry_timestamp_seconds", "When the certificate served to new TLS "
+            "connections expires (its notAfter), in unix seconds", registry=self.registry) if tls else None
         self._children: dict[tuple[str, bool], tuple[Any, Any]] = {}
 
     def observe(self, method: str, seconds: float, code: int | None) -> None:
@@ -239,7 +244,7 @@ class HTTPApp:
                  lifespan: Any = None) -> None:
         self.dispatcher = dispatcher
         self.settings = settings or HTTPSettings()
-        self.metrics = Metrics()
+        self.metrics = Metrics(tls=self.settings.tls_cert is not None)
         self._body_deadlines = _Deadlines(self.settings.body_timeout)
         self.bodies = BodyBudget(self.settings.max_body_in_flight or BODIES_IN_FLIGHT * self.settings.max_body)
         self.metrics.body_bytes.set_function(lambda: self.bodies.held)
@@ -646,7 +651,9 @@ def server(app: HTTPApp, host: str = "127.0.0.1", port: int = 0, *, log_level: s
                             ssl_ca_certs=app.settings.tls_client_ca,
                             ssl_cert_reqs=ssl.CERT_REQUIRED if app.settings.tls_client_ca else ssl.CERT_NONE)
     cert, key = app.settings.tls_cert, app.settings.tls_key
-    certificates = Certificates(config, cert, key, cert_check_every) if cert and key else None
+    expiry = app.metrics.certificate_expiry
+    certificates = Certificates(config, cert, key, cert_check_every, None if expiry is None else expiry.set) \
+        if cert and key else None
     return Server(config)
 
 

@@ -48,9 +48,11 @@ def _metrics_token(args: argparse.Namespace, tokens: dict[str, object],
 
 def _tls(args: argparse.Namespace) -> dict[str, str]:
     """`--tls-cert` / `--tls-key` ($A2M_TLS_CERT / $A2M_TLS_KEY): HTTPS where both are given, loaded
-    here so that a wrong path, a key that is not the certificate's or a passphrase-protected key is
-    one line at start, not uvicorn's traceback after the engines started. `--tls-client-ca`
+    here so that a wrong path, a key that is not the certificate's, a passphrase-protected key or an
+    expired certificate (every client that verifies refuses it; probes that do not call it ready) is one
+    line at start, not uvicorn's traceback after the engines started. `--tls-client-ca`
     ($A2M_TLS_CLIENT_CA): mutual TLS on top, the CA checked here the same way."""
+    import datetime
     import ssl
 
     cert = args.tls_cert or os.environ.get("A2M_TLS_CERT") or None
@@ -66,12 +68,19 @@ def _tls(args: argparse.Namespace) -> dict[str, str]:
         raise SystemExit(f"{where}: give both, the certificate chain and its private key (PEM files)")
     if args.stdio:
         raise SystemExit(f"{where}: TLS is for HTTP, not --stdio")
-    from a2m.certificates import ca_problem, load_pair
+    from a2m.certificates import ca_problem, expired_note, load_pair, not_after
 
     try:
         load_pair(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH), cert, key)
     except ValueError as exc:
         raise SystemExit(f"{where}: {exc}") from None
+    try:
+        ends: datetime.datetime | None = not_after(cert)
+    except (ValueError, OSError):  # OpenSSL loaded it: served, and the server warns that its end is unread
+        ends = None
+    if ends is not None and ends <= datetime.datetime.now(datetime.timezone.utc):
+        raise SystemExit(f"{where}: {expired_note(cert, ends)}: every client that verifies it would refuse "
+                         "the connection; renew it")
     if client_ca is None:
         return {"tls_cert": cert, "tls_key": key}
     problem = ca_problem(client_ca)

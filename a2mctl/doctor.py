@@ -9,6 +9,7 @@ bearer token: HTTP 401).
 
 from __future__ import annotations
 
+import datetime
 import statistics
 import sys
 import time
@@ -43,10 +44,31 @@ def _token_refused(exc: Any) -> bool:
     return isinstance(exc.data, dict) and exc.data.get("status") == 401
 
 
-async def _get(http: Any, url: str) -> int | None:
+async def _get(http: Any, url: str, ends: list[datetime.datetime] | None = None) -> int | None:
+    """The status `url` answers GET with (None: unreachable); where `ends` is given, the notAfter of the
+    certificate an https server presented is appended to it."""
     try:
-        return (await http.get(url, timeout=5.0)).status_code
+        response = await http.get(url, timeout=5.0)
     except Exception:  # noqa: BLE001 — unreachable is an answer here
+        return None
+    if ends is not None and (end := _presented_end(response)) is not None:
+        ends.append(end)
+    return int(response.status_code)
+
+
+def _presented_end(response: Any) -> datetime.datetime | None:
+    """The notAfter of the certificate the server presented on `response`'s connection: None over http,
+    or where cryptography cannot read it (OpenSSL verified it: not a reason to fail the check)."""
+    stream = response.extensions.get("network_stream")
+    tls = stream.get_extra_info("ssl_object") if stream is not None else None
+    der = tls.getpeercert(binary_form=True) if tls is not None else None
+    if not der:
+        return None
+    from cryptography import x509
+
+    try:
+        return x509.load_der_x509_certificate(der).not_valid_after_utc
+    except ValueError:
         return None
 
 
@@ -99,9 +121,12 @@ async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], lis
     from a2m.errors import A2MError
 
     base = url.rstrip("/") + "/"
+    ends: list[datetime.datetime] = []
     async with _plain_http() as http:
-        ready, health = await _get(http, base + "readyz"), await _get(http, base + "healthz")
+        ready, health = await _get(http, base + "readyz"), await _get(http, base + "healthz", ends)
     summary: dict[str, Any] = {"url": base, "readyz": ready, "healthz": health}
+    if ends:  # an https server's certificate: doctor verified it, so it has not expired
+        summary["certificate_expires"] = ends[0]
     async with HTTPClient(base, token=token, timeout=10.0) as client:
         try:
             described, _ = await _call(client, "memory/describe", {})
@@ -140,6 +165,15 @@ async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], lis
     return summary, reports
 
 
+def _certificate_line(ends: datetime.datetime) -> str:
+    """The certificate's end and the days left, in yellow within EXPIRY_WARNING (as the server warns)."""
+    from a2m.certificates import EXPIRY_WARNING
+
+    left = ends - datetime.datetime.now(datetime.timezone.utc)
+    line = f"certificate expires {ends:%Y-%m-%d %H:%M} UTC, in {left.days} day{'' if left.days == 1 else 's'}"
+    return f"[yellow]! {line}: renew it[/]" if left <= EXPIRY_WARNING else line
+
+
 async def doctor(url: str, token: str | None = None) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -173,6 +207,8 @@ async def doctor(url: str, token: str | None = None) -> int:
     ready = summary.get("readyz")
     console.print(f"/readyz {ready if ready is not None else 'unreachable'} · "
                   f"/healthz {summary.get('healthz') if summary.get('healthz') is not None else 'unreachable'}")
+    if "certificate_expires" in summary:
+        console.print(_certificate_line(summary["certificate_expires"]))
     down = [r.name for r in reports if not r.ok]
     if down or ready != 200:
         console.print(f"[red]✗ not healthy:[/] {', '.join(down) if down else '/readyz is not 200'}")

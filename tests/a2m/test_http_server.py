@@ -4,6 +4,7 @@ what a slow, stalled or flooding client gets, and how long a stop waits."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import http.client
 import logging
 import queue
@@ -384,11 +385,14 @@ RENEWAL_WAIT = 10  # seconds a new pair may take to be served here, with a look 
 CHECK_EVERY = 0.05
 
 
-def pairs(tmp_path: Path) -> tuple[Path, Path, tuple[Path, Path], tuple[Path, Path]]:
-    """The served paths (holding pair A) and two pairs for the same name: A and its renewal B."""
+def pairs(tmp_path: Path, a_ends: datetime.datetime | None = None, b_ends: datetime.datetime | None = None
+          ) -> tuple[Path, Path, tuple[Path, Path], tuple[Path, Path]]:
+    """The served paths (holding pair A) and two pairs for the same name: A and its renewal B (each valid
+    until its `_ends`, by default for 90 days)."""
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-    a, b = key_and_cert(tmp_path / "a", "127.0.0.1"), key_and_cert(tmp_path / "b", "127.0.0.1")
+    a = key_and_cert(tmp_path / "a", "127.0.0.1", not_after=a_ends)
+    b = key_and_cert(tmp_path / "b", "127.0.0.1", not_after=b_ends)
     key, cert = tmp_path / "tls.key", tmp_path / "tls.pem"
     renew(a, key, cert)
     return key, cert, a, b
@@ -520,5 +524,100 @@ def test_certificate_files_gone_keep_the_pair_served_and_say_so_once(
 
 
 def test_a_plain_http_server_looks_at_no_certificate() -> None:
-    with serving(make_app(), cert_check_every=CHECK_EVERY) as (_, served, _):
+    app = make_app()
+    with serving(app, cert_check_every=CHECK_EVERY) as (_, served, _):
         assert served.watching is None
+    assert expiry_gauge(app) is None  # no certificate: no series (a 0 would read as expired in 1970)
+
+
+# --- The served certificate's end: a gauge, a warning near and past it, an expired renewal not served ---
+
+def from_now(**delta: float) -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(**delta)
+
+
+def ends(cert: Path) -> datetime.datetime:
+    return x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+
+
+def expiry_gauge(app: HTTPApp) -> float | None:
+    return app.metrics.registry.get_sample_value("a2m_tls_certificate_expiry_timestamp_seconds")
+
+
+def scraped_expiry(port: int) -> float:
+    """The gauge as a scrape over HTTPS reads it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    connection = https(port)
+    try:
+        connection.request("GET", "/metrics")
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    samples = [sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "a2m_tls_certificate_expiry_timestamp_seconds"]
+    assert len(samples) == 1, text
+    return samples[0]
+
+
+def test_the_served_certificates_expiry_is_a_gauge_that_follows_a_renewal(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing told when the served certificate ends: a renewal that failed (a stopped certbot timer) was
+    seen by the clients, once it had expired."""
+    caplog.set_level(logging.INFO, logger="a2m.http")
+    key, cert, a, b = pairs(tmp_path, a_ends=from_now(days=30), b_ends=from_now(days=90))
+    app = make_app(tls_cert=str(cert), tls_key=str(key))
+    with serving(app, cert_check_every=CHECK_EVERY) as (port, _, _):
+        assert scraped_expiry(port) == ends(a[1]).timestamp()
+        renew(b, key, cert)
+        wait_for_serial(port, serial(b[1]))
+        assert scraped_expiry(port) == ends(b[1]).timestamp()
+    assert tls_lines(caplog, logging.WARNING) == []  # 30 and 90 days left: nothing to say
+
+
+def test_a_certificate_near_its_end_is_one_warning_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="a2m.http")
+    key, cert, a, _ = pairs(tmp_path, a_ends=from_now(days=3, hours=1))
+    app = make_app(tls_cert=str(cert), tls_key=str(key))
+    with serving(app, cert_check_every=CHECK_EVERY) as (port, _, _):
+        time.sleep(20 * CHECK_EVERY)  # twenty looks at the same certificate
+        assert new_connection_serial(port) == serial(a[1])  # served all the same
+    warnings = tls_lines(caplog, logging.WARNING)
+    assert len(warnings) == 1, warnings
+    assert f"the certificate in {cert} expires on {ends(a[1]):%Y-%m-%d %H:%M} UTC, in 3 days" in warnings[0], warnings
+
+
+def test_a_certificate_that_expires_while_served_is_said_again_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A server runs for months: the warning at start (or at its last renewal) is not the one that
+    matters, the one when its certificate passes its end is."""
+    caplog.set_level(logging.INFO, logger="a2m.http")
+    key, cert, a, _ = pairs(tmp_path, a_ends=from_now(seconds=5))
+    app = make_app(tls_cert=str(cert), tls_key=str(key))
+    with serving(app, cert_check_every=CHECK_EVERY):
+        deadline = time.monotonic() + RENEWAL_WAIT
+        while len(tls_lines(caplog, logging.WARNING)) < 2 and time.monotonic() < deadline:
+            time.sleep(CHECK_EVERY)
+        time.sleep(20 * CHECK_EVERY)
+    warnings = tls_lines(caplog, logging.WARNING)
+    assert len(warnings) == 2 and "expires on" in warnings[0] and "in 0 days" in warnings[0], warnings
+    assert f"the certificate in {cert} expired on" in warnings[1] and "refuse every connection" in warnings[1]
+
+
+def test_a_renewal_to_an_expired_certificate_is_not_served_and_said_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A backup's old pair restored over the served one: served, it failed every client that verifies."""
+    caplog.set_level(logging.INFO, logger="a2m.http")
+    key, cert, a, b = pairs(tmp_path, b_ends=from_now(days=-1))
+    app = make_app(tls_cert=str(cert), tls_key=str(key))
+    with serving(app, cert_check_every=CHECK_EVERY) as (port, _, _):
+        renew(b, key, cert)
+        deadline = time.monotonic() + RENEWAL_WAIT
+        while not tls_lines(caplog, logging.WARNING) and time.monotonic() < deadline:
+            time.sleep(CHECK_EVERY)
+        time.sleep(20 * CHECK_EVERY)
+        assert new_connection_serial(port) == serial(a[1])
+        assert scraped_expiry(port) == ends(a[1]).timestamp()
+    warnings = tls_lines(caplog, logging.WARNING)
+    assert len(warnings) == 1 and "cannot be served" in warnings[0] and "stays in use" in warnings[0], warnings
+    assert f"the certificate in {cert} expired on {ends(b[1]):%Y-%m-%d %H:%M} UTC" in warnings[0], warnings

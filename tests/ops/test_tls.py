@@ -7,6 +7,7 @@ made for 127.0.0.1 and trusted through SSL_CERT_FILE, as a private CA is trusted
 
 from __future__ import annotations
 
+import datetime
 import os
 import subprocess
 from pathlib import Path
@@ -70,17 +71,22 @@ async def test_the_router_and_a_tier_serve_https_and_the_router_calls_the_tier_o
     ("another key", "are not a PEM certificate chain and its unencrypted private key"),
     ("encrypted key", "are not a PEM certificate chain and its unencrypted private key"),
     ("stdio", "TLS is for HTTP, not --stdio"),
+    ("expired", "expired.pem expired on"),
 ])
 def test_a_certificate_that_cannot_serve_is_one_line_at_start(tmp_path: Path, case: str, message: str) -> None:
     key, cert = key_and_cert(tmp_path, "a2m")
     other, _ = key_and_cert(tmp_path, "other")
     locked, locked_cert = key_and_cert(tmp_path, "locked", passphrase=b"hunter22")
+    expired, expired_cert = key_and_cert(tmp_path, "expired", not_after=datetime.datetime.now(
+        datetime.timezone.utc) - datetime.timedelta(days=1))
     args = {"cert only": ["--tls-cert", str(cert)],
             "missing file": ["--tls-cert", str(tmp_path / "nowhere.pem"), "--tls-key", str(key)],
             "another key": ["--tls-cert", str(cert), "--tls-key", str(other)],
             # a passphrase is not asked for (a server starts unattended): refused, never prompted
             "encrypted key": ["--tls-cert", str(locked_cert), "--tls-key", str(locked)],
-            "stdio": ["--tls-cert", str(cert), "--tls-key", str(key), "--stdio"]}[case]
+            "stdio": ["--tls-cert", str(cert), "--tls-key", str(key), "--stdio"],
+            # every client that verifies would refuse it, while probes that do not would call it ready
+            "expired": ["--tls-cert", str(expired_cert), "--tls-key", str(expired)]}[case]
     done = subprocess.run(a2m_command("serve", "procedural", "--port", "0", "--data", str(tmp_path / "d"), *args),
                           cwd=tmp_path, timeout=60, input=b"", capture_output=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -146,3 +152,31 @@ async def test_doctor_trusts_a_private_ca_in_ssl_cert_file_for_readyz_as_for_its
         assert (summary["readyz"], summary["healthz"]) == (200, 200), summary
     finally:
         stop(tier)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_doctor_says_when_the_certificate_it_was_presented_expires(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A renewal that failed: doctor said all was well until the certificate expired, and from then on
+    that the server was unreachable."""
+    from cryptography import x509
+
+    from a2mctl.doctor import check, doctor
+
+    key, cert = key_and_cert(tmp_path, "a2m", not_after=datetime.datetime.now(datetime.timezone.utc)
+                             + datetime.timedelta(days=5, hours=1))
+    ends = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    port = free_port()
+    tier = _serve(tmp_path, "procedural", "--port", str(port), "--data", str(tmp_path / "data"),
+                  env={"A2M_TLS_CERT": str(cert), "A2M_TLS_KEY": str(key)})
+    try:
+        wait_ready(f"https://127.0.0.1:{port}/", tier)  # type: ignore[arg-type]
+        summary, _ = await check(f"https://127.0.0.1:{port}/")
+        assert summary["certificate_expires"] == ends
+        assert await doctor(f"https://127.0.0.1:{port}/") == 0  # a warning, not a failure: it still serves
+        out = capsys.readouterr().out
+        assert f"certificate expires {ends:%Y-%m-%d %H:%M} UTC, in 5 days: renew it" in out, out
+    finally:
+        stop(tier)  # type: ignore[arg-type]
+    assert "expires on" in (tmp_path / "procedural.log").read_text()  # and the server said so at start

@@ -23,11 +23,16 @@ def _write(directory: Path, name: str, key: ec.EllipticCurvePrivateKey, cert: x5
     return key_path, cert_path
 
 
-def _builder(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey) -> x509.CertificateBuilder:
+def _builder(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey,
+             not_after: datetime.datetime | None = None) -> x509.CertificateBuilder:
+    """Valid from 5 minutes ago until `not_after`, by default for 90 days (Let's Encrypt's lifetime: a
+    server warns of one with 14 days or less left)."""
     now = datetime.datetime.now(datetime.timezone.utc)
+    ends = not_after or now + datetime.timedelta(days=90)
     return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1)))
+            .not_valid_before(min(now - datetime.timedelta(minutes=5), ends - datetime.timedelta(days=1)))
+            .not_valid_after(ends))
 
 
 def _name(common_name: str) -> x509.Name:
@@ -37,11 +42,13 @@ def _name(common_name: str) -> x509.Name:
 _LOOPBACK = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
 
 
-def key_and_cert(directory: Path, name: str, passphrase: bytes | None = None) -> tuple[Path, Path]:
+def key_and_cert(directory: Path, name: str, passphrase: bytes | None = None,
+                 not_after: datetime.datetime | None = None) -> tuple[Path, Path]:
     """`name`.key and `name`.pem in `directory`: an EC key (encrypted with `passphrase` where given) and a
-    self-signed certificate of CN `name` for 127.0.0.1, a new serial number each time."""
+    self-signed certificate of CN `name` for 127.0.0.1 (valid until `not_after`, see `_builder`), a new
+    serial number each time."""
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (_builder(_name(name), _name(name), key).add_extension(_LOOPBACK, critical=False)
+    cert = (_builder(_name(name), _name(name), key, not_after).add_extension(_LOOPBACK, critical=False)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .sign(key, hashes.SHA256()))
     return _write(directory, name, key, cert, passphrase)
