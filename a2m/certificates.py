@@ -57,7 +57,8 @@ def not_after(cert: str) -> datetime.datetime:
         return x509.load_pem_x509_certificates(file.read())[0].not_valid_after_utc
 
 
-def _days(delta: datetime.timedelta) -> str:
+def days(delta: datetime.timedelta) -> str:
+    """`delta` as whole days, said as a log line or doctor says them."""
     return f"{delta.days} day{'' if delta.days == 1 else 's'}"
 
 
@@ -174,10 +175,10 @@ class Certificates:
         renew = f"renew it (the renewed files are served within {self.every:g} s, without a restart)"
         if state == "expired":
             log.warning("TLS: %s, %s ago: clients that verify it refuse every connection; %s",
-                        expired_note(self.cert, self.ends), _days(-left), renew)
+                        expired_note(self.cert, self.ends), days(-left), renew)
         else:
             log.warning("TLS: the certificate in %s expires on %s UTC, in %s: %s", self.cert,
-                        f"{self.ends:%Y-%m-%d %H:%M}", _days(left), renew)
+                        f"{self.ends:%Y-%m-%d %H:%M}", days(left), renew)
 
     def check(self) -> None:
         """One look: serve the pair on disk where it changed (or could not be served before), loads and

@@ -167,10 +167,10 @@ async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], lis
 
 def _certificate_line(ends: datetime.datetime) -> str:
     """The certificate's end and the days left, in yellow within EXPIRY_WARNING (as the server warns)."""
-    from a2m.certificates import EXPIRY_WARNING
+    from a2m.certificates import EXPIRY_WARNING, days
 
     left = ends - datetime.datetime.now(datetime.timezone.utc)
-    line = f"certificate expires {ends:%Y-%m-%d %H:%M} UTC, in {left.days} day{'' if left.days == 1 else 's'}"
+    line = f"certificate expires {ends:%Y-%m-%d %H:%M} UTC, in {days(left)}"
     return f"[yellow]! {line}: renew it[/]" if left <= EXPIRY_WARNING else line
 
 
