@@ -36,7 +36,6 @@ from .timefmt import parse_ts, shift_ms
 Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
-
 def waits_within(total: float) -> tuple[float, ...]:
     """Seconds between asks of a page a router answered without some tiers, summing to `total`:
     doubling from 1 s up to 15 s, the router's longest backoff of a down tier, so each wait past
