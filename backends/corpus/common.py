@@ -18,6 +18,7 @@ from backends.store import SessionInfo, StoreRejected
 EPOCH = "1970-01-01T00:00:00.000Z"  # created_at of a record whose source keeps no creation time
 RRF_K = 60
 K = TypeVar("K", bound=Hashable)
+P = TypeVar("P")
 
 
 def fuse(rankings: Sequence[Iterable[K]]) -> list[tuple[K, float]]:
@@ -41,6 +42,13 @@ def visible(records: list[Record], scope: Scope) -> list[Record]:
     shared = Scope(owner=None, where=scope.where, key_prefix=scope.key_prefix, ids=scope.ids,
                    after=scope.after, before=scope.before)
     return [r for r in records if matches(r, shared)]
+
+
+def visible_placed(placed: list[tuple[Record, P]], scope: Scope) -> list[tuple[Record, P]]:
+    """`visible` of records read each with its place in an order (an exact time, a cursor
+    position): the pairs whose record passes, in the order given."""
+    kept = {id(r) for r in visible([r for r, _ in placed], scope)}
+    return [p for p in placed if id(p[0]) in kept]
 
 
 def json_safe(value: Any) -> Any:

@@ -27,7 +27,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from psycopg import errors as pg_errors, sql
 from psycopg.rows import dict_row
@@ -39,9 +39,11 @@ from a2m.timefmt import format_ts, parse_ts
 
 from backends.store import Position, StoreRejected, StoreUnavailable
 
-from .common import EPOCH, ReadOnlyStore, fuse, json_safe, visible
+from .common import EPOCH, ReadOnlyStore, fuse, json_safe, visible, visible_placed
 
 _INFINITIES = (b"infinity", b"-infinity")
+_Part = tuple[sql.Composable, list[Any]]  # a query's WHERE and ORDER BY, and its arguments
+_Placed = tuple[Record, Position]  # a record read, with its place in the timeline (`timeline_page`)
 
 
 # PostgreSQL's 'infinity' and '-infinity' (an open-ended validity column, say) have no Python value:
@@ -746,7 +748,7 @@ class TableStore(ReadOnlyStore):
         way = sql.SQL("DESC" if order == "desc" else "ASC")
         key = sql.Identifier(self.spec.id_column)
         where, args = self._where(scope)
-        parts: list[tuple[sql.Composable, list[Any]]] = []
+        parts: list[_Part] = []
         if self.spec.created_column:
             timed, bounds = self._timed(scope)
             parts.append((sql.SQL("WHERE {} ORDER BY {} {}, {} {}").format(
@@ -757,23 +759,10 @@ class TableStore(ReadOnlyStore):
                 if self.spec.created_column else []
             parts.append((sql.SQL("WHERE {} ORDER BY {} {}").format(
                 sql.SQL(" AND ").join(where + untimed or [sql.SQL("TRUE")]), key, way), args))
-        page = limit
-        while True:  # a filter wider than the scope thins a page: read on until `limit` pass, or the rows end
-            lists = []
-            for tail, values in parts:
-                query = sql.SQL("SELECT {} FROM {} {}").format(self._columns(with_embeddings), self._table(), tail)
-                if page:
-                    query += sql.SQL(" LIMIT {}").format(sql.Literal(page))
-                lists.append([self._record(r) for r in await self._query(query, values)])
-            merged = sorted((r for rows in lists for r in rows), key=lambda r: r.created_at, reverse=order == "desc")
-            cut = len(merged)
-            for rows in lists:  # past a list's last row, rows of that list not read yet may come first
-                if page and len(rows) == page:
-                    cut = min(cut, next(n for n, r in enumerate(merged) if r is rows[-1]) + 1)
-            records = visible(merged[:cut], scope)
-            if not page or len(records) >= limit or all(len(rows) < page for rows in lists):
-                return records[:limit] if limit else records
-            page *= 4
+        # Stable: rows of one shown time keep the lists' order (those with a time, then those without).
+        placed = await self._read_merged(scope, parts, key=lambda p: p[0].created_at, descending=order == "desc",
+                                         limit=limit, with_embeddings=with_embeddings)
+        return [r for r, _ in placed]
 
     async def timeline_page(self, scope: Scope, *, below: Position | None, limit: int | None,
                             with_embeddings: bool = False) -> list[tuple[Record, Position]]:
@@ -790,38 +779,53 @@ class TableStore(ReadOnlyStore):
         if scope.key_prefix is not None:
             return []
         where, args = self._where(scope)
-        found: list[tuple[Record, Position]] = []
+        # Stable: ties of (shown time, exact time) are rows of one list, already in key order.
+        return await self._read_merged(scope, self._below(scope, where, args, below), key=lambda p: p[1][:2],
+                                       descending=True, limit=limit, with_embeddings=with_embeddings,
+                                       past=lambda position: self._below(scope, where, args, position))
+
+    async def _read_merged(self, scope: Scope, parts: list[_Part], *, key: Callable[[_Placed], Any],
+                           descending: bool, limit: int | None, with_embeddings: bool,
+                           past: Callable[[Position], list[_Part]] | None = None) -> list[_Placed]:
+        """The first `limit` records in scope that `parts` hold (queries, each in the answer's order),
+        merged by `key` (`descending`), each with its position; every one of them where `limit` is None.
+
+        Each part is read `limit` rows long, the merged list is cut where a full part ends, and the
+        exact check thins what is left (a filter wider than the scope). Until `limit` pass or every
+        part has ended, the parts are read again four times as far: on from the last row merged where
+        `past` gives the parts after a position (what passed is kept), else from the start."""
+        found: list[_Placed] = []
         page = limit
-        while True:  # as select: a page the exact check thins is read on from where it stopped
+        while True:
             lists = []
-            for tail, values in self._below(scope, where, args, below):
+            for tail, values in parts:
                 query = sql.SQL("SELECT {} FROM {} {}").format(self._columns(with_embeddings), self._table(), tail)
                 if page:
                     query += sql.SQL(" LIMIT {}").format(sql.Literal(page))
                 lists.append([self._placed(r) for r in await self._query(query, values)])
-            # Stable: ties of (shown time, exact time) are rows of one list, already in key order.
-            merged = sorted((p for rows in lists for p in rows), key=lambda p: p[1][:2], reverse=True)
+            merged = sorted((p for rows in lists for p in rows), key=key, reverse=descending)
             cut = len(merged)
             for rows in lists:  # past a list's last row, rows of that list not read yet may come first
                 if page and len(rows) == page:
                     cut = min(cut, next(n for n, p in enumerate(merged) if p is rows[-1]) + 1)
-            kept = {id(r) for r in visible([r for r, _ in merged[:cut]], scope)}
-            found += [p for p in merged[:cut] if id(p[0]) in kept]
+            passed = visible_placed(merged[:cut], scope)
+            found = found + passed if past else passed
             if not page or (limit and len(found) >= limit) or all(len(rows) < page for rows in lists):
                 return found[:limit] if limit else found
-            below = merged[cut - 1][1]
+            if past:
+                parts = past(merged[cut - 1][1])
             page *= 4
 
-    def _placed(self, row: dict[str, Any]) -> tuple[Record, Position]:
+    def _placed(self, row: dict[str, Any]) -> _Placed:
         record = self._record(row)
         return record, (record.created_at, exact_time(row.get("a2m_created")), record.id)
 
     def _below(self, scope: Scope, where: list[sql.Composable], args: list[Any],
-               below: Position | None) -> list[tuple[sql.Composable, list[Any]]]:
+               below: Position | None) -> list[_Part]:
         """select's two parts (rows with a time, rows without), each cut to the rows strictly before
         `below` and ordered newest first."""
         key = sql.Identifier(self.spec.id_column)
-        parts: list[tuple[sql.Composable, list[Any]]] = []
+        parts: list[_Part] = []
         if self.spec.created_column:
             column = sql.Identifier(self.spec.created_column)
             timed, bounds = self._timed(scope)

@@ -42,7 +42,7 @@ from a2m.timefmt import format_ts, parse_ts
 
 from backends.store import Position, StoreRejected, StoreUnavailable
 
-from .common import EPOCH, ReadOnlyStore, fuse, json_safe, visible
+from .common import EPOCH, ReadOnlyStore, fuse, json_safe, visible, visible_placed
 
 TEXT_POOL = 200  # word matches ranked by BM25 per text recall
 MAX_QUERY_WORDS = 32
@@ -556,18 +556,13 @@ class CollectionStore(ReadOnlyStore):
             points, offset = await self._call(self.client.scroll(
                 self.spec.collection, scroll_filter=flt, limit=page, offset=offset,
                 with_payload=True, with_vectors=self._vectors(with_embeddings)))
-            out += self._visible([self._placed(p, with_embeddings) for p in points], scope)
+            out += visible_placed([self._placed(p, with_embeddings) for p in points], scope)
             if offset is None or (limit is not None and len(out) >= limit):
                 return out[:limit]
 
     def _placed(self, point: Any, with_embedding: bool) -> tuple[Record, int]:
         created = self._metadata(point.payload or {}).get(self.spec.created_field) if self.spec.created_field else None
         return self._record(point, with_embedding=with_embedding), exact_time(created)
-
-    @staticmethod
-    def _visible(placed: list[tuple[Record, int]], scope: Scope) -> list[tuple[Record, int]]:
-        kept = {id(r) for r in visible([r for r, _ in placed], scope)}
-        return [p for p in placed if id(p[0]) in kept]
 
     async def _by_time(self, scope: Scope, order: Literal["asc", "desc"], limit: int | None,
                        with_embeddings: bool) -> list[Record]:
@@ -588,7 +583,7 @@ class CollectionStore(ReadOnlyStore):
             points, _ = await self._call(self.client.scroll(
                 self.spec.collection, scroll_filter=flt, limit=want, order_by=order_by,
                 with_payload=True, with_vectors=self._vectors(with_embeddings)))
-            timed = self._visible([self._placed(p, with_embeddings) for p in points], scope)
+            timed = visible_placed([self._placed(p, with_embeddings) for p in points], scope)
             if limit is None or len(timed) >= limit or len(points) < want:
                 break
             want *= 2
@@ -660,8 +655,8 @@ class CollectionStore(ReadOnlyStore):
                 with_payload=True, with_vectors=self._vectors(with_embeddings)))
             placed = [self._placed(p, with_embeddings) for p in points]
             if len(points) < want:
-                return self._visible(placed, scope)
-            whole = self._visible([p for p in placed if p[1] > placed[-1][1]], scope)
+                return visible_placed(placed, scope)
+            whole = visible_placed([p for p in placed if p[1] > placed[-1][1]], scope)
             if len(whole) >= limit:
                 return whole
             want *= 2

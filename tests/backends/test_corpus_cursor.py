@@ -37,6 +37,11 @@ INSERT INTO mixed SELECT 'k' || g, 'mixed ' || g, CASE WHEN g % 3 = 0 THEN 'a' E
                WHEN 2 THEN timestamptz '1969-12-31 23:59:59.9995+00' WHEN 3 THEN timestamptz '1970-01-01 00:00:00.0004+00'
                ELSE timestamptz '2026-01-01 00:00:00+00' + (g % 4) * interval '1 ms' END
   FROM generate_series(1, 90) g;
+-- (d) `where.content`, which no SQL tests: a page the exact check thins is read on (every 7th row has no time).
+CREATE TABLE thinned (id int PRIMARY KEY, body text, written timestamptz);
+INSERT INTO thinned SELECT g, CASE WHEN g % 3 = 0 THEN 'kept' ELSE 'left' END,
+    CASE WHEN g % 7 <> 0 THEN timestamptz '2026-01-01 00:00:00+00' + g * interval '1 ms' END
+  FROM generate_series(1, 60) g;
 """
 
 
@@ -108,6 +113,17 @@ async def test_untimed_rows_and_scopes_are_walked_in_timeline_order(pg: str, par
             walk, plain = await walked(store, params, page)
             assert plain or "row_filter" in spec, params
             once_in_order(walk, plain)
+
+
+@pytest.mark.anyio
+async def test_a_page_the_exact_check_thins_reads_on_past_what_it_kept(pg: str) -> None:
+    # Rows kept (every 3rd) newest first; then those of them without a time (42, 21), by key, newest first.
+    expected = [str(g) for g in range(60, 0, -3) if g % 7] + ["42", "21"]
+    for page in (1, 2, 5):  # 2: the first read keeps 60 and leaves 59; the next starts past 59, keeping 60
+        walk, plain = await walked(table(pg, table="thinned", text_column="body", created_column="written"),
+                                   {"where": {"content": "kept"}}, page)
+        assert plain == expected
+        once_in_order(walk, plain)
 
 
 @pytest.mark.anyio
