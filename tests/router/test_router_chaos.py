@@ -64,6 +64,7 @@ class Model:
     gone: set[str] = field(default_factory=set)
     orphans: set[str] = field(default_factory=set)
     key_id: dict[str, str] = field(default_factory=dict)
+    recent: list[str] = field(default_factory=list)  # acknowledged ids, oldest first
 
     def acked_write(self, records: list[dict[str, Any]], ids: list[str]) -> None:
         for record, rid in zip(records, ids):
@@ -73,6 +74,7 @@ class Model:
                 self.key_id[record["key"]] = rid
             self.allowed[rid] = {record["content"]}
             self.must.add(rid)
+            self.recent.append(rid)
 
     def failed_write(self, records: list[dict[str, Any]]) -> None:
         for record in records:
@@ -177,8 +179,9 @@ class Workload:
     async def recall(self) -> None:
         await self.call("memory/recall", {"query": self.rng.choice(WORDS), "limit": 5})
 
-    async def forget(self) -> None:
-        live = self.model.live()
+    async def forget(self, recent: bool = False) -> None:
+        """Forget one or two acknowledged ids (`recent`: of the latest written, the ones moving now)."""
+        live = [i for i in self.model.recent[-8:] if i in self.model.must] if recent else self.model.live()
         if not live:
             return
         ids = self.rng.sample(live, min(len(live), self.rng.randint(1, 2)))
@@ -211,13 +214,15 @@ class Workload:
             await running
             await asyncio.to_thread(self.stack.tiers[tier].restart)
             self.tally.interrupted += len(doubles(await holdings(self.stack)))
-        else:
+        else:  # the step's call times out on the stopped tier; a forget is answered once it goes on
             self.stack.tiers[tier].pause()
             try:
-                await asyncio.sleep(pause)
+                await running
+                forgetting = asyncio.create_task(self.forget(recent=True))
+                await asyncio.sleep(pause - TIMEOUT * 0.5)
             finally:
                 self.stack.tiers[tier].resume()
-            await running
+            await forgetting
             self.tally.interrupted += len(doubles(await holdings(self.stack)))
 
     async def run(self) -> None:
