@@ -104,6 +104,24 @@ def weakest_first(unit_list: list[list[dict[str, Any]]]) -> list[list[dict[str, 
                                             max(r.get("access_count", 0) for r in u)))
 
 
+def holds(there: dict[str, Any] | None, write: dict[str, Any]) -> bool:
+    """Whether `there`, the destination's record under `write`'s id, holds what a move wrote: its
+    content, or a newer revision of the same key (the destination kept its own: decision 3).
+
+    The second is the copy an interrupted move leaves in the source once its key has been replaced
+    where the move had written it (a keyed write goes to the deepest of two equal revisions): the
+    source's is then an older revision of the very record the destination holds. Counted as not
+    held, it stayed in the source for good, a second copy with stale content that every
+    consolidate's repair and every spill tried and kept again."""
+    if there is None:
+        return False
+    if there.get("content") == write.get("content"):
+        return True
+    key = write.get("key")
+    return key is not None and there.get("key") == key and \
+        int(there.get("revision") or 1) > int(write.get("revision") or 1)
+
+
 def _limit(tier: Tier, name: str, default: int) -> int:
     limits = (tier.info or {}).get("limits") or {}
     value = limits.get(name)
@@ -344,8 +362,7 @@ class Policy:
             # Held there under its own id, with its content: a destination that says it stored a record
             # and shows back something else for that id (or nothing) does not hold it.
             other = [w["id"] for w in unit if kept[w["id"]] != w["id"]]
-            unseen = [w["id"] for w in unit if kept[w["id"]] == w["id"] and (
-                w["id"] not in present or present[w["id"]].get("content") != w.get("content"))]
+            unseen = [w["id"] for w in unit if kept[w["id"]] == w["id"] and not holds(present.get(w["id"]), w)]
             if not other and not unseen:
                 verified.append(unit)
             elif unseen:  # it said it stored them and does not show them back: whatever it holds, not these
@@ -638,7 +655,8 @@ class Policy:
     async def repair(self, owner: str | None) -> int:
         """Same id in a source and its destination (a move interrupted after its write): the move is
         run again, which keeps the destination copy (its write is idempotent) unless the source holds
-        a newer revision of the key, which then replaces it, and takes a group split by the
+        a newer revision of the key, which then replaces it (an older one, its key replaced in the
+        destination since, is deleted: `holds`), and takes a group split by the
         interruption whole. Scans the smaller side of each link a page at a time and looks each page up in
         the other: holding the whole side was 10^5 records in the router's memory at once."""
         repaired = 0

@@ -90,6 +90,15 @@ class Proc:
             self.popen.kill()
             self.popen.wait()
 
+    def restart(self, timeout: float = 120.0) -> None:
+        """A crash and its recovery: SIGKILL (a stopped process too), then the same command again,
+        on the same port and the same data, waited for until it answers."""
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+        self.start()
+        self.wait(timeout)
+
     def pause(self) -> None:
         assert self.popen is not None
         os.kill(self.popen.pid, signal.SIGSTOP)

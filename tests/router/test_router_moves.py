@@ -210,6 +210,29 @@ async def test_repair_keeps_the_newer_revision_of_a_key(stack: Stack) -> None:
 
 
 @pytest.mark.anyio
+async def test_repair_deletes_the_older_revision_an_interrupted_move_left_in_its_source(stack: Stack) -> None:
+    """A move cut between its write and its delete (the router killed) leaves a keyed record in working
+    and in episodic; the next write of the key goes to episodic (the deeper of two equal revisions).
+    Repair found working's copy "not shown back" (episodic shows the newer content) and kept it: the
+    key had two records for good, the stale one in working. Found by test_router_chaos.py."""
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        rid = (await router.call("memory/remember", {"owner": me, "records": [
+            {"key": "user/pet", "content": "a cat", "session": "p"}]}))["ids"][0]
+        copy = (await direct(stack, "working", "memory/timeline", {"owner": me, "limit": 0, "embeddings": True}))
+        await direct(stack, "episodic", "memory/remember", {"owner": me, "records": [
+            {k: v for k, v in copy["records"][0].items() if k not in ("tier", "score") and v is not None}]})
+        again = (await router.call("memory/remember", {"owner": me, "records": [
+            {"key": "user/pet", "content": "a dog"}]}))["ids"]
+        assert again == [rid]
+        result = await router.call("memory/consolidate", {"owner": me})
+    assert result["repaired"] == 1
+    held = await placement(stack, me)
+    assert held["working"] == [] and held["semantic"] == []
+    assert [(r["id"], r["content"], r["revision"]) for r in held["episodic"]] == [(rid, "a dog", 2)]
+
+
+@pytest.mark.anyio
 async def test_a_keyed_write_fails_while_a_tier_that_may_hold_the_key_is_down(tmp_path: Path) -> None:
     tiers = [{**TIERS[0], "timeout": 1.0}, {"name": "episodic", "kind": "episodic", "timeout": 1.0}]
     with federation(tmp_path, tiers, mode="real") as small:
