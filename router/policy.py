@@ -38,8 +38,9 @@ from a2m.client import Unavailable
 from a2m.embedder import Embedder, try_embed_into
 from a2m.errors import A2MError
 from a2m.filters import test_matches
-from a2m.paging import CrowdedMillisecond, pages_backwards
+from a2m.paging import CrowdedMillisecond, TiersDown, pages_backwards
 
+from .doubts import Doubts
 from .federation import Federation, Tier
 from .replies import Malformed
 from .scope import with_owner
@@ -158,6 +159,7 @@ class Policy:
         # Source deletes begun by moves, per owner slot (`moves_seen`).
         self._deletes = [0] * MOVE_SLOTS
         self._gated_told: set[tuple[str, str]] = set()  # (source, dest) pairs whose skipped moves were logged
+        self.doubts = Doubts()  # ids a write the router stopped waiting for may still land (doubts.py)
 
     def lock(self, *key: Any) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -224,9 +226,11 @@ class Policy:
         if where:
             params["where"] = where
         try:
-            async for records in pages_backwards(tier.call, params, page=page, cap=capped):
+            # No waits for a tier that is itself a router answering without some of its tiers: a policy
+            # pass holds locks; what it does not read now stays where it is until the next one.
+            async for records in pages_backwards(tier.call, params, page=page, cap=capped, waits=()):
                 yield records if not where else [r for r in records if _within(r, where)]
-        except CrowdedMillisecond as exc:
+        except (CrowdedMillisecond, TiersDown) as exc:
             log.warning("reading %s for %s: %s; the rest of them stay where they are", tier.name, owner, exc)
 
     # ---- the move -----------------------------------------------------------------
@@ -325,12 +329,17 @@ class Policy:
         back from `dest` (the source holds all of it), so no group is left half copied."""
         flat = [w for unit in batch for w in unit]
         written: list[str] = []
+        sending: list[str] = []  # the ids of the write in flight
         try:
             for start in range(0, len(flat), size):  # one call unless a single unit outgrows a batch
                 chunk = flat[start:start + size]
+                sending = [w["id"] for w in chunk]
                 written += (await dest.call("memory/remember", with_owner({"records": chunk}, owner)))["ids"]
+                sending = []
             present = {r["id"]: r for r in await self.by_ids(dest, owner, written)}
         except A2MError as exc:
+            if isinstance(exc, Unavailable) and sending:  # cut off: it may still land there
+                self.doubts.note(owner, dest.name, sending)
             if written:
                 await self._take_back(source, dest, owner, [w["id"] for w, got in zip(flat, written) if got == w["id"]])
             if isinstance(exc, Malformed):  # it answered, unusably: named to a caller that asked (promote)

@@ -121,6 +121,7 @@ class Router(EventMethods):
                             tier.name, tier.dimensions, width, tier.name)
 
     async def shutdown(self) -> None:
+        await self.writes.close()
         await self.drain()
         await self.fed.close()
         await close_embedder(self.embedder)

@@ -26,6 +26,7 @@ from a2m.params import amount_param, ids_param, query_param, records_param
 from a2m.records import Record, parse_write, supplied_history
 from a2m.timefmt import now
 
+from .doubts import LATE_FORGETS
 from .federation import Federation, Tier
 from .policy import Policy
 from .scope import SCOPE_PARAMS, VectorWidth, read_only, scope_tiers, settle_tier, tier_named, with_owner
@@ -75,6 +76,7 @@ class Writes:
         self.width = width
         self.limits = limits
         self.default_tier = default_tier
+        self._late: set[asyncio.Task[None]] = set()  # forgets sent again where ids are in doubt
 
     async def remember(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
@@ -150,9 +152,12 @@ class Writes:
                 # replaced there is left, as in a tier that answered: its id is the earlier revision's.
                 sent = [b["id"] for i, b in zip(indexes, batch) if i not in revisions] \
                     if isinstance(exc, Unavailable) else []
+                if isinstance(exc, Unavailable):  # a replaced key too: landing after a forget, it is back
+                    self.policy.doubts.note(owner, name, [b["id"] for b in batch])
                 await compensate(written, owner, cut_off=(tier, sent))  # all or nothing, as far as we can
                 raise in_caller_batch(exc, indexes) from None
             new_ids = result["ids"]
+            self.policy.doubts.settle(owner, name, new_ids)  # written anew: a late forget must not delete them
             for i, new_id in zip(indexes, new_ids):
                 ids[i] = new_id
             written.append((tier, [new_id for i, new_id in zip(indexes, new_ids) if i not in revisions]))
@@ -215,6 +220,7 @@ class Writes:
         async with self.policy.owner_lock(owner):  # a record mid-move is forgotten in both tiers, not revived
             fan = await self.fed.fan_out("memory/forget", {}, [t for t in tiers if t.writable], skip_down=False,
                                          per_tier=lambda t: settle_tier(asked, t, keep=True), slow=True)
+        self._forget_late(tiers, asked, scope.named_ids(), owner)
         count = sum(int(r.get("forgotten", 0)) for r in fan.results.values())
         told = count - sum(int(r.get("forgotten", 0)) for name, r in fan.results.items() if self.fed[name].gated)
         if told or count == 0:  # a gated tier's forget is a proposal, told at its approve
@@ -225,6 +231,42 @@ class Writes:
                            f"to finish, counting only what is left",
                            {"forgotten": count, "degraded": fan.degraded})
         return {"forgotten": count}
+
+    def _forget_late(self, tiers: list[Tier], asked: dict[str, Any], named: Sequence[str] | None,
+                     owner: str | None) -> None:
+        """Send a forget again, after each of LATE_FORGETS, to each of `tiers` holding ids in doubt
+        (a write the router stopped waiting for may land there after the forget: doubts.py)."""
+        for tier in tiers:
+            if not tier.writable or tier.gated or (params := settle_tier(asked, tier, keep=True)) is None:
+                continue
+            ids = self.policy.doubts.held(owner, tier.name, named)
+            if ids:
+                task = asyncio.get_running_loop().create_task(self._forget_again(tier, params, ids, owner))
+                self._late.add(task)
+                task.add_done_callback(self._late.discard)
+
+    async def _forget_again(self, tier: Tier, params: dict[str, Any], ids: list[str], owner: str | None) -> None:
+        waited = 0.0
+        for at in LATE_FORGETS:
+            await asyncio.sleep(at - waited)
+            waited = at
+            still = self.policy.doubts.held(owner, tier.name, ids)
+            if not still:
+                return
+            try:
+                result = await tier.call("memory/forget", {**params, "ids": still})
+            except A2MError as exc:
+                log.info("a late forget on %s failed (%s); asking again later", tier.name, exc)
+                continue
+            if result.get("forgotten"):
+                log.warning("a write to %s that the router had stopped waiting for landed after a forget of its "
+                            "records: %s forgotten again there (ids %s)", tier.name, result["forgotten"], still[:5])
+
+    async def close(self) -> None:
+        """Stop the late forgets still waiting (at shutdown: they must not hold it for minutes)."""
+        for task in self._late:
+            task.cancel()
+        await asyncio.gather(*self._late, return_exceptions=True)
 
     async def reinforce(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         ids = ids_param(params)

@@ -1,0 +1,87 @@
+"""A write the router stopped waiting for may land after a forget of its records (router/doubts.py,
+decision 142), on real tier processes: episodic is stopped (SIGSTOP) so a spill's write to it is
+cut off and waits there, queued, while the caller forgets the record."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from a2m.client import HTTPClient
+from router.doubts import Doubts
+
+from .stack import Stack, federation, tier_call as direct
+
+pytestmark = pytest.mark.anyio
+
+TIERS = [
+    {"name": "working", "kind": "working", "capacity": 1, "per_session": True, "spill_to": "episodic",
+     "timeout": 1.0},
+    {"name": "episodic", "kind": "episodic", "timeout": 1.0},
+]
+
+
+async def _held(stack: Stack) -> dict[str, list[str]]:
+    return {t: [r["content"] for r in (await direct(stack, t, "memory/timeline", {"limit": 0}))["records"]]
+            for t in ("working", "episodic")}
+
+
+async def _cut_off_spill(stack: Stack, router: HTTPClient, first: dict[str, Any]) -> None:
+    """`first` written, then a second record whose spill of `first` to the stopped episodic is cut
+    off (the remember is acknowledged: the record stays in working). Episodic is left stopped."""
+    await router.call("memory/remember", {"records": [first]})
+    stack.tiers["episodic"].pause()
+    await router.call("memory/remember", {"records": [{"content": "beta", "session": "s"}]})
+
+
+@pytest.mark.parametrize("wait", [0.05, 0.5])
+async def test_a_cut_off_move_that_lands_after_a_forget_is_forgotten_again(tmp_path: Path, wait: float) -> None:
+    """The forget, sent while the move's write still waits in the stopped tier, ran there first (it
+    found nothing); the write then brought the record back, two or three times in three."""
+    with federation(tmp_path, TIERS, mode="real") as stack:
+        async with HTTPClient(stack.url, timeout=20) as router:
+            try:
+                await _cut_off_spill(stack, router, {"id": "a-1", "content": "alpha", "session": "s"})
+                forgetting = asyncio.create_task(router.call("memory/forget", {"ids": ["a-1"]}))
+                await asyncio.sleep(wait)
+            finally:
+                stack.tiers["episodic"].resume()
+            assert (await forgetting)["forgotten"] >= 1
+            await asyncio.sleep(3.0)  # past the late forgets at 0.5 and 2 s
+            held = await _held(stack)
+    assert "alpha" not in held["working"] + held["episodic"], held
+
+
+async def test_a_late_forget_spares_the_record_written_again_under_its_id(tmp_path: Path) -> None:
+    """The caller forgets a record whose move was cut off, then writes its id again into that tier:
+    the late forgets must not delete the new record."""
+    with federation(tmp_path, TIERS, mode="real") as stack:
+        async with HTTPClient(stack.url, timeout=20) as router:
+            try:
+                await _cut_off_spill(stack, router, {"id": "a-1", "content": "alpha", "session": "s"})
+            finally:
+                stack.tiers["episodic"].resume()
+            await asyncio.sleep(0.5)  # the cut-off write lands, and the router sees episodic back
+            assert (await router.call("memory/forget", {"ids": ["a-1"]}))["forgotten"] >= 1
+            await router.call("memory/remember", {"records": [{"id": "a-1", "content": "again", "tier": "episodic"}]})
+            await asyncio.sleep(3.0)
+            held = await _held(stack)
+    assert held["episodic"].count("again") == 1 and "alpha" not in held["working"] + held["episodic"], held
+
+
+def test_doubts_expire_are_bounded_and_are_settled_per_tier() -> None:
+    doubts = Doubts(ttl=60.0, size=3)
+    doubts.note("o", "episodic", ["a", "b"])
+    doubts.note("o", "semantic", ["a"])
+    doubts.note(None, "episodic", ["c"])  # the fourth: "a" in episodic, the oldest, is let go
+    assert doubts.held("o", "episodic") == ["b"] and doubts.held("o", "semantic") == ["a"]
+    assert doubts.held(None, "episodic") == ["c"] and doubts.held("p", "episodic") == []
+    doubts.settle("o", "semantic", ["a", "b"])  # written again there; episodic's "b" is still in doubt
+    assert doubts.held("o", "semantic") == [] and doubts.held("o", "episodic", among=["b", "z"]) == ["b"]
+    assert doubts.tiers("o") == ["episodic"]
+    gone = Doubts(ttl=0.0)
+    gone.note("o", "episodic", ["a"])
+    assert gone.held("o", "episodic") == [] and gone.tiers("o") == []
