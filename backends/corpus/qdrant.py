@@ -534,6 +534,9 @@ class CollectionStore(ReadOnlyStore):
                      with_embeddings: bool = False) -> list[Record]:
         if scope.key_prefix is not None or self._outside_time(scope):
             return []
+        if self._ordered and order == "desc" and limit:  # a walk's first page: read as the walk reads it
+            return [r for r, _ in await self.timeline_page(scope, below=None, limit=limit,
+                                                            with_embeddings=with_embeddings)]
         if self._ordered:
             return await self._by_time(scope, order, limit, with_embeddings)
         out = await self._by_id(self._filter(scope), scope, limit, with_embeddings)
@@ -566,27 +569,15 @@ class CollectionStore(ReadOnlyStore):
 
     async def _by_time(self, scope: Scope, order: Literal["asc", "desc"], limit: int | None,
                        with_embeddings: bool) -> list[Record]:
-        """The first `limit` records in scope in created_field order.
+        """The first `limit` records in scope in created_field order, oldest first, or all of them
+        (`select` reads the newest `limit` as a walk's first page, `timeline_page`).
 
-        Qdrant's ordered scroll takes no offset, so a page the exact check thins is read
-        again twice as long. It also skips the points with no time it can order by; they
-        show the epoch, so when the scope's range holds the epoch they are read by id and
-        placed by their stamp (ties at the epoch keep point id order).
+        Qdrant's ordered scroll skips the points with no time it can order by; they show the
+        epoch, so when the scope's range holds the epoch they are read by id and placed by
+        their stamp (ties at the epoch keep point id order: the lowest ids come first).
         """
-        from qdrant_client import models as m
-
         desc = order == "desc"
-        order_by = m.OrderBy(key=self._created_key, direction=m.Direction.DESC if desc else m.Direction.ASC)
-        flt = self._filter(scope)
-        want = limit or max(await self.count(None), 1)
-        while True:
-            points, _ = await self._call(self.client.scroll(
-                self.spec.collection, scroll_filter=flt, limit=want, order_by=order_by,
-                with_payload=True, with_vectors=self._vectors(with_embeddings)))
-            timed = visible_placed([self._placed(p, with_embeddings) for p in points], scope)
-            if limit is None or len(timed) >= limit or len(points) < want:
-                break
-            want *= 2
+        timed = await self._timed(self._filter(scope), scope, limit, desc, with_embeddings)
         untimed: list[tuple[Record, int]] = []
         if _epoch_within(scope.after, scope.before):
             untimed = await self._placed_by_id(self._filter(scope, [self._untimed()]), scope, limit, with_embeddings)
@@ -611,33 +602,40 @@ class CollectionStore(ReadOnlyStore):
         millisecond, none is skipped or read twice.
 
         In created_field order a page reads the newest points at or before the position's time by
-        Qdrant's ordered scroll (`_timed_before`), and the points with no time where the scope's range
-        holds the epoch and the position is not past it. In point id order (no time index) it reads
-        every point in scope: Qdrant scrolls ids only upwards, so a walk of n points by pages of
-        `limit` reads about n * n / (2 * limit) of them."""
+        Qdrant's ordered scroll (`_timed_before`), and, where those leave the page room, the points
+        with no time where the scope's range holds the epoch and the position is not past it: all of
+        them, for their highest ids come first. A plain limited timeline is the first page (`select`),
+        read this way, so the two agree at a time many points share. In point id order (no time
+        index) it reads every point in scope: Qdrant scrolls ids only upwards, so a walk of n points
+        by pages of `limit` reads about n * n / (2 * limit) of them (and a plain limited timeline,
+        which reads the lowest ids, is not its first page)."""
         if scope.key_prefix is not None or self._outside_time(scope):
             return []
         if self._ordered and limit:
             found = await self._timed_before(scope, below, limit, with_embeddings)
-            if _epoch_within(scope.after, scope.before) and (below is None or below[0] >= EPOCH):
-                found += await self._placed_by_id(self._filter(scope, [self._untimed()]), scope, None,
-                                                  with_embeddings)
+            newer = {r.id for r, n in found if (r.created_at, n) > (EPOCH, 0)}  # before any point with no time
+            if (len(newer) < limit and _epoch_within(scope.after, scope.before)
+                    and (below is None or below[0] >= EPOCH)):
+                found += self._before(await self._placed_by_id(self._filter(scope, [self._untimed()]), scope,
+                                                               None, with_embeddings), below)
             every = list({r.id: (r, n) for r, n in found}.values())  # once each (a point may hold several times)
         else:
-            every = await self._placed_by_id(self._filter(scope), scope, None, with_embeddings)
+            every = self._before(await self._placed_by_id(self._filter(scope), scope, None, with_embeddings), below)
         every.sort(key=self._order, reverse=True)
-        if below is not None:
-            mark = (id_order(below[2]),) if not self._ordered else (below[0], below[1], id_order(below[2]))
-            every = [p for p in every if self._order(p) < mark]
         kept = every[:limit] if limit else every
         return [(r, (r.created_at, n if self._ordered else 0, r.id)) for r, n in kept]
 
+    def _before(self, placed: list[tuple[Record, int]], below: Position | None) -> list[tuple[Record, int]]:
+        """The records (with their exact times) that stand strictly before `below` in the timeline."""
+        if below is None:
+            return placed
+        mark = (id_order(below[2]),) if not self._ordered else (below[0], below[1], id_order(below[2]))
+        return [p for p in placed if self._order(p) < mark]
+
     async def _timed_before(self, scope: Scope, below: Position | None, limit: int,
                             with_embeddings: bool) -> list[tuple[Record, int]]:
-        """The newest points in scope with a time at or before `below`'s, newest first: at least
-        `limit` of them with a time later than the last one read, or all there are. The last time's
-        points are left out unless all were read (the scroll may have stopped among them, and
-        Qdrant orders them no further), and read on, twice as far, when too few are left."""
+        """The newest points in scope strictly before `below` (`_timed`): the scroll reads from `below`'s
+        microsecond, whose points up to `below` a walk has read already; they are not counted."""
         from qdrant_client import models as m
 
         extra = []
@@ -646,18 +644,31 @@ class CollectionStore(ReadOnlyStore):
             extra.append(m.Filter(should=[
                 m.FieldCondition(key=self._created_key, range=m.DatetimeRange(lt=bound)),
                 m.FieldCondition(key=self._created_key, range=m.Range(lt=bound.timestamp()))]))
-        flt = self._filter(scope, extra)
-        order_by = m.OrderBy(key=self._created_key, direction=m.Direction.DESC)
-        want = max(limit, 16)
+        return await self._timed(self._filter(scope, extra), scope, limit, True, with_embeddings, below)
+
+    async def _timed(self, flt: Any, scope: Scope, limit: int | None, desc: bool, with_embeddings: bool,
+                     below: Position | None = None) -> list[tuple[Record, int]]:
+        """The first points in scope of Qdrant's ordered scroll of `flt` (newest first where `desc`)
+        strictly before `below`, each with its exact time: at least `limit` of them on this side of
+        the last time read, or all there are (`limit` None: all). The last time's points are left
+        out unless all were read: the scroll may have stopped among them, and Qdrant orders them no
+        further, so which of them come first is the tie order's (`_order`) to say, over all of them.
+        The scroll takes no offset: a read that leaves too few is read again, twice as far."""
+        from qdrant_client import models as m
+
+        order_by = m.OrderBy(key=self._created_key, direction=m.Direction.DESC if desc else m.Direction.ASC)
+        want = max(limit, 16) if limit else await self.count(None) + 1  # all: one read (a point may hold several)
         while True:
             points, _ = await self._call(self.client.scroll(
                 self.spec.collection, scroll_filter=flt, limit=want, order_by=order_by,
                 with_payload=True, with_vectors=self._vectors(with_embeddings)))
             placed = [self._placed(p, with_embeddings) for p in points]
             if len(points) < want:
-                return visible_placed(placed, scope)
-            whole = visible_placed([p for p in placed if p[1] > placed[-1][1]], scope)
-            if len(whole) >= limit:
+                return self._before(visible_placed(placed, scope), below)
+            last = placed[-1][1]
+            whole = self._before(visible_placed([p for p in placed if (p[1] > last if desc else p[1] < last)],
+                                                scope), below)
+            if limit and len(whole) >= limit:
                 return whole
             want *= 2
 

@@ -4,16 +4,19 @@ over a real PostgreSQL table and a real Qdrant collection (qdrant-client's local
 
 from __future__ import annotations
 
+import random
+from datetime import timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import pytest
 
 from a2m.dispatch import Context, Dispatcher
+from a2m.filters import Scope
 from backends.corpus.pgtable import TableSpec, TableStore
 from backends.corpus.qdrant import CollectionSpec, CollectionStore
 from backends.surface import TierServer, cursor_tag
-from tests.support.corpora import make_points, postgres_holding
+from tests.support.corpora import UUID_ID as UUID, make_points, postgres_holding
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -210,3 +213,94 @@ async def test_a_qdrant_page_in_time_order_reads_about_a_page_not_the_collection
         await server.shutdown()
     assert walk == [str(i) for i in range(n, 0, -1)]
     assert read[0] <= 3 * n, f"{read[0]} points read for a walk of {n}"
+
+
+def timeline_place(point_id: int | str, at: str | None) -> tuple[Any, ...]:
+    """Where decision 138 places a point in the timeline, ascending, computed here apart from the store:
+    the millisecond it shows (the epoch without a time), its exact microsecond (none: before every
+    time at the epoch), then its id (integers by value, then UUIDs by their text)."""
+    from datetime import datetime
+
+    if at is None:
+        shown, exact = datetime(1970, 1, 1, tzinfo=timezone.utc), -1
+    else:
+        moment = datetime.fromisoformat(at.replace("Z", "+00:00"))
+        shown, exact = moment.replace(microsecond=moment.microsecond // 1000 * 1000), moment.timestamp()
+    return shown, exact, (0, point_id) if isinstance(point_id, int) else (1, point_id)
+
+
+async def first_pages(store: Any, limits: Iterable[int]) -> dict[int, tuple[list[str], list[str]]]:
+    """For each limit, the ids (newest first) a plain `memory/timeline` of that limit shows and the
+    ids the first page of a cursor walk of that limit holds, through the corpus tier server."""
+    server = TierServer(store, name="kb", kind="semantic", capabilities=frozenset({"core"}), limits={},
+                        read_only=True)
+    dispatcher, ctx = Dispatcher(server), Context()
+    await server.startup()
+    try:
+        out = {}
+        for limit in limits:
+            plain = (await dispatcher.call("memory/timeline", {"limit": limit}, ctx))["records"]
+            page = (await dispatcher.call("memory/timeline", {"limit": limit, "cursor": True}, ctx))["records"]
+            out[limit] = [r["id"] for r in reversed(plain)], [r["id"] for r in reversed(page)]
+        return out
+    finally:
+        await server.shutdown()
+
+
+@pytest.mark.anyio
+async def test_a_qdrant_limited_timeline_is_the_first_page_of_a_walk(tmp_path: Path) -> None:
+    """A plain timeline of `limit` N and a walk's first page of N are the same records in the same
+    order, the reference's: where N cuts a time many points share, or the points without a time,
+    both keep the newest by the tie order (highest point id first), whatever order the points were
+    written in (Qdrant orders a shared time no further). The plain timeline kept the first points
+    its ordered scroll returned there, and the lowest ids of the points without a time. An oldest-
+    first `select` of N keeps the reference's first N (the lowest ids first)."""
+    crowd = "2026-01-01T00:00:00.123000Z"
+    stamps: dict[int | str, str | None] = {i: crowd for i in range(1, 61)}  # more than a page in one µs
+    stamps |= {100 + i: f"2026-01-01T00:00:00.123{i * 97 % 1000:03d}Z" for i in range(1, 6)}  # same ms, apart
+    stamps |= {200: "2026-01-01T00:00:00.124Z", 201: "2026-01-01T00:00:00.124Z", UUID: crowd}
+    stamps |= {300 + i: None for i in range(120)}  # no time: after those timed at the epoch, more than a page
+    stamps |= {500: "1970-01-01T00:00:00Z", 501: "1970-01-01T00:00:00.000400Z", 502: "1969-12-31T23:59:59.9995Z"}
+    order = list(stamps)
+    random.Random(138).shuffle(order)  # written in no order the ids keep
+    make_points(tmp_path / "q", {i: {"text": f"p {i}"} | ({} if stamps[i] is None else {"at": stamps[i]})
+                                 for i in order})
+    expected = [str(i) for i in sorted(stamps, key=lambda i: timeline_place(i, stamps[i]), reverse=True)]
+    limits = (1, 2, 3, 5, 9, 17, 40, 66, 70, 71, 75, 80, 150, 191, 192, 250)  # the crowd, untimed, past all
+    pages = await first_pages(collection(tmp_path / "q", created_field="at"), limits)
+    assert {n: pages[n] for n in limits if pages[n] != (expected[:n], expected[:n])} == {}
+    store = collection(tmp_path / "q", created_field="at")
+    await store.open()
+    try:
+        later = Scope(after="2000-01-01T00:00:00.000Z")  # oldest first from the crowd: a limit cuts it
+        for n in limits:
+            assert [r.id for r in await store.select(Scope(), order="asc", limit=n)] == expected[::-1][:n], n
+            assert [r.id for r in await store.select(later, order="asc", limit=n)] == expected[::-1][123:123 + n], n
+        scroll, read = store.client.scroll, [0]
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            points, offset = await scroll(*args, **kwargs)
+            read[0] += len(points)
+            return points, offset
+
+        store.client.scroll = counted  # the newest 5 are timed: the 120 points without a time go unread
+        assert [r.id for r in await store.select(Scope(), order="desc", limit=5)] == expected[:5]
+        assert read[0] <= 16, read[0]
+    finally:
+        await store.close()
+
+
+@pytest.mark.anyio
+async def test_a_qdrant_page_from_inside_a_shared_time_does_not_end_the_walk(tmp_path: Path) -> None:
+    """A page whose position lies inside a time more points share than it holds reads from that time
+    on, so the scroll returns the points before the position too (the walk read them already). They
+    counted towards the page's `limit`: the page came out short, its cursor null, and the walk ended
+    with the older points unread (31 of 50 here, by pages of 16)."""
+    points: dict[int | str, dict[str, Any]] = {i: {"text": "c", "at": "2026-01-01T00:00:00.500Z"}
+                                               for i in range(1, 21)}
+    points |= {100 + i: {"text": "o", "at": f"2026-01-01T00:00:00.{i:03d}Z"} for i in range(1, 31)}
+    make_points(tmp_path / "q", points)
+    for page in (16, 17, 10):
+        walk, plain = await walked(collection(tmp_path / "q", created_field="at"), {}, page)
+        assert len(plain) == 50
+        once_in_order(walk, plain)
