@@ -150,9 +150,9 @@ class Writes:
                 # Cut off (timed out, connection lost after the request went): the tier may still apply its
                 # part, so what the router sent it is taken back too. A refusal wrote nothing there. A key
                 # replaced there is left, as in a tier that answered: its id is the earlier revision's.
-                sent = [b["id"] for i, b in zip(indexes, batch) if i not in revisions] \
-                    if isinstance(exc, Unavailable) else []
-                if isinstance(exc, Unavailable):  # a replaced key too: landing after a forget, it is back
+                cut = isinstance(exc, Unavailable)
+                sent = [b["id"] for i, b in zip(indexes, batch) if i not in revisions] if cut else []
+                if cut:  # a replaced key too: landing after a forget of it, it would be back (doubts.py)
                     self.policy.doubts.note(owner, name, [b["id"] for b in batch])
                 await compensate(written, owner, cut_off=(tier, sent))  # all or nothing, as far as we can
                 raise in_caller_batch(exc, indexes) from None
