@@ -20,6 +20,7 @@ import asyncio
 import hmac
 import logging
 import math
+import socket
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -410,12 +411,14 @@ class HTTPApp:
                                    headers=[(b"retry-after", b"1")])
                 return
         try:
-            await self._answer(receive, send, headers, principal)
+            await self._answer(receive, send, headers, principal, (scope.get("extensions") or {}).get(CLIENT_GONE))
         finally:
             self.bodies.give(taken)
 
-    async def _answer(self, receive: Receive, send: Send, headers: dict[str, str], principal: str | None) -> None:
-        """Read the body, dispatch it and respond: what a request does once its bytes are taken."""
+    async def _answer(self, receive: Receive, send: Send, headers: dict[str, str], principal: str | None,
+                      gone: Callable[[], bool] | None = None) -> None:
+        """Read the body, dispatch it and respond: what a request does once its bytes are taken. A
+        request whose client has closed its connection (`gone`) is not run (`client_gone`)."""
         try:
             with self._body_deadlines:
                 body = await self._read_body(receive)
@@ -428,6 +431,11 @@ class HTTPApp:
                                headers=[(b"connection", b"close")])
             return
         if body is None:  # the client went away
+            return
+        if gone is not None and gone():
+            log.info("a request whose client had closed its connection was not run (499)")
+            await self._refuse(send, 499, b'{"error":"the client closed its connection before this request ran; '
+                                          b'nothing was done"}')
             return
         ctx = Context(principal=principal, transport="http", traceparent=headers.get("traceparent"))
         reply = await self.dispatcher.handle_bytes(body, ctx)
@@ -547,8 +555,41 @@ class _Heads:
         self._timer = loop.call_later(self.tick, self._check, loop) if self._arriving else None
 
 
+CLIENT_GONE = "a2m.client_gone"  # the ASGI scope extension: () -> whether the client closed its connection
+
+
+def client_gone(transport: asyncio.Transport) -> bool:
+    """Whether the client has closed its connection: the transport saw it, or its FIN waits in the
+    socket behind the request (peeked, nothing read).
+
+    Why: a server that stalled (stopped, swapping, a long pause) reads the requests queued for it when
+    it resumes, their callers long gone, and ran them: a write the router had given up on landed
+    after a forget of its records, and brought them back (decision 143). Unread, such a request is
+    what its caller was told it was: not done. A client that half-closes its side and waits for the
+    answer is taken as gone too; HTTP clients do not. Over TLS the FIN sits behind a close_notify
+    record, so it is not seen there, and the request runs as before."""
+    if transport.is_closing():
+        return True
+    raw = transport.get_extra_info("socket")
+    if raw is None:
+        return False
+    try:
+        peek = socket.socket(fileno=raw.fileno())
+    except OSError:
+        return False
+    try:
+        return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:  # reset by the peer
+        return True
+    finally:
+        peek.detach()
+
+
 def _timed_heads(heads: _Heads) -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol, each request's head under `heads`' deadline."""
+    """uvicorn's httptools protocol, each request's head under `heads`' deadline, and `client_gone`
+    in each request's scope."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class TimedHeads(HttpToolsProtocol):
@@ -562,6 +603,8 @@ def _timed_heads(heads: _Heads) -> type[asyncio.Protocol]:
 
         def on_headers_complete(self) -> None:
             heads.done(self)
+            transport = self.transport
+            self.scope.setdefault("extensions", {})[CLIENT_GONE] = lambda: client_gone(transport)  # type: ignore[typeddict-item]
             super().on_headers_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:

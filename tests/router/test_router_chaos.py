@@ -125,6 +125,8 @@ class Workload:
         self.model = Model()
         self.tally = Tally()
         self.n = 0
+        self.step = 0
+        self.log: list[str] = []  # what each step did to which ids, and each fault: printed for a finding
         self.router = HTTPClient(stack.url, timeout=CALL_TIMEOUT)
 
     async def fresh_client(self) -> None:
@@ -167,6 +169,7 @@ class Workload:
             self.model.failed_write(records)
         else:
             self.model.acked_write(records, answer["ids"])
+        self.note(f"remember {'failed' if answer is None else answer['ids']} {[r['content'] for r in records]}")
 
     async def close(self) -> None:
         await self.call("memory/session/close", {"session": self.rng.choice(SESSIONS)})
@@ -187,6 +190,16 @@ class Workload:
         ids = self.rng.sample(live, min(len(live), self.rng.randint(1, 2)))
         answer = await self.call("memory/forget", {"ids": ids})
         (self.model.acked_forget if answer is not None else self.model.failed_forget)(ids)
+        self.note(f"forget {ids} {'failed' if answer is None else answer}")
+
+    def note(self, what: str) -> None:
+        self.log.append(f"step {self.step} t={time.monotonic():.2f}: {what}")
+
+    def story(self, rid: str) -> list[str]:
+        """The steps that named `rid`, and the faults from the first of them on."""
+        named = [i for i, line in enumerate(self.log) if rid in line]
+        return [line for i, line in enumerate(self.log) if named and i >= named[0]
+                and (rid in line or line.split(": ", 1)[1].startswith("fault"))][:40]
 
     async def reinforce(self) -> None:
         live = self.model.live()
@@ -203,6 +216,7 @@ class Workload:
         running = asyncio.create_task(step())
         await asyncio.sleep(delay)
         self.tally.faults[kind if kind == "router_kill" else f"{kind}:{tier}"] += 1
+        self.note(f"fault {kind}" + ("" if kind == "router_kill" else f" {tier}"))
         if kind == "router_kill":
             self.stack.router.kill()
             await running
@@ -229,6 +243,7 @@ class Workload:
         kinds = ["router_kill", "tier_kill", "tier_pause"]
         plan = {step: kinds[i % 3] for i, step in enumerate(sorted(self.rng.sample(range(3, STEPS), FAULTS)))}
         for step in range(STEPS):
+            self.step = step
             kind = plan.get(step)
             if kind is None:
                 await self.pick(False)()
@@ -279,7 +294,8 @@ async def check(work: Workload) -> None:
                f"after a fault, {work.tally.repaired} repaired, calls {dict(work.tally.calls)}, failed "
                f"{dict(work.tally.failed)}, {len(records)} held ({len(model.must)} must, {len(model.gone)} forgotten)")
     print(summary)
-    assert not problems, summary + "\n" + "\n".join(problems[:20])
+    stories = [line for rid in sorted(model.gone & set(records))[:3] for line in [f"-- {rid}", *work.story(rid)]]
+    assert not problems, summary + "\n" + "\n".join(problems[:20] + stories)
 
 
 @pytest.mark.anyio

@@ -1,6 +1,8 @@
 """A write the router stopped waiting for may land after a forget of its records (router/doubts.py,
 decision 142), on real tier processes: episodic is stopped (SIGSTOP) so a spill's write to it is
-cut off and waits there, queued, while the caller forgets the record."""
+cut off and waits there, queued, while the caller forgets the record (a2m.http's `client_gone`
+keeps such a request from running, decision 143); or the write is already running on a slow
+engine when the router gives up on it, which only the router's late forgets reach."""
 
 from __future__ import annotations
 
@@ -70,6 +72,25 @@ async def test_a_late_forget_spares_the_record_written_again_under_its_id(tmp_pa
             await asyncio.sleep(3.0)
             held = await _held(stack)
     assert held["episodic"].count("again") == 1 and "alpha" not in held["working"] + held["episodic"], held
+
+
+async def test_a_write_already_running_when_the_router_gave_up_is_forgotten_again(tmp_path: Path) -> None:
+    """The move's write runs 1.2 s on the tier's engine, past the router's 1 s: the caller's forget
+    runs beside it there and finds nothing, then the write lands. Not a request the tier can skip (it
+    began before its client left): the router's late forget at 2 s deletes it."""
+    tiers = [TIERS[0], {"name": "episodic", "kind": "episodic", "serve": "fixture", "args": ["--slow-writes", "1.2"],
+                        "timeout": 1.0}]
+    with federation(tmp_path, tiers) as stack:
+        async with HTTPClient(stack.url, timeout=20) as router:
+            await router.call("memory/remember", {"records": [{"id": "a-1", "content": "alpha", "session": "s"}]})
+            await router.call("memory/remember", {"records": [{"content": "beta", "session": "s"}]})
+            assert (await router.call("memory/forget", {"ids": ["a-1"]}))["forgotten"] == 1
+            await asyncio.sleep(3.0)  # past the late forgets at 0.5 and 2 s
+            held = await _held(stack)
+    assert "alpha" not in held["working"] + held["episodic"], held
+    # the write did land after the forget, and a late forget took it (so this test shows something)
+    assert "landed after a forget of its records: 1 forgotten again there (ids ['a-1'])" in \
+        (tmp_path / "router.log").read_text()
 
 
 def test_doubts_expire_are_bounded_and_are_settled_per_tier() -> None:

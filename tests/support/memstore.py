@@ -7,9 +7,10 @@ purpose, to prove the conformance suite can fail.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
-from typing import Collection, Literal, Mapping, Sequence
+from typing import Any, Collection, Literal, Mapping, Sequence
 
 from a2m.filters import Scope, matches
 from a2m.records import Record
@@ -133,6 +134,20 @@ class MemoryStore:
             if r.embedding:
                 return len(r.embedding)
         return None
+
+
+class SlowStore(MemoryStore):
+    """Takes `delay` seconds over each write before applying it (`--slow-writes`): an engine that
+    stalls with the request already running, past the router's timeout for the tier."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def write(self, puts: Sequence[Record], deletes: Sequence[str] = (), **kwargs: Any) -> None:
+        if puts:
+            await asyncio.sleep(self.delay)
+        await super().write(puts, deletes, **kwargs)
 
 
 class PagedStore(MemoryStore):

@@ -6,7 +6,8 @@ for a declared-off capability instead of -32003). `--capabilities a,b` declares
 only those (and core), `--no-limits` no limits: the rules for undeclared
 capabilities and for `limit: 0` without `max_recall_limit` then apply.
 `--paged` answers the timeline cursor extension, `--max-recall-limit N` declares
-a smaller cap than the tier servers' (a third-party server may).
+a smaller cap than the tier servers' (a third-party server may). `--slow-writes S`
+takes S seconds over each write, the request already running (a stalled engine).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from backends.surface import TierServer
 
 from a2m.params import DEFAULT_LIMITS
 
-from .memstore import CAPABILITIES, BrokenStore, MemoryStore, PagedStore
+from .memstore import CAPABILITIES, BrokenStore, MemoryStore, PagedStore, SlowStore
 
 
 class GatingBrokenDispatcher(Dispatcher):
@@ -45,8 +46,10 @@ def main() -> None:
     parser.add_argument("--no-limits", action="store_true", help="declare no limits")
     parser.add_argument("--paged", action="store_true", help="answer the timeline cursor extension")
     parser.add_argument("--max-recall-limit", type=int, help="declare this max_recall_limit")
+    parser.add_argument("--slow-writes", type=float, help="take this many seconds over each write")
     args = parser.parse_args()
-    store = BrokenStore() if args.broken == "order" else PagedStore() if args.paged else MemoryStore()
+    store = (BrokenStore() if args.broken == "order" else PagedStore() if args.paged
+             else SlowStore(args.slow_writes) if args.slow_writes else MemoryStore())
     caps = CAPABILITIES - {"summarize"} if args.broken == "gating" else CAPABILITIES
     if args.capabilities is not None:
         caps = frozenset({"core", *filter(None, args.capabilities.split(","))})
