@@ -574,7 +574,7 @@ def client_gone(transport: asyncio.Transport) -> bool:
     if raw is None:
         return False
     try:
-        peek = socket.socket(fileno=raw.fileno())
+        peek = socket.socket(raw.family, raw.type, fileno=raw.fileno())  # given: no getsockopt to learn them
     except OSError:
         return False
     try:
