@@ -566,8 +566,8 @@ def client_gone(transport: asyncio.Transport) -> bool:
     it resumes, their callers long gone, and ran them: a write the router had given up on landed
     after a forget of its records, and brought them back (decision 143). Unread, such a request is
     what its caller was told it was: not done. A client that half-closes its side and waits for the
-    answer is taken as gone too; HTTP clients do not. Over TLS the FIN sits behind a close_notify
-    record, so it is not seen there, and the request runs as before."""
+    answer is taken as gone too; HTTP clients do not. Over TLS a client that has sent close_notify
+    but keeps the connection open is not seen (one that closes it is), and its request runs."""
     if transport.is_closing():
         return True
     raw = transport.get_extra_info("socket")
