@@ -11,6 +11,7 @@ import datetime
 import os
 import subprocess
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
@@ -34,6 +35,20 @@ def _serve(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.Popen[
     return subprocess.Popen(a2m_command("serve", *args), cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / f"{args[0]}.log", "ab"),
                             env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+@contextmanager
+def _https_tier(tmp_path: Path, key: Path, cert: Path) -> Iterator[str]:
+    """A procedural tier serving HTTPS with `cert`, ready: its URL."""
+    port = free_port()
+    url = f"https://127.0.0.1:{port}/"
+    tier = _serve(tmp_path, "procedural", "--port", str(port), "--data", str(tmp_path / "data"),
+                  env={"A2M_TLS_CERT": str(cert), "A2M_TLS_KEY": str(key)})
+    try:
+        wait_ready(url, tier)  # type: ignore[arg-type]
+        yield url
+    finally:
+        stop(tier)  # type: ignore[arg-type]
 
 
 @pytest.mark.anyio
@@ -142,16 +157,10 @@ async def test_doctor_trusts_a_private_ca_in_ssl_cert_file_for_readyz_as_for_its
     from a2mctl.doctor import check
 
     key, cert = pki
-    port = free_port()
-    tier = _serve(tmp_path, "procedural", "--port", str(port), "--data", str(tmp_path / "data"),
-                  env={"A2M_TLS_CERT": str(cert), "A2M_TLS_KEY": str(key)})
-    try:
-        wait_ready(f"https://127.0.0.1:{port}/", tier)  # type: ignore[arg-type]
-        summary, reports = await check(f"https://127.0.0.1:{port}/")
-        assert [r.status for r in reports] == ["up"]
-        assert (summary["readyz"], summary["healthz"]) == (200, 200), summary
-    finally:
-        stop(tier)  # type: ignore[arg-type]
+    with _https_tier(tmp_path, key, cert) as url:
+        summary, reports = await check(url)
+    assert [r.status for r in reports] == ["up"]
+    assert (summary["readyz"], summary["healthz"]) == (200, 200), summary
 
 
 @pytest.mark.anyio
@@ -167,16 +176,10 @@ async def test_doctor_says_when_the_certificate_it_was_presented_expires(
                              + datetime.timedelta(days=5, hours=1))
     ends = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
-    port = free_port()
-    tier = _serve(tmp_path, "procedural", "--port", str(port), "--data", str(tmp_path / "data"),
-                  env={"A2M_TLS_CERT": str(cert), "A2M_TLS_KEY": str(key)})
-    try:
-        wait_ready(f"https://127.0.0.1:{port}/", tier)  # type: ignore[arg-type]
-        summary, _ = await check(f"https://127.0.0.1:{port}/")
+    with _https_tier(tmp_path, key, cert) as url:
+        summary, _ = await check(url)
         assert summary["certificate_expires"] == ends
-        assert await doctor(f"https://127.0.0.1:{port}/") == 0  # a warning, not a failure: it still serves
-        out = capsys.readouterr().out
-        assert f"certificate expires {ends:%Y-%m-%d %H:%M} UTC, in 5 days: renew it" in out, out
-    finally:
-        stop(tier)  # type: ignore[arg-type]
+        assert await doctor(url) == 0  # a warning, not a failure: it still serves
+    out = capsys.readouterr().out
+    assert f"certificate expires {ends:%Y-%m-%d %H:%M} UTC, in 5 days: renew it" in out, out
     assert "expires on" in (tmp_path / "procedural.log").read_text()  # and the server said so at start
