@@ -1,11 +1,13 @@
 """Writes the router stopped waiting for: which ids may still land in which tier, so that a forget
 reaching them is sent there again after they could have landed.
 
-A tier that stalls (stopped, swapping, a long pause) runs the requests queued for it when it
-resumes, in no fixed order across connections. A move's write cut off so leaves its record in
-the source, and the caller is told nothing failed; a forget of that record, acknowledged while
-the write still waited in the destination, may run there first: the write then brings the record
-back (found by tests/router/test_router_chaos.py's author; tests/router/test_router_doubts.py).
+A tier that stalls (stopped, swapping, a long pause) resumes with requests in no fixed order
+across connections. A move's write cut off so leaves its record in the source, and the caller is
+told nothing failed; a forget of that record, acknowledged while the write was still pending in the
+destination, may run there first: the write then brings the record back (found by the crash soak,
+tests/router/test_router_chaos.py; tests/router/test_router_doubts.py). A write still queued unread
+is no longer run once the router has closed its connection (a2m.http's `client_gone`, decision
+143); one the tier had begun, on an engine slower than the router's timeout, lands all the same.
 A remember's cut-off part is taken back twice (decision 102), but a write landing later stays too.
 
 So each cut-off write's ids are held per (owner, tier) for DOUBT_S. A forget whose owner has ids in
