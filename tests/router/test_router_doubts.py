@@ -106,3 +106,22 @@ def test_doubts_expire_are_bounded_and_are_settled_per_tier() -> None:
     gone = Doubts(ttl=0.0)
     gone.note("o", "episodic", ["a"])
     assert gone.held("o", "episodic") == [] and gone.tiers("o") == []
+
+
+async def test_a_late_forget_spares_the_record_written_again_and_moved_into_that_tier(tmp_path: Path) -> None:
+    """As above, but the id written again goes to working and a spill moves it into the tier where it
+    was in doubt: the move writes it there as surely as a remember, and the late forget at 2 s (sent
+    for the caller's forget of the old record) deleted the new one."""
+    with federation(tmp_path, TIERS, mode="real") as stack:
+        async with HTTPClient(stack.url, timeout=20) as router:
+            try:
+                await _cut_off_spill(stack, router, {"id": "a-1", "content": "alpha", "session": "s"})
+            finally:
+                stack.tiers["episodic"].resume()
+            await asyncio.sleep(0.5)  # the cut-off write lands, and the router sees episodic back
+            assert (await router.call("memory/forget", {"ids": ["a-1"]}))["forgotten"] >= 1
+            await router.call("memory/remember", {"records": [{"id": "a-1", "content": "again", "session": "s"}]})
+            await router.call("memory/remember", {"records": [{"content": "gamma", "session": "s"}]})  # spills it
+            await asyncio.sleep(3.0)  # past the late forgets at 0.5 and 2 s
+            held = await _held(stack)
+    assert held["episodic"].count("again") == 1 and "alpha" not in held["working"] + held["episodic"], held
