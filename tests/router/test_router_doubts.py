@@ -93,6 +93,24 @@ async def test_a_write_already_running_when_the_router_gave_up_is_forgotten_agai
         (tmp_path / "router.log").read_text()
 
 
+async def test_an_id_a_remember_was_told_exists_is_not_forgotten_late(tmp_path: Path) -> None:
+    """The cut-off write lands after the caller's forget; before the next late forget the caller
+    remembers that id again and is told it exists (a client id found is returned, not rewritten). The
+    late forget at 2 s then deleted it: the caller held an acknowledged id that named nothing."""
+    tiers = [TIERS[0], {"name": "episodic", "kind": "episodic", "serve": "fixture", "args": ["--slow-writes", "1.6"],
+                        "timeout": 1.0}]
+    with federation(tmp_path, tiers) as stack:
+        async with HTTPClient(stack.url, timeout=20) as router:
+            await router.call("memory/remember", {"records": [{"id": "a-1", "content": "alpha", "session": "s"}]})
+            await router.call("memory/remember", {"records": [{"content": "beta", "session": "s"}]})
+            assert (await router.call("memory/forget", {"ids": ["a-1"]}))["forgotten"] == 1
+            await asyncio.sleep(1.0)  # the write has landed (at 1.6 s), after the late forget at 0.5 s
+            again = {"id": "a-1", "content": "again", "session": "t"}
+            assert (await router.call("memory/remember", {"records": [again]}))["ids"] == ["a-1"]
+            await asyncio.sleep(2.5)  # past the late forget at 2 s
+            found = (await router.call("memory/timeline", {"where": {"id": ["a-1"]}, "limit": 0}))["records"]
+    assert [r["id"] for r in found] == ["a-1"], found
+
 def test_doubts_expire_are_bounded_and_are_settled_per_tier() -> None:
     doubts = Doubts(ttl=60.0, size=3)
     doubts.note("o", "episodic", ["a", "b"])
