@@ -334,8 +334,10 @@ class Policy:
             for start in range(0, len(flat), size):  # one call unless a single unit outgrows a batch
                 chunk = flat[start:start + size]
                 sending = [w["id"] for w in chunk]
-                written += (await dest.call("memory/remember", with_owner({"records": chunk}, owner)))["ids"]
+                landed = (await dest.call("memory/remember", with_owner({"records": chunk}, owner)))["ids"]
                 sending = []
+                self.doubts.settle(owner, dest.name, landed)  # written anew: a late forget must not delete them
+                written += landed
             present = {r["id"]: r for r in await self.by_ids(dest, owner, written)}
         except A2MError as exc:
             if isinstance(exc, Unavailable) and sending:  # cut off: it may still land there

@@ -122,6 +122,8 @@ class Writes:
         for i, (record, w) in enumerate(zip(records, raw)):
             if w.get("id") is not None and record.id in existing:
                 ids[i] = record.id
+                # Told it exists: a late forget of an earlier forget must not delete it now (doubts.py).
+                self.policy.doubts.settle(owner, existing[record.id], [record.id])
         by_tier: dict[str, list[int]] = {}
         for i, target in enumerate(targets):
             if ids[i] is None:
@@ -285,12 +287,13 @@ class Writes:
 
 
 async def route(fed: Federation, records: list[Record], targets: list[Tier], supplied: list[str],
-                history: list[bool], owner: str | None) -> tuple[dict[int, int | None], set[str]]:
+                history: list[bool], owner: str | None) -> tuple[dict[int, int | None], dict[str, str]]:
     """Send each record whose key or group already lives in a tier to that tier (a key is unique
     per owner across the federation and is replaced where it lives; a group never splits), in
     place in `targets`. Returns index -> the revision a key replacement will have (None: the
     record carries an older revision than the key's, which the tier keeps: decision 3), and
-    which of the `supplied` ids exist somewhere already (looked up in the same round trip).
+    which of the `supplied` ids exist somewhere already, with the tier holding each (looked up in the
+    same round trip).
 
     A record that names another tier than its key's or group's is refused, as is a batch that
     would put one key, group or id in two tiers: either would leave two homes. A keyed write
@@ -355,7 +358,7 @@ async def route(fed: Federation, records: list[Record], targets: list[Tier], sup
             if value is not None and not kept[i] and placed.setdefault(value, targets[i].name) != targets[i].name:
                 raise invalid(f"records[{i}]: {field} {value!r} would be written to tiers {placed[value]} and "
                               f"{targets[i].name} in one batch", index=i, field=field)
-    return revisions, set(existing)
+    return revisions, {record_id: tier for record_id, (tier, _) in existing.items()}
 
 
 async def locate(fed: Federation, field: str, values: list[str], owner: str | None,
