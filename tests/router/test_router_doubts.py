@@ -57,9 +57,16 @@ async def test_a_cut_off_move_that_lands_after_a_forget_is_forgotten_again(tmp_p
     assert "alpha" not in held["working"] + held["episodic"], held
 
 
-async def test_a_late_forget_spares_the_record_written_again_under_its_id(tmp_path: Path) -> None:
-    """The caller forgets a record whose move was cut off, then writes its id again into that tier:
-    the late forgets must not delete the new record."""
+@pytest.mark.parametrize("again", [
+    [{"id": "a-1", "content": "again", "tier": "episodic"}],
+    # into working, then a spill moves it into the tier where it was in doubt (review-latereview: the
+    # move's write left the doubt, and the late forget at 2 s deleted the new record)
+    [{"id": "a-1", "content": "again", "session": "s"}, {"content": "gamma", "session": "s"}],
+], ids=["remembered there", "moved there"])
+async def test_a_late_forget_spares_the_record_written_again_under_its_id(tmp_path: Path,
+                                                                          again: list[dict[str, Any]]) -> None:
+    """The caller forgets a record whose move was cut off, then writes its id again, and it lands in
+    the tier where the id was in doubt: the late forgets must not delete the new record."""
     with federation(tmp_path, TIERS, mode="real") as stack:
         async with HTTPClient(stack.url, timeout=20) as router:
             try:
@@ -68,23 +75,34 @@ async def test_a_late_forget_spares_the_record_written_again_under_its_id(tmp_pa
                 stack.tiers["episodic"].resume()
             await asyncio.sleep(0.5)  # the cut-off write lands, and the router sees episodic back
             assert (await router.call("memory/forget", {"ids": ["a-1"]}))["forgotten"] >= 1
-            await router.call("memory/remember", {"records": [{"id": "a-1", "content": "again", "tier": "episodic"}]})
-            await asyncio.sleep(3.0)
+            for record in again:
+                await router.call("memory/remember", {"records": [record]})
+            await asyncio.sleep(3.0)  # past the late forgets at 0.5 and 2 s
             held = await _held(stack)
     assert held["episodic"].count("again") == 1 and "alpha" not in held["working"] + held["episodic"], held
+
+
+def _slow(delay: float) -> list[dict[str, Any]]:
+    """TIERS with episodic a fixture whose engine takes `delay` seconds over a write (past 1 s)."""
+    return [TIERS[0], {"name": "episodic", "kind": "episodic", "serve": "fixture",
+                       "args": ["--slow-writes", str(delay)], "timeout": 1.0}]
+
+
+async def _slow_spill_forgotten(router: HTTPClient) -> None:
+    """a-1 written, spilled by a second record (its write to the slow tier cut off and still running
+    there), then forgotten: acknowledged, the write not yet landed."""
+    await router.call("memory/remember", {"records": [{"id": "a-1", "content": "alpha", "session": "s"}]})
+    await router.call("memory/remember", {"records": [{"content": "beta", "session": "s"}]})
+    assert (await router.call("memory/forget", {"ids": ["a-1"]}))["forgotten"] == 1
 
 
 async def test_a_write_already_running_when_the_router_gave_up_is_forgotten_again(tmp_path: Path) -> None:
     """The move's write runs 1.2 s on the tier's engine, past the router's 1 s: the caller's forget
     runs beside it there and finds nothing, then the write lands. Not a request the tier can skip (it
     began before its client left): the router's late forget at 2 s deletes it."""
-    tiers = [TIERS[0], {"name": "episodic", "kind": "episodic", "serve": "fixture", "args": ["--slow-writes", "1.2"],
-                        "timeout": 1.0}]
-    with federation(tmp_path, tiers) as stack:
+    with federation(tmp_path, _slow(1.2)) as stack:
         async with HTTPClient(stack.url, timeout=20) as router:
-            await router.call("memory/remember", {"records": [{"id": "a-1", "content": "alpha", "session": "s"}]})
-            await router.call("memory/remember", {"records": [{"content": "beta", "session": "s"}]})
-            assert (await router.call("memory/forget", {"ids": ["a-1"]}))["forgotten"] == 1
+            await _slow_spill_forgotten(router)
             await asyncio.sleep(3.0)  # past the late forgets at 0.5 and 2 s
             held = await _held(stack)
     assert "alpha" not in held["working"] + held["episodic"], held
@@ -97,19 +115,16 @@ async def test_an_id_a_remember_was_told_exists_is_not_forgotten_late(tmp_path: 
     """The cut-off write lands after the caller's forget; before the next late forget the caller
     remembers that id again and is told it exists (a client id found is returned, not rewritten). The
     late forget at 2 s then deleted it: the caller held an acknowledged id that named nothing."""
-    tiers = [TIERS[0], {"name": "episodic", "kind": "episodic", "serve": "fixture", "args": ["--slow-writes", "1.6"],
-                        "timeout": 1.0}]
-    with federation(tmp_path, tiers) as stack:
+    with federation(tmp_path, _slow(1.6)) as stack:
         async with HTTPClient(stack.url, timeout=20) as router:
-            await router.call("memory/remember", {"records": [{"id": "a-1", "content": "alpha", "session": "s"}]})
-            await router.call("memory/remember", {"records": [{"content": "beta", "session": "s"}]})
-            assert (await router.call("memory/forget", {"ids": ["a-1"]}))["forgotten"] == 1
+            await _slow_spill_forgotten(router)
             await asyncio.sleep(1.0)  # the write has landed (at 1.6 s), after the late forget at 0.5 s
             again = {"id": "a-1", "content": "again", "session": "t"}
             assert (await router.call("memory/remember", {"records": [again]}))["ids"] == ["a-1"]
             await asyncio.sleep(2.5)  # past the late forget at 2 s
             found = (await router.call("memory/timeline", {"where": {"id": ["a-1"]}, "limit": 0}))["records"]
     assert [r["id"] for r in found] == ["a-1"], found
+
 
 def test_doubts_expire_are_bounded_and_are_settled_per_tier() -> None:
     doubts = Doubts(ttl=60.0, size=3)
@@ -124,22 +139,3 @@ def test_doubts_expire_are_bounded_and_are_settled_per_tier() -> None:
     gone = Doubts(ttl=0.0)
     gone.note("o", "episodic", ["a"])
     assert gone.held("o", "episodic") == [] and gone.tiers("o") == []
-
-
-async def test_a_late_forget_spares_the_record_written_again_and_moved_into_that_tier(tmp_path: Path) -> None:
-    """As above, but the id written again goes to working and a spill moves it into the tier where it
-    was in doubt: the move writes it there as surely as a remember, and the late forget at 2 s (sent
-    for the caller's forget of the old record) deleted the new one."""
-    with federation(tmp_path, TIERS, mode="real") as stack:
-        async with HTTPClient(stack.url, timeout=20) as router:
-            try:
-                await _cut_off_spill(stack, router, {"id": "a-1", "content": "alpha", "session": "s"})
-            finally:
-                stack.tiers["episodic"].resume()
-            await asyncio.sleep(0.5)  # the cut-off write lands, and the router sees episodic back
-            assert (await router.call("memory/forget", {"ids": ["a-1"]}))["forgotten"] >= 1
-            await router.call("memory/remember", {"records": [{"id": "a-1", "content": "again", "session": "s"}]})
-            await router.call("memory/remember", {"records": [{"content": "gamma", "session": "s"}]})  # spills it
-            await asyncio.sleep(3.0)  # past the late forgets at 0.5 and 2 s
-            held = await _held(stack)
-    assert held["episodic"].count("again") == 1 and "alpha" not in held["working"] + held["episodic"], held
