@@ -17,6 +17,7 @@ the CORS answers a browser needs to call at all: the preflight (`OPTIONS`) and
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import math
@@ -603,8 +604,8 @@ def _timed_heads(heads: _Heads) -> type[asyncio.Protocol]:
 
         def on_headers_complete(self) -> None:
             heads.done(self)
-            transport = self.transport
-            self.scope.setdefault("extensions", {})[CLIENT_GONE] = lambda: client_gone(transport)  # type: ignore[typeddict-item]
+            extensions = self.scope.setdefault("extensions", {})  # type: ignore[typeddict-item]
+            extensions[CLIENT_GONE] = functools.partial(client_gone, self.transport)
             super().on_headers_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:

@@ -15,10 +15,10 @@ import logging
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from a2m import errors, prompt as prompts
+from a2m.client import Unavailable
 from a2m.dispatch import Context
 from a2m.embedder import Embedder, try_embed
 from a2m.errors import A2MError, invalid
-from a2m.client import Unavailable
 from a2m.paging import CrowdedMillisecond, TiersDown, pages_backwards
 from a2m.params import bool_param, limit_param, min_score_param, query_param, required_str
 from a2m.records import Record, validate_embedding
