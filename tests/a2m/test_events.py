@@ -462,8 +462,6 @@ async def _fill(log: EventLog, shape: str) -> None:
     """What a caller can put in a log: long owner names (a router without tokens takes any owner, of
     any length), the longest session, key and id a record may have, and `promoted` events naming
     a thousand records each."""
-    import uuid
-
     if shape == "heads of 16 KB owner names":
         for i in range(2_000):
             log.head(f"{i}-" + "o" * 16_000)
