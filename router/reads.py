@@ -92,7 +92,7 @@ class Reads:
         query = query_param(params)
         min_score = min_score_param(params)
         options = prompts.parse(params.get("prompt"))
-        strategy = params.get("fusion", self.config.fusion.strategy)
+        strategy = self.config.fusion.strategy if params.get("fusion") is None else params["fusion"]
         if strategy not in ("rrf", "rerank"):
             raise invalid("fusion must be rrf or rerank", field="fusion")
         vector = params.get("embedding")

@@ -252,6 +252,25 @@ async def test_spills_are_one_consolidated_event_each(shared: Stack) -> None:
 
 
 @pytest.mark.anyio
+async def test_fusion_null_is_the_configured_strategy_and_an_unknown_one_touches_nothing(shared: Stack) -> None:
+    """`fusion: null` is absent, as every other param's null is; a strategy the router does not know is
+    -32602 before any tier is asked, so the record's access count is what it was."""
+    me = owner()
+    async with HTTPClient(shared.url) as router:
+        kept = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "zqfusion the heron waits", "tier": "semantic"}]}))["ids"][0]
+        plain = await router.call("memory/recall", {"owner": me, "query": "zqfusion heron", "touch": False})
+        nulled = await router.call("memory/recall", {"owner": me, "query": "zqfusion heron", "fusion": None,
+                                                     "touch": False})
+        with pytest.raises(A2MError) as refused:
+            await router.call("memory/recall", {"owner": me, "query": "zqfusion heron", "fusion": "borda"})
+        (record,) = (await router.call("memory/timeline", {"owner": me, "tier": "semantic"}))["records"]
+    assert [r["id"] for r in nulled["records"]] == [r["id"] for r in plain["records"]] == [kept]
+    assert refused.value.code == -32602 and "fusion" in refused.value.message
+    assert record["id"] == kept and record["access_count"] == 0
+
+
+@pytest.mark.anyio
 async def test_rerank_fusion_and_describe(shared: Stack) -> None:
     me = owner()
     async with HTTPClient(shared.url) as router:
