@@ -95,7 +95,8 @@ class Writes:
         for i, record in enumerate(records):
             if max_len and len(record.content) > max_len:
                 raise invalid(f"records[{i}].content exceeds max_content_length ({max_len})", index=i, max=max_len)
-            target = tier_named(self.fed, record.tier or tier or self.default_tier)
+            # `is not None`: an empty name is a tier nobody has (-32002, as every tier server says), not "none".
+            target = tier_named(self.fed, record.tier if record.tier is not None else tier or self.default_tier)
             if not target.writable:
                 raise read_only(target, index=i)
             targets.append(target)
