@@ -95,7 +95,8 @@ class Writes:
         for i, record in enumerate(records):
             if max_len and len(record.content) > max_len:
                 raise invalid(f"records[{i}].content exceeds max_content_length ({max_len})", index=i, max=max_len)
-            target = tier_named(self.fed, record.tier or tier or self.default_tier)
+            # `is not None`: an empty name is a tier nobody has (-32002, as every tier server says), not "none".
+            target = tier_named(self.fed, record.tier if record.tier is not None else tier or self.default_tier)
             if not target.writable:
                 raise read_only(target, index=i)
             targets.append(target)
@@ -128,12 +129,8 @@ class Writes:
         for i, target in enumerate(targets):
             if ids[i] is None:
                 by_tier.setdefault(target.name, []).append(i)
-        # Tiers where keys are replaced go last: new records elsewhere can be undone if a later tier
-        # refuses its part, a replacement cannot.
-        order = sorted(by_tier, key=lambda name: any(i in revisions for i in by_tier[name]))
         written: list[tuple[Tier, list[str]]] = []
-        for name in order:
-            indexes = by_tier[name]
+        for name, indexes in write_order(by_tier, revisions):
             tier = self.fed[name]
             batch = []
             for i in indexes:
@@ -284,6 +281,22 @@ class Writes:
                            f"answer ({total} reinforced elsewhere); the other ids may be there",
                            {"reinforced": total, "degraded": fan.degraded})
         return {"reinforced": total}
+
+
+def write_order(by_tier: dict[str, list[int]], revisions: Mapping[int, int | None]) -> list[tuple[str, list[int]]]:
+    """The calls that write a batch: (tier, indexes of the records sent there), in the order made.
+
+    A new record can be undone (forgotten) if a later call is refused, a key's replacement cannot,
+    so replacements go last. With keys replaced in one tier, that tier's part goes last, whole (one
+    call, atomic there). With keys replaced in several, every tier's new records go first and the
+    replacements after: written tier by tier, a refusal of a new record in the second tier left the
+    first tier's key replaced, under an error."""
+    replacing = [name for name, indexes in by_tier.items() if any(i in revisions for i in indexes)]
+    if len(replacing) <= 1:
+        return sorted(by_tier.items(), key=lambda part: part[0] in replacing)
+    parts = [(name, [i for i in indexes if (i in revisions) == last])
+             for last in (False, True) for name, indexes in by_tier.items()]
+    return [(name, indexes) for name, indexes in parts if indexes]
 
 
 async def route(fed: Federation, records: list[Record], targets: list[Tier], supplied: list[str],

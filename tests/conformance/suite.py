@@ -597,6 +597,10 @@ async def _unknown_tier(s: Session) -> None:
     await expect_error(s, "memory/remember", {"records": [{"content": f"{m} lost", "metadata": {"m": m},
                                                            "tier": unknown}]}, (-32002,), "remember into an unknown tier")
     expect(not await s.timeline(where={"m": m}), "a record for an unknown tier was written")
+    # An empty name names no tier: unknown, never read as "no tier" (the router wrote it to its default tier).
+    await expect_error(s, "memory/remember", {"records": [{"content": f"{m} lost", "metadata": {"m": m},
+                                                           "tier": ""}]}, (-32002,), "remember into tier \"\"")
+    expect(not await s.timeline(where={"m": m}), "a record for tier \"\" was written")
     await expect_error(s, "memory/recall", {"query": m, "tier": unknown}, (-32002,), "recall of an unknown tier")
     await expect_error(s, "memory/timeline", {"tier": unknown}, (-32002,), "timeline of an unknown tier")
     await expect_error(s, "memory/forget", {"ids": ["x"], "tier": unknown}, (-32002,), "forget in an unknown tier")

@@ -21,6 +21,7 @@ from a2m.client import HTTPClient
 from a2m.errors import A2MError
 from a2m.paging import pages_backwards
 from router.policy import batches
+from router.writes import write_order
 
 from .stack import Stack, federation, new_owner as owner, tier_call as direct
 
@@ -74,6 +75,15 @@ def test_batches_are_cut_by_their_json_size_too() -> None:
     assert [[u[0]["id"] for u in batch] for batch in packed] == [["r0", "r1"], ["r2", "r3"], ["r4", "r5"],
                                                                  ["r6", "r7"], ["r8", "r9"]]
     assert [len(b) for b in batches([[{"id": "g", "content": "x" * 5000}], *big[:2]], 500, budget=1000)] == [1, 2]
+
+
+def test_a_batch_writes_new_records_before_replacements() -> None:
+    """Keys replaced in one tier: that tier's part last, whole (one atomic call). In two: every new
+    record first, then the replacements, tier by tier."""
+    assert write_order({"working": [0, 2], "episodic": [1]}, {0: 2}) == [("episodic", [1]), ("working", [0, 2])]
+    assert write_order({"working": [0, 2], "episodic": [1, 3]}, {0: 2, 3: 5}) == [
+        ("working", [2]), ("episodic", [1]), ("working", [0]), ("episodic", [3])]
+    assert write_order({"working": [0]}, {}) == [("working", [0])]
 
 
 @pytest.mark.anyio
@@ -151,6 +161,26 @@ async def test_a_refused_part_of_a_batch_leaves_nothing_written(stack: Stack) ->
         assert (await router.call("memory/fetch", {"owner": me, "key": "plan"}))["record"]["content"] == "plan A"
     held = await placement(stack, me)
     assert held["episodic"] == [] and [r["content"] for r in held["working"]] == ["plan A"]
+
+
+@pytest.mark.anyio
+async def test_a_refused_batch_replacing_keys_in_two_tiers_replaces_neither(stack: Stack) -> None:
+    """Keys replaced in two tiers: every tier's new records are written before any replacement, so
+    a refusal of a new record in the second tier (an id another owner holds there) leaves the first
+    tier's key unreplaced too. Written tier by tier, `plan` answered -32005 and read "plan B"."""
+    me, other = owner(), owner()
+    await direct(stack, "episodic", "memory/remember", {"owner": other, "records": [{"id": f"{other}-9", "content": "x"}]})
+    async with HTTPClient(stack.url) as router:
+        await router.call("memory/remember", {"owner": me, "records": [{"key": "plan", "content": "plan A"}]})
+        await router.call("memory/remember", {"owner": me, "records": [
+            {"key": "city", "content": "Milan", "tier": "episodic"}]})
+        error = await refused(router.call("memory/remember", {"owner": me, "records": [
+            {"key": "plan", "content": "plan B"}, {"key": "city", "content": "Rome"},
+            {"id": f"{other}-9", "content": "y", "tier": "episodic"}]}))
+        assert error.code == -32005 and error.data["index"] == 2, error
+    held = await placement(stack, me)
+    assert [(r["content"], r["revision"]) for r in held["working"]] == [("plan A", 1)]
+    assert [(r["content"], r["revision"]) for r in held["episodic"]] == [("Milan", 1)]
 
 
 @pytest.mark.anyio
