@@ -328,9 +328,10 @@ def parse_write(raw: Any, index: int, *, owner: str | None, stamp: str | None = 
                        {"field": "owner", "index": index})
     if record_owner is None and owner is not None and "\x00" in owner:
         raise _nul("owner", index)  # the request's owner becomes the record's
-    key = _name(raw, "key", index)
-    if key is not None and not key:
-        raise invalid(f"records[{index}].key must not be empty", field="key", index=index)
+    key, session, group = (_name(raw, name, index) for name in ("key", "session", "group"))
+    for name, value in (("key", key), ("session", session), ("group", group)):
+        if value == "":  # an empty name is none that fetch, session/close or a group's move could use
+            raise invalid(f"records[{index}].{name} must not be empty", field=name, index=index)
     salience = raw.get("salience")
     if salience is None:
         salience = DEFAULT_SALIENCE
@@ -353,13 +354,13 @@ def parse_write(raw: Any, index: int, *, owner: str | None, stamp: str | None = 
         created_at=created_at,
         role=_opt_str(raw, "role", index),
         metadata=metadata,
-        group=_name(raw, "group", index),
+        group=group,
         tier=_opt_str(raw, "tier", index),
         salience=float(salience),
         access_count=access_count,
         accessed_at=accessed_at,
         owner=record_owner if record_owner is not None else owner,
-        session=_name(raw, "session", index),
+        session=session,
         key=key,
         revision=revision,
         embedding=embedding,

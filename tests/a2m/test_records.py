@@ -71,6 +71,8 @@ def test_parse_write_keeps_every_field_and_metadata_verbatim() -> None:
     ({"content": "x", "embedding": [1, "2"]}, "embedding"),
     ({"content": "x", "id": ""}, "id"),
     ({"content": "x", "key": ""}, "key"),
+    ({"content": "x", "session": ""}, "session"),
+    ({"content": "x", "group": ""}, "group"),
 ])
 def test_parse_write_refuses_malformed_fields(raw: dict, field: str | None) -> None:
     with pytest.raises(A2MError) as err:

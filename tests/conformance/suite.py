@@ -871,6 +871,10 @@ async def _session_list_shape(s: Session) -> None:
             expect(entry.get(stamp) is None or is_stamp(entry[stamp]), f"{stamp} of {entry}")
     mine = [e for e in listed if e["session"] == f"s-{m}"]
     expect(len(mine) == 1 and mine[0]["records"] == 1, f"the session's entry: {mine}")
+    # An empty session is no name: session/close refuses it, so a write naming it would make one nobody can close.
+    await expect_error(s, "memory/remember", {"records": [{"content": f"{m} nameless", "metadata": {"m": m},
+                                                           "session": ""}]}, (-32602,), "remember into session \"\"")
+    expect(len(await s.timeline(where={"m": m})) == 2, "a record of session \"\" was written")
 
 
 # ---------------------------------------------------------------- keys
