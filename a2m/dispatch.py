@@ -127,7 +127,7 @@ class Dispatcher:
         return method if method in METHOD_CAPABILITY or method in self._handlers else UNKNOWN_METHOD
 
     async def _describe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        if "protocol" in params and not compatible(params["protocol"]):
+        if params.get("protocol") is not None and not compatible(params["protocol"]):  # null: absent
             raise A2MError(errors.PROTOCOL_NOT_SUPPORTED, f"this server speaks {PROTOCOL}",
                            {"supported": [PROTOCOL], "requested": params["protocol"]})
         result: dict[str, Any] = {
