@@ -271,6 +271,8 @@ def expect_write(before: list[dict[str, Any]], records: list[dict[str, Any]], ow
 def write_error(records: list[dict[str, Any]], owner: str | None, dims: int | None,
                 held_by: dict[str, str | None]) -> int | None:
     """The error a write must answer, in the order the protocol's checks run, or None."""
+    if any(r.get(name) == "" for r in records for name in ("session", "group")):
+        return -32602  # an empty name (decision 144), refused as each record is read, before the rest
     if any(r.get("tier") not in (None, TIER) for r in records):
         return -32002
     widths = {len(r["embedding"]) for r in records if "embedding" in r}
