@@ -50,7 +50,7 @@ import anyio
 
 from a2m.filters import RECORD_FIELDS, Scope, matches
 from a2m.records import Record
-from a2m.text import sparse_vector, squash, term_id, tokenize
+from a2m.text import query_terms, sparse_vector, squash, term_id
 from a2m.timefmt import to_epoch
 from backends.store import (Position, SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
                             StoreWidthMismatch)
@@ -405,7 +405,7 @@ def _few_sessions(facet: Sequence[tuple[str, int]]) -> bool:
 
 def query_sparse(text: str) -> tuple[list[int], list[float]] | None:
     """The query side of BM25: each distinct term once; the engine applies IDF."""
-    ids = sorted({term_id(t) for t in tokenize(text)})
+    ids = sorted({term_id(t) for t in query_terms(text)})
     return (ids, [1.0] * len(ids)) if ids else None
 
 

@@ -1,6 +1,6 @@
 import random
 
-from a2m.text import BM25, HeldTerms, detect_language, fold, rank, sparse_vector, tokenize
+from a2m.text import BM25, HeldTerms, bm25_scores, detect_language, fold, query_terms, rank, sparse_vector, tokenize
 
 
 def test_accents_fold_both_ways() -> None:
@@ -143,3 +143,13 @@ def test_a_long_word_is_stemmed_the_same_and_not_cached() -> None:
     assert text.tokenize_once(f"the tool printed {blob} twice") == ["tool", "print", blob[:-1], "twic"]
     assert text._stem_en.cache_info().currsize == before
     assert text.tokenize_once("a" * 70 + "s here") == ["a" * 70]
+
+
+def test_a_query_of_no_known_language_meets_records_that_kept_their_words() -> None:
+    """The unfolded words are added only where no stopword told the query's language: one whose
+    stopwords say English or Spanish is tokenized as that language alone."""
+    docs = {"es": "Compré dos casas en Madrid", "en": "we moved two houses"}
+    assert query_terms("casas") == {"casa", "casas"} and set(bm25_scores(docs, "casas")) == {"es"}
+    assert set(bm25_scores(docs, "houses moving")) == {"en"}
+    assert query_terms("las casas") == {"casas"} and query_terms("the houses") == {"hous"}
+    assert query_terms("the") == set()

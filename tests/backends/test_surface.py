@@ -49,6 +49,25 @@ async def test_where_tier_is_the_tier_every_record_is_read_from(tiers: dict[str,
     assert await call(d, "memory/forget", {"owner": me, "where": {}}) == {"error": -32602}
 
 
+# (record, a one-word query written as the record writes it): no stopword in the query, so it folds
+# as English; the record kept its words unfolded (its stopwords said Spanish, Italian, French, or,
+# for the last, Italian for its one stopword "o").
+UNFOLDED = [("Compré dos casas en Madrid el año pasado", "casas"), ("Le pere sono mature e la torta è pronta", "pere"),
+            ("Les maisons sont grandes et les jardins aussi", "jardins"), ("ten o'clock apple", "apple")]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_one_word_query_finds_a_record_not_read_as_english(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """Without its unfolded words a query met only English records: each of these found nothing."""
+    d, me = tiers[tier], owner()
+    ids = (await call(d, "memory/remember", {"owner": me, "records": [{"content": c} for c, _ in UNFOLDED]}))["ids"]
+    for (content, query), record_id in zip(UNFOLDED, ids):
+        hits = (await call(d, "memory/recall", {"owner": me, "query": query, "touch": False}))["records"]
+        assert [r["id"] for r in hits][:1] == [record_id], (query, [r["content"] for r in hits])
+    # forget by query reads the same terms
+    assert await call(d, "memory/forget", {"owner": me, "query": "casas"}) == {"forgotten": 1}
+
+
 # Read selectors naming a string with NUL: no stored record can hold one, so each matches nothing.
 NUL_READS: list[tuple[str, dict[str, Any], Any]] = [
     ("memory/fetch", {"key": "k\x00"}, {"record": None}),
