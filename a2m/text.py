@@ -7,7 +7,8 @@
   hits among en/it/de/fr/es/pt/nl/ru), not from one English list; a text of
   only stopwords keeps nothing, so it matches nothing.
 - A light English suffix folding (plurals, -ing, -ed) when English is detected, or
-  when no language is (a short query).
+  when no language is (a short query, which is then matched by its words unfolded
+  too: `query_terms`).
 """
 
 from __future__ import annotations
