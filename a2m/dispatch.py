@@ -8,6 +8,7 @@ ignored, `memory/describe` assembled from what the service declares.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -166,11 +167,15 @@ class Dispatcher:
             message = orjson.loads(body)
         except orjson.JSONDecodeError:
             return self._reply(None, A2MError(errors.PARSE_ERROR, "body is not valid JSON"), True, started)[1]
-        _, encoded = await self._handle(message, ctx, encode=True)
+        wide = wide_integer(body) if isinstance(message, dict) and message.get("method") == "memory/remember" else None
+        refused = None if wide is None else invalid(
+            f"the number {wide[:40]} is an integer past 64 bits, which would be stored as an inexact float: "
+            "send it as a string")
+        _, encoded = await self._handle(message, ctx, encode=True, refused=refused)
         return encoded
 
-    async def _handle(self, message: Any, ctx: Context, *,
-                      encode: bool) -> tuple[dict[str, Any] | None, bytes | None]:
+    async def _handle(self, message: Any, ctx: Context, *, encode: bool,
+                      refused: A2MError | None = None) -> tuple[dict[str, Any] | None, bytes | None]:
         """(response, its bytes when `encode`); both None for a notification.
 
         The result is serialised inside the error handling: one orjson cannot
@@ -202,6 +207,8 @@ class Dispatcher:
         label = self.label(method)
         with tracing.server_span(label, ctx.traceparent, None if label == method else method) as span:
             try:
+                if refused is not None:
+                    raise refused
                 if not isinstance(params, dict):
                     raise invalid("params must be an object (by name)")
                 result = await self.call(method, params, ctx)
@@ -235,6 +242,32 @@ class Dispatcher:
             self.observer(INVALID_METHOD, time.perf_counter() - started, error.code)
         response = _error(id_, error)
         return response, dumps(response) if encode else None
+
+
+# orjson reads an integer literal past 64 bits as a float (10**30 -> 1e30), silently. Such a literal
+# is 19 digits or more after a separator or a sign, never after a point: found in one C pass over
+# the body (every digit mapped to 0, every byte that may come before a number to b) and only then
+# read again, exactly. Only writes are looked at: there the float would be stored (~1 ns a byte).
+_SHAPES = bytes(ord("0") if c in b"0123456789" else ord("b") if c in b":,[ \t\n\r-" else ord("x") for c in range(256))
+_LONG_NUMBER = b"b" + b"0" * 19
+
+
+def wide_integer(body: bytes) -> str | None:
+    """The first integer literal of `body` that orjson cannot hold as an integer, or None."""
+    if _LONG_NUMBER not in body.translate(_SHAPES):
+        return None
+    found: list[str] = []
+
+    def parse_int(text: str) -> int:
+        if not found and (len(text.lstrip("-")) > 20 or not -(2**63) <= int(text) < 2**64):
+            found.append(text)
+        return 0  # only the literal matters here
+
+    try:
+        json.loads(body, parse_int=parse_int)
+    except (ValueError, RecursionError):  # orjson read it; a difference of parsers is not the caller's error
+        return None
+    return found[0] if found else None
 
 
 def _encode_error(response: dict[str, Any], method: str) -> bytes:
