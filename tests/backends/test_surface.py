@@ -51,7 +51,8 @@ async def test_where_tier_is_the_tier_every_record_is_read_from(tiers: dict[str,
 
 
 @pytest.mark.parametrize("tier", TIERS)
-async def test_an_integer_past_64_bits_is_refused_not_stored_as_a_float(tiers: dict[str, Dispatcher], tier: str) -> None:
+async def test_an_integer_past_64_bits_is_refused_not_stored_as_a_float(tiers: dict[str, Dispatcher],
+                                                                        tier: str) -> None:
     """orjson reads 10**30 as 1e30: the write stored the float and said nothing. One within 64 bits
     (a 19-digit snowflake id) is written and read back exactly."""
     d, me = tiers[tier], owner()
@@ -75,7 +76,8 @@ async def test_an_integer_past_64_bits_is_refused_not_stored_as_a_float(tiers: d
 # (record, a one-word query written as the record writes it): no stopword in the query, so it folds
 # as English; the record kept its words unfolded (its stopwords said Spanish, Italian, French, or,
 # for the last, Italian for its one stopword "o").
-UNFOLDED = [("Compré dos casas en Madrid el año pasado", "casas"), ("Le pere sono mature e la torta è pronta", "pere"),
+UNFOLDED = [("Compré dos casas en Madrid el año pasado", "casas"),
+            ("Le pere sono mature e la torta è pronta", "pere"),
             ("Les maisons sont grandes et les jardins aussi", "jardins"), ("ten o'clock apple", "apple")]
 
 

@@ -151,7 +151,8 @@ async def test_a_refused_part_of_a_batch_leaves_nothing_written(stack: Stack) ->
     """The key's replacement is written last, so a tier refusing its part (here an id another owner
     holds) leaves it unreplaced; the error names the record in the caller's batch."""
     me, other = owner(), owner()
-    await direct(stack, "episodic", "memory/remember", {"owner": other, "records": [{"id": f"{other}-9", "content": "x"}]})
+    await direct(stack, "episodic", "memory/remember", {"owner": other, "records": [
+        {"id": f"{other}-9", "content": "x"}]})
     async with HTTPClient(stack.url) as router:
         await router.call("memory/remember", {"owner": me, "records": [{"key": "plan", "content": "plan A"}]})
         error = await refused(router.call("memory/remember", {"owner": me, "records": [
@@ -169,7 +170,8 @@ async def test_a_refused_batch_replacing_keys_in_two_tiers_replaces_neither(stac
     a refusal of a new record in the second tier (an id another owner holds there) leaves the first
     tier's key unreplaced too. Written tier by tier, `plan` answered -32005 and read "plan B"."""
     me, other = owner(), owner()
-    await direct(stack, "episodic", "memory/remember", {"owner": other, "records": [{"id": f"{other}-9", "content": "x"}]})
+    await direct(stack, "episodic", "memory/remember", {"owner": other, "records": [
+        {"id": f"{other}-9", "content": "x"}]})
     async with HTTPClient(stack.url) as router:
         await router.call("memory/remember", {"owner": me, "records": [{"key": "plan", "content": "plan A"}]})
         await router.call("memory/remember", {"owner": me, "records": [

@@ -178,7 +178,8 @@ def batch(rng: random.Random, model: Model, owner: str) -> list[dict[str, Any]]:
 
 BAD_RECORDS = [
     ({"content": 5}, -32602), ({}, -32602), ({"content": "x", "metadata": "nope"}, -32602),
-    ({"content": "x", "key": ""}, -32602), ({"content": "x", "session": ""}, -32602), ({"content": "x", "role": 7}, -32602),
+    ({"content": "x", "key": ""}, -32602), ({"content": "x", "session": ""}, -32602),
+    ({"content": "x", "role": 7}, -32602),
     ({"content": "x", "session": ["s"]}, -32602), ({"content": "x", "tier": "nowhere"}, -32002),
     ({"content": "x\u0000y"}, -32602), ({"content": "x", "embedding": "v"}, -32602),
 ]
