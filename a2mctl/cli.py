@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Coroutine
 
 
 def default_data_dir() -> Path:
@@ -458,20 +458,52 @@ def _doctor(args: argparse.Namespace) -> int:
     return asyncio.run(doctor(args.url, token=_bearer(args.token, args.url)))
 
 
+def _stopped_by_sigterm_too(run: Coroutine[Any, Any, int]) -> int:
+    """`asyncio.run(run)`, with SIGTERM stopping it as Ctrl-C does: the transfer's task is cancelled,
+    so it says what it wrote and a half export file is removed. SIGTERM is how systemd, `timeout`,
+    `docker stop` and Kubernetes stop a job; left to its default, it killed the transfer silently,
+    an import without saying which lines were written, an export leaving `FILE.partial` behind.
+    Exit status 143 (128 + SIGTERM), as a shell shows for a command SIGTERM stopped; 130 for Ctrl-C."""
+    import signal
+
+    terminated = False
+
+    async def main() -> int:
+        task, loop = asyncio.current_task(), asyncio.get_running_loop()
+
+        def stop() -> None:
+            nonlocal terminated
+            terminated = True
+            assert task is not None
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, stop)
+        try:
+            return await run
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:  # Ctrl-C: what was done is said already, a traceback would bury it
+        return 130
+    except asyncio.CancelledError:
+        if terminated:
+            return 128 + signal.SIGTERM
+        raise
+
+
 def _transfer(args: argparse.Namespace) -> int:
     from . import transfer
 
     _client_certificate(f"a2m {args.command}")
-    try:
-        if args.command == "export":
-            owners = ([None] if args.unowned or not args.owner else []) + (args.owner or [])
-            return asyncio.run(transfer.export(args.url, args.file, token=_bearer(args.token, args.url),
-                                               embeddings=args.embeddings, owners=owners,
-                                               tier_wait=args.wait_for_tiers))
-        return asyncio.run(transfer.import_(args.url, args.file, token=_bearer(args.token, args.url),
-                                            batch=args.batch))
-    except KeyboardInterrupt:  # Ctrl-C: what was done is said already, a traceback would bury it
-        return 130
+    if args.command == "export":
+        owners = ([None] if args.unowned or not args.owner else []) + (args.owner or [])
+        return _stopped_by_sigterm_too(transfer.export(args.url, args.file, token=_bearer(args.token, args.url),
+                                                       embeddings=args.embeddings, owners=owners,
+                                                       tier_wait=args.wait_for_tiers))
+    return _stopped_by_sigterm_too(transfer.import_(args.url, args.file, token=_bearer(args.token, args.url),
+                                                    batch=args.batch))
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -398,3 +398,75 @@ async def test_batches_are_cut_by_size_as_well_as_by_count(tmp_path: Path) -> No
         assert await transfer.import_(stack.url, str(dump), quiet=True) == 0
         async with HTTPClient(stack.url) as client:
             assert (await client.call("memory/describe", {}))["tiers"][0]["count"] == 40
+
+
+@pytest.mark.anyio
+async def test_sigterm_stops_a_transfer_as_ctrl_c_does(tmp_path: Path) -> None:
+    """SIGTERM is how systemd, `timeout`, `docker stop` and Kubernetes stop a job: an export so
+    stopped leaves no `FILE.partial`, an import says which lines were written; both without a
+    traceback, exit status 143 (128 + SIGTERM)."""
+    import os
+    import signal
+    import time
+
+    from tests.router.stack import federation, tier_call
+
+    tiers = [{"name": "working", "kind": "working"}, {"name": "episodic", "kind": "episodic", "timeout": 1.0}]
+    (tmp_path / "fed").mkdir()
+    with federation(tmp_path / "fed", tiers) as stack:
+        async with HTTPClient(stack.url) as client:
+            await client.call("memory/remember", {"records": [{"content": f"e{i}", "tier": "episodic"}
+                                                              for i in range(5)]})
+
+        def start(*args: str) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(a2m_command(*args), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+        def terminated(proc: subprocess.Popen[bytes]) -> str:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+            text = err.decode()
+            assert proc.returncode == 128 + signal.SIGTERM, text
+            assert "Traceback" not in text, text
+            return text
+
+        # An export waiting for a tier that does not answer: its output is open, as `.partial`.
+        stack.tiers["episodic"].pause()
+        try:
+            dump = tmp_path / "backup.jsonl"
+            proc = start("export", stack.url, str(dump))
+            try:
+                assert proc.stderr is not None
+                os.set_blocking(proc.stderr.fileno(), True)
+                seen = b""
+                while b"asking again" not in seen:
+                    line = proc.stderr.readline()
+                    assert line, seen.decode()
+                    seen += line
+                assert (tmp_path / "backup.jsonl.partial").exists()
+                text = terminated(proc)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        finally:
+            stack.tiers["episodic"].resume()
+        assert "a2m export: interrupted" in text and "was not written" in text, text
+        assert not list(tmp_path.glob("backup.jsonl*"))
+
+        # An import midway: what was written is said, by line.
+        n = 20_000
+        big = _write(tmp_path / "big.jsonl", [{"id": f"r{i:05d}", "content": f"record {i}", "tier": "working"}
+                                              for i in range(n)])
+        proc = start("import", stack.url, str(big), "--batch", "50")
+        try:
+            deadline = time.monotonic() + 60
+            while (await tier_call(stack, "working", "memory/describe", {}))["tiers"][0]["count"] < 500:
+                assert proc.poll() is None and time.monotonic() < deadline, "the import ended before it was stopped"
+                time.sleep(0.05)
+            text = terminated(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert "a2m import: interrupted" in text and "were written" in text, text
+        assert "importing the file again skips them" in text, text
