@@ -70,7 +70,8 @@ class TiersDown(Exception):
 
     def __init__(self, tiers: Sequence[str], waited: float) -> None:
         self.tiers = list(tiers)
-        super().__init__(f"tiers {', '.join(self.tiers)} did not answer a timeline page for {waited:g} s")
+        named = f"tier {self.tiers[0]}" if len(self.tiers) == 1 else f"tiers {', '.join(self.tiers)}"
+        super().__init__(f"{named} did not answer a timeline page for {waited:g} s")
 
 
 def _asking_again(call: Call, waits: Sequence[float]) -> Call:

@@ -213,7 +213,7 @@ async def test_export_through_a_router_waits_for_a_tier_down_then_fails(
         assert "semantic did not answer a timeline page; asking again" in caplog.text
         stack.tiers["semantic"].kill()
         assert await transfer.export(stack.url, str(tmp_path / "partial.jsonl"), quiet=True, tier_wait=1) == 1
-    assert "tiers semantic did not answer a timeline page for 1 s; export again" in capsys.readouterr().err
+    assert "tier semantic did not answer a timeline page for 1 s; export again" in capsys.readouterr().err
     assert not (tmp_path / "partial.jsonl").exists()
 
 
