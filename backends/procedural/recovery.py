@@ -1,4 +1,5 @@
-"""Opening a repository safely: one store holds it, and a crash's leftovers are discarded.
+"""Opening a repository safely: one store holds it, a crash's leftovers are discarded, and a new one
+is never made inside another repository's git directory or another store's working tree (`check_place`).
 
 A write that was not committed was never acknowledged, so discarding it is
 correct: at open (and after a failed commit) stale lock files and partial
@@ -53,6 +54,28 @@ def hold(git_dir: Path, path: Path) -> int:
             raise StoreUnavailable(
                 f"another process has the procedural repository {path} open "
                 "(a second server on this data directory or repository?)") from None
+
+
+def check_place(path: Path) -> None:
+    """StoreUnavailable when `path`, holding no repository of its own yet, is no place to make one: inside a
+    git directory (a repository's `.git`, or a bare repository such as the remote a store pushes to), or
+    below another procedural store's working tree. `git init` made one there anyway: inside a git directory
+    it shadows that repository for git (found first as `<path>/.git`: `git log` and a push into a bare one
+    read the new one); below a store's tree it is a second server on that store's files."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:  # what git would be run in, before mkdir makes it
+        probe = probe.parent
+    try:
+        inside, git_dir = git.Git(str(probe)).rev_parse("--is-inside-git-dir", "--absolute-git-dir").splitlines()
+    except (git.GitCommandError, ValueError):
+        return  # in no repository (or one git cannot read): a new one is made at `path`
+    if inside == "true":
+        why = f"it is inside the git directory {git_dir} (give the repository's working tree, or a new directory)"
+    elif (Path(git_dir) / "a2m").is_dir():
+        why = f"it is inside the working tree of another procedural repository, {Path(git_dir).parent}"
+    else:
+        return  # below a repository that is not a store's (a project's docs/procedures): a repository of its own
+    raise StoreUnavailable(f"{path} is not a place for the procedural repository: {why}")
 
 
 def recover(repo: git.Repo, path: Path) -> None:

@@ -63,7 +63,7 @@ from . import files
 from .commits import Plan, actor, label, message as commit_message, owner_actor, prune_dirs
 from .index import Tree, Visible, copy_out
 from .objects import FILE_MODE, InProcessObjectDB, TreeBuilder, fsync_ref, in_process_odb, set_ref
-from .recovery import hold, recover
+from .recovery import check_place, hold, recover
 from .review import PROPOSED, Approval, base_proposed, fast_forward, shown_changes, warn_unapproved
 from .sidecar import NO_STATS, Sidecar
 
@@ -130,10 +130,11 @@ class GitStore:
                 raise
 
     def _open_sync(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
         if (self.path / ".git").exists():
             repo = git.Repo(self.path, odbt=InProcessObjectDB)
         else:
+            check_place(self.path)
+            self.path.mkdir(parents=True, exist_ok=True)
             repo = git.Repo.init(self.path, initial_branch="main", odbt=InProcessObjectDB)
         try:
             self._lock_fd = hold(Path(repo.git_dir), self.path)

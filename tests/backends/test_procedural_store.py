@@ -422,6 +422,33 @@ async def test_kill_during_batch_writes_leaves_repo_consistent(tmp_path: Path) -
         await store.close()
 
 
+@pytest.mark.parametrize("where", ["git dir", "bare", "inside a store's tree"])
+async def test_a_repository_path_inside_a_git_directory_or_another_stores_tree_is_refused(
+        tmp_path: Path, where: str) -> None:
+    """`--url` at a served store's `.git`, at a bare repository (the remote a store pushes to), or below
+    another store's working tree was taken for an empty directory: `git init` there made a repository
+    inside it. One at `.git` or in a bare repository shadows it for git (`git -C remote.git log` and a
+    push into it read the new one, found first as `<path>/.git`); one below a store's tree is a second
+    server on that store's files. Nothing is made there, and the store says why."""
+    first = await opened(tmp_path / "first")
+    try:
+        await first.write([rec(1, key="a/one")])
+        bare = tmp_path / "remote.git"
+        git(tmp_path, "init", "-q", "--bare", str(bare))
+        url = {"git dir": first.path / ".git", "bare": bare,
+               "inside a store's tree": first.path / "owners" / "x"}[where]
+        second = make_store(TierSettings("procedural", tmp_path / "second", url=str(url)))
+        with pytest.raises(StoreUnavailable, match="not a place for the procedural repository"):
+            await second.open()
+        assert not (url / ".git").exists()
+        assert not (bare / ".git").exists()
+        assert git(bare, "rev-parse", "--is-bare-repository") == "true\n"
+        assert git(first.path, "status", "--porcelain", "--untracked-files=all") == ""
+        await first.write([rec(2, key="a/two")])
+    finally:
+        await first.close()
+
+
 async def test_a_store_waits_a_moment_for_a_dead_predecessors_lock(tmp_path: Path) -> None:
     """After a kill -9 the lock can outlive the dead server for a moment (a git child forked, not yet
     exec'd, holds its descriptor): a restart then refused to open (seen once in a loaded CI run)."""
