@@ -269,6 +269,7 @@ class GitStore:
             except ValueError as exc:
                 log.warning("procedural: skipping %s, not a record file: %s", path, exc)
                 continue
+            self._warn_if_moved(path, record)
             if overrides is not None and record.id in overrides:
                 count, at = overrides[record.id]
             else:
@@ -277,6 +278,20 @@ class GitStore:
             self._next_seq = max(self._next_seq, seq + 1)
         self._own_seqs(tree)
         return tree
+
+    def _warn_if_moved(self, path: str, record: Record) -> None:
+        """Say so where a file is not where its header places it (a reviewer's `git mv`): the header
+        decides what it is, but a write of its key looks at the header's place, finds nothing there and
+        makes a second record with that key (review-procedural). Moving it back, or editing the
+        header to match, ends it."""
+        try:
+            placed = self.layout.record_path(record)
+        except ValueError:
+            return  # a key this layout cannot hold: reads still serve it; nothing can be written to it
+        if path != placed:
+            log.warning("procedural: %s holds the record %r (owner %r, key %r), whose place is %s: a key "
+                        "written again makes a second record; move the file back or edit its header",
+                        path, record.id, record.owner, record.key, placed)
 
     def _own_seqs(self, tree: Tree) -> None:
         """A sequence of its own for each record of `tree`. A file committed by hand has none (0), or

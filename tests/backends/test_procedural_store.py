@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import statistics
@@ -1423,6 +1424,23 @@ async def test_a_committed_file_that_is_not_a_record_is_skipped_not_fatal(tmp_pa
         assert [r["revision"] for r in result["revisions"]] == [None, 1]
     finally:
         await store.close()
+
+
+async def test_a_file_moved_by_hand_from_its_place_is_said_at_open(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A reviewer's `git mv` leaves the header naming the old key: reads take the header, a write of
+    that key finds nothing at its place and makes a second record. Nothing said it; now open does."""
+    store = await opened(tmp_path)
+    await store.write([rec(1, key="skills/deploy"), rec(2, key="skills/other")])
+    await store.close()
+    repo = tmp_path / "repo"
+    git(repo, "mv", "owners/alice/skills/deploy.md", "owners/alice/skills/deploy-prod.md")
+    git(repo, "-c", "user.name=Hand", "-c", "user.email=hand@example.org", "commit", "-qm", "rename by hand")
+    with caplog.at_level(logging.WARNING, logger="a2m.procedural"):
+        store = await opened(tmp_path)
+    await store.close()
+    moved = [r.getMessage() for r in caplog.records if "whose place is" in r.getMessage()]
+    assert len(moved) == 1 and "owners/alice/skills/deploy-prod.md" in moved[0] and "skills/deploy.md" in moved[0]
 
 
 async def test_files_committed_by_hand_each_have_a_place_of_their_own_in_the_timeline(tmp_path: Path) -> None:
