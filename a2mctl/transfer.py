@@ -10,7 +10,10 @@ has one of that name.
 Paging walks backwards through `timeline` (`a2m.paging` says how). Pages are
 spooled to a temporary file and written out oldest first, so the file is in
 creation order (and, within one millisecond, in the order the source returns
-them): importing it reproduces the timeline exactly.
+them): importing it reproduces the timeline exactly. A record rewritten while
+the walk runs moves behind it, so catch-up passes read what was written since
+(`_export_stream`); tiers are read each before those it spills or promotes into
+(`_sources_first`), so a record moved along those links is read on one side.
 
 Import reads a regular file through once before its first write (one line at a
 time: memory stays flat however long the file), so a line that is not JSON, a
