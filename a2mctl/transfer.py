@@ -10,7 +10,10 @@ has one of that name.
 Paging walks backwards through `timeline` (`a2m.paging` says how). Pages are
 spooled to a temporary file and written out oldest first, so the file is in
 creation order (and, within one millisecond, in the order the source returns
-them): importing it reproduces the timeline exactly.
+them): importing it reproduces the timeline exactly. A record rewritten while
+the walk runs moves behind it, so catch-up passes read what was written since
+(`_export_stream`); tiers are read each before those it spills or promotes into
+(`_sources_first`), so a record moved along those links is read on one side.
 
 Import reads a regular file through once before its first write (one line at a
 time: memory stays flat however long the file), so a line that is not JSON, a
@@ -50,6 +53,9 @@ TIER_WAIT = 30.0  # seconds a tier a router answers without may take to come bac
 # row) the refusal is the error: a limit that slow is not one an export can get through.
 MAX_RATE_WAIT = 60.0
 MAX_RATE_REFUSALS = 100
+# Passes after an export's walk of a stream that read what was written while it ran (`_export_stream`);
+# a stream still changing after them is said on stderr.
+CATCH_UP_PASSES = 5
 BATCH_BYTES = 8 * 1024 * 1024  # JSON per import call: half the 16 MiB any server here takes at its front door
 WIRE_FIELDS = ("id", "content", "created_at", "role", "metadata", "group", "tier", "salience", "access_count",
                "accessed_at", "owner", "session", "key", "revision", "uri", "media_type")
@@ -174,7 +180,26 @@ def _tier_names(described: dict[str, Any]) -> tuple[list[str | None], list[str]]
     if len(tiers) <= 1:
         return [None], []  # one server, read-only or not: its records are what was asked for
     mounted = [t["name"] for t in tiers if t.get("read_only")]
-    return [t["name"] for t in tiers if not t.get("read_only")], mounted
+    return _sources_first([t for t in tiers if not t.get("read_only")]), mounted
+
+
+def _sources_first(tiers: list[dict[str, Any]]) -> list[str]:
+    """The tiers' names, each after every tier that spills or promotes into it, otherwise in describe
+    order. A move keeps a record's `created_at`, so one moved into a tier the export has read, from
+    one it has not, would be in neither; read in this order, it is read where it leaves or where it
+    lands. (A router refuses links that form a cycle; another endpoint's cycle is read in describe
+    order from where it closes.)"""
+    names = [t["name"] for t in tiers]
+    into: dict[str, set[str]] = {name: set() for name in names}
+    for tier in tiers:
+        for link in ("spill_to", "promote_to"):
+            if tier.get(link) in into and tier[link] != tier["name"]:
+                into[tier[link]].add(tier["name"])
+    ordered: list[str] = []
+    while len(ordered) < len(names):
+        left = [n for n in names if n not in ordered]
+        ordered.append(next((n for n in left if into[n] <= set(ordered)), left[0]))
+    return ordered
 
 
 def _recall_cap(described: dict[str, Any]) -> int | None:
@@ -183,16 +208,19 @@ def _recall_cap(described: dict[str, Any]) -> int | None:
 
 
 async def pages_backwards(client: Any, *, tier: str | None, owner: str | None, embeddings: bool,
-                          page: int = PAGE, cap: int | None = PAGE,
-                          tier_wait: float = TIER_WAIT) -> AsyncIterator[list[dict[str, Any]]]:
-    """Every record of one (tier, owner) stream, newest page first, each page ascending, no duplicates
-    (`a2m.paging`). A page a router answers without a tier is asked again for up to `tier_wait`
-    seconds, then stops the export: a backup that silently lacks a tier is worse than none."""
+                          page: int = PAGE, cap: int | None = PAGE, tier_wait: float = TIER_WAIT,
+                          after: str | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+    """Every record of one (tier, owner) stream (created after `after`, where given), newest page
+    first, each page ascending, no duplicates (`a2m.paging`). A page a router answers without a tier
+    is asked again for up to `tier_wait` seconds, then stops the export: a backup that silently lacks
+    a tier is worse than none."""
     params: dict[str, Any] = {"embeddings": embeddings}
     if tier is not None:
         params["tier"] = tier
     if owner is not None:
         params["owner"] = owner
+    if after is not None:
+        params["after"] = after
     try:
         async for records in paging.pages_backwards(client.call, params, page=page, cap=cap,
                                                     waits=paging.waits_within(tier_wait)):
@@ -331,29 +359,125 @@ async def export(url: str, file: str, token: str | None = None, embeddings: bool
     return 0
 
 
+class _Answers:
+    """A client that counts the timeline pages answered whole (a page answered without a tier is
+    asked again, and only its last answer counts): a catch-up pass answered in one page read all
+    it covers at one moment."""
+
+    def __init__(self, client: Any) -> None:
+        self._client, self.pages = client, 0
+
+    async def call(self, method: str, params: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+        result = await self._client.call(method, params, **kwargs)
+        if method == "memory/timeline" and not result.get("degraded"):
+            self.pages += 1
+        return result
+
+
+_LINE_ID = re.compile(rb'\{"id":("(?:[^"\\]|\\.)*")')
+
+
+def _line_id(line: bytes) -> str | None:
+    """The id a spooled line opens with (`_clean` puts `id` first)."""
+    match = _LINE_ID.match(line)
+    return orjson.loads(match.group(1)) if match else None
+
+
+def _newest(records: list[dict[str, Any]]) -> str | None:
+    """The latest `created_at` of a page (None: one that is no timestamp, nothing to catch up from)."""
+    from a2m.errors import A2MError
+    from a2m.timefmt import parse_ts
+
+    try:
+        return max((r["created_at"] for r in records), key=parse_ts)
+    except (A2MError, KeyError, TypeError):
+        return None
+
+
+def _reaches(records: list[dict[str, Any]], after: str) -> bool:
+    """Whether a page asked for records after `after` holds one at or before it."""
+    from a2m.errors import A2MError
+    from a2m.timefmt import parse_ts
+
+    try:
+        return any(parse_ts(r["created_at"]) <= parse_ts(after) for r in records)
+    except (A2MError, KeyError):
+        return False
+
+
 async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner: str | None, embeddings: bool,
                          page: int, cap: int | None, progress: Any, task: Any, skip: AbstractSet[str | None] = frozenset(),
                          answered: set[str | None] | None = None, tier_wait: float = TIER_WAIT) -> int:
     """One (tier, owner) stream into `out`, oldest first; records of an owner in `skip` (already in
-    the file) are left out. The owners the endpoint answered with are added to `answered`."""
-    # Spool pages (newest first) to a temporary file, then copy them out oldest first.
-    offsets: list[tuple[int, int]] = []
-    count = 0
+    the file) are left out. The owners the endpoint answered with are added to `answered`.
+
+    The walk goes from the newest record back, so a record rewritten while it runs (a key replaced:
+    same id, a new `created_at`) moves behind it. After the walk, catch-up passes read what was
+    created after the newest record each pass began with (from its millisecond on: a record written
+    later in that millisecond is read too), until one pass is answered in a single page: that page
+    is everything after its bound at one moment, and whatever lay before the bound then sat still
+    since an earlier pass covered it. A record a later pass read is written in that version only."""
+    from a2m.timefmt import shift_ms
+
+    # Pages (newest first) are spooled to a temporary file, then copied out oldest first: the walk's
+    # pages, then each catch-up pass's.
+    passes: list[list[tuple[int, int]]] = []  # per pass, (spool offset, size) of each page
+    latest: dict[str, int] = {}  # id -> the last pass that read it, for ids a catch-up pass read
+    newest: str | None = None  # the bound of the next pass
+    settled = False
     with tempfile.TemporaryFile() as spool:
-        async for page_records in pages_backwards(client, tier=tier, owner=owner, embeddings=embeddings, page=page,
-                                                  cap=cap, tier_wait=tier_wait):
-            if answered is not None:
-                answered.update(r.get("owner") for r in page_records)
-            records = [r for r in page_records if r.get("owner") not in skip]
-            blob = b"".join(orjson.dumps(_clean(r, embeddings)) + b"\n" for r in records)
-            offsets.append((spool.tell(), len(blob)))
-            spool.write(blob)
-            count += len(records)
-            if progress is not None:
-                progress.advance(task, len(page_records))
-        for start, size in reversed(offsets):
-            spool.seek(start)
-            out.write(spool.read(size))
+        for number in range(CATCH_UP_PASSES + 1):
+            after = None if number == 0 else shift_ms(newest, -1) if newest else None
+            if number and after is None:
+                settled = True
+                break  # an empty stream, or stamps that are not times: nothing to catch up from
+            counted = _Answers(client)
+            offsets: list[tuple[int, int]] = []
+            began: str | None = None
+            ignored = False
+            walk = pages_backwards(counted, tier=tier, owner=owner, embeddings=embeddings, page=page, cap=cap,
+                                   tier_wait=tier_wait, after=after)
+            async with contextlib.aclosing(walk):  # a pass cut short closes its walk
+                async for page_records in walk:
+                    if after is not None and _reaches(page_records, after):
+                        ignored = True  # the endpoint ignores `after`: a pass would read the whole stream again
+                        break
+                    if not offsets:
+                        began = _newest(page_records)
+                    if answered is not None:
+                        answered.update(r.get("owner") for r in page_records)
+                    records = [r for r in page_records if r.get("owner") not in skip]
+                    if number:
+                        latest.update((r["id"], number) for r in records)
+                    blob = b"".join(orjson.dumps(_clean(r, embeddings)) + b"\n" for r in records)
+                    offsets.append((spool.tell(), len(blob)))
+                    spool.write(blob)
+                    if progress is not None:
+                        progress.advance(task, len(page_records))
+            passes.append(offsets)  # (a pass cut short read what it read after its bound)
+            if ignored:
+                print(f"a2m export: {tier or 'the endpoint'}: its timeline ignores `after`, so records rewritten "
+                      "while the export read it may be missing", file=sys.stderr)
+                settled = True
+                break
+            if number and counted.pages <= 1:
+                settled = True
+                break
+            newest = began
+        if not settled:
+            print(f"a2m export: {tier or 'the endpoint'}{f' ({owner})' if owner else ''}: records were still being "
+                  f"written after {CATCH_UP_PASSES} catch-up passes; records rewritten during the last one may be "
+                  "missing (export again when writes are quieter)", file=sys.stderr)
+        count = 0
+        for number, offsets in enumerate(passes):
+            for start, size in reversed(offsets):
+                spool.seek(start)
+                blob = spool.read(size)
+                if latest:  # a line a later pass read again is written in that version only
+                    blob = b"".join(line for line in blob.splitlines(keepends=True)
+                                    if latest.get(_line_id(line) or "", 0) == number)
+                out.write(blob)
+                count += blob.count(b"\n")
     if progress is not None:
         progress.update(task, total=count, completed=count)
     return count
