@@ -416,7 +416,11 @@ async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner
     created after the newest record each pass began with (from its millisecond on: a record written
     later in that millisecond is read too), until one pass is answered in a single page: that page
     is everything after its bound at one moment, and whatever lay before the bound then sat still
-    since an earlier pass covered it. A record a later pass read is written in that version only."""
+    since an earlier pass covered it. A pass whose first page is the previous pass's first page again
+    ends there too: nothing came in front since, so nothing was rewritten behind that pass (a tier's
+    newest millisecond holding a page or more, one remember call of that many records, made every
+    pass two pages, and a quiet tier was read five more times and said to be still changing). A
+    record a later pass read is written in that version only."""
     from a2m.timefmt import shift_ms
 
     # Pages (newest first) are spooled to a temporary file, then copied out oldest first: the walk's
@@ -424,6 +428,7 @@ async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner
     passes: list[list[tuple[int, int]]] = []  # per pass, (spool offset, size) of each page
     latest: dict[str, int] = {}  # id -> the last pass that read it, for ids a catch-up pass read
     newest: str | None = None  # the bound of the next pass
+    front: list[tuple[Any, ...]] | None = None  # the previous pass's first page, as (id, created_at, revision)
     settled = False
     with tempfile.TemporaryFile() as spool:
         for number in range(CATCH_UP_PASSES + 1):
@@ -434,7 +439,7 @@ async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner
             counted = _Answers(client)
             offsets: list[tuple[int, int]] = []
             began: str | None = None
-            ignored = False
+            ignored = again = False
             walk = pages_backwards(counted, tier=tier, owner=owner, embeddings=embeddings, page=page, cap=cap,
                                    tier_wait=tier_wait, after=after)
             async with contextlib.aclosing(walk):  # a pass cut short closes its walk
@@ -444,6 +449,8 @@ async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner
                         break
                     if not offsets:
                         began = _newest(page_records)
+                        shown = [(r.get("id"), r.get("created_at"), r.get("revision")) for r in page_records]
+                        again, front = number > 0 and shown == front, shown
                     if answered is not None:
                         answered.update(r.get("owner") for r in page_records)
                     records = [r for r in page_records if r.get("owner") not in skip]
@@ -454,13 +461,15 @@ async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner
                     spool.write(blob)
                     if progress is not None:
                         progress.advance(task, len(page_records))
+                    if again:
+                        break  # the front has not moved since the last pass read it: nothing went behind it
             passes.append(offsets)  # (a pass cut short read what it read after its bound)
             if ignored:
                 print(f"a2m export: {tier or 'the endpoint'}: its timeline ignores `after`, so records rewritten "
                       "while the export read it may be missing", file=sys.stderr)
                 settled = True
                 break
-            if number and counted.pages <= 1:
+            if number and (counted.pages <= 1 or again):
                 settled = True
                 break
             newest = began

@@ -286,7 +286,7 @@ class GitStore:
         header to match, ends it."""
         try:
             placed = self.layout.record_path(record)
-        except ValueError:
+        except (ValueError, StoreRejected):  # the layout refuses a key that cannot be a path (`a//b`)
             return  # a key this layout cannot hold: reads still serve it; nothing can be written to it
         if path != placed:
             log.warning("procedural: %s holds the record %r (owner %r, key %r), whose place is %s: a key "

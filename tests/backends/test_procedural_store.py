@@ -1476,3 +1476,24 @@ async def test_files_committed_by_hand_each_have_a_place_of_their_own_in_the_tim
         assert [r.id for r, _ in await store.timeline_page(Scope(owner="alice"), below=None, limit=1)] == ["4"]
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("key", ["skills//deploy", "skills\\\\deploy", "skills/.git/deploy"])
+async def test_a_file_whose_header_key_cannot_be_a_path_is_served_not_fatal_at_open(tmp_path: Path, key: str) -> None:
+    """The check that a file sits at its header's place asks the layout for that place, which refuses
+    a key that cannot be a path (StoreRejected, not a ValueError): one such file committed by hand
+    stopped the whole tier at open. Reads still serve it, as before the check."""
+    store = await opened(tmp_path)
+    await store.write([rec(1, key="skills/deploy")])
+    await store.close()
+    repo = tmp_path / "repo"
+    path = repo / "owners" / "alice" / "skills" / "deploy.md"
+    text = path.read_text()
+    path.write_text(text.replace("key: skills/deploy", f"key: \"{key}\"", 1))
+    assert f'key: "{key}"' in path.read_text()
+    git(repo, "-c", "user.name=Hand", "-c", "user.email=hand@example.org", "commit", "-qam", "edit by hand")
+    store = await opened(tmp_path)
+    try:
+        assert [r.content for r in await store.select(Scope(owner="alice"), order="asc", limit=10)] == [rec(1).content]
+    finally:
+        await store.close()

@@ -142,3 +142,53 @@ async def test_a_stream_that_keeps_changing_is_said_and_each_id_is_written_once(
     assert "still being written after 5 catch-up passes" in capsys.readouterr().err
     ids = [r["id"] for r in _lines(out)]
     assert len(ids) == len(set(ids)) and set(plain) <= set(ids) <= set(keyed + plain)
+
+
+@pytest.mark.anyio
+async def test_a_quiet_tier_whose_newest_millisecond_fills_a_page_settles_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """One remember call stamps all its records with one created_at, so a tier's last batch of a page
+    or more (max_records_per_call is max_recall_limit, 1,000, here) fills the newest millisecond:
+    every catch-up pass from it was two pages (a full page has a cursor, the next is empty), so with
+    nothing written the export read it five more times and said records were still being written."""
+    with federation(tmp_path, [{"name": "working", "kind": "working"}, {"name": "episodic", "kind": "episodic"}],
+                    mode="real") as stack:
+        notes = await _remember(stack.url, [{"content": f"note {i}"} for i in range(3)])
+        batch = await _remember(stack.url, [{"content": f"bulk {i}"} for i in range(2)])  # one stamp
+        pages: list[dict[str, Any]] = []
+
+        async def count(params: dict[str, Any], result: dict[str, Any]) -> None:
+            if params.get("tier") == "working":
+                pages.append(params)
+
+        _hook_export(monkeypatch, count)
+        out = tmp_path / "quiet.jsonl"
+        assert await transfer.export(stack.url, str(out), quiet=True, page=2) == 0
+    assert "still being written" not in capsys.readouterr().err
+    assert sorted(r["id"] for r in _lines(out)) == sorted(notes + batch)
+    assert len([p for p in pages if "after" in p]) == 1  # one catch-up page: the front as the walk left it
+
+
+@pytest.mark.anyio
+async def test_a_key_rewritten_behind_a_full_newest_millisecond_is_caught_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front seen again ends a pass only when nothing came in front of it: a key rewritten before
+    the walk reached it, behind a newest millisecond that fills a page, is still read by a later pass."""
+    with federation(tmp_path, [{"name": "working", "kind": "working"}, {"name": "episodic", "kind": "episodic"}],
+                    mode="real") as stack:
+        (city,) = await _remember(stack.url, [{"content": "city is Paris", "key": "user/city"}])
+        notes = await _remember(stack.url, [{"content": f"note {i}"} for i in range(3)])
+        batch = await _remember(stack.url, [{"content": f"bulk {i}"} for i in range(2)])  # one stamp
+        rewritten: list[str] = []
+
+        async def rewrite(params: dict[str, Any], result: dict[str, Any]) -> None:
+            if not rewritten and params.get("tier") == "working":
+                rewritten.extend(await _remember(stack.url, [{"content": "city is Rome", "key": "user/city"}]))
+
+        _hook_export(monkeypatch, rewrite)
+        out = tmp_path / "behind.jsonl"
+        assert await transfer.export(stack.url, str(out), quiet=True, page=2) == 0
+    assert rewritten == [city]
+    lines = _lines(out)
+    assert sorted(r["id"] for r in lines) == sorted([city, *notes, *batch])
+    assert [r["content"] for r in lines if r["id"] == city] == ["city is Rome"]
