@@ -40,6 +40,7 @@ import signal
 import stat
 import sys
 import tempfile
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import IO, AbstractSet, Any, AsyncIterator, Iterator, Sequence
 
@@ -56,6 +57,9 @@ MAX_RATE_REFUSALS = 100
 # Passes after an export's walk of a stream that read what was written while it ran (`_export_stream`);
 # a stream still changing after them is said on stderr.
 CATCH_UP_PASSES = 5
+# How far the endpoint's clock may be behind this machine's: a catch-up pass's bound is never later than
+# this before the pass began (`_newest`), so it re-reads at most these seconds of writes unchanged.
+CLOCK_SKEW = 10.0
 BATCH_BYTES = 8 * 1024 * 1024  # JSON per import call: half the 16 MiB any server here takes at its front door
 WIRE_FIELDS = ("id", "content", "created_at", "role", "metadata", "group", "tier", "salience", "access_count",
                "accessed_at", "owner", "session", "key", "revision", "uri", "media_type")
@@ -383,15 +387,19 @@ def _line_id(line: bytes) -> str | None:
     return orjson.loads(match.group(1)) if match else None
 
 
-def _newest(records: list[dict[str, Any]]) -> str | None:
-    """The latest `created_at` of a page (None: one that is no timestamp, nothing to catch up from)."""
+def _newest(records: list[dict[str, Any]], began: datetime) -> str | None:
+    """The bound of the next catch-up pass: the latest `created_at` of a page, but no later than
+    CLOCK_SKEW before `began`, this machine's time when the pass began (None: no timestamp, nothing to
+    catch up from). A caller may stamp a record in the future: taken as the bound, it put every write
+    made during the export before it, and a key rewritten then was in the file in neither version."""
     from a2m.errors import A2MError
-    from a2m.timefmt import parse_ts
+    from a2m.timefmt import format_ts, parse_ts
 
     try:
-        return max((r["created_at"] for r in records), key=parse_ts)
-    except (A2MError, KeyError, TypeError):
+        newest = max(parse_ts(r["created_at"]) for r in records)
+    except (A2MError, KeyError, TypeError, ValueError):
         return None
+    return format_ts(min(newest, began - timedelta(seconds=CLOCK_SKEW)))
 
 
 def _reaches(records: list[dict[str, Any]], after: str) -> bool:
@@ -439,6 +447,7 @@ async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner
             counted = _Answers(client)
             offsets: list[tuple[int, int]] = []
             began: str | None = None
+            clock = datetime.now(timezone.utc)
             ignored = again = False
             walk = pages_backwards(counted, tier=tier, owner=owner, embeddings=embeddings, page=page, cap=cap,
                                    tier_wait=tier_wait, after=after)
@@ -448,7 +457,7 @@ async def _export_stream(client: Any, out: IO[bytes], *, tier: str | None, owner
                         ignored = True  # the endpoint ignores `after`: a pass would read the whole stream again
                         break
                     if not offsets:
-                        began = _newest(page_records)
+                        began = _newest(page_records, clock)
                         shown = [(r.get("id"), r.get("created_at"), r.get("revision")) for r in page_records]
                         again, front = number > 0 and shown == front, shown
                     if answered is not None:

@@ -192,3 +192,27 @@ async def test_a_key_rewritten_behind_a_full_newest_millisecond_is_caught_up(
     lines = _lines(out)
     assert sorted(r["id"] for r in lines) == sorted([city, *notes, *batch])
     assert [r["content"] for r in lines if r["id"] == city] == ["city is Rome"]
+
+
+@pytest.mark.anyio
+async def test_a_record_stamped_in_the_future_does_not_blind_the_catch_up(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller may set `created_at` in the future. Taken as the next pass's bound, 2099 put every write
+    made during the export before it: the key rewritten before the walk reached it was in neither version."""
+    with federation(tmp_path, [{"name": "working", "kind": "working"}, {"name": "episodic", "kind": "episodic"}],
+                    mode="real") as stack:
+        (city,) = await _remember(stack.url, [{"content": "city is Paris", "key": "user/city"}])
+        notes = await _remember(stack.url, [{"content": f"note {i}"} for i in range(5)])
+        (later,) = await _remember(stack.url, [{"content": "reminder", "created_at": "2099-01-01T00:00:00.000Z"}])
+        rewritten: list[str] = []
+
+        async def rewrite(params: dict[str, Any], result: dict[str, Any]) -> None:
+            if not rewritten and params.get("tier") == "working" and city not in {r["id"] for r in result["records"]}:
+                rewritten.extend(await _remember(stack.url, [{"content": "city is Rome", "key": "user/city"}]))
+
+        _hook_export(monkeypatch, rewrite)
+        out = tmp_path / "future.jsonl"
+        assert await transfer.export(stack.url, str(out), quiet=True, page=2) == 0
+    assert rewritten == [city]
+    assert sorted(r["id"] for r in _lines(out)) == sorted([city, *notes, later])
+    assert [r["content"] for r in _lines(out) if r["id"] == city] == ["city is Rome"]
