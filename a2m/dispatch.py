@@ -247,7 +247,8 @@ class Dispatcher:
 # orjson reads an integer literal past 64 bits as a float (10**30 -> 1e30), silently. Such a literal
 # is 19 digits or more after a separator or a sign, never after a point: found in one C pass over
 # the body (every digit mapped to 0, every byte that may come before a number to b) and only then
-# read again, exactly. Only writes are looked at: there the float would be stored (~1 ns a byte).
+# read again, exactly. Only writes are looked at: there the float would be stored (~1 ns a byte). A
+# literal whose float is its value (a double a JavaScript or Go client wrote out in full) is taken.
 _SHAPES = bytes(ord("0") if c in b"0123456789" else ord("b") if c in b":,[ \t\n\r-" else ord("x") for c in range(256))
 _LONG_NUMBER = b"b" + b"0" * 19
 
@@ -259,7 +260,7 @@ def wide_integer(body: bytes) -> str | None:
     found: list[str] = []
 
     def parse_int(text: str) -> int:
-        if not found and (len(text.lstrip("-")) > 20 or not -(2**63) <= int(text) < 2**64):
+        if not found and len(text.lstrip("-")) >= 19 and not _held_exactly(text):
             found.append(text)
         return 0  # only the literal matters here
 
@@ -268,6 +269,20 @@ def wide_integer(body: bytes) -> str | None:
     except (ValueError, RecursionError):  # orjson read it; a difference of parsers is not the caller's error
         return None
     return found[0] if found else None
+
+
+def _held_exactly(text: str) -> bool:
+    """Whether orjson's reading of an integer literal is its value: an integer within 64 bits, or a
+    float equal to it (JavaScript and Go write a double of 1e20 as `100000000000000000000`)."""
+    if len(text) > 400:  # past any finite double (and Python's int() digit limit)
+        return False
+    value = int(text)
+    if -(2**63) <= value < 2**64:
+        return True
+    try:
+        return float(value) == value
+    except OverflowError:
+        return False
 
 
 def _encode_error(response: dict[str, Any], method: str) -> bytes:
