@@ -8,6 +8,11 @@ Two facts shape this module:
 
 - `EdgeShard` calls are synchronous; updates run in a worker thread, so a
   slow fsync does not stall the event loop. Reads are fast and run inline.
+- The WAL maps 32 MiB segment files into memory; where the disk cannot back a
+  page of one, the process dies of SIGBUS, with no word (a restart on a full
+  disk dies so while loading). The engine therefore refuses to open, and a
+  write refuses, while less than `MIN_FREE` is free: a one-line error, not a
+  silent death.
 - `optimize()` (which builds HNSW) holds the GIL for its whole run (seconds at
   tens of thousands of points), so a thread does not keep it off the request
   path. It runs at `open()` when enough points are unindexed, and on demand
@@ -18,6 +23,7 @@ Two facts shape this module:
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,6 +36,25 @@ from .store import (DENSE, EMBEDDING, INDEXES, RRF_K, SPARSE, AnyOf, Cond, Eithe
                     PointData, Prefix, Range)
 
 FACET_LIMIT = 1_000_000_000  # a facet's values: all of them
+WAL_SEGMENT = 32 * 1024 * 1024  # the size of each WAL segment file Qdrant Edge maps
+MIN_FREE = 2 * WAL_SEGMENT  # a rotation's new segment, and room for the segment files to grow
+
+
+def check_space(path: Path, *, replay: bool = False) -> None:
+    """Refuse (StoreUnavailable) while the disk under `path` has less than `MIN_FREE` free: Qdrant Edge
+    writes its WAL through memory maps, and a page the disk cannot back kills the process (SIGBUS)
+    with no message. At open (`replay`) the WAL's files count too: `EdgeShard.load` replays them into
+    the segments (65 MiB free beside a 96 MiB WAL died so)."""
+    need = MIN_FREE + (_wal_bytes(path / "wal") if replay else 0)
+    free = shutil.disk_usage(path).free
+    if free < need:
+        mib = 1024 * 1024
+        raise StoreUnavailable(f"the disk holding the Qdrant Edge shard {path} has {free // mib} MiB free, under "
+                               f"the {need // mib} MiB its write-ahead log needs (free some space)")
+
+
+def _wal_bytes(wal: Path) -> int:
+    return sum(f.stat().st_size for f in wal.iterdir() if f.is_file()) if wal.is_dir() else 0
 
 
 def _cond(c: Cond) -> Any:
@@ -92,6 +117,7 @@ class EdgeEngine:
         if self._shard is not None:
             return
         self._path.mkdir(parents=True, exist_ok=True)
+        check_space(self._path, replay=True)
         try:
             if (self._path / "edge_config.json").exists():
                 self._shard = await anyio.to_thread.run_sync(q.EdgeShard.load, str(self._path))
@@ -143,6 +169,8 @@ class EdgeEngine:
         await anyio.to_thread.run_sync(self.shard.update, op)
 
     async def write(self, points: Sequence[PointData], deletes: Sequence[str]) -> None:
+        if points:  # a statvfs, about a microsecond a batch; a delete frees, so it is let through
+            check_space(self._path)
         # Each update is one WAL record, applied whole or not at all: the puts land
         # together, then the deletes (a crash between the two leaves both versions
         # of a replaced key; readers prefer the newest).

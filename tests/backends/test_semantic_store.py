@@ -630,6 +630,44 @@ async def test_crash_mid_batch_loses_no_acknowledged_write(engine: str, tmp_path
         await store.close()
 
 
+def _disk_with(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
+    """The disk under every path reports `free` bytes free (the engine itself is real)."""
+    import shutil
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=free))
+
+
+async def test_a_nearly_full_disk_is_refused_in_words_not_by_sigbus(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qdrant Edge maps its WAL segments (32 MiB files); a page the disk cannot back kills the process
+    with SIGBUS. On a 150 MiB tmpfs, a server kept acknowledging writes down to 7 MiB free, and its
+    restart died inside `EdgeShard.load` (exit -7, not a word on stderr), as did one with 65 MiB free
+    beside its 96 MiB WAL. Now the open and each write that adds points refuse, saying why."""
+    from backends.semantic import edge
+
+    MIN_FREE = getattr(edge, "MIN_FREE", 64 << 20)  # noqa: N806 (the engine's constant)
+    first = make_store(settings("edge", tmp_path))
+    await first.open()
+    try:
+        await first.write([rec(1)])
+        _disk_with(monkeypatch, MIN_FREE - 1)
+        with pytest.raises(StoreUnavailable, match="MiB free"):
+            await first.write([rec(2)])
+        assert await first.delete(Scope(owner="alice", ids=["1"])) == 1  # a forget frees space: let through
+        assert ids(await first.select(Scope(owner="alice"))) == []
+    finally:
+        await first.close()
+    wal = sum(f.stat().st_size for f in (tmp_path / "qdrant-edge" / "wal").iterdir())
+    _disk_with(monkeypatch, MIN_FREE + wal - 1)  # the open replays the WAL into the segments
+    with pytest.raises(StoreUnavailable, match=r"MiB free, under the \d+ MiB its write-ahead log needs"):
+        await make_store(settings("edge", tmp_path)).open()
+    _disk_with(monkeypatch, MIN_FREE + wal)
+    again = make_store(settings("edge", tmp_path))
+    await again.open()
+    await again.close()
+
+
 async def test_owner_and_content_in_where_are_the_record_fields(store: SemanticStore) -> None:
     await store.write([rec("a", "alpha fact", metadata={"content": "beta fact", "owner": "meta"}),
                        rec("b", "beta fact", second=1), rec("c", "beta fact", owner="bob")])
