@@ -45,6 +45,20 @@ def _hook_export(monkeypatch: pytest.MonkeyPatch, hook: Hook) -> None:
     monkeypatch.setattr(transfer, "_client", lambda *a, **k: _Hooked(real(*a, **k), hook))
 
 
+def _rewrite_city_once(monkeypatch: pytest.MonkeyPatch, url: str, when: Callable[[list[dict[str, Any]]], bool]
+                       ) -> list[str]:
+    """Hook the export so that `user/city` is rewritten ("city is Rome") once, after the first page of
+    working whose records `when` accepts; the list it returns holds the id the rewrite was told."""
+    rewritten: list[str] = []
+
+    async def rewrite(params: dict[str, Any], result: dict[str, Any]) -> None:
+        if not rewritten and params.get("tier") == "working" and when(result["records"]):
+            rewritten.extend(await _remember(url, [{"content": "city is Rome", "key": "user/city"}]))
+
+    _hook_export(monkeypatch, rewrite)
+    return rewritten
+
+
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
@@ -66,16 +80,8 @@ async def test_a_key_rewritten_during_the_export_is_in_the_file_once_in_its_new_
                     mode="real") as stack:
         (city,) = await _remember(stack.url, [{"content": "city is Paris", "key": "user/city"}])
         notes = await _remember(stack.url, [{"content": f"note {i}"} for i in range(9)])
-        rewritten: list[str] = []
-
-        async def rewrite(params: dict[str, Any], result: dict[str, Any]) -> None:
-            if rewritten or params.get("tier") != "working":
-                return
-            read = any(r["id"] == city for r in result["records"])
-            if read == (when == "after the walk read it"):
-                rewritten.extend(await _remember(stack.url, [{"content": "city is Rome", "key": "user/city"}]))
-
-        _hook_export(monkeypatch, rewrite)
+        rewritten = _rewrite_city_once(monkeypatch, stack.url, lambda records: any(
+            r["id"] == city for r in records) == (when == "after the walk read it"))
         out = tmp_path / "live.jsonl"
         assert await transfer.export(stack.url, str(out), quiet=True, page=2) == 0
     assert rewritten == [city]
@@ -179,13 +185,7 @@ async def test_a_key_rewritten_behind_a_full_newest_millisecond_is_caught_up(
         (city,) = await _remember(stack.url, [{"content": "city is Paris", "key": "user/city"}])
         notes = await _remember(stack.url, [{"content": f"note {i}"} for i in range(3)])
         batch = await _remember(stack.url, [{"content": f"bulk {i}"} for i in range(2)])  # one stamp
-        rewritten: list[str] = []
-
-        async def rewrite(params: dict[str, Any], result: dict[str, Any]) -> None:
-            if not rewritten and params.get("tier") == "working":
-                rewritten.extend(await _remember(stack.url, [{"content": "city is Rome", "key": "user/city"}]))
-
-        _hook_export(monkeypatch, rewrite)
+        rewritten = _rewrite_city_once(monkeypatch, stack.url, lambda records: True)
         out = tmp_path / "behind.jsonl"
         assert await transfer.export(stack.url, str(out), quiet=True, page=2) == 0
     assert rewritten == [city]
@@ -204,13 +204,7 @@ async def test_a_record_stamped_in_the_future_does_not_blind_the_catch_up(tmp_pa
         (city,) = await _remember(stack.url, [{"content": "city is Paris", "key": "user/city"}])
         notes = await _remember(stack.url, [{"content": f"note {i}"} for i in range(5)])
         (later,) = await _remember(stack.url, [{"content": "reminder", "created_at": "2099-01-01T00:00:00.000Z"}])
-        rewritten: list[str] = []
-
-        async def rewrite(params: dict[str, Any], result: dict[str, Any]) -> None:
-            if not rewritten and params.get("tier") == "working" and city not in {r["id"] for r in result["records"]}:
-                rewritten.extend(await _remember(stack.url, [{"content": "city is Rome", "key": "user/city"}]))
-
-        _hook_export(monkeypatch, rewrite)
+        rewritten = _rewrite_city_once(monkeypatch, stack.url, lambda records: city not in {r["id"] for r in records})
         out = tmp_path / "future.jsonl"
         assert await transfer.export(stack.url, str(out), quiet=True, page=2) == 0
     assert rewritten == [city]
