@@ -169,7 +169,7 @@ class Dispatcher:
             return self._reply(None, A2MError(errors.PARSE_ERROR, "body is not valid JSON"), True, started)[1]
         wide = None
         if isinstance(message, dict) and message.get("method") == "memory/remember" and _wide_float(message):
-            wide = wide_integer(body)
+            wide = _wide_integer(body)
         refused = None if wide is None else invalid(
             f"the number {wide[:40]} is an integer past 64 bits, which would be stored as an inexact float: "
             "send it as a string")
@@ -249,7 +249,7 @@ class Dispatcher:
 def _wide_float(message: dict[str, Any]) -> bool:
     """Whether a record's metadata holds a whole float of 2^63 or more: what orjson makes of an integer
     literal past 64 bits (10**30 -> 1e30, silently). Only then is the body read again, exactly
-    (`wide_integer`): a 1e30 the caller wrote as a float is one too. The rest of a record cannot keep
+    (`_wide_integer`): a 1e30 the caller wrote as a float is one too. The rest of a record cannot keep
     such a number (counts must be integers, salience is in [0, 1], a vector is float32 anyway)."""
     params = message.get("params")
     records = params.get("records") if isinstance(params, dict) else None
@@ -268,18 +268,10 @@ def _wide_float(message: dict[str, Any]) -> bool:
     return False
 
 
-# Such a literal is 19 digits or more after a separator or a sign, never after a point: looked for
-# in one C pass over the body (every digit mapped to 0, every byte that may come before a number to
-# b) before the body is parsed again. A literal whose float is its value (a double a JavaScript or Go
-# client wrote out in full) is taken.
-_SHAPES = bytes(ord("0") if c in b"0123456789" else ord("b") if c in b":,[ \t\n\r-" else ord("x") for c in range(256))
-_LONG_NUMBER = b"b" + b"0" * 19
-
-
-def wide_integer(body: bytes) -> str | None:
-    """The first integer literal of `body` that orjson cannot hold as an integer, or None."""
-    if _LONG_NUMBER not in body.translate(_SHAPES):
-        return None
+def _wide_integer(body: bytes) -> str | None:
+    """The first integer literal of `body` that orjson cannot hold as an integer and whose float is not
+    its value, or None. The standard `json` module is what sees each literal as written; a literal
+    whose float is its value (a double a JavaScript or Go client wrote out in full) is taken."""
     found: list[str] = []
 
     def parse_int(text: str) -> int:
