@@ -19,6 +19,7 @@ import orjson
 from . import errors, tracing
 from .capabilities import METHOD_CAPABILITY, PROTOCOL, compatible
 from .errors import A2MError, invalid
+from .params import str_param
 
 log = logging.getLogger("a2m")
 
@@ -128,9 +129,10 @@ class Dispatcher:
         return method if method in METHOD_CAPABILITY or method in self._handlers else UNKNOWN_METHOD
 
     async def _describe(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        if params.get("protocol") is not None and not compatible(params["protocol"]):  # null: absent
+        protocol = str_param(params, "protocol")  # null: absent; 1 is a malformed param, not a version
+        if protocol is not None and not compatible(protocol):
             raise A2MError(errors.PROTOCOL_NOT_SUPPORTED, f"this server speaks {PROTOCOL}",
-                           {"supported": [PROTOCOL], "requested": params["protocol"]})
+                           {"supported": [PROTOCOL], "requested": protocol})
         result: dict[str, Any] = {
             "protocol": PROTOCOL,
             "name": self.service.name,

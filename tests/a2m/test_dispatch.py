@@ -18,9 +18,11 @@ async def test_id_is_echoed_exactly(id_: object) -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("protocol, code", [(None, None), ("a2m/0.1", None), ("a2m/0.2", -32007), (1, -32007)])
+@pytest.mark.parametrize("protocol, code", [(None, None), ("a2m/0.1", None), ("a2m/0.2", -32007), (1, -32602),
+                                            (["a2m/0.1"], -32602)])
 async def test_describe_reads_a_null_protocol_as_absent(protocol: object, code: int | None) -> None:
-    """null is "not given" for every param; only a version this server cannot speak is -32007."""
+    """null is "not given" for every param; only a version this server cannot speak is -32007, a
+    protocol that is not a string is a malformed param (-32602), as every other param's wrong type is."""
     reply = await dispatcher(frozenset({"core"})).handle(
         {"jsonrpc": "2.0", "id": 1, "method": "memory/describe", "params": {"protocol": protocol}}, Context())
     assert reply.get("error", {}).get("code") == code and (code is not None or reply["result"]["protocol"] == "a2m/0.1")

@@ -265,10 +265,11 @@ async def _describe(s: Session) -> None:
             expect(set(names) <= methods, f"{cap} declared but methods lack {set(names) - methods}")
 
 
-@check("core", "describe with an incompatible protocol answers -32007")
+@check("core", "describe with an incompatible protocol answers -32007, a protocol not a string -32602")
 async def _negotiate(s: Session) -> None:
     await expect_error(s, "memory/describe", {"protocol": "a2m/0.9"}, (-32007,), "a2m/0.9")
     await expect_error(s, "memory/describe", {"protocol": "a2m/1.0"}, (-32007,), "a2m/1.0")
+    await expect_error(s, "memory/describe", {"protocol": 1}, (-32602,), "protocol 1, not a string")
     result = await s.t.call("memory/describe", {"protocol": "a2m/0.1"})
     expect(result.get("protocol") == "a2m/0.1", "describe with a2m/0.1 failed")
 
