@@ -170,10 +170,10 @@ class Dispatcher:
         except orjson.JSONDecodeError:
             return self._reply(None, A2MError(errors.PARSE_ERROR, "body is not valid JSON"), True, started)[1]
         wide = None
-        if isinstance(message, dict) and message.get("method") == "memory/remember" and _wide_float(message):
+        if isinstance(message, dict) and _wide_float(message):
             wide = _wide_integer(body)
         refused = None if wide is None else invalid(
-            f"the number {wide[:40]} is an integer past 64 bits, which would be stored as an inexact float: "
+            f"the number {wide[:40]} is an integer past 64 bits, which would be held as an inexact float: "
             "send it as a string")
         _, encoded = await self._handle(message, ctx, encode=True, refused=refused)
         return encoded
@@ -249,15 +249,18 @@ class Dispatcher:
 
 
 def _wide_float(message: dict[str, Any]) -> bool:
-    """Whether a record's metadata holds a whole float of 2^63 or more: what orjson makes of an integer
-    literal past 64 bits (10**30 -> 1e30, silently). Only then is the body read again, exactly
-    (`_wide_integer`): a 1e30 the caller wrote as a float is one too. The rest of a record cannot keep
-    such a number (counts must be integers, salience is in [0, 1], a vector is float32 anyway)."""
+    """Whether a record's metadata, or a `where`, holds a whole float of 2^63 or more: what orjson makes
+    of an integer literal past 64 bits (10**30 -> 1e30, silently). Only then is the body read again,
+    exactly (`_wide_integer`): a 1e30 the caller wrote as a float is one too. The rest of a record cannot
+    keep such a number (counts must be integers, salience is in [0, 1], a vector is float32 anyway). A
+    `where` naming one would match, and a forget delete, the records holding its float."""
     params = message.get("params")
-    records = params.get("records") if isinstance(params, dict) else None
-    if not isinstance(records, list):
+    if not isinstance(params, dict):
         return False
-    pending = [r.get("metadata") for r in records if isinstance(r, dict)]
+    records = params.get("records")
+    pending = [params.get("where")]
+    if isinstance(records, list):
+        pending.extend(r.get("metadata") for r in records if isinstance(r, dict))
     while pending:
         value = pending.pop()
         if type(value) is float:

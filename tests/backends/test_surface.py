@@ -75,6 +75,22 @@ async def test_an_integer_past_64_bits_is_refused_not_stored_as_a_float(tiers: d
     assert "result" in await remember(b"100000000000000000000")
 
 
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_where_naming_an_integer_past_64_bits_is_refused_not_matched_as_a_float(
+        tiers: dict[str, Dispatcher], tier: str) -> None:
+    """A `where` of 10**30 + 1 was read as 1e30: a forget deleted the record holding the float 1e30."""
+    d, me = tiers[tier], owner()
+    await call(d, "memory/remember", {"owner": me, "records": [{"content": "a float", "metadata": {"n": 1e30}}]})
+    for method in ("memory/forget", "memory/timeline", "memory/recall"):
+        body = b'{"jsonrpc": "2.0", "id": 1, "method": "%s", "params": {"owner": "%s", ' \
+               b'"where": {"n": [2, 1000000000000000000000000000001]}}}' % (method.encode(), me.encode())
+        reply = await d.handle_bytes(body, Context())
+        assert reply is not None
+        error = orjson.loads(reply)["error"]
+        assert error["code"] == -32602 and "1000000000000000000000000000001" in error["message"], (method, error)
+    assert len((await call(d, "memory/timeline", {"owner": me, "where": {"n": 1e30}}))["records"]) == 1
+
+
 # (record, a one-word query written as the record writes it): no stopword in the query, so it folds
 # as English; the record kept its words unfolded (its stopwords said Spanish, Italian, French, or,
 # for the last, Italian for its one stopword "o").
