@@ -503,7 +503,7 @@ def _transfer(args: argparse.Namespace) -> int:
                                                        embeddings=args.embeddings, owners=owners,
                                                        tier_wait=args.wait_for_tiers))
     return _stopped_by_sigterm_too(transfer.import_(args.url, args.file, token=_bearer(args.token, args.url),
-                                                    batch=args.batch))
+                                                    batch=args.batch, tier_wait=args.wait_for_tiers))
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -595,11 +595,11 @@ def main(argv: list[str] | None = None) -> int:
                            help="export this owner's records (repeatable; default: the unowned partition)")
             p.add_argument("--unowned", action="store_true",
                            help="also export the unowned partition when --owner names owners")
-            p.add_argument("--wait-for-tiers", type=_wait, default=30.0, metavar="SECONDS",
-                           help="how long a tier the router answers without may take to come back before "
-                                "the export stops (default 30)")
         else:
             p.add_argument("--batch", type=_positive, default=500, help="records per memory/remember call")
+        p.add_argument("--wait-for-tiers", type=_wait, default=30.0, metavar="SECONDS",
+                       help=f"how long a tier the router answers without may take to come back before "
+                            f"the {name} stops (default 30)")
         p.set_defaults(run=_transfer)
 
     bench = sub.add_parser("bench", help="run every benchmark and print a table")

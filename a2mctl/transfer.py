@@ -21,6 +21,8 @@ record any server here would refuse (`a2m.records.parse_write`, what the router
 and every tier check), or a vector of another width than the target's changes
 nothing; standard input and pipes are read once, as they come, and checked the
 same way before the batch that holds a line is sent.
+A batch a router refuses because one of its tiers is down is sent again once
+the tier is back, within `--wait-for-tiers`, as export waits for a page.
 Whatever stops an import (a refused batch, an endpoint gone, Ctrl-C) is said
 with the file lines that were written: records with ids are skipped by a second
 run (an existing id is an idempotent write).
@@ -670,8 +672,37 @@ def _prepare(record: dict[str, Any], tiers: set[str], keep_tier: bool) -> dict[s
     return out
 
 
-async def import_(url: str, file: str, token: str | None = None, batch: int = 500, quiet: bool = False) -> int:
-    """Write the records of a JSON Lines export to `url` in `memory/remember` batches."""
+def _tier_down(exc: Any) -> str | None:
+    """The tier a router's answer says is unavailable (-32603 naming it, router/federation.py), or None."""
+    from a2m import errors
+
+    data = exc.data if isinstance(exc.data, dict) else {}
+    return data.get("tier") if exc.code == errors.INTERNAL_ERROR and isinstance(data.get("tier"), str) else None
+
+
+async def _remember(client: Any, params: dict[str, Any], waits: Sequence[float], lines: str) -> list[str]:
+    """memory/remember of one batch, sent again after each of `waits` while a router answers that one of
+    its tiers is down: a tier restarting should not stop a long import, and a rerun would read the
+    file from its first line again. Only a batch whose records all carry ids is sent again (a second
+    send of an id is idempotent; one without could be written twice)."""
+    from a2m.errors import A2MError
+
+    for wait in waits:
+        try:
+            return (await client.call("memory/remember", params))["ids"]
+        except A2MError as exc:
+            tier = _tier_down(exc)
+            if tier is None:
+                raise
+            print(f"a2m import: tier {tier} is unavailable; sending {lines} again in {wait:g} s", file=sys.stderr)
+            await asyncio.sleep(wait)
+    return (await client.call("memory/remember", params))["ids"]
+
+
+async def import_(url: str, file: str, token: str | None = None, batch: int = 500, quiet: bool = False,
+                  tier_wait: float = TIER_WAIT) -> int:
+    """Write the records of a JSON Lines export to `url` in `memory/remember` batches; `tier_wait`, how
+    long a tier a router answers without may take to come back."""
     from a2m.client import Unavailable
     from a2m.errors import A2MError
 
@@ -721,12 +752,16 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                     if owner is not None:
                         params["owner"] = owner
                     done.in_flight = (lines[0], lines[-1])
+                    waits = paging.waits_within(tier_wait) if all("id" in r for r in pending) else ()
                     try:
-                        ids = (await client.call("memory/remember", params))["ids"]
+                        ids = await _remember(client, params, waits, _span(lines[0], lines[-1]))
                     except Unavailable:
                         raise  # no answer: the batch may have been written (done.in_flight says which)
                     except A2MError as exc:
                         done.in_flight = None  # refused: a batch is written whole or not at all
+                        if waits and _tier_down(exc):
+                            raise TransferError(f"tier {_tier_down(exc)} did not come back within {tier_wait:g} s; "
+                                                "import again when it is back") from None
                         raise TransferError(_refused(file, lines, pending, exc)) from None
                     done.in_flight = None
                     done.records += len(pending)

@@ -28,6 +28,7 @@ from tests.support.procs import ROOT, a2m_command
     (["serve", "working", "--body-timeout", "0"], "seconds above 0, not '0'"),
     (["export", "http://127.0.0.1:1/", "-", "--wait-for-tiers", "-1"], "0 or a number of seconds above 0, not '-1'"),
     (["export", "http://127.0.0.1:1/", "-", "--wait-for-tiers", "soon"], "not 'soon'"),
+    (["import", "http://127.0.0.1:1/", "x.jsonl", "--wait-for-tiers", "-1"], "0 or a number of seconds above 0"),
     (["serve", "router", "--shutdown-timeout", "nan"], "seconds above 0, not 'nan'"),
     (["serve", "working", "--max-connections", "0"], "at least 1, not '0'"),
 ])

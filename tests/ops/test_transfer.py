@@ -218,6 +218,32 @@ async def test_export_through_a_router_waits_for_a_tier_down_then_fails(
 
 
 @pytest.mark.anyio
+async def test_import_through_a_router_waits_for_a_tier_down_then_fails(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A tier restarting stopped an import at its first batch; a rerun read the file from line 1 again."""
+    from tests.router.stack import federation
+
+    dump = tmp_path / "dump.jsonl"
+    lines = [{"id": f"w{n}", "content": f"turn {n}", "tier": "working"} for n in range(3)] + \
+            [{"id": f"s{n}", "content": f"fact {n}", "tier": "semantic"} for n in range(3)]
+    dump.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lines))
+    tiers = [{"name": "working", "kind": "working"}, {"name": "semantic", "kind": "semantic", "timeout": 2.0}]
+    with federation(tmp_path, tiers, mode="real") as stack:
+        stack.tiers["semantic"].kill()
+        asyncio.get_running_loop().call_later(3.0, stack.tiers["semantic"].start)  # back on the same data
+        assert await transfer.import_(stack.url, str(dump), batch=4, quiet=True, tier_wait=30) == 0
+        assert "tier semantic is unavailable; sending lines 1-4 again in 1 s" in capsys.readouterr().err
+        async with HTTPClient(stack.url) as client:
+            held = (await client.call("memory/timeline", {"limit": 10}))["records"]
+        assert sorted((r["id"], r["tier"]) for r in held) == sorted((r["id"], r["tier"]) for r in lines)
+        stack.tiers["semantic"].kill()  # for good: the import says so once its wait is spent
+        more = tmp_path / "more.jsonl"
+        more.write_bytes(orjson.dumps({"id": "s9", "content": "another fact", "tier": "semantic"}) + b"\n")
+        assert await transfer.import_(stack.url, str(more), quiet=True, tier_wait=1) == 1
+    assert "tier semantic did not come back within 1 s; import again when it is back" in capsys.readouterr().err
+
+
+@pytest.mark.anyio
 async def test_export_and_import_through_a_stdio_server(tmp_path: Path) -> None:
     """A command line is an endpoint too: the server runs as a child speaking A2M on stdio (here the
     Redis-backed working tier, whose data outlives each run of the command)."""
