@@ -304,7 +304,7 @@ class Policy:
             if verified:
                 self._deleting(owner)
                 try:
-                    await source.call("memory/forget", with_owner({"ids": verified}, owner))
+                    await self._delete_moved(source, owner, [w for unit in placed for w in unit])
                 except A2MError as exc:  # a duplicate now, repaired by the next consolidate
                     log.warning("move %s -> %s: delete from source failed (%s); %d duplicates until consolidate",
                                 source.name, dest.name, exc, len(verified))
@@ -386,6 +386,20 @@ class Policy:
                 log.warning("move %s -> %s: %s kept other records for %s; they stay in %s", source.name, dest.name,
                             dest.name, other, source.name)
         return verified, False
+
+    async def _delete_moved(self, source: Tier, owner: str | None, writes: Sequence[dict[str, Any]]) -> None:
+        """Delete the moved records from `source`, each only at the revision the move read and wrote.
+
+        The owner lock holds back this router's writes, not another replica's: a key replaced there
+        through another router between the move's read and this delete is a newer revision the
+        destination does not hold, and deleting it by id lost that acknowledged write. Left in
+        place, it is a duplicate that repair moves on (the newer revision replaces the older)."""
+        by_revision: dict[Any, list[str]] = {}
+        for write in writes:
+            by_revision.setdefault(write.get("revision"), []).append(write["id"])
+        for revision, ids in by_revision.items():
+            params: dict[str, Any] = {"ids": ids} if revision is None else {"ids": ids, "where": {"revision": revision}}
+            await source.call("memory/forget", with_owner(params, owner))
 
     async def _take_back(self, source: Tier, dest: Tier, owner: str | None, copies: list[str]) -> None:
         try:
