@@ -304,7 +304,7 @@ class Policy:
             if verified:
                 self._deleting(owner)
                 try:
-                    await self._delete_moved(source, owner, [w for unit in placed for w in unit])
+                    await self._forget_as_read(source, owner, [w for unit in placed for w in unit])
                 except A2MError as exc:  # a duplicate now, repaired by the next consolidate
                     log.warning("move %s -> %s: delete from source failed (%s); %d duplicates until consolidate",
                                 source.name, dest.name, exc, len(verified))
@@ -387,19 +387,22 @@ class Policy:
                             dest.name, other, source.name)
         return verified, False
 
-    async def _delete_moved(self, source: Tier, owner: str | None, writes: Sequence[dict[str, Any]]) -> None:
-        """Delete the moved records from `source`, each only at the revision the move read and wrote.
+    async def _forget_as_read(self, tier: Tier, owner: str | None, records: Sequence[dict[str, Any]]) -> int:
+        """Delete `records` from `tier`, each only at the revision they were read at; how many went.
 
         The owner lock holds back this router's writes, not another replica's: a key replaced there
-        through another router between the move's read and this delete is a newer revision the
-        destination does not hold, and deleting it by id lost that acknowledged write. Left in
-        place, it is a duplicate that repair moves on (the newer revision replaces the older)."""
+        through another router between the read and this delete is a newer revision, and deleting it
+        by id lost that acknowledged write (a move's destination does not hold it; a drop chose the
+        old version). Left in place, a moved one is a duplicate that repair moves on (the newer
+        revision replaces the older); a dropped one is no longer the oldest."""
         by_revision: dict[Any, list[str]] = {}
-        for write in writes:
-            by_revision.setdefault(write.get("revision"), []).append(write["id"])
+        for record in records:
+            by_revision.setdefault(record.get("revision"), []).append(record["id"])
+        forgotten = 0
         for revision, ids in by_revision.items():
             params: dict[str, Any] = {"ids": ids} if revision is None else {"ids": ids, "where": {"revision": revision}}
-            await source.call("memory/forget", with_owner(params, owner))
+            forgotten += int((await tier.call("memory/forget", with_owner(params, owner))).get("forgotten", 0))
+        return forgotten
 
     async def _take_back(self, source: Tier, dest: Tier, owner: str | None, copies: list[str]) -> None:
         try:
@@ -458,9 +461,8 @@ class Policy:
                     if not victims:
                         return {"moved": 0, "dropped": 0}
                     # Whole groups, as a move takes them: members in other sessions go too, never half a group.
-                    ids = [r["id"] for r in await self._whole_groups(tier, owner, victims, embeddings=False)]
-                    result = await tier.call("memory/forget", with_owner({"ids": ids}, owner))
-                dropped = int(result.get("forgotten", 0))
+                    dropped = await self._forget_as_read(
+                        tier, owner, await self._whole_groups(tier, owner, victims, embeddings=False))
                 if dropped and self.observe_drop is not None:
                     self.observe_drop(tier.name, dropped)
                 return {"moved": 0, "dropped": dropped}

@@ -9,11 +9,12 @@ one's move is held at a gate while the other acts. What is checked is read from 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import pytest
 
-from .stack import Stack, new_owner as owner, tier_call as direct
+from .stack import Stack, federation, new_owner as owner, tier_call as direct
 from .test_router_interleavings import InProcess, homes, names, stack  # noqa: F401 - the module's federation
 
 pytestmark = pytest.mark.anyio
@@ -130,3 +131,37 @@ async def test_a_forget_acknowledged_by_another_replica_mid_spill_stays_forgotte
     finally:
         gate.release()
     assert rid not in await homes(stack, me)
+
+
+async def test_a_key_replaced_through_another_replica_while_its_session_is_trimmed_is_not_dropped(
+        tmp_path: Path) -> None:
+    """retention = "drop": replica A chose the old plan (the session's oldest) under its owner lock and
+    is about to delete it by id; replica B, which that lock does not hold back, replaces the plan
+    (revision 2, another session) and acknowledges it; A's delete by id took revision 2 with it."""
+    tiers = [{"name": "working", "kind": "working", "capacity": 4, "per_session": True, "retention": "drop",
+              "timeout": 20.0}]
+    with federation(tmp_path, tiers, mode="real") as small:
+        a, b = InProcess(small), InProcess(small)
+        for running in (a, b):
+            await running.router.startup()
+        try:
+            me = owner()
+            [rid] = (await a.call("memory/remember", {"owner": me, "records": [
+                {"content": "the old plan", "key": "plan", "session": "s"}]}))["ids"]
+            await a.call("memory/remember", {"owner": me, "records": [
+                {"content": f"turn {i}", "session": "s"} for i in range(3)]})
+            gate = a.hold("working", "memory/forget", lambda p: rid in p.get("ids", ()))
+            trimming = asyncio.create_task(a.call("memory/remember", {"owner": me, "records": [
+                {"content": "turn 3", "session": "s"}]}))  # five: the old plan, the oldest, is to go
+            await asyncio.wait_for(gate.reached.wait(), 20)
+            assert (await b.call("memory/remember", {"owner": me, "records": [
+                {"content": "the new plan", "key": "plan", "session": "t"}]}))["ids"] == [rid]
+            gate.release()
+            await asyncio.wait_for(trimming, 20)
+            held = (await direct(small, "working", "memory/timeline", {"owner": me, "limit": 0}))["records"]
+            assert [(r["id"], r["content"]) for r in held if r.get("key")] == [(rid, "the new plan")]
+        finally:
+            for running in (a, b):
+                for gate in running.gates:
+                    gate.release()
+                await running.router.shutdown()
