@@ -76,6 +76,22 @@ async def test_an_integer_past_64_bits_is_refused_not_stored_as_a_float(tiers: d
 
 
 @pytest.mark.parametrize("tier", TIERS)
+async def test_a_turn_with_empty_content_is_kept(tiers: dict[str, Dispatcher], tier: str) -> None:
+    """An assistant turn that only calls tools has no text (decision 153): taken, read back, found by
+    the timeline and a `where`, never a text match; a record with no content at all needs a uri."""
+    d, me = tiers[tier], owner()
+    calls = {"tool_calls": [{"name": "weather", "arguments": {"city": "Oslo"}}]}
+    [rid] = (await call(d, "memory/remember", {"owner": me, "records": [
+        {"content": "", "role": "assistant", "metadata": calls}]}))["ids"]
+    (record,) = (await call(d, "memory/timeline", {"owner": me}))["records"]
+    assert (record["id"], record["content"], record["metadata"]) == (rid, "", calls)
+    assert (await call(d, "memory/recall", {"owner": me, "query": "weather Oslo"}))["records"] == []
+    found = (await call(d, "memory/timeline", {"owner": me, "where": {"role": "assistant"}}))["records"]
+    assert [r["id"] for r in found] == [rid]
+    assert await call(d, "memory/remember", {"owner": me, "records": [{"role": "assistant"}]}) == {"error": -32602}
+
+
+@pytest.mark.parametrize("tier", TIERS)
 async def test_a_where_naming_an_integer_past_64_bits_is_refused_not_matched_as_a_float(
         tiers: dict[str, Dispatcher], tier: str) -> None:
     """A `where` of 10**30 + 1 was read as 1e30: a forget deleted the record holding the float 1e30."""
