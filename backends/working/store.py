@@ -46,6 +46,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -520,9 +521,21 @@ class RedisStore:
         try:
             await self._redis.ping()
         except RedisError as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
+            raise StoreUnavailable(f"redis: {self._explain(exc)}") from exc
         except OSError as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+
+    def _explain(self, exc: RedisError) -> str:
+        """Redis's own words, or what they mean for the URL where they name something the user never did:
+        a missing password reads `HELLO must be called with the client already authenticated` (redis-py
+        opens with HELLO), and a `rediss://` URL to a Redis without TLS waits out the connect timeout."""
+        if isinstance(exc, AuthenticationError):
+            given = self._redis is not None and self._redis.connection_pool.connection_kwargs.get("password")
+            return (f"authentication failed ({'the password or user in the URL is wrong' if given else 'the URL has no password'}"
+                    "): give it as redis://:PASSWORD@host:port/0, or USER:PASSWORD@ for an ACL user")
+        if isinstance(exc, RedisTimeoutError) and (self.settings.url or "").startswith("rediss:"):
+            return f"{exc} (a rediss:// URL: does that Redis speak TLS? redis:// is one without)"
+        return str(exc)
 
     async def _ready(self, *, check: bool = False) -> None:
         """Restart an embedded child that died; wait for a restart under way; fail fast while a

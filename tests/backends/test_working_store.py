@@ -479,6 +479,20 @@ async def test_external_redis_going_away_and_returning(tmp_path: Path) -> None:
         await redis.stop()
 
 
+def _asks_for_a_password(path: str) -> bool:
+    """Up with `requirepass`: PING answers NOAUTH, not PONG."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.5)
+            sock.connect(path)
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"-NOAUTH")
+    except OSError:
+        return False
+
+
 @contextmanager
 def _own_redis(tmp_path: Path, *config: str) -> Iterator[str]:
     """A redis-server configured as a user's may be, on a unix socket (no TCP port): its URL."""
@@ -489,7 +503,7 @@ def _own_redis(tmp_path: Path, *config: str) -> Iterator[str]:
          "--appendonly", "no", *config], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
-        while not _pong(sock):
+        while not _pong(sock) and not _asks_for_a_password(sock):
             assert process.poll() is None and time.monotonic() < deadline, "redis-server did not start"
             time.sleep(0.02)
         yield f"unix://{sock}"
@@ -553,6 +567,38 @@ async def test_a_full_redis_refuses_a_write_whole_and_says_so(tmp_path: Path) ->
             assert [(s.session, s.records) for s in await store.sessions(None)] == [("s", written)]
         finally:
             await store.close()
+
+
+async def test_a_url_without_the_password_or_with_a_wrong_one_says_so(tmp_path: Path) -> None:
+    """A Redis with a password and a URL without one answered redis-py's HELLO: `HELLO must be called
+    with the client already authenticated, otherwise the HELLO AUTH <user> <pass> option can be used`."""
+    with _own_redis(tmp_path, "--requirepass", "s3cret") as url:
+        path = url.removeprefix("unix://")
+        for given, says in ((url, "the URL has no password"), (f"unix://:wrong@{path}", "is wrong")):
+            store = RedisStore(_settings(tmp_path / "tier", given))
+            with pytest.raises(StoreUnavailable, match=f"authentication failed \\([^)]*{says}\\).*redis://:PASSWORD@"):
+                await store.open()
+            await store.close()
+        store = RedisStore(_settings(tmp_path / "tier", f"unix://:s3cret@{path}"))
+        await store.open()
+        await store.close()
+
+
+async def test_a_rediss_url_to_a_redis_without_tls_says_so(tmp_path: Path) -> None:
+    """A TLS hello to a plain Redis is never answered: the start waited out the connect timeout and
+    said only `Timeout connecting to server`."""
+    import socket
+
+    with socket.socket() as probe:  # a free loopback port for the one Redis here that needs TCP
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with _own_redis(tmp_path, "--port", str(port), "--bind", "127.0.0.1"):
+        settings = _settings(tmp_path / "tier", f"rediss://127.0.0.1:{port}/0")
+        settings.options["connect_timeout"] = 0.5
+        store = RedisStore(settings)
+        with pytest.raises(StoreUnavailable, match=r"a rediss:// URL: does that Redis speak TLS\?"):
+            await store.open()
+        await store.close()
 
 
 async def test_embedded_child_killed_is_restarted(tmp_path: Path) -> None:
