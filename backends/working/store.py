@@ -35,6 +35,7 @@ prefix, so this layout assumes one Redis, not a Redis Cluster.
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Awaitable, Callable, Collection, Literal, Mapping, Sequence
@@ -45,6 +46,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -53,11 +55,13 @@ from a2m.filters import Scope, matches
 from a2m.records import Record
 from a2m.text import HeldTerms, rank, tokenize
 from a2m.timefmt import format_ts
-from backends.settings import TierSettings
+from backends.settings import SettingsError, TierSettings
 from backends.store import (Position, SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
                             StoreWidthMismatch)
 
 from .embedded import RedisServer
+
+log = logging.getLogger("a2m.working")
 
 _REJECT = "A2M-REJECT"
 _WIDTH = "A2M-WIDTH"  # an embedding not as wide as the store's: the store's width, the put's
@@ -452,6 +456,55 @@ class RedisStore:
         self._sessions = client.register_script(_SESSIONS)
         self._info = client.register_script(_INFO)
         await self.ping()
+        if self.server is None:
+            try:
+                await self._refuse_an_unsafe_redis()
+            except BaseException:
+                await self.close()
+                raise
+
+    async def _refuse_an_unsafe_redis(self) -> None:
+        """Refuse a Redis at `--url` that would drop acknowledged records without a word, or split a batch.
+
+        - `maxmemory-policy allkeys-*`: at `maxmemory` Redis evicts any key, a record or one of the
+          indexes that lists it; a tier writing 4,000 records into 3 MB then counted 200, selected
+          155 and listed a session of 2,320. Refused whatever `maxmemory` is now: the policy is
+          the intent, and a `maxmemory` set later would start evicting. The `volatile-*` policies
+          evict only keys with a TTL, which this tier never sets: at `maxmemory` they refuse a
+          write (`OOM`), as `noeviction` does, with nothing written.
+        - A replica (`role:slave`): it starts, then refuses every write (`READONLY`), or, where
+          writable, keeps them only until it next syncs from its primary.
+        - Redis Cluster: the scripts name keys themselves (module docstring), and a key on another
+          node stops a script halfway, after some of its writes.
+
+        INFO, not CONFIG GET: managed services (ElastiCache) rename or refuse CONFIG. A Redis that
+        refuses INFO too (an ACL) is not checked, and a warning says so.
+        """
+        assert self._redis is not None
+        try:
+            info = await self._redis.info()
+        except ResponseError as exc:
+            log.warning("working: cannot check the Redis at --url for eviction, replication or cluster mode "
+                        "(INFO refused: %s); keep maxmemory-policy noeviction and use a primary, not a cluster", exc)
+            return
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+        except OSError as exc:
+            raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+        policy = str(info.get("maxmemory_policy", ""))
+        if policy.startswith("allkeys-"):
+            raise SettingsError(
+                f"working: the Redis at --url has maxmemory-policy {policy}: it would evict records and their "
+                "indexes without a word once it reaches maxmemory; set maxmemory-policy noeviction "
+                "(a full Redis then refuses writes), or give the tier a Redis of its own")
+        if str(info.get("role", "master")) != "master":
+            raise SettingsError(
+                "working: the Redis at --url is a replica (role:slave), which refuses writes or loses them at "
+                "its next sync; give the primary's address")
+        if str(info.get("cluster_enabled", "0")) == "1":
+            raise SettingsError(
+                "working: the Redis at --url runs in cluster mode (cluster_enabled:1); the tier needs one "
+                "Redis, not a Redis Cluster (its scripts name keys on any node): give a standalone Redis")
 
     async def close(self) -> None:
         if self._redis is not None:
@@ -468,9 +521,21 @@ class RedisStore:
         try:
             await self._redis.ping()
         except RedisError as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
+            raise StoreUnavailable(f"redis: {self._explain(exc)}") from exc
         except OSError as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
+
+    def _explain(self, exc: RedisError) -> str:
+        """Redis's own words, or what they mean for the URL where they name something the user never did:
+        a missing password reads `HELLO must be called with the client already authenticated` (redis-py
+        opens with HELLO), and a `rediss://` URL to a Redis without TLS waits out the connect timeout."""
+        if isinstance(exc, AuthenticationError):
+            given = self._redis is not None and self._redis.connection_pool.connection_kwargs.get("password")
+            return (f"authentication failed ({'the password or user in the URL is wrong' if given else 'the URL has no password'}"
+                    "): give it as redis://:PASSWORD@host:port/0, or USER:PASSWORD@ for an ACL user")
+        if isinstance(exc, RedisTimeoutError) and (self.settings.url or "").startswith("rediss:"):
+            return f"{exc} (a rediss:// URL: does that Redis speak TLS? redis:// is one without)"
+        return str(exc)
 
     async def _ready(self, *, check: bool = False) -> None:
         """Restart an embedded child that died; wait for a restart under way; fail fast while a
@@ -543,6 +608,12 @@ class RedisStore:
                 raise StoreIdTaken(text.split(_TAKEN, 1)[1].strip()) from None
             if _CONFLICT in text:
                 raise StoreConflict(text.split(_CONFLICT, 1)[1].strip()) from None
+            if "OOM command not allowed" in text:  # a script is refused at its first write: none of it was made
+                raise StoreUnavailable("redis is at its maxmemory and refused the write, none of which was "
+                                       "made: raise maxmemory, or forget or spill records") from None
+            if "READONLY You can't write" in text:  # a primary that became a replica (a failover) under the tier
+                raise StoreUnavailable("redis is a read-only replica now and refused the write: the tier "
+                                       "needs the primary (--url)") from None
             raise StoreUnavailable(f"redis: {text}") from exc
         except (RedisTimeoutError, TimeoutError) as exc:  # a Redis that is slow or stopped: waiting again doubles the wait
             raise StoreUnavailable(f"redis did not answer: {exc}") from exc
