@@ -531,8 +531,9 @@ class RedisStore:
         opens with HELLO), and a `rediss://` URL to a Redis without TLS waits out the connect timeout."""
         if isinstance(exc, AuthenticationError):
             given = self._redis is not None and self._redis.connection_pool.connection_kwargs.get("password")
-            return (f"authentication failed ({'the password or user in the URL is wrong' if given else 'the URL has no password'}"
-                    "): give it as redis://:PASSWORD@host:port/0, or USER:PASSWORD@ for an ACL user")
+            why = "the password or user in the URL is wrong" if given else "the URL has no password"
+            return f"authentication failed ({why}): give it as redis://:PASSWORD@host:port/0, or USER:PASSWORD@ " \
+                   "for an ACL user"
         if isinstance(exc, RedisTimeoutError) and (self.settings.url or "").startswith("rediss:"):
             return f"{exc} (a rediss:// URL: does that Redis speak TLS? redis:// is one without)"
         return str(exc)
