@@ -564,6 +564,22 @@ async def _forget_selectors(s: Session) -> None:
            "forget by query removed the wrong records")
 
 
+@check("core", "forget's selectors narrow each other: ids with a where removes only records matching both",
+       writes=True)
+async def _forget_selectors_together(s: Session) -> None:
+    """The router deletes a moved record only at the revision it moved, with `ids` and `where` in one
+    forget (decision 152): a server that took them as either-or would delete every record the `where`
+    matches."""
+    m = s.marker()
+    ids = await s.remember({"content": f"{m} one", "metadata": {"m": m, "n": 1}},
+                           {"content": f"{m} two", "metadata": {"m": m, "n": 2}},
+                           {"content": f"{m} three", "metadata": {"m": m, "n": 1}})
+    gone = await s.t.call("memory/forget", {"ids": ids[:2], "where": {"n": 1}})
+    expect(gone.get("forgotten") == 1, f"forget by ids and where: {gone}")
+    expect(sorted(r["id"] for r in await s.timeline(where={"m": m})) == sorted(ids[1:]),
+           "forget by ids and where removed records matching only one of them")
+
+
 @check("core", "a tier on a record without the tiers capability answers -32003", writes=True)
 async def _tier_field(s: Session) -> None:
     if "tiers" in s.caps:
