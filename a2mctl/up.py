@@ -314,6 +314,48 @@ def ports_in_use(host: str, ports: dict[str, int]) -> list[tuple[str, int]]:
     return taken
 
 
+def _process_class() -> type:
+    """honcho's Process, whose fork dies with this run and whose server dies with its fork
+    (Linux: PR_SET_PDEATHSIG; elsewhere as before).
+
+    honcho starts each server in a session of its own, so `a2m up` killed outright (`kill -9` of its
+    process group, the OOM killer) left all five servers and their engines running, and the next
+    `a2m up` found its ports taken. Now the fork gets SIGKILL when `a2m up` dies, and the server
+    SIGTERM when its fork dies: the server's own stop, which stops its engine."""
+    from honcho.process import Popen, Process
+
+    from backends.children import die_with_parent
+
+    def popen(cmd: str, **kwargs: Any) -> Any:  # in the fork: the fork is the parent the server watches
+        return Popen(cmd, preexec_fn=die_with_parent(signal.SIGTERM), **kwargs)
+
+    class DyingProcess(Process):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._child_ctor = popen
+            self._with_run = die_with_parent(signal.SIGKILL)  # made here, in `a2m up`: the parent it watches
+
+        def run(self, events: Any = None, ignore_signals: bool = False) -> None:
+            self._with_run()  # the fork ignores SIGINT and SIGTERM, hence SIGKILL
+            super().run(events, ignore_signals)
+
+    return DyingProcess
+
+
+def _stop_on_hangup(manager: Any) -> None:
+    """SIGHUP (the terminal closed, the ssh session dropped) stops the run as Ctrl-C does: honcho
+    leaves it at its default, so `a2m up` died without a word and left its servers running. honcho's
+    forks inherit the handler and ignore it there: each stops when its server does."""
+    owner = os.getpid()
+
+    def hangup(signum: int, frame: Any) -> None:
+        if os.getpid() == owner:
+            manager.returncode = 128 + signal.SIGHUP
+            manager.terminate()  # before printing: the terminal may be gone
+
+    signal.signal(signal.SIGHUP, hangup)
+
+
 def up(args: argparse.Namespace) -> int:
     from honcho import manager as honcho_manager
     from rich.console import Console
@@ -377,6 +419,14 @@ def up(args: argparse.Namespace) -> int:
     outcome: dict[str, Any] = {"ready": False}
 
     class Manager(honcho_manager.Manager):  # type: ignore[misc]
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self._process_ctor = _process_class()
+
+        def loop(self) -> None:
+            _stop_on_hangup(self)
+            super().loop()
+
         def _start(self) -> None:
             super()._start()  # forks first; the watcher thread starts after, so no fork sees it
             threading.Thread(target=watch, args=(self,), daemon=True, name="a2m-up-watch").start()
@@ -441,7 +491,7 @@ def up(args: argparse.Namespace) -> int:
     console.print("a2m stopped")
     if outcome.get("timeout"):
         return 1
-    if manager.returncode in (130, 143) and outcome["ready"]:
+    if manager.returncode in (128 + signal.SIGHUP, 130, 143) and outcome["ready"]:
         return 0  # stopped on request
     return int(manager.returncode or 0) or (0 if outcome["ready"] else 1)
 
@@ -459,5 +509,8 @@ class _RichPrinter:
         style = "dim" if message.name == "system" else "cyan"
         from rich.text import Text
 
-        for line in data.splitlines():
-            self.console.print(Text.assemble((f"{name} | ", style), line), soft_wrap=True)
+        try:
+            for line in data.splitlines():
+                self.console.print(Text.assemble((f"{name} | ", style), line), soft_wrap=True)
+        except OSError:  # the terminal is gone (a hangup): the stop must go on without its lines
+            pass

@@ -384,3 +384,56 @@ def test_up_refuses_a_tls_certificate_left_in_the_environment(tmp_path: Path) ->
     assert done.returncode != 0 and "a2m up: A2M_TLS_CLIENT_CA would make" in done.stderr, done.stderr
     assert not (tmp_path / "data" / "Procfile").exists()
 
+
+
+def _servers_of(data: Path) -> list[str]:
+    return subprocess.run(["pgrep", "-f", f"a2mctl.cli serve .*{data}"], capture_output=True, text=True).stdout.split()
+
+
+def _until_gone(data: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (_servers_of(data) or engine_processes(data)):
+        time.sleep(0.2)
+    _no_engines_left(data)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_servers_stop_when_up_is_killed_and_the_next_up_starts(tmp_path: Path) -> None:
+    """`kill -9` of `a2m up`'s process group (or the OOM killer) left all five servers and their
+    engines running in sessions of their own (honcho starts each so): the next `a2m up` found its
+    ports taken and named no culprit. Each server now dies with the run that started it (its engines
+    with it), so the next start on the same data dir and ports comes up."""
+    data = tmp_path / "data"
+    port = free_port_block(5)
+    up = Up(data, port, "--tiers", "working,episodic")
+    try:
+        up.wait_up()
+        os.killpg(up.proc.pid, signal.SIGKILL)
+        up.proc.wait(10)
+        _until_gone(data)
+        again = Up(data, port, "--tiers", "working,episodic")
+        try:
+            again.wait_up()
+            assert again.interrupt() == 0, again.output
+        finally:
+            again.kill()
+        _no_engines_left(data)
+    finally:
+        up.kill()
+
+
+def test_up_stops_everything_on_a_hangup(tmp_path: Path) -> None:
+    """A closed terminal or a dropped ssh session sends SIGHUP, which honcho leaves at its default:
+    `a2m up` died without a word and its servers, in sessions of their own, never heard of it.
+    It is a stop like Ctrl-C now."""
+    data = tmp_path / "data"
+    port = free_port_block(5)
+    up = Up(data, port, "--tiers", "working,episodic")
+    try:
+        up.wait_up()
+        os.killpg(up.proc.pid, signal.SIGHUP)
+        assert up.proc.wait(60) == 0, up.output
+        assert "a2m stopped" in up.output, up.output
+        _no_engines_left(data)
+    finally:
+        up.kill()
