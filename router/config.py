@@ -89,6 +89,7 @@ class RouterConfig:
     events_capacity: int = 1024
     background_promotion: bool = True
     rate_limit: RateLimit | None = None  # each caller's calls a second (router/rate.py); None: no limit
+    lock_url: str | None = None  # a Redis holding the owner locks every replica sees (router/locks.py)
 
     def tier(self, name: str) -> TierConfig:
         for tier in self.tiers:
@@ -266,7 +267,7 @@ def validate(tiers: tuple[TierConfig, ...]) -> None:
 
 SECTIONS = ("router", "tiers", "auth", "limits", "fusion", "embedder", "rate_limit")
 ROUTER_KEYS = ("name", "timeout", "default_tier", "fusion", "embedder", "service_token", "allowed_origins",
-               "events_capacity", "background_promotion")
+               "events_capacity", "background_promotion", "lock_url")
 TIER_KEYS = ("name", "kind", "url", "capacity", "per_session", "spill_to", "promote_to", "promote_after",
              "read_only", "timeout", "retention", "max_response")
 AUTH_KEYS = ("tokens", "service_token", "allowed_origins", "cursor_secret")
@@ -499,7 +500,21 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
         background_promotion=_type(section.get("background_promotion", True), bool, "background_promotion",
                                    "true or false"),
         rate_limit=_rate_limit(data.get("rate_limit")),
+        lock_url=_lock_url(section.get("lock_url"), env.get("A2M_LOCK_URL")),
     )
+
+
+def _lock_url(written: Any, from_env: str | None) -> str | None:
+    """`lock_url`, else `$A2M_LOCK_URL` (where a password in it stays out of the file): a Redis URL."""
+    url = written if written is not None else (from_env or None)
+    where = "lock_url" if written is not None else "$A2M_LOCK_URL"
+    if url is None:
+        return None
+    if not isinstance(url, str) or urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        scheme = urlsplit(url).scheme if isinstance(url, str) else type(url).__name__
+        raise ConfigError(f"{where} must be a Redis URL (redis://host:6379/0, rediss://... or unix:///path), "
+                          f"not {scheme or 'one without a scheme'}")  # the URL itself may hold a password
+    return url
 
 
 def _rate_limit(table: Any) -> RateLimit | None:

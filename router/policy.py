@@ -42,6 +42,7 @@ from a2m.paging import CrowdedMillisecond, TiersDown, pages_backwards
 
 from .doubts import Doubts
 from .federation import Federation, Tier
+from .locks import OwnerLock, SharedLocks
 from .replies import Malformed
 from .scope import with_owner
 
@@ -138,14 +139,15 @@ def _within(record: dict[str, Any], where: dict[str, Any]) -> bool:
 
 class Policy:
     def __init__(self, federation: Federation, *, embedder: Embedder | None = None,
-                 emit: Any = None) -> None:
+                 emit: Any = None, shared_locks: SharedLocks | None = None) -> None:
         self.fed = federation
+        self.shared_locks = shared_locks  # the owner locks of every router replica (locks.py), where configured
         self.embedder = embedder
         self.emit = emit  # async (kind, owner, **fields) -> None: the router's event log
         # Weak: a lock lives while a holder or a waiter refers to it, so the maps hold only the
         # sessions and owners being written now, not every one the router has seen.
         self._locks: WeakValueDictionary[tuple[Any, ...], asyncio.Lock] = WeakValueDictionary()
-        self._owner_locks: WeakValueDictionary[str | None, asyncio.Lock] = WeakValueDictionary()
+        self._owner_locks: WeakValueDictionary[str | None, OwnerLock] = WeakValueDictionary()
         # (owner, tier) -> ids that earned promotion, least recently queued first (`_queue`)
         self.pending: dict[tuple[str | None, str], set[str]] = {}
         self._pending_size = 0  # ids in `pending`, all entries together
@@ -167,14 +169,14 @@ class Policy:
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
-    def owner_lock(self, owner: str | None) -> asyncio.Lock:
+    def owner_lock(self, owner: str | None) -> OwnerLock:
         """Where an owner's records live changes under this lock only: moves (read, write, verify,
         delete), forgets, and writes that carry a key, a group or a client id (locate, then write
         there). Taken after a session's lock, never before; not reentrant, so a holder never calls
-        `move`."""
+        `move`. Every router replica's, where `lock_url` is set (locks.py)."""
         lock = self._owner_locks.get(owner)
         if lock is None:
-            lock = self._owner_locks[owner] = asyncio.Lock()
+            lock = self._owner_locks[owner] = OwnerLock(owner, self.shared_locks)
         return lock
 
     def moves_seen(self, owner: str | None) -> int:

@@ -32,6 +32,7 @@ from a2m.http import LATENCY_BUCKETS, HTTPSettings
 
 from .config import RouterConfig, load, unenforced
 from .federation import FanOut, Federation, Tier
+from .locks import SharedLocks
 from .moves import Moves
 from .policy import Policy
 from .cursors import CursorSeal
@@ -84,7 +85,8 @@ class Router(EventMethods):
         self.fed = Federation(config, client_factory)
         self.events = EventLog(config.events_capacity)
         self.embedder = make_embedder(config.embedder, model=config.embedder_model)
-        self.policy = Policy(self.fed, embedder=self.embedder, emit=self.events.emit)
+        shared = None if config.lock_url is None else SharedLocks(config.lock_url)
+        self.policy = Policy(self.fed, embedder=self.embedder, emit=self.events.emit, shared_locks=shared)
         self.width = VectorWidth(self.embedder, self.fed)
         self.writes = Writes(self.fed, self.policy, self.events, self.embedder, self.width, self.limits,
                              config.default_tier)
@@ -125,6 +127,8 @@ class Router(EventMethods):
         await self.drain()
         await self.fed.close()
         await close_embedder(self.embedder)
+        if self.policy.shared_locks is not None:
+            await self.policy.shared_locks.close()
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run `coro` in the background, held until it ends and drained at shutdown."""

@@ -8,15 +8,13 @@ own servers in their own directories.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import uuid
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
@@ -29,8 +27,9 @@ from backends.settings import SettingsError, TierSettings
 from backends.store import StoreRejected, StoreUnavailable
 from backends.working import CAPABILITIES, KIND, RedisServer, RedisStore, find_redis_server, make_store
 from backends.working import store as working_store
-from backends.working.embedded import _pong, redis_major
+from backends.working.embedded import redis_major
 from tests.support.inprocess import call, dispatchers
+from tests.support.redis import own_redis
 
 pytestmark = pytest.mark.anyio
 
@@ -479,52 +478,18 @@ async def test_external_redis_going_away_and_returning(tmp_path: Path) -> None:
         await redis.stop()
 
 
-def _asks_for_a_password(path: str) -> bool:
-    """Up with `requirepass`: PING answers NOAUTH, not PONG."""
-    import socket
-
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(0.5)
-            sock.connect(path)
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"-NOAUTH")
-    except OSError:
-        return False
-
-
-@contextmanager
-def _own_redis(tmp_path: Path, *config: str) -> Iterator[str]:
-    """A redis-server configured as a user's may be, on a unix socket (no TCP port): its URL."""
-    sock_dir = tempfile.mkdtemp(prefix="a2m-own-")  # tmp_path may be too long for a socket path
-    sock = os.path.join(sock_dir, "redis.sock")
-    process = subprocess.Popen(
-        [find_redis_server(), "--port", "0", "--unixsocket", sock, "--dir", str(tmp_path), "--save", "",
-         "--appendonly", "no", *config], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while not _pong(sock) and not _asks_for_a_password(sock):
-            assert process.poll() is None and time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.02)
-        yield f"unix://{sock}"
-    finally:
-        process.kill()
-        process.wait()
-        shutil.rmtree(sock_dir, ignore_errors=True)
-
-
 @pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-random"])
 async def test_a_redis_that_evicts_any_key_is_refused_at_start(tmp_path: Path, policy: str) -> None:
     """At maxmemory an `allkeys-*` Redis evicts records and the indexes that list them without a word:
     4,000 acknowledged records written into 3 MB then counted 200, selected 155, and a session listed
     2,320. The tier started on it and said nothing."""
-    with _own_redis(tmp_path, "--maxmemory", "3mb", "--maxmemory-policy", policy) as url:
+    with own_redis(tmp_path, "--maxmemory", "3mb", "--maxmemory-policy", policy) as url:
         store = RedisStore(_settings(tmp_path / "tier", url))
         with pytest.raises(SettingsError, match=f"maxmemory-policy {policy}: it would evict records"):
             await store.open()
         assert store._redis is None  # its connections closed on the way out
     # volatile-* evicts only keys with a TTL, which the tier never sets: a full one refuses writes instead
-    with _own_redis(tmp_path, "--maxmemory", "3mb", "--maxmemory-policy", "volatile-lru") as url:
+    with own_redis(tmp_path, "--maxmemory", "3mb", "--maxmemory-policy", "volatile-lru") as url:
         store = RedisStore(_settings(tmp_path / "tier", url))
         await store.open()
         await store.close()
@@ -533,7 +498,7 @@ async def test_a_redis_that_evicts_any_key_is_refused_at_start(tmp_path: Path, p
 async def test_a_replica_is_refused_at_start(tmp_path: Path) -> None:
     """A replica started the tier, then answered every write `READONLY`."""
     # its primary (a closed loopback port) never answers: the replica stays one, read-only
-    with _own_redis(tmp_path, "--replicaof", "127.0.0.1", "1") as url:
+    with own_redis(tmp_path, "--replicaof", "127.0.0.1", "1") as url:
         store = RedisStore(_settings(tmp_path / "tier", url))
         with pytest.raises(SettingsError, match=r"is a replica \(role:slave\).*give the primary's address"):
             await store.open()
@@ -542,7 +507,7 @@ async def test_a_replica_is_refused_at_start(tmp_path: Path) -> None:
 async def test_a_redis_cluster_is_refused_at_start(tmp_path: Path) -> None:
     """The scripts name their keys themselves: on a cluster of several nodes a key on another node
     stops a script after some of its writes. A cluster node started the tier."""
-    with _own_redis(tmp_path, "--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "nodes.conf")) as url:
+    with own_redis(tmp_path, "--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "nodes.conf")) as url:
         store = RedisStore(_settings(tmp_path / "tier", url))
         with pytest.raises(SettingsError, match=r"runs in cluster mode .* not a Redis Cluster"):
             await store.open()
@@ -551,7 +516,7 @@ async def test_a_redis_cluster_is_refused_at_start(tmp_path: Path) -> None:
 async def test_a_full_redis_refuses_a_write_whole_and_says_so(tmp_path: Path) -> None:
     """At maxmemory under `noeviction` Redis refuses a script at its first write, so a batch is
     written whole or not at all; the error was Redis's, wrapped in the script's call site."""
-    with _own_redis(tmp_path, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction") as url:
+    with own_redis(tmp_path, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction") as url:
         store = RedisStore(_settings(tmp_path / "tier", url))
         await store.open()
         try:
@@ -572,7 +537,7 @@ async def test_a_full_redis_refuses_a_write_whole_and_says_so(tmp_path: Path) ->
 async def test_a_url_without_the_password_or_with_a_wrong_one_says_so(tmp_path: Path) -> None:
     """A Redis with a password and a URL without one answered redis-py's HELLO: `HELLO must be called
     with the client already authenticated, otherwise the HELLO AUTH <user> <pass> option can be used`."""
-    with _own_redis(tmp_path, "--requirepass", "s3cret") as url:
+    with own_redis(tmp_path, "--requirepass", "s3cret") as url:
         path = url.removeprefix("unix://")
         for given, says in ((url, "the URL has no password"), (f"unix://:wrong@{path}", "is wrong")):
             store = RedisStore(_settings(tmp_path / "tier", given))
@@ -592,7 +557,7 @@ async def test_a_rediss_url_to_a_redis_without_tls_says_so(tmp_path: Path) -> No
     with socket.socket() as probe:  # a free loopback port for the one Redis here that needs TCP
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    with _own_redis(tmp_path, "--port", str(port), "--bind", "127.0.0.1"):
+    with own_redis(tmp_path, "--port", str(port), "--bind", "127.0.0.1"):
         settings = _settings(tmp_path / "tier", f"rediss://127.0.0.1:{port}/0")
         settings.options["connect_timeout"] = 0.5
         store = RedisStore(settings)

@@ -9,6 +9,7 @@ time. What is checked is read from the tier servers themselves.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
 
@@ -64,8 +65,8 @@ class GatedClient:
 class InProcess:
     """A Router over the stack's tiers whose tier calls can be held at gates."""
 
-    def __init__(self, stack: Stack) -> None:
-        config = load(str(stack.config))
+    def __init__(self, stack: Stack, lock_url: str | None = None) -> None:
+        config = replace(load(str(stack.config)), lock_url=lock_url)  # lock_url: shared by replicas
         self.gates: list[Gate] = []
         self.router = Router(config, client_factory=lambda t: GatedClient(
             t.name, t.url, config.service_token, t.timeout, self.gates))

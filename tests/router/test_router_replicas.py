@@ -1,49 +1,91 @@
-"""Two router replicas over one federation, moving the same owner's records at once.
+"""Two router replicas over one federation, changing the same owner's records at once.
 
 The owner lock (decision 37) is a lock in one router's memory; a deployment runs several routers
 (deploy/k8s/hpa.yaml: two at least). Here two routers run in this process over the real tiers
 (Redis, PostgreSQL, Qdrant Edge, git), each with its own policy and locks, as two replicas would;
-one's move is held at a gate while the other acts. What is checked is read from the tier servers.
+one's move is held at a gate while the other acts. Each case runs with the replicas' owner locks
+in a Redis both name (`lock_url`, decision 155), and without: what only the shared lock prevents
+is a strict xfail without it. What is checked is read from the tier servers.
 """
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Iterator
 
 import pytest
 
+from tests.support.redis import own_redis
+
 from .stack import Stack, federation, new_owner as owner, tier_call as direct
-from .test_router_interleavings import InProcess, homes, names, stack  # noqa: F401 - the module's federation
+from .test_router_interleavings import Gate, InProcess, homes, names, stack  # noqa: F401 - the module's federation
 
 pytestmark = pytest.mark.anyio
 # Moves by two replicas in opposite directions, and a forget through one replica while the other
-# moves the record, need a lock both replicas see; the owner lock is one router's (decision 37).
-NEEDS_SHARED_LOCK = pytest.mark.xfail(strict=True, reason="the owner lock is per router process: "
-                                      "replicas do not hold back each other's moves and forgets")
+# moves the record, need a lock both replicas see; without `lock_url` the owner lock is one router's.
+UNSHARED = pytest.param(False, id="own-locks", marks=pytest.mark.xfail(
+    strict=True, reason="without lock_url the owner lock is per router process: replicas do not hold back "
+                        "each other's moves and forgets"))
+SHARED = pytest.param(True, id="lock_url")
 
 
-@pytest.fixture
-async def replicas(stack: Stack) -> AsyncIterator[tuple[InProcess, InProcess]]:  # noqa: F811
-    pair = (InProcess(stack), InProcess(stack))
-    for running in pair:
-        await running.router.startup()
+@pytest.fixture(scope="module")
+def lock_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with own_redis(tmp_path_factory.mktemp("locks")) as url:
+        yield url
+
+
+async def pair(stack: Stack, lock_url: str | None) -> tuple[InProcess, InProcess]:  # noqa: F811
+    running = (InProcess(stack, lock_url), InProcess(stack, lock_url))
+    for one in running:
+        await one.router.startup()
+    return running
+
+
+async def stop(*running: InProcess) -> None:
+    for one in running:
+        for gate in one.gates:
+            gate.release()
+        await one.router.shutdown()
+
+
+@pytest.fixture(params=[False, True], ids=["own-locks", "lock_url"])
+async def replicas(request: pytest.FixtureRequest, stack: Stack,  # noqa: F811
+                   lock_url: str) -> AsyncIterator[tuple[InProcess, InProcess]]:
+    running = await pair(stack, lock_url if request.param else None)
     try:
-        yield pair
+        yield running
     finally:
-        for running in pair:
-            for gate in running.gates:
-                gate.release()
-            await running.router.shutdown()
+        await stop(*running)
+
+
+async def while_held(gate: Gate, first: asyncio.Task[Any], second: Awaitable[Any], shared: bool) -> Any:
+    """`second` (replica B's call) run once `first` (A's) is held at `gate`, then A let go: B's answer.
+    With replicas' own locks B runs to its end meanwhile; with a shared lock it waits for A's."""
+    try:
+        await asyncio.wait_for(gate.reached.wait(), 20)
+        other = asyncio.ensure_future(second)
+        await asyncio.wait([other], timeout=1.0)
+        assert other.done() != shared, "B ran while A held the owner" if shared else "B waited for A"
+        gate.release()
+        await asyncio.wait_for(first, 20)
+        return await asyncio.wait_for(other, 20)
+    finally:
+        gate.release()
+
+
+def shared_of(replicas: tuple[InProcess, InProcess]) -> bool:
+    return replicas[0].router.policy.shared_locks is not None
 
 
 async def test_a_key_replaced_through_another_replica_mid_spill_is_not_lost(
         replicas: tuple[InProcess, InProcess], stack: Stack) -> None:  # noqa: F811
-    """Replica A's spill has read `plan` (revision 1) and is writing it to episodic; replica B,
-    which A's owner lock does not hold back, replaces `plan` where it lives (working, revision 2)
-    and acknowledges it. A then verifies its revision 1 in episodic and deletes the id from working:
-    the acknowledged revision 2 went with it."""
+    """Replica A's spill has read `plan` (revision 1) and is writing it to episodic; replica B
+    replaces `plan` (revision 2) and acknowledges it. A then verified its revision 1 in episodic and
+    deleted the id from working: the acknowledged revision 2 went with it. Held by the revision
+    A's delete names (decision 152) without a shared lock; with one, B waits and replaces it in
+    episodic."""
     a, b = replicas
     me = owner()
     [rid] = (await a.call("memory/remember", {"owner": me, "records": [
@@ -51,99 +93,86 @@ async def test_a_key_replaced_through_another_replica_mid_spill_is_not_lost(
     gate = a.hold("episodic", "memory/remember", names(rid))
     filling = asyncio.create_task(a.call("memory/remember", {"owner": me, "records": [
         {"content": f"turn {i}", "session": "s"} for i in range(4)]}))
-    try:
-        await asyncio.wait_for(gate.reached.wait(), 20)
-        assert (await b.call("memory/remember", {"owner": me, "records": [
-            {"content": "the new plan", "key": "plan"}]}))["ids"] == [rid]
-        gate.release()
-        await asyncio.wait_for(filling, 20)
-    finally:
-        gate.release()
+    replaced = await while_held(gate, filling, b.call("memory/remember", {"owner": me, "records": [
+        {"content": "the new plan", "key": "plan"}]}), shared_of(replicas))
+    assert replaced["ids"] == [rid]
     for _ in range(2):  # whatever a later pass repairs counts too
         await a.call("memory/consolidate", {"owner": me})
     assert [c for _, c in (await homes(stack, me)).get(rid, [])] == ["the new plan"]
 
 
-@NEEDS_SHARED_LOCK
+@pytest.mark.parametrize("shared", [UNSHARED, SHARED])
 @pytest.mark.parametrize("second", ["promote", "repair"])
 async def test_a_record_moved_by_two_replicas_at_once_is_not_lost(
-        replicas: tuple[InProcess, InProcess], stack: Stack, second: str) -> None:  # noqa: F811
+        stack: Stack, lock_url: str, second: str, shared: bool) -> None:  # noqa: F811
     """Replica A promotes a record semantic -> episodic and is held just before its delete from
     semantic; replica B moves it back (a promote, or a consolidate's duplicate repair), keeps
-    semantic's copy and deletes episodic's; then A deletes semantic's."""
-    a, b = replicas
-    me = owner()
-    rid = f"{me}-fact"
-    await direct(stack, "semantic", "memory/remember", {"owner": me, "records": [{"id": rid, "content": "a fact"}]})
-    deleting = a.hold("semantic", "memory/forget", lambda p: rid in p.get("ids", ()))
-    first = asyncio.create_task(a.call("memory/promote", {"owner": me, "ids": [rid], "tier": "episodic"}))
+    semantic's copy and deletes episodic's; then A deletes semantic's: the record is gone."""
+    a, b = await pair(stack, lock_url if shared else None)
     try:
-        await asyncio.wait_for(deleting.reached.wait(), 20)
-        await asyncio.wait_for(b.call("memory/promote", {"owner": me, "ids": [rid], "tier": "semantic"})
-                               if second == "promote" else b.call("memory/consolidate", {"owner": me}), 20)
-        deleting.release()
-        await asyncio.wait_for(first, 20)
+        me = owner()
+        rid = f"{me}-fact"
+        await direct(stack, "semantic", "memory/remember", {"owner": me, "records": [{"id": rid, "content": "a fact"}]})
+        deleting = a.hold("semantic", "memory/forget", lambda p: rid in p.get("ids", ()))
+        first = asyncio.create_task(a.call("memory/promote", {"owner": me, "ids": [rid], "tier": "episodic"}))
+        await while_held(deleting, first, b.call("memory/promote", {"owner": me, "ids": [rid], "tier": "semantic"})
+                         if second == "promote" else b.call("memory/consolidate", {"owner": me}), shared)
+        for _ in range(2):
+            await a.call("memory/consolidate", {"owner": me})
+        held = (await homes(stack, me)).get(rid, [])
+        assert len(held) == 1, f"{rid} held {held} after two replicas moved it at once"
     finally:
-        deleting.release()
-    for _ in range(2):
-        await a.call("memory/consolidate", {"owner": me})
-    held = (await homes(stack, me)).get(rid, [])
-    assert len(held) == 1, f"{rid} held {held} after two replicas moved it at once"
+        await stop(a, b)
 
 
 async def test_a_session_closed_by_two_replicas_at_once_keeps_every_record_once(
         replicas: tuple[InProcess, InProcess], stack: Stack) -> None:  # noqa: F811
     """Both replicas flush one session: A is held after its write to episodic, B runs its whole
-    flush (its idempotent write keeps A's copies, then deletes working's), then A deletes."""
+    flush (its idempotent write keeps A's copies, then deletes working's) or, with a shared lock,
+    waits for A's; then A deletes."""
     a, b = replicas
     me = owner()
     ids = (await a.call("memory/remember", {"owner": me, "records": [
         {"content": f"turn {i}", "session": "c"} for i in range(3)]}))["ids"]
     deleting = a.hold("working", "memory/forget", lambda p: ids[0] in p.get("ids", ()))
     closing = asyncio.create_task(a.call("memory/session/close", {"owner": me, "session": "c"}))
-    try:
-        await asyncio.wait_for(deleting.reached.wait(), 20)
-        await asyncio.wait_for(b.call("memory/session/close", {"owner": me, "session": "c"}), 20)
-        deleting.release()
-        await asyncio.wait_for(closing, 20)
-    finally:
-        deleting.release()
+    await while_held(deleting, closing, b.call("memory/session/close", {"owner": me, "session": "c"}),
+                     shared_of(replicas))
     held = await homes(stack, me)
     assert {i: [t for t, _ in held.get(i, [])] for i in ids} == {i: ["episodic"] for i in ids}
 
 
-@NEEDS_SHARED_LOCK
+@pytest.mark.parametrize("shared", [UNSHARED, SHARED])
 async def test_a_forget_acknowledged_by_another_replica_mid_spill_stays_forgotten(
-        replicas: tuple[InProcess, InProcess], stack: Stack) -> None:  # noqa: F811
+        stack: Stack, lock_url: str, shared: bool) -> None:  # noqa: F811
     """Replica A's spill has read the record and is writing it to episodic; replica B forgets it
-    (only working holds it yet) and acknowledges; A's write then puts it back in episodic."""
-    a, b = replicas
-    me = owner()
-    [rid] = (await a.call("memory/remember", {"owner": me, "records": [{"content": "forget me", "session": "s"}]}))["ids"]
-    gate = a.hold("episodic", "memory/remember", names(rid))
-    filling = asyncio.create_task(a.call("memory/remember", {"owner": me, "records": [
-        {"content": f"turn {i}", "session": "s"} for i in range(4)]}))
+    (only working holds it yet) and acknowledges; A's write then put it back in episodic."""
+    a, b = await pair(stack, lock_url if shared else None)
     try:
-        await asyncio.wait_for(gate.reached.wait(), 20)
-        assert await b.call("memory/forget", {"owner": me, "ids": [rid]}) == {"forgotten": 1}
-        gate.release()
-        await asyncio.wait_for(filling, 20)
+        me = owner()
+        [rid] = (await a.call("memory/remember", {"owner": me, "records": [
+            {"content": "forget me", "session": "s"}]}))["ids"]
+        gate = a.hold("episodic", "memory/remember", names(rid))
+        filling = asyncio.create_task(a.call("memory/remember", {"owner": me, "records": [
+            {"content": f"turn {i}", "session": "s"} for i in range(4)]}))
+        assert await while_held(gate, filling, b.call("memory/forget", {"owner": me, "ids": [rid]}),
+                                shared) == {"forgotten": 1}
+        assert rid not in await homes(stack, me)
     finally:
-        gate.release()
-    assert rid not in await homes(stack, me)
+        await stop(a, b)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["own-locks", "lock_url"])
 async def test_a_key_replaced_through_another_replica_while_its_session_is_trimmed_is_not_dropped(
-        tmp_path: Path) -> None:
+        tmp_path: Path, lock_url: str, shared: bool) -> None:
     """retention = "drop": replica A chose the old plan (the session's oldest) under its owner lock and
-    is about to delete it by id; replica B, which that lock does not hold back, replaces the plan
-    (revision 2, another session) and acknowledges it; A's delete by id took revision 2 with it."""
+    is about to delete it by id; replica B replaces the plan (revision 2, another session) and
+    acknowledges it; A's delete by id took revision 2 with it. Held by the revision A's delete
+    names (decision 152); with a shared lock B waits for A's drop and writes the plan anew."""
     tiers = [{"name": "working", "kind": "working", "capacity": 4, "per_session": True, "retention": "drop",
               "timeout": 20.0}]
     with federation(tmp_path, tiers, mode="real") as small:
-        a, b = InProcess(small), InProcess(small)
-        for running in (a, b):
-            await running.router.startup()
+        a, b = await pair(small, lock_url if shared else None)
         try:
             me = owner()
             [rid] = (await a.call("memory/remember", {"owner": me, "records": [
@@ -153,15 +182,11 @@ async def test_a_key_replaced_through_another_replica_while_its_session_is_trimm
             gate = a.hold("working", "memory/forget", lambda p: rid in p.get("ids", ()))
             trimming = asyncio.create_task(a.call("memory/remember", {"owner": me, "records": [
                 {"content": "turn 3", "session": "s"}]}))  # five: the old plan, the oldest, is to go
-            await asyncio.wait_for(gate.reached.wait(), 20)
-            assert (await b.call("memory/remember", {"owner": me, "records": [
-                {"content": "the new plan", "key": "plan", "session": "t"}]}))["ids"] == [rid]
-            gate.release()
-            await asyncio.wait_for(trimming, 20)
+            replaced = await while_held(gate, trimming, b.call("memory/remember", {"owner": me, "records": [
+                {"content": "the new plan", "key": "plan", "session": "t"}]}), shared)
+            # waiting for A, B found the old plan dropped and wrote its plan anew
+            assert (replaced["ids"] == [rid]) != shared
             held = (await direct(small, "working", "memory/timeline", {"owner": me, "limit": 0}))["records"]
-            assert [(r["id"], r["content"]) for r in held if r.get("key")] == [(rid, "the new plan")]
+            assert [(r["id"], r["content"]) for r in held if r.get("key")] == [(replaced["ids"][0], "the new plan")]
         finally:
-            for running in (a, b):
-                for gate in running.gates:
-                    gate.release()
-                await running.router.shutdown()
+            await stop(a, b)

@@ -1,0 +1,128 @@
+"""The per-owner lock under which where an owner's records live changes (decisions 37, 155).
+
+One router serialises an owner's moves, forgets and keyed writes with an
+asyncio lock. A deployment runs several routers (deploy/k8s: two to eight),
+and one replica's lock does not hold back another's: two replicas moving one
+record in opposite directions each deleted the other's copy, and a forget
+acknowledged by one replica was undone by another's move writing the record
+it had read before the forget (tests/router/test_router_replicas.py).
+
+With `lock_url` naming a Redis, holding an owner's lock also holds a Redis key
+for that owner (redis-py's `Lock`: SET NX PX, released by a script that
+checks its token), so every replica waits for every other. The key is leased:
+renewed while held, so a replica killed while holding it holds up the others
+for at most `LEASE_S`. Without `lock_url`, the lock is this router's alone, as
+before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from typing import Any
+
+from a2m import errors
+from a2m.errors import A2MError
+
+log = logging.getLogger("a2m.router")
+
+LEASE_S = 15.0  # how long a held key outlives a replica that stopped renewing it (killed, frozen)
+WAIT_S = 60.0  # how long a call waits for another replica's hold before it fails, to be retried
+KEY_PREFIX = "a2m:owner-lock:"
+
+
+class SharedLocks:
+    """Owner locks held in one Redis, seen by every router replica that names it."""
+
+    def __init__(self, url: str, *, lease: float = LEASE_S, wait: float = WAIT_S) -> None:
+        import redis.asyncio as aioredis
+
+        self.lease, self.wait = lease, wait
+        self._redis = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+
+    @staticmethod
+    def key(owner: str | None) -> str:
+        """A fixed-length name whatever the owner holds (hashed), the unowned partition apart."""
+        return KEY_PREFIX + ("-" if owner is None else hashlib.sha256(owner.encode()).hexdigest())
+
+    async def acquire(self, owner: str | None) -> "_Lease":
+        from redis.exceptions import RedisError
+
+        lock = self._redis.lock(self.key(owner), timeout=self.lease, sleep=0.01, blocking_timeout=self.wait,
+                                thread_local=False)
+        try:
+            held = await lock.acquire()
+        except (RedisError, OSError) as exc:
+            raise A2MError(errors.INTERNAL_ERROR, f"the owner lock store (lock_url) is unavailable: {exc}",
+                           {"lock": "unavailable"}) from exc
+        if not held:
+            raise A2MError(errors.INTERNAL_ERROR, f"another router replica has held this owner's records for over "
+                           f"{self.wait:g} s (a move, a forget or a keyed write); try again", {"lock": "busy"})
+        return _Lease(lock, self.lease)
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+class _Lease:
+    """A held Redis lock, renewed every third of its lease until released."""
+
+    def __init__(self, lock: Any, lease: float) -> None:
+        self._lock = lock
+        self._renewing = asyncio.get_running_loop().create_task(self._renew(lease))
+
+    async def _renew(self, lease: float) -> None:
+        from redis.exceptions import RedisError
+
+        while True:
+            await asyncio.sleep(lease / 3)
+            try:
+                await self._lock.reacquire()
+            except (RedisError, OSError) as exc:  # the lease may lapse: another replica could then move too
+                log.error("renewing an owner lock failed (%s): another router replica may take it in %g s",
+                          exc, lease)
+
+    async def release(self) -> None:
+        from redis.exceptions import LockError, RedisError
+
+        self._renewing.cancel()
+        try:
+            await self._lock.release()
+        except LockError:
+            log.error("an owner lock had lapsed before it was released: another router replica may have "
+                      "changed the owner's records meanwhile")
+        except (RedisError, OSError) as exc:  # it lapses by itself within its lease
+            log.warning("releasing an owner lock failed (%s); it lapses within its lease", exc)
+
+
+class OwnerLock:
+    """An asyncio.Lock's face (`async with`, `locked()`) over this router's lock for one owner and,
+    where `shared`, the replicas' one. The local lock is taken first, so a router has at most one
+    call waiting on Redis per owner."""
+
+    def __init__(self, owner: str | None, shared: SharedLocks | None) -> None:
+        self.owner = owner
+        self._local = asyncio.Lock()
+        self._shared = shared
+        self._lease: _Lease | None = None
+
+    def locked(self) -> bool:
+        return self._local.locked()
+
+    async def __aenter__(self) -> None:
+        await self._local.acquire()
+        if self._shared is not None:
+            try:
+                self._lease = await self._shared.acquire(self.owner)
+            except BaseException:
+                self._local.release()
+                raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        lease, self._lease = self._lease, None
+        try:
+            if lease is not None:
+                await lease.release()
+        finally:
+            self._local.release()

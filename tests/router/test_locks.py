@@ -1,0 +1,118 @@
+"""The owner locks router replicas share through a real Redis (`lock_url`, router/locks.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import AsyncIterator, Iterator
+
+import pytest
+
+from a2m.errors import A2MError
+from router.config import ConfigError, parse
+from router.locks import OwnerLock, SharedLocks
+from tests.support.redis import own_redis
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with own_redis(tmp_path_factory.mktemp("locks")) as url:
+        yield url
+
+
+@pytest.fixture
+async def replicas(redis_url: str) -> AsyncIterator[tuple[SharedLocks, SharedLocks]]:
+    """Two replicas' views of one lock store: a short lease and wait, so a test takes a second."""
+    a, b = SharedLocks(redis_url, lease=1.0, wait=0.3), SharedLocks(redis_url, lease=1.0, wait=0.3)
+    try:
+        yield a, b
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_an_owner_held_by_one_replica_waits_for_it_in_another(replicas: tuple[SharedLocks, SharedLocks]) -> None:
+    a, b = replicas
+    held = await a.acquire("alice")
+    with pytest.raises(A2MError, match="another router replica has held this owner's records") as refused:
+        await b.acquire("alice")
+    assert refused.value.code == -32603
+    other = await b.acquire("bob")  # another owner is not held up
+    await other.release()
+    unowned = await b.acquire(None)  # nor the unowned partition, which is an owner of its own
+    await unowned.release()
+    waiting = asyncio.ensure_future(b.acquire("alice"))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await held.release()
+    await (await waiting).release()
+
+
+async def test_a_held_lock_is_renewed_past_its_lease(replicas: tuple[SharedLocks, SharedLocks]) -> None:
+    """A move longer than the lease keeps its hold: the lease is renewed every third of it."""
+    a, b = replicas
+    held = await a.acquire("carol")
+    await asyncio.sleep(2.5)  # the lease is 1 s
+    with pytest.raises(A2MError, match="another router replica"):
+        await b.acquire("carol")
+    await held.release()
+
+
+async def test_a_replica_that_stopped_holds_an_owner_no_longer_than_its_lease(redis_url: str) -> None:
+    """A replica killed while holding an owner (nothing renews, nothing releases) holds up the
+    others only until its lease lapses."""
+    dead, alive = SharedLocks(redis_url, lease=0.5, wait=3.0), SharedLocks(redis_url, lease=0.5, wait=3.0)
+    try:
+        held = await dead.acquire("dave")
+        held._renewing.cancel()  # as a process killed mid-move: no renewal, no release
+        started = time.monotonic()
+        await (await alive.acquire("dave")).release()
+        assert 0.2 < time.monotonic() - started < 2.0
+    finally:
+        await dead.close()
+        await alive.close()
+
+
+async def test_an_unreachable_lock_store_fails_the_call_in_words(tmp_path: Path) -> None:
+    """Nothing that changes where records live runs unlocked: the call fails, to be retried."""
+    shared = SharedLocks(f"unix://{tmp_path}/no-redis.sock")
+    lock = OwnerLock("erin", shared)
+    try:
+        with pytest.raises(A2MError, match=r"the owner lock store \(lock_url\) is unavailable") as refused:
+            async with lock:
+                raise AssertionError("ran without the lock")
+        assert refused.value.code == -32603 and not lock.locked()  # this router's lock is let go too
+    finally:
+        await shared.close()
+
+
+async def test_an_owner_lock_serialises_this_routers_callers_as_before(redis_url: str) -> None:
+    shared = SharedLocks(redis_url)
+    order: list[str] = []
+
+    async def hold(name: str) -> None:
+        async with lock:
+            order.append(f"{name} in")
+            await asyncio.sleep(0.05)
+            order.append(f"{name} out")
+
+    lock = OwnerLock("frank", shared)
+    try:
+        await asyncio.gather(hold("one"), hold("two"))
+        assert order == ["one in", "one out", "two in", "two out"] and not lock.locked()
+    finally:
+        await shared.close()
+
+
+def test_lock_url_is_a_redis_url_from_the_file_or_the_environment() -> None:
+    assert parse({"lock_url": "redis://locks:6379/1"}).lock_url == "redis://locks:6379/1"
+    assert parse({}, env={"A2M_LOCK_URL": "rediss://:pw@locks:6380/0"}).lock_url == "rediss://:pw@locks:6380/0"
+    assert parse({}, env={}).lock_url is None
+    with pytest.raises(ConfigError, match=r"lock_url must be a Redis URL .*not http") as bad:
+        parse({"router": {"lock_url": "http://user:secret@locks/"}})
+    assert "secret" not in str(bad.value)  # a URL may hold a password: it is not repeated
+    with pytest.raises(ConfigError, match=r"\$A2M_LOCK_URL must be a Redis URL"):
+        parse({}, env={"A2M_LOCK_URL": "locks:6379"})
