@@ -43,6 +43,22 @@ def _rejected(error: Exception) -> StoreRejected:
     return StoreRejected(f"PostgreSQL refused the input: {detail}")
 
 
+def read_only(error: Exception) -> str:
+    """Why a write was refused by a server that takes no writes, and what to do about it."""
+    return (f"PostgreSQL refuses writes here ({str(error).splitlines()[0]}): --url names a read-only server (a hot "
+            "standby, or default_transaction_read_only = on); name the primary")
+
+
+def unprivileged(error: Exception) -> str:
+    """Why the role of the DSN could not set up the schema, and what to run instead."""
+    said = str(error).splitlines()[0]
+    if "extension" in said:
+        return (f"PostgreSQL refused to create the pgvector extension ({said}): run `CREATE EXTENSION vector;` "
+                "once in this database as a superuser, then start again")
+    return (f"the role of --url may not create the episodic tier's tables ({said}): start it once with the "
+            "database owner's DSN, or GRANT CREATE ON SCHEMA public TO this role")
+
+
 class Connections:
     """PostgreSQL for one store: `settings.url` (a postgresql:// DSN), or None for an embedded server."""
 
@@ -84,8 +100,17 @@ class Connections:
         return self.dsn
 
     async def connect(self) -> AsyncConnection:
-        """A connection of its own, outside the pool (the migration, an index build)."""
-        return await AsyncConnection.connect(self.dsn or "", autocommit=True, connect_timeout=self.connect_timeout)
+        """A connection of its own, outside the pool (the migration, an index build), with no time limit
+        of the server's: a `statement_timeout` set on the role or database (`ALTER ROLE … SET`) cancelled
+        every HNSW build after that long, retried without end, and the index never came (decision 91)."""
+        conn = await AsyncConnection.connect(self.dsn or "", autocommit=True, connect_timeout=self.connect_timeout)
+        try:
+            await conn.execute("SET statement_timeout = 0")
+            await conn.execute("SET idle_in_transaction_session_timeout = 0")  # the migration tokenizes in Python
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
 
     async def open_pool(self) -> None:
         """Open the pool once `start` gave a DSN, waiting for its first connections (`pool_min`)."""
@@ -159,12 +184,26 @@ class Connections:
                 conn = await self.pool.getconn(timeout=wait)
                 try:
                     result = await work(conn)
+                except psycopg.errors.InvalidSqlStatementName:
+                    # Its prepared statements (decision 20) are gone from the server: DISCARD ALL or
+                    # DEALLOCATE ALL by a pooler (PgBouncer) or another party, which also reset what
+                    # `_configure` set. Closed, the pool replaces it with a configured one.
+                    await conn.close()
+                    raise
                 finally:
                     await self.pool.putconn(conn)
                 self._engine_down = False
                 return result
             except (StoreRejected, StoreUnavailable):
                 raise
+            except psycopg.errors.InvalidSqlStatementName as error:  # rolled back whole: run it again
+                if attempt + 1 < attempts:
+                    continue
+                raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
+            except psycopg.errors.ReadOnlySqlTransaction as error:
+                raise StoreUnavailable(read_only(error)) from error
+            except psycopg.errors.InsufficientPrivilege as error:  # a role with no DDL right adding the embedding column
+                raise StoreUnavailable(unprivileged(error)) from error
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
                     psycopg.errors.TransactionRollback) as error:
                 # A deadlock (a forget's DELETE and a batch's upsert locking rows in other orders) or a

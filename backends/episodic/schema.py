@@ -144,8 +144,25 @@ MIGRATIONS: list[tuple[int, str, list[Step]]] = [
 LATEST = MIGRATIONS[-1][0]
 
 
+async def applied_version(conn: AsyncConnection) -> int:
+    """The schema version the database holds (0 for none), read without DDL or a lock."""
+    cur = await conn.execute("SELECT to_regclass('schema_version') IS NOT NULL")
+    row = await cur.fetchone()
+    if not (row and row[0]):
+        return 0
+    row = await (await conn.execute("SELECT coalesce(max(version), 0) FROM schema_version")).fetchone()
+    return int(row[0]) if row else 0
+
+
 async def migrate(conn: AsyncConnection) -> int:
-    """Bring the schema to `LATEST`; return the version found before (0 for an empty database)."""
+    """Bring the schema to `LATEST`; return the version found before (0 for an empty database).
+
+    A schema already at `LATEST` is only read: a role with no CREATE right (the schema migrated
+    once by its owner) or a read-only server could not start, refused the `CREATE TABLE IF NOT
+    EXISTS` that PostgreSQL checks before it looks whether the table exists."""
+    found = await applied_version(conn)
+    if found == LATEST:
+        return found
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
         await conn.execute(

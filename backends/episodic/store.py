@@ -50,7 +50,7 @@ from backends.store import (Position, SessionInfo, StoreConflict, StoreIdTaken, 
                             StoreWidthMismatch)
 
 from . import schema
-from .connections import Connections
+from .connections import Connections, read_only, unprivileged
 from .lexical import query_words
 from .ranking import HYBRID_POOL, RRF_K, blend, recency, text_relevance
 from .rows import CANONICAL_TS, COLUMNS, INSERT_COLUMNS, UPDATE_SET, to_record, to_row
@@ -119,6 +119,12 @@ class PostgresStore:
         except (psycopg.OperationalError, psycopg.InterfaceError) as error:
             await self._db.stop_embedded(quietly=True)
             raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
+        except psycopg.errors.ReadOnlySqlTransaction as error:
+            await self._db.stop_embedded(quietly=True)
+            raise StoreUnavailable(read_only(error)) from error
+        except psycopg.errors.InsufficientPrivilege as error:  # the schema is not there yet, and this role may not make it
+            await self._db.stop_embedded(quietly=True)
+            raise StoreUnavailable(unprivileged(error)) from error
         except BaseException:
             await self._db.stop_embedded(quietly=True)
             raise

@@ -821,6 +821,111 @@ async def test_a_statement_that_cannot_finish_answers_unavailable_within_the_sta
         await store.close()
 
 
+def _as_superuser(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def _database(dsn: str) -> str:
+    return dsn.split("/")[3].split("?")[0]
+
+
+async def test_a_read_only_server_is_said_at_start_and_on_every_write_and_nothing_is_written(server: str) -> None:
+    # A --url naming a hot standby (or a database with default_transaction_read_only): the start
+    # ended in psycopg's own ReadOnlySqlTransaction, and once the schema was there every write was
+    # an unmapped error ("internal error: ReadOnlySqlTransaction").
+    dsn = _fresh_database(server)
+    _as_superuser(server, f"ALTER DATABASE {_database(dsn)} SET default_transaction_read_only = on")
+    with pytest.raises(StoreUnavailable, match="read-only server"):
+        await PostgresStore(_settings(dsn)).open()
+    _as_superuser(server, f"ALTER DATABASE {_database(dsn)} RESET default_transaction_read_only")
+    store = PostgresStore(_settings(dsn))
+    await store.open()
+    await store.write([rec(1, "a", content="kept")])
+    await store.close()
+    _as_superuser(server, f"ALTER DATABASE {_database(dsn)} SET default_transaction_read_only = on")
+    store = PostgresStore(_settings(dsn))
+    await store.open()  # the schema is there: it is only read, and reads are served
+    try:
+        for call in (lambda: store.write([rec(2, "a", content="refused")]), lambda: store.delete(Scope(owner="a")),
+                     lambda: store.touch("a", ["a-1"], "2026-05-01T00:00:00.000Z")):
+            with pytest.raises(StoreUnavailable, match="read-only server"):
+                await call()
+        assert [r.content for r in await store.select(Scope(owner="a"))] == ["kept"]
+    finally:
+        await store.close()
+
+
+async def test_a_role_that_may_not_make_the_schema_is_told_what_to_run(server: str) -> None:
+    # psycopg's "permission denied for schema public / LINE 1: CREATE TABLE ..." at start; and a role
+    # with only DML rights could never start on a schema its owner had made (CREATE TABLE IF NOT EXISTS
+    # is refused before PostgreSQL looks whether the table exists).
+    dsn = _fresh_database(server)
+    role = "r_" + uuid.uuid4().hex[:10]
+    _as_superuser(dsn, f"CREATE ROLE {role} LOGIN")
+    as_role = dsn.replace("postgres:@", f"{role}:@")
+    with pytest.raises(StoreUnavailable, match="GRANT CREATE ON SCHEMA public"):
+        await PostgresStore(_settings(as_role)).open()
+    _as_superuser(dsn, f"GRANT CREATE ON SCHEMA public TO {role}")
+    with pytest.raises(StoreUnavailable, match="CREATE EXTENSION vector"):  # pgvector is not a trusted extension
+        await PostgresStore(_settings(as_role)).open()
+    _as_superuser(dsn, f"REVOKE CREATE ON SCHEMA public FROM {role}")
+    owner = PostgresStore(_settings(dsn))
+    await owner.open()
+    await owner.close()
+    _as_superuser(dsn, f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}",
+                  f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    store = PostgresStore(_settings(as_role))
+    await store.open()
+    try:
+        await store.write([rec(1, "a", content="written by a role without DDL")])
+        with pytest.raises(StoreUnavailable, match="may not create"):  # the embedding column is the table owner's to add
+            await store.write([rec(2, "a", content="with a vector", embedding=[0.1, 0.2])])
+        assert [r.content for r in await store.select(Scope(owner="a"))] == ["written by a role without DDL"]
+    finally:
+        await store.close()
+
+
+async def test_statements_a_pooler_deallocated_are_prepared_again(server: str) -> None:
+    # PgBouncer (or anyone on the session) running DISCARD ALL / DEALLOCATE ALL drops the statements
+    # psycopg prepared (decision 20): the next call using one failed with an unmapped
+    # InvalidSqlStatementName ("internal error").
+    dsn = _fresh_database(server)
+    store = PostgresStore(_settings(dsn, pool_min=1, pool_max=1))
+    await store.open()
+    try:
+        await store.write([rec(i, "a", content=f"deploy {i}", embedding=[1.0, float(i), 0.5]) for i in range(5)])
+
+        async def deallocate(conn: psycopg.AsyncConnection) -> None:
+            assert conn._prepared._names  # something was prepared
+            conn.pgconn.exec_(b"DEALLOCATE ALL")  # behind psycopg's back, as a pooler does
+
+        for _ in range(2):
+            assert await store.search(Scope(owner="a"), text=None, vector=[1.0, 2.0, 0.5], limit=3)
+            assert await store.search(Scope(owner="a"), text="deploy", vector=[1.0, 2.0, 0.5], limit=3)
+            await store._db.run(deallocate)
+    finally:
+        await store.close()
+
+
+async def test_the_index_is_built_under_a_statement_timeout_set_on_the_database(server: str) -> None:
+    # The migration's and the index build's connections are not limited (decision 91), but a
+    # statement_timeout set on the role or database limited them: every build was cancelled, retried
+    # without end, and recall stayed an exact scan.
+    dsn = _fresh_database(server)
+    _as_superuser(dsn, f"ALTER DATABASE {_database(dsn)} SET statement_timeout = '20ms'",
+                  f"ALTER DATABASE {_database(dsn)} SET idle_in_transaction_session_timeout = '20ms'")
+    store = PostgresStore(_settings(dsn, index_quiet_s=0.1))
+    await store.open()
+    try:
+        rnd = random.Random(7)
+        await store.write([rec(i, "a", embedding=[rnd.random() for _ in range(32)]) for i in range(3000)])
+        await _index_built(store, timeout=20.0)
+    finally:
+        await store.close()
+
+
 async def test_survives_close_and_reopen_embedded(tmp_path: Path) -> None:
     settings = _settings(None, tmp_path)
     first = make_store(settings)
