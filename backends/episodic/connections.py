@@ -202,7 +202,7 @@ class Connections:
                 raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
             except psycopg.errors.ReadOnlySqlTransaction as error:
                 raise StoreUnavailable(read_only(error)) from error
-            except psycopg.errors.InsufficientPrivilege as error:  # a role with no DDL right adding the embedding column
+            except psycopg.errors.InsufficientPrivilege as error:  # a role without DDL adding the embedding column
                 raise StoreUnavailable(unprivileged(error)) from error
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
                     psycopg.errors.TransactionRollback) as error:

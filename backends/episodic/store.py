@@ -122,7 +122,7 @@ class PostgresStore:
         except psycopg.errors.ReadOnlySqlTransaction as error:
             await self._db.stop_embedded(quietly=True)
             raise StoreUnavailable(read_only(error)) from error
-        except psycopg.errors.InsufficientPrivilege as error:  # the schema is not there yet, and this role may not make it
+        except psycopg.errors.InsufficientPrivilege as error:  # no schema yet, and this role may not make it
             await self._db.stop_embedded(quietly=True)
             raise StoreUnavailable(unprivileged(error)) from error
         except BaseException:

@@ -880,7 +880,7 @@ async def test_a_role_that_may_not_make_the_schema_is_told_what_to_run(server: s
     await store.open()
     try:
         await store.write([rec(1, "a", content="written by a role without DDL")])
-        with pytest.raises(StoreUnavailable, match="may not create"):  # the embedding column is the table owner's to add
+        with pytest.raises(StoreUnavailable, match="may not create"):  # the embedding column is the owner's to add
             await store.write([rec(2, "a", content="with a vector", embedding=[0.1, 0.2])])
         assert [r.content for r in await store.select(Scope(owner="a"))] == ["written by a role without DDL"]
     finally:
