@@ -66,8 +66,11 @@ async def while_held(gate: Gate, first: asyncio.Task[Any], second: Awaitable[Any
     try:
         await asyncio.wait_for(gate.reached.wait(), 20)
         other = asyncio.ensure_future(second)
-        await asyncio.wait([other], timeout=1.0)
-        assert other.done() != shared, "B ran while A held the owner" if shared else "B waited for A"
+        if shared:
+            await asyncio.wait([other], timeout=1.0)
+            assert not other.done(), "B ran while A held the owner"
+        else:  # B runs to its end meanwhile: nothing holds it back
+            await asyncio.wait_for(asyncio.shield(other), 20)
         gate.release()
         await asyncio.wait_for(first, 20)
         return await asyncio.wait_for(other, 20)
