@@ -157,6 +157,8 @@ async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], lis
             reports.append(report)
         if "degraded" in described:
             summary["degraded"] = described["degraded"]
+        if isinstance(described.get("owner_locks"), dict):  # a router's
+            summary["owner_locks"] = described["owner_locks"]
     if not single:
         # Again, after the describe and probes went through every tier: a router's /readyz reads its
         # verdict on the default tier, which may date from before a kill the describe just found.
@@ -209,7 +211,15 @@ async def doctor(url: str, token: str | None = None) -> int:
                   f"/healthz {summary.get('healthz') if summary.get('healthz') is not None else 'unreachable'}")
     if "certificate_expires" in summary:
         console.print(_certificate_line(summary["certificate_expires"]))
-    down = [r.name for r in reports if not r.ok]
+    locks = summary.get("owner_locks") or {}
+    if locks.get("status") == "down":
+        console.print(f"[red]✗ {escape(str(locks.get('error') or 'the owner lock store (lock_url) is down'))}[/]: "
+                      "moves, forgets and keyed writes fail until it is back")
+    elif locks.get("shared"):
+        console.print("owner locks: shared with the other router replicas (lock_url up)")
+    elif "shared" in locks:
+        console.print("owner locks: this router's own (run one router replica, or set lock_url)")
+    down = [r.name for r in reports if not r.ok] + (["lock_url"] if locks.get("status") == "down" else [])
     if down or ready != 200:
         console.print(f"[red]✗ not healthy:[/] {', '.join(down) if down else '/readyz is not 200'}")
         return 1

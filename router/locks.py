@@ -61,6 +61,18 @@ class SharedLocks:
                            f"{self.wait:g} s (a move, a forget or a keyed write); try again", {"lock": "busy"})
         return _Lease(lock, self.lease)
 
+    async def problem(self) -> str | None:
+        """Why the lock store cannot be used now, or None: what describe (and `a2m doctor`) show. Its
+        words (a host, a socket path) go to the log, as a tier engine's do (decision 113)."""
+        from redis.exceptions import RedisError
+
+        try:
+            await self._redis.ping()
+        except (RedisError, OSError) as exc:
+            log.warning("the owner lock store (lock_url) does not answer: %s", exc)
+            return "the owner lock store (lock_url) does not answer (the router's log has the cause)"
+        return None
+
     async def close(self) -> None:
         await self._redis.aclose()
 

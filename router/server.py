@@ -261,7 +261,19 @@ class Router(EventMethods):
             entry["read_only"] = not tier.writable  # down, as it last said of itself: still never written
             entry["url"] = tier.config.url  # for `a2m doctor`; the tiers listen privately anyway
             layout.append(entry)
-        return self._degraded(self._described(layout, ctx, [] if metrics is None else [metrics]), fan)
+        described = self._described(layout, ctx, [] if metrics is None else [metrics])
+        described["owner_locks"] = await self._owner_locks()
+        return self._degraded(described, fan)
+
+    async def _owner_locks(self) -> dict[str, Any]:
+        """Whether this router's owner locks are shared with other replicas (`lock_url`), and whether
+        their store answers: `a2m doctor` says so, as an operator scaling the router must know."""
+        shared = self.policy.shared_locks
+        if shared is None:
+            return {"shared": False}
+        problem = await shared.problem()
+        return {"shared": True, "status": "up"} if problem is None else \
+            {"shared": True, "status": "down", "error": problem}
 
     def _described(self, layout: list[dict[str, Any]], ctx: Context, metrics: Iterable[Any]) -> dict[str, Any]:
         """describe's capability objects around a tier layout; `metrics`: each tier's (intersected)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Iterator
 
@@ -123,3 +124,29 @@ async def test_a_probe_times_the_answered_call_not_the_rate_limits_wait() -> Non
     client = RefusedOnce()
     p50, why = await _probe(client, None)
     assert client.calls == 2 * PROBES and why == "" and p50 is not None and p50 < 300, (p50, why)
+
+
+@pytest.mark.anyio
+async def test_doctor_says_whether_the_owner_locks_are_shared_and_up(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """An operator scaling the router out must know its replicas share their owner locks (lock_url,
+    decision 156); a lock store that does not answer fails moves, forgets and keyed writes."""
+    from tests.router.stack import federation as stack
+    from tests.support.redis import own_redis
+
+    tiers = [{"name": "working", "kind": "working"}]
+    for folder in ("plain", "shared", "locks"):
+        (tmp_path / folder).mkdir()
+    with stack(tmp_path / "plain", tiers, mode="real") as plain:
+        assert await doctor(plain.url) == 0
+        assert "owner locks: this router's own (run one router replica, or set lock_url)" in capsys.readouterr().out
+    with ExitStack() as lock_store:
+        lock_url = lock_store.enter_context(own_redis(tmp_path / "locks"))
+        with stack(tmp_path / "shared", tiers, mode="real", top={"lock_url": lock_url}) as shared:
+            assert await doctor(shared.url) == 0
+            assert "owner locks: shared with the other router replicas (lock_url up)" in capsys.readouterr().out
+            lock_store.close()  # the lock store's redis-server is gone
+            assert await doctor(shared.url) == 1
+            out = capsys.readouterr().out
+            assert "the owner lock store (lock_url) does not answer" in out and "not healthy: lock_url" in out, out
+            assert lock_url.removeprefix("unix://") not in out  # its words are in the router's log only
