@@ -12,7 +12,9 @@ for that owner (redis-py's `Lock`: SET NX PX, released by a script that
 checks its token), so every replica waits for every other. The key is leased:
 renewed while held, so a replica killed while holding it holds up the others
 for at most `LEASE_S`. Without `lock_url`, the lock is this router's alone, as
-before.
+before. The keys are named within the federation's tiers (`scope_of`): routers
+in layers, one a tier of another, may name one Redis without waiting on each
+other's holds.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from typing import Any
+from typing import Any, Iterable
 
 from a2m import errors
 from a2m.errors import A2MError
@@ -32,19 +34,31 @@ WAIT_S = 60.0  # how long a call waits for another replica's hold before it fail
 KEY_PREFIX = "a2m:owner-lock:"
 
 
+def scope_of(tier_urls: Iterable[str]) -> str:
+    """The lock keys' namespace: the tiers whose records the lock keeps in place, as their URLs.
+
+    Replicas name the same tiers, so they share it. A router that is itself a tier of another
+    (layers) names other tiers: with one key per owner for both, the upper router held the owner's
+    key while it wrote a keyed record to the lower, which waited on that very key until the upper's
+    tier call timed out; every keyed write, forget and move through the layers failed so."""
+    joined = "\n".join(sorted({url.rstrip("/") for url in tier_urls}))
+    return hashlib.sha256(joined.encode()).hexdigest()[:16]
+
+
 class SharedLocks:
     """Owner locks held in one Redis, seen by every router replica that names it."""
 
-    def __init__(self, url: str, *, lease: float = LEASE_S, wait: float = WAIT_S) -> None:
+    def __init__(self, url: str, *, scope: str = "", lease: float = LEASE_S, wait: float = WAIT_S) -> None:
         import redis.asyncio as aioredis
 
         self.lease, self.wait = lease, wait
+        self._prefix = KEY_PREFIX + (f"{scope}:" if scope else "")
         self._redis = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
 
-    @staticmethod
-    def key(owner: str | None) -> str:
-        """A fixed-length name whatever the owner holds (hashed), the unowned partition apart."""
-        return KEY_PREFIX + ("-" if owner is None else hashlib.sha256(owner.encode()).hexdigest())
+    def key(self, owner: str | None) -> str:
+        """A fixed-length name whatever the owner holds (hashed), the unowned partition apart, within
+        this federation's `scope` (`scope_of`)."""
+        return self._prefix + ("-" if owner is None else hashlib.sha256(owner.encode()).hexdigest())
 
     async def acquire(self, owner: str | None) -> "_Lease":
         from redis.exceptions import RedisError

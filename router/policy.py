@@ -631,15 +631,17 @@ class Policy:
                            touched: dict[str, int]) -> list[str]:
         """Of the records just counted in `tier`, those a move took on without the count (their copy
         one link on has fewer recalls than the touch answered): they are counted there again. Read
-        under the owner lock, when no move is between its read and its delete."""
-        async with self.owner_lock(owner):
-            try:
+        under the owner lock, when no move is between its read and its delete. A lock that cannot be
+        had (`lock_url` unreachable, another replica's hold past its wait) leaves them, as a tier that
+        does not answer does: the recall that counted them has its records and must not fail for it."""
+        try:
+            async with self.owner_lock(owner):
                 left = {r["id"] for r in await self.by_ids(tier, owner, list(touched))}
                 away = [i for i in touched if i not in left]
                 copies = [r for t in onward for r in (await self.by_ids(t, owner, away) if away else [])]
-            except A2MError as exc:
-                log.info("could not follow recall counts out of %s: %s", tier.name, exc)
-                return []
+        except A2MError as exc:
+            log.info("could not follow recall counts out of %s: %s", tier.name, exc)
+            return []
         return [r["id"] for r in copies if int(r.get("access_count") or 0) < touched[r["id"]]]
 
     async def promote_pending(self, owner: str | None) -> int:

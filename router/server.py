@@ -32,7 +32,7 @@ from a2m.http import LATENCY_BUCKETS, HTTPSettings
 
 from .config import RouterConfig, load, unenforced
 from .federation import FanOut, Federation, Tier
-from .locks import SharedLocks
+from .locks import SharedLocks, scope_of
 from .moves import Moves
 from .policy import Policy
 from .cursors import CursorSeal
@@ -85,7 +85,8 @@ class Router(EventMethods):
         self.fed = Federation(config, client_factory)
         self.events = EventLog(config.events_capacity)
         self.embedder = make_embedder(config.embedder, model=config.embedder_model)
-        shared = None if config.lock_url is None else SharedLocks(config.lock_url)
+        shared = None if config.lock_url is None else SharedLocks(
+            config.lock_url, scope=scope_of(tier.url for tier in config.tiers))
         self.policy = Policy(self.fed, embedder=self.embedder, emit=self.events.emit, shared_locks=shared)
         self.width = VectorWidth(self.embedder, self.fed)
         self.writes = Writes(self.fed, self.policy, self.events, self.embedder, self.width, self.limits,

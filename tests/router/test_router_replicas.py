@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from dataclasses import replace
 from typing import Any, AsyncIterator, Awaitable, Iterator
 
 import pytest
@@ -193,3 +194,43 @@ async def test_a_key_replaced_through_another_replica_while_its_session_is_trimm
             assert [(r["id"], r["content"]) for r in held if r.get("key")] == [(replaced["ids"][0], "the new plan")]
         finally:
             await stop(a, b)
+
+
+async def test_a_recall_answers_when_the_lock_store_went_away_during_a_move(stack: Stack,  # noqa: F811
+                                                                          tmp_path: Path) -> None:
+    """A recall counted while this router moved the owner's records follows its counts under the owner
+    lock (`Policy._carried_off`). With that lock in a Redis that had gone away meanwhile, the recall
+    (its records found and touched) failed as "the owner lock store is unavailable". The counts a
+    move carried off are left uncounted there, as when a tier does not answer that follow-up."""
+    with own_redis(tmp_path) as url:
+        one = InProcess(stack, url)
+        one.router.reads.config = replace(one.router.reads.config, background_promotion=False)  # counted inline
+        await one.router.startup()
+        try:
+            me = owner()
+            await one.call("memory/remember", {"owner": me, "records": [
+                {"content": "the harbour ferry leaves at nine", "tier": "episodic"}]})
+            moving = one.router.policy.owner_lock(me)
+            await moving.__aenter__()  # a move of this router's, mid-way
+            await shut_down(url)
+            recall = asyncio.ensure_future(one.call("memory/recall", {"owner": me, "query": "harbour"}))
+            await asyncio.sleep(0.5)
+            await moving.__aexit__(None, None, None)
+            found = await asyncio.wait_for(recall, 20)
+            assert [r["content"] for r in found["records"]] == ["the harbour ferry leaves at nine"]
+        finally:
+            await one.router.shutdown()
+
+
+async def shut_down(url: str) -> None:
+    """The lock store goes away (SHUTDOWN NOSAVE: the server exits)."""
+    import redis.asyncio as aioredis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    client = aioredis.from_url(url)
+    try:
+        await client.shutdown(nosave=True)
+    except RedisConnectionError:
+        pass
+    finally:
+        await client.aclose()
