@@ -136,6 +136,12 @@ class OwnerLock:
     def locked(self) -> bool:
         return self._local.locked()
 
+    @property
+    def here(self) -> asyncio.Lock:
+        """This router's lock for the owner alone, not the replicas': what holds back this router's
+        own moves (a read that two of them overlapped, router/reads.py)."""
+        return self._local
+
     async def __aenter__(self) -> None:
         await self._local.acquire()
         if self._shared is not None:

@@ -61,7 +61,9 @@ async def settled(policy: Policy, owner: str | None, tiers: Sequence[Tier], read
         answer = await read()
         if policy.moves_seen(owner) == seen or not missed(answer):
             return answer
-    async with policy.owner_lock(owner):
+    # This router's lock alone: `moves_seen` counts this router's moves, so theirs are what the third
+    # read must not overlap; the replicas' lock (lock_url) would make a read fail with its store.
+    async with policy.owner_lock(owner).here:
         return await read()
 
 
