@@ -34,8 +34,9 @@ TIERS = [{"name": "working", "kind": "working", "capacity": 1000, "per_session":
 SESSION = 50  # records a closed session moves
 
 
-def ms(values: list[float], q: float) -> float:
-    return round(statistics.quantiles(values, n=100)[q - 1] * 1000, 3) if len(values) > 1 else round(values[0] * 1000, 3)
+def ms(values: list[float], q: int) -> float:
+    """The q-th percentile of `values` (seconds) in milliseconds."""
+    return round((statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]) * 1000, 3)
 
 
 async def turns(n: int, probes: dict[str, Callable[[int], Awaitable[Any]]]) -> dict[str, list[float]]:

@@ -14,19 +14,18 @@ from pathlib import Path
 from typing import Iterator
 
 from backends.working import find_redis_server
-from backends.working.embedded import _pong
 
 
-def _asks_for_a_password(path: str) -> bool:
-    """Up with `requirepass`: PING answers NOAUTH, not PONG."""
+def _answer(path: str) -> bytes:
+    """What the server at `path` answers a PING: `+PONG`, `-NOAUTH` with `requirepass`, or b"" (not up)."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(0.5)
             sock.connect(path)
             sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"-NOAUTH")
+            return sock.recv(64)
     except OSError:
-        return False
+        return b""
 
 
 @contextmanager
@@ -39,7 +38,7 @@ def own_redis(data: Path, *config: str) -> Iterator[str]:
          "--appendonly", "no", *config], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
-        while not _pong(sock) and not _asks_for_a_password(sock):
+        while not _answer(sock).startswith((b"+PONG", b"-NOAUTH")):
             assert process.poll() is None and time.monotonic() < deadline, "redis-server did not start"
             time.sleep(0.02)
         yield f"unix://{sock}"
