@@ -67,6 +67,7 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 _INTEGER = re.compile(r"-?[0-9]+")
 POOL_TIMEOUT_S = 3.0  # how long a read waits for a connection: under the router's 5 s tier timeout
 DOWN_WAIT_S = 0.5  # ... and while PostgreSQL is known to be down
+ID_SAMPLE = 10_000  # rows whose ids are checked at start (`_check_ids`)
 CONNECT_TIMEOUT_S = 5
 DEFAULT_TEXT_CONFIG = "english"  # text search configuration where no full-text index names one
 _TIMES = {"timestamptz", "timestamp", "date"}
@@ -451,6 +452,7 @@ class TableStore(ReadOnlyStore):
             raise SystemExit(f"corpus: cannot read table {spec.table!r}: {_first_line(exc)}") from None
         if spec.row_filter:
             await self._check_row_filter(conn, columns[spec.row_filter[0]][6])
+        await self._check_ids(conn, oid)
         if spec.vector_column and self._dims is None:  # vector without a width: the first row's
             mounted, args = self._rows()
             row = await (await conn.execute(sql.SQL("SELECT vector_dims({}) FROM {} WHERE {} LIMIT 1").format(
@@ -480,6 +482,30 @@ class TableStore(ReadOnlyStore):
                     sql.Identifier(column), self._table()))).fetchall()
             raise SystemExit(f"corpus: row_filter: no row of table {self.spec.table!r} has {column} = {value!r}; "
                              f"it holds e.g. {', '.join(str(r[0]) for r in held)}")
+
+    async def _check_ids(self, conn: Any, oid: int) -> None:
+        """Refuse an `id_column` that is not a key of the rows mounted: one holding NULL (a record with
+        no id, which the wire cannot carry) or a value shared by several rows (records that share an id
+        read as one: a get answers several, a timeline walk's keyset skips the others). Both mounted
+        and answered. The first ID_SAMPLE rows are read, so the check costs the same on any table
+        and finds the usual mistake (a chunk table's document column, whose chunks lie together)."""
+        spec = self.spec
+        mounted, args = self._rows()
+        row = await (await conn.execute(sql.SQL(
+            "WITH s AS (SELECT {}::text AS v FROM {} WHERE {} LIMIT {}) SELECT count(*) FILTER (WHERE v IS NULL),"
+            " (SELECT v FROM s WHERE v IS NOT NULL GROUP BY v HAVING count(*) > 1 ORDER BY v LIMIT 1) FROM s").format(
+                sql.Identifier(spec.id_column), self._table(), sql.SQL(" AND ").join([*mounted, sql.SQL("TRUE")]),
+                sql.Literal(ID_SAMPLE)), args)).fetchone()
+        if not row[0] and row[1] is None:
+            return
+        keys = [r[0] for r in await (await conn.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid"
+            " AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND i.indisprimary", (oid,))).fetchall()]
+        hint = (f": name its key, --option id_column={keys[0]}" if len(keys) == 1 and keys[0] != spec.id_column
+                else ": name a column holding one value per row (or mount a view with one)")
+        what = f"holds NULL in {row[0]} row(s)" if row[0] else f"holds {row[1]!r} in several rows"
+        raise SystemExit(f"corpus: id_column {spec.id_column!r} of table {spec.table!r} is not a key: it {what}, "
+                         f"and each record needs an id of its own{hint}")
 
     def _rows(self) -> tuple[list[sql.Composable], list[Any]]:
         """The rows the mount holds: those the row filter names (its value read as the column's type, so

@@ -31,6 +31,7 @@ import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from a2m.errors import A2MError
@@ -47,6 +48,7 @@ from .common import EPOCH, ReadOnlyStore, fuse, json_safe, visible, visible_plac
 TEXT_POOL = 200  # word matches ranked by BM25 per text recall
 MAX_QUERY_WORDS = 32
 ID_PAGE = 256  # points per page of an id-order scroll with no limit
+LOCAL_META = "meta.json"  # what every qdrant-client local-mode directory holds (written when it is made)
 _WORD = re.compile(r"\w+", re.UNICODE)
 _STOP = STOPWORDS["en"]
 # Qdrant's distance -> the protocol's metric name (describe's `embeddings.metric`).
@@ -249,6 +251,7 @@ class CollectionStore(ReadOnlyStore):
 
         self._check_fields()
         if self._client is None:
+            self._check_local_directory()
             try:
                 self._client = (AsyncQdrantClient(url=self._url, api_key=self.spec.api_key) if self._url
                                 else AsyncQdrantClient(path=self._path))
@@ -258,6 +261,18 @@ class CollectionStore(ReadOnlyStore):
             await self._settle()
         except (StoreUnavailable, StoreRejected) as exc:  # a message at start, not a traceback
             raise SystemExit(f"corpus: collection {self.spec.collection!r} at {self._url or self._path}: {exc}") from None
+
+    def _check_local_directory(self) -> None:
+        """Refuse at start a directory that is not qdrant-client's local-mode storage (no `meta.json`:
+        a typo, the store's parent or one collection's folder, a semantic tier's Edge shard). Opened as
+        it is, local mode writes an empty `meta.json` and a `.lock` into it before finding no
+        collection, so a wrong path left files in someone else's folder."""
+        if self._path is None or (Path(self._path) / LOCAL_META).is_file():
+            return
+        held = sorted(p.name for p in Path(self._path).iterdir())[:8]
+        raise SystemExit(f"corpus: {self._path} is not a qdrant-client local-mode directory (it has no "
+                         f"{LOCAL_META}; it holds {held or 'nothing'}): give the folder passed as "
+                         "QdrantClient(path=...)")
 
     async def _settle(self) -> None:
         """Check the collection the options name, and settle how it is read."""

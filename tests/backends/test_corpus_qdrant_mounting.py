@@ -122,3 +122,18 @@ async def test_a_langchain_collection_served_alone_and_mounted_beside_a_real_wor
             left = (await router.call("memory/recall", {"owner": "ann", "query": "refunds", "limit": 10}))["records"]
             assert left and {h["tier"] for h in left} == {"kb"}
     assert tree_digest(path) == before
+
+
+def test_a_directory_that_is_not_local_mode_storage_is_refused_untouched(tmp_path: Path) -> None:
+    """`--url` naming a folder local mode never made (the store's parent, one collection's own folder, a
+    typo that exists): refused at start by name, and nothing written there. Local mode had written an
+    empty `meta.json` and a `.lock` into it, then said only that it had no collection."""
+    from tests.support.corpora import make_collection
+
+    make_collection(tmp_path / "rag" / "store")
+    for wrong in (tmp_path / "rag", tmp_path / "rag" / "store" / "collection" / "kb"):
+        before = sorted(p.name for p in wrong.iterdir())
+        _, done = serve(str(wrong), tmp_path / "data", "collection=kb", "text_field=body")
+        assert done.returncode == 1 and f"corpus: {wrong} is not a qdrant-client local-mode directory" in done.stderr, \
+            done.stderr
+        assert sorted(p.name for p in wrong.iterdir()) == before

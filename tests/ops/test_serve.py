@@ -166,7 +166,9 @@ def test_serve_says_which_flag_to_check_when_its_engine_does_not_answer(tmp_path
 def test_serve_corpus_that_refuses_its_mount_says_so_without_a_traceback(tmp_path: Path, transport: str) -> None:
     """A corpus store refuses its mount with a message of its own (a SystemExit in its open), which
     uvicorn printed as "Exception in 'lifespan' protocol" and a traceback."""
-    (tmp_path / "local").mkdir()
+    from tests.support.corpora import make_points
+
+    make_points(tmp_path / "local", {})  # local-mode storage holding collection kb
     args = ["corpus", "--url", str(tmp_path / "local"), "--option", "collection=nope"]
     done = subprocess.run(a2m_command("serve", *args, *(["--stdio"] if transport == "stdio" else ["--port", "0"])),
                           cwd=tmp_path, timeout=60, input=b"", capture_output=True,
@@ -174,7 +176,7 @@ def test_serve_corpus_that_refuses_its_mount_says_so_without_a_traceback(tmp_pat
     stderr = done.stderr.decode()
     assert done.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
     assert stderr == f"a2m serve corpus: cannot start: corpus: no collection 'nope' at {tmp_path / 'local'}; " \
-                     "it has none\n", stderr
+                     "it has ['kb']\n", stderr
 
 
 @pytest.mark.parametrize("args, env, message", [
