@@ -305,11 +305,13 @@ class Policy:
             verified = [w["id"] for unit in placed for w in unit]
             if verified:
                 self._deleting(owner)
+                deleted: list[str] = []
                 try:
-                    await self._forget_as_read(source, owner, [w for unit in placed for w in unit])
+                    await self._forget_as_read(source, owner, [w for unit in placed for w in unit], deleted)
                 except A2MError as exc:  # a duplicate now, repaired by the next consolidate
                     log.warning("move %s -> %s: delete from source failed (%s); %d duplicates until consolidate",
-                                source.name, dest.name, exc, len(verified))
+                                source.name, dest.name, exc, len(verified) - len(deleted))
+                    moved.extend(deleted)  # those an earlier call of the delete took: moved for good
                     break
                 moved.extend(verified)
             if stop:
@@ -389,8 +391,11 @@ class Policy:
                             dest.name, other, source.name)
         return verified, False
 
-    async def _forget_as_read(self, tier: Tier, owner: str | None, records: Sequence[dict[str, Any]]) -> int:
+    async def _forget_as_read(self, tier: Tier, owner: str | None, records: Sequence[dict[str, Any]],
+                              sent: list[str] | None = None) -> int:
         """Delete `records` from `tier`, each only at the revision they were read at; how many went.
+        One call per revision: the ids of each call answered go into `sent` as it is, so a caller
+        whose later call failed knows what the earlier ones took.
 
         The owner lock holds back this router's writes, not another replica's: a key replaced there
         through another router between the read and this delete is a newer revision, and deleting it
@@ -404,6 +409,8 @@ class Policy:
         for revision, ids in by_revision.items():
             params: dict[str, Any] = {"ids": ids} if revision is None else {"ids": ids, "where": {"revision": revision}}
             forgotten += int((await tier.call("memory/forget", with_owner(params, owner))).get("forgotten", 0))
+            if sent is not None:
+                sent.extend(ids)
         return forgotten
 
     async def _take_back(self, source: Tier, dest: Tier, owner: str | None, copies: list[str]) -> None:

@@ -32,8 +32,9 @@ class Gate:
     """Holds the first call to `tier` of `method` whose params satisfy `when`, until `release()`:
     before it is sent, or (`after`) once it has been answered, before the router sees the answer."""
 
-    def __init__(self, tier: str, method: str, when: Callable[[dict[str, Any]], bool], after: bool = False) -> None:
-        self.tier, self.method, self.when, self.after = tier, method, when, after
+    def __init__(self, tier: str, method: str, when: Callable[[dict[str, Any]], bool], after: bool = False,
+                 fail: A2MError | None = None) -> None:
+        self.tier, self.method, self.when, self.after, self.fail = tier, method, when, after, fail
         self.reached, self.released = asyncio.Event(), asyncio.Event()
 
     def release(self) -> None:
@@ -52,6 +53,8 @@ class GatedClient:
             if not gate.after:
                 gate.reached.set()
                 await gate.released.wait()
+            if gate.fail is not None:  # the call never reaches the tier: as one to a tier gone
+                raise gate.fail
         answer = await self.client.call(method, params, timeout=timeout)
         if gate is not None and gate.after:
             gate.reached.set()
@@ -72,8 +75,8 @@ class InProcess:
             t.name, t.url, config.service_token, t.timeout, self.gates))
 
     def hold(self, tier: str, method: str, when: Callable[[dict[str, Any]], bool] = lambda p: True, *,
-             after: bool = False) -> Gate:
-        gate = Gate(tier, method, when, after)
+             after: bool = False, fail: A2MError | None = None) -> Gate:
+        gate = Gate(tier, method, when, after, fail)
         self.gates.append(gate)
         return gate
 
@@ -705,3 +708,25 @@ async def test_a_record_forgotten_between_a_walk_pages_two_asks_does_not_lose_th
         read[:0] = [r["id"] for r in page["records"]]
         cursor = page["cursor"]
     assert sorted(read) == sorted(ids["semantic"] + ids["episodic"][:5])
+
+
+async def test_a_move_whose_second_delete_fails_counts_what_its_first_deleted(inproc: InProcess,
+                                                                               stack: Stack) -> None:
+    """A move deletes its source copies one revision at a time (decision 152). When the call for a
+    later revision failed, the records the first call had deleted, moved for good, were left out of
+    what the move said it moved: the close answered `flushed: 0` for three records gone to episodic."""
+    me = owner()
+    ids = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": f"turn {i}", "session": "c"} for i in range(3)]}))["ids"]
+    [plan] = (await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the plan", "key": "plan", "session": "c"}]}))["ids"]
+    await inproc.call("memory/remember", {"owner": me, "records": [
+        {"content": "the new plan", "key": "plan", "session": "c"}]})  # revision 2
+    gone = inproc.hold("working", "memory/forget", lambda p: (p.get("where") or {}).get("revision") == 2,
+                       fail=Unavailable("working unreachable"))
+    gone.release()
+    closed = await inproc.call("memory/session/close", {"owner": me, "session": "c"})
+    held = await homes(stack, me)
+    assert {i: [t for t, _ in held[i]] for i in ids} == {i: ["episodic"] for i in ids}
+    assert sorted(t for t, _ in held[plan]) == ["episodic", "working"]  # a duplicate, repaired by consolidate
+    assert closed["flushed"] == 3, closed
