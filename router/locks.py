@@ -1,4 +1,4 @@
-"""The per-owner lock under which where an owner's records live changes (decisions 37, 155).
+"""The per-owner lock under which where an owner's records live changes (decisions 37, 156).
 
 One router serialises an owner's moves, forgets and keyed writes with an
 asyncio lock. A deployment runs several routers (deploy/k8s: two to eight),
