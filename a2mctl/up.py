@@ -269,13 +269,41 @@ def reap_engines(data: Path, since: float | None = None, timeout: float = 15.0) 
     return pids
 
 
+LOCK_FILE = ".a2m-up.lock"
+
+
+def _missing_from(data: Path) -> Path | None:
+    """The outermost folder of `data` (itself included) that does not exist yet: what this run makes."""
+    missing = None
+    for path in (data, *data.parents):
+        if path.exists():
+            return missing
+        missing = path
+    return missing
+
+
+def _unmake(made: Path | None, lock: Path) -> None:
+    """Take back the data dir (and the folders above it) this run made only to lock, when it stops
+    before using it: a mistyped --data refused for a busy port left an empty folder behind."""
+    if made is None:
+        return
+    lock.unlink(missing_ok=True)
+    for path in (lock.parent, *lock.parent.parents):
+        try:
+            path.rmdir()  # only an empty one: anything else written there meanwhile stays
+        except OSError:
+            return
+        if path == made:
+            return
+
+
 def hold_data_dir(data: Path) -> int:
     """Create `data` and take its run lock, or stop with a message: two federations on one data dir
     would start two PostgreSQL and Redis servers over the same files. Returns the lock's fd (held
     until this process exits)."""
     import fcntl
 
-    lock = data / ".a2m-up.lock"
+    lock = data / LOCK_FILE
     # A file where the directory (or a folder above it) should be: mkdir says only "File exists".
     file = next((path for path in (data, *data.parents) if path.exists()), None)
     if file is not None and not file.is_dir():
@@ -387,6 +415,7 @@ def up(args: argparse.Namespace) -> int:
     config = own_config(args.config) if with_router and args.config else None
     data = Path(args.data).expanduser() if args.data else default_data_dir()
     data = data.resolve()
+    made = _missing_from(data)
     lock = hold_data_dir(data)
     import psutil
 
@@ -402,6 +431,7 @@ def up(args: argparse.Namespace) -> int:
     # and honcho stops the rest, its message one line among theirs (another federation on those ports
     # would even answer this run's readiness checks).
     for name, taken in ports_in_use(host, ports):
+        _unmake(made, data / LOCK_FILE)
         raise SystemExit(f"a2m up: port {taken} ({name}) is in use on {host}; stop what listens there, or "
                          f"choose another --port (the router takes it, the tiers the next {len(TIERS)})")
     try:

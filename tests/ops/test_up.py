@@ -343,12 +343,13 @@ def test_up_on_a_port_in_use_stops_before_starting_anything(tmp_path: Path, take
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", busy))
         sock.listen()
-        done = subprocess.run(a2m_command("up", "--data", str(tmp_path / "data"), "--port", str(port)), cwd=ROOT,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(a2m_command("up", "--data", str(tmp_path / "new" / "data"), "--port", str(port)),
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert f"a2m up: port {busy} ({taken}) is in use on 127.0.0.1" in done.stderr, done.stderr + done.stdout
     assert "Traceback" not in done.stderr
-    assert not (tmp_path / "data" / "Procfile").exists() and not (tmp_path / "data" / "episodic").exists()
+    # the data dir it made to lock (a mistyped --data, say) is gone with the refusal, folders above too
+    assert not (tmp_path / "new").exists(), list((tmp_path / "new").rglob("*"))
 
 
 def test_up_serves_on_loopback_whatever_a2m_host_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
