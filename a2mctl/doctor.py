@@ -9,6 +9,7 @@ bearer token: HTTP 401).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import statistics
 import sys
@@ -44,11 +45,21 @@ def _token_refused(exc: Any) -> bool:
     return isinstance(exc.data, dict) and exc.data.get("status") == 401
 
 
-async def _get(http: Any, url: str, ends: list[datetime.datetime] | None = None) -> int | None:
+GET_TIMEOUT = 5.0  # seconds /readyz and /healthz each have to answer
+
+
+async def _get(http: Any, url: str, ends: list[datetime.datetime] | None = None,
+               silent: list[str] | None = None) -> int | None:
     """The status `url` answers GET with (None: unreachable); where `ends` is given, the notAfter of the
-    certificate an https server presented is appended to it."""
+    certificate an https server presented is appended to it; a GET that timed out goes into `silent`."""
+    import httpx
+
     try:
-        response = await http.get(url, timeout=5.0)
+        response = await http.get(url, timeout=GET_TIMEOUT)
+    except httpx.TimeoutException:
+        if silent is not None:
+            silent.append(url)
+        return None
     except Exception:  # noqa: BLE001 — unreachable is an answer here
         return None
     if ends is not None and (end := _presented_end(response)) is not None:
@@ -117,13 +128,17 @@ def _plain_http() -> Any:
 
 async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], list[TierReport]]:
     """Describe + readiness + probes. Raises `Unavailable` when `url` does not answer JSON-RPC."""
-    from a2m.client import HTTPClient
+    from a2m.client import HTTPClient, Unavailable
     from a2m.errors import A2MError
 
     base = url.rstrip("/") + "/"
     ends: list[datetime.datetime] = []
-    async with _plain_http() as http:
-        ready, health = await _get(http, base + "readyz"), await _get(http, base + "healthz", ends)
+    silent: list[str] = []
+    async with _plain_http() as http:  # both at once: a server that answers nothing costs one wait
+        ready, health = await asyncio.gather(_get(http, base + "readyz", silent=silent),
+                                             _get(http, base + "healthz", ends, silent))
+    if len(silent) == 2:  # it took the connections and said nothing: a describe would wait too
+        raise Unavailable(f"no response in {GET_TIMEOUT:g} s (to /readyz and /healthz)", {"url": base})
     summary: dict[str, Any] = {"url": base, "readyz": ready, "healthz": health}
     if ends:  # an https server's certificate: doctor verified it, so it has not expired
         summary["certificate_expires"] = ends[0]

@@ -150,3 +150,24 @@ async def test_doctor_says_whether_the_owner_locks_are_shared_and_up(tmp_path: P
             out = capsys.readouterr().out
             assert "the owner lock store (lock_url) does not answer" in out and "not healthy: lock_url" in out, out
             assert lock_url.removeprefix("unix://") not in out  # its words are in the router's log only
+
+
+@pytest.mark.anyio
+async def test_doctor_on_a_server_that_answers_nothing_says_so_in_one_wait(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A server that takes connections and answers nothing (stopped, wedged) kept doctor 20 s, asking
+    /readyz, /healthz and describe in turn, and then said "no response in 10 s"."""
+    import socket
+    import time
+
+    from a2mctl.doctor import GET_TIMEOUT
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)  # the kernel completes each connection; nothing ever reads or answers
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+        started = time.monotonic()
+        assert await doctor(url) == 2
+        took = time.monotonic() - started
+    assert GET_TIMEOUT <= took < GET_TIMEOUT + 3, took
+    assert f"no response in {GET_TIMEOUT:g} s (to /readyz and /healthz)" in capsys.readouterr().out
