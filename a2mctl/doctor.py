@@ -46,6 +46,7 @@ def _token_refused(exc: Any) -> bool:
 
 
 GET_TIMEOUT = 5.0  # seconds /readyz and /healthz each have to answer
+GET_ROUNDS = 2  # times both are asked before a server silent to both is given up: describe's 10 s
 
 
 async def _get(http: Any, url: str, ends: list[datetime.datetime] | None = None,
@@ -134,11 +135,16 @@ async def check(url: str, token: str | None = None) -> tuple[dict[str, Any], lis
     base = url.rstrip("/") + "/"
     ends: list[datetime.datetime] = []
     silent: list[str] = []
-    async with _plain_http() as http:  # both at once: a server that answers nothing costs one wait
-        ready, health = await asyncio.gather(_get(http, base + "readyz", silent=silent),
-                                             _get(http, base + "healthz", ends, silent))
+    async with _plain_http() as http:  # both at once: a server that answers nothing costs one wait a round
+        for _ in range(GET_ROUNDS):  # a slow one (stalled, busy) answering within describe's 10 s is alive
+            silent.clear()
+            ready, health = await asyncio.gather(_get(http, base + "readyz", silent=silent),
+                                                 _get(http, base + "healthz", ends, silent))
+            if len(silent) < 2:
+                break
     if len(silent) == 2:  # it took the connections and said nothing: a describe would wait too
-        raise Unavailable(f"no response in {GET_TIMEOUT:g} s (to /readyz and /healthz)", {"url": base})
+        raise Unavailable(f"no response in {GET_ROUNDS * GET_TIMEOUT:g} s (to /readyz and /healthz)",
+                          {"url": base})
     summary: dict[str, Any] = {"url": base, "readyz": ready, "healthz": health}
     if ends:  # an https server's certificate: doctor verified it, so it has not expired
         summary["certificate_expires"] = ends[0]

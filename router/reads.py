@@ -63,7 +63,10 @@ async def settled(policy: Policy, owner: str | None, tiers: Sequence[Tier], read
             return answer
     # This router's lock alone: `moves_seen` counts this router's moves, so theirs are what the third
     # read must not overlap; the replicas' lock (lock_url) would make a read fail with its store.
-    async with policy.owner_lock(owner).here:
+    # Named while held: the lock map is weak, and an OwnerLock nothing refers to leaves it, so a move
+    # begun meanwhile would take a new one and not wait for this read.
+    lock = policy.owner_lock(owner)
+    async with lock.here:
         return await read()
 
 
