@@ -113,16 +113,22 @@ async def _answers(path: str) -> bool:
     return await anyio.to_thread.run_sync(_pong, path)
 
 
-def _pong(path: str) -> bool:
-    """True when the server at `path` answers PING (not while it is still loading its AOF)."""
+def ping_answer(path: str) -> bytes:
+    """What the server at `path` answers a PING: `+PONG`, `-LOADING` while it reads its AOF, `-NOAUTH`
+    with `requirepass`, or b"" (nothing listens, or no answer in 0.5 s)."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(0.5)
             sock.connect(path)
             sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
+            return sock.recv(64)
     except OSError:
-        return False
+        return b""
+
+
+def _pong(path: str) -> bool:
+    """True when the server at `path` answers PING (not while it is still loading its AOF)."""
+    return ping_answer(path).startswith(b"+PONG")
 
 
 def _holder(fd: int) -> int | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -14,18 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from backends.working import find_redis_server
-
-
-def _answer(path: str) -> bytes:
-    """What the server at `path` answers a PING: `+PONG`, `-NOAUTH` with `requirepass`, or b"" (not up)."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(0.5)
-            sock.connect(path)
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64)
-    except OSError:
-        return b""
+from backends.working.embedded import ping_answer
 
 
 @contextmanager
@@ -38,7 +26,7 @@ def own_redis(data: Path, *config: str) -> Iterator[str]:
          "--appendonly", "no", *config], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
-        while not _answer(sock).startswith((b"+PONG", b"-NOAUTH")):
+        while not ping_answer(sock).startswith((b"+PONG", b"-NOAUTH")):
             assert process.poll() is None and time.monotonic() < deadline, "redis-server did not start"
             time.sleep(0.02)
         yield f"unix://{sock}"
