@@ -39,6 +39,7 @@ class Unavailable(A2MError):
         super().__init__(errors.INTERNAL_ERROR, message, data)
 
 
+NOT_A2M = (404, 405, 501)  # HTTP answers of a server that takes no POST at the URL
 MAX_ERROR_MESSAGE = 1000  # characters of a server's error message kept: it is passed on and logged
 
 
@@ -97,7 +98,10 @@ class HTTPClient:
             raise A2MError(errors.INVALID_PARAMS, f"{self.url} refused a request of {len(body)} bytes as too large",
                            {"url": self.url, "status": 413, "size": len(body)})
         if status != 200:
-            raise Unavailable(f"{self.url} answered HTTP {status}",
+            # What a web server that is not an A2M one answers a JSON-RPC POST: say so, or a tier URL
+            # pointing at the wrong port read only as "down (answered HTTP 501)".
+            hint = ": not an A2M endpoint? (it takes JSON-RPC POSTs at this URL)" if status in NOT_A2M else ""
+            raise Unavailable(f"{self.url} answered HTTP {status}{hint}",
                               {"url": self.url, "status": status, "body": payload[:200].decode(errors="replace")})
         try:
             response = orjson.loads(payload)

@@ -175,6 +175,18 @@ async def test_http_413_is_the_servers_answer_not_an_outage() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("status", [b"404 Not Found", b"405 Method Not Allowed", b"501 Unsupported method"])
+async def test_a_web_server_that_is_not_an_a2m_one_is_named_so(status: bytes) -> None:
+    """A tier URL pointing at another web server (the wrong port) read only as "answered HTTP 501"."""
+    from tests.a2m.test_http1 import server
+
+    async with server(lambda request: b"HTTP/1.1 %s\r\ncontent-length: 2\r\n\r\nno" % status) as (url, _, _):
+        async with HTTPClient(url) as client:
+            with pytest.raises(Unavailable, match=r"answered HTTP \d+: not an A2M endpoint\?"):
+                await client.call("memory/describe")
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("error", [b'{"code":true,"message":"x"}', b'{"code":-32602.5,"message":"x"}',
                                    b'{"code":"-32602","message":"x"}'])
 async def test_an_error_code_that_is_not_an_integer_is_an_internal_error(error: bytes) -> None:
