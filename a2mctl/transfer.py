@@ -759,8 +759,9 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                         raise  # no answer: the batch may have been written (done.in_flight says which)
                     except A2MError as exc:
                         done.in_flight = None  # refused: a batch is written whole or not at all
-                        if waits and _tier_down(exc):
-                            raise TransferError(f"tier {_tier_down(exc)} did not come back within {tier_wait:g} s; "
+                        down = _tier_down(exc) if waits else None
+                        if down:
+                            raise TransferError(f"tier {down} did not come back within {tier_wait:g} s; "
                                                 "import again when it is back") from None
                         raise TransferError(_refused(file, lines, pending, exc)) from None
                     done.in_flight = None
