@@ -15,13 +15,21 @@ for at most `LEASE_S`. Without `lock_url`, the lock is this router's alone, as
 before. The keys are named within the federation's tiers (`scope_of`): routers
 in layers, one a tier of another, may name one Redis without waiting on each
 other's holds.
+
+Replicas take turns (`TAKE_IN_TURN`): a replica whose callers queue for one
+owner took the key back within a fraction of a millisecond of letting it go,
+while another replica polls every 10 ms, so the other's calls could wait out
+`WAIT_S` and fail. The first replica kept waiting is now marked next in line,
+and no other replica takes the key before it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
+import uuid
 from typing import Any, Iterable
 
 from a2m import errors
@@ -31,7 +39,36 @@ log = logging.getLogger("a2m.router")
 
 LEASE_S = 15.0  # how long a held key outlives a replica that stopped renewing it (killed, frozen)
 WAIT_S = 60.0  # how long a call waits for another replica's hold before it fails, to be retried
+POLL_S = 0.01  # how often a waiting replica tries the key again
+LINE_MS = 250  # how long a place in line outlives a waiter that stopped polling (25 polls)
 KEY_PREFIX = "a2m:owner-lock:"
+
+# KEYS: the lock, its line. ARGV: this caller's token, the lease (ms), a place in line's life (ms).
+# The key is taken when free and nobody else is next in line; a caller that cannot take it lines up
+# when nobody is in line, or keeps its place.
+TAKE_IN_TURN = """
+local next = redis.call('GET', KEYS[2])
+if next and next ~= ARGV[1] then return 0 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if next then redis.call('DEL', KEYS[2]) end
+  return 1
+end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
+return 0
+"""
+# KEYS: the lock, its line. ARGV: a token. What a caller that gave up waiting may hold is let go.
+GIVE_UP = """
+for _, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then redis.call('DEL', key) end
+end
+return 0
+"""
+
+
+class LockFailed(A2MError):
+    """The replicas' lock for an owner could not be had: its store did not answer, or another
+    replica held it past the wait. A pass that only moves records (consolidate) fails with it
+    rather than answer that it moved nothing."""
 
 
 def scope_of(tier_urls: Iterable[str]) -> str:
@@ -54,6 +91,9 @@ class SharedLocks:
         self.lease, self.wait = lease, wait
         self._prefix = KEY_PREFIX + (f"{scope}:" if scope else "")
         self._redis = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+        self._take = self._redis.register_script(TAKE_IN_TURN)
+        self._give_up = self._redis.register_script(GIVE_UP)
+        self._giving_up: set[asyncio.Task[None]] = set()
 
     def key(self, owner: str | None) -> str:
         """A fixed-length name whatever the owner holds (hashed), the unowned partition apart, within
@@ -63,17 +103,40 @@ class SharedLocks:
     async def acquire(self, owner: str | None) -> "_Lease":
         from redis.exceptions import RedisError
 
-        lock = self._redis.lock(self.key(owner), timeout=self.lease, sleep=0.01, blocking_timeout=self.wait,
-                                thread_local=False)
+        lock = _turn_taking_lock()(self._redis, self.key(owner), timeout=self.lease, sleep=POLL_S,
+                               blocking_timeout=self.wait, thread_local=False)
+        lock.take = self._take
+        token = uuid.uuid4().hex
         try:
-            held = await lock.acquire()
-        except (RedisError, OSError) as exc:
-            raise A2MError(errors.INTERNAL_ERROR, f"the owner lock store (lock_url) is unavailable: {exc}",
-                           {"lock": "unavailable"}) from exc
+            held = await lock.acquire(token=token)
+        except BaseException as exc:
+            # A SET sent, its answer lost (cancelled, timed out) may hold the key for the whole lease,
+            # and a place in line holds the key back from other replicas: both are let go.
+            self._let_go(lock.name, token)
+            if isinstance(exc, (RedisError, OSError)):
+                raise LockFailed(errors.INTERNAL_ERROR, f"the owner lock store (lock_url) is unavailable: {exc}",
+                                 {"lock": "unavailable"}) from exc
+            raise
         if not held:
-            raise A2MError(errors.INTERNAL_ERROR, f"another router replica has held this owner's records for over "
-                           f"{self.wait:g} s (a move, a forget or a keyed write); try again", {"lock": "busy"})
+            self._let_go(lock.name, token)
+            raise LockFailed(errors.INTERNAL_ERROR, f"another router replica has held this owner's records for "
+                             f"over {self.wait:g} s (a move, a forget or a keyed write); try again", {"lock": "busy"})
         return _Lease(lock, self.lease)
+
+    def _let_go(self, name: str, token: str) -> None:
+        """Release what `token` may hold of `name` (the key, a place in line), in the background:
+        a cancelled caller must not wait on the store, which may be what failed."""
+        async def give_up() -> None:
+            from redis.exceptions import RedisError
+
+            try:
+                await self._give_up(keys=[name, name + LINE], args=[token])
+            except (RedisError, OSError) as exc:  # both lapse by themselves
+                log.info("letting go of an owner lock not taken failed (%s); it lapses within its lease", exc)
+
+        task = asyncio.get_running_loop().create_task(give_up())
+        self._giving_up.add(task)
+        task.add_done_callback(self._giving_up.discard)
 
     async def problem(self) -> str | None:
         """Why the lock store cannot be used now, or None: what describe (and `a2m doctor`) show. Its
@@ -88,7 +151,29 @@ class SharedLocks:
         return None
 
     async def close(self) -> None:
+        if self._giving_up:
+            await asyncio.wait(self._giving_up, timeout=1.0)
         await self._redis.aclose()
+
+
+LINE = ":next"  # the suffix of a lock key's line: the token of the replica that takes the key next
+
+
+@functools.cache
+def _turn_taking_lock() -> type:
+    """redis-py's Lock (its lease, renewal and token-checked release) whose take lets the replica
+    first in line go first (TAKE_IN_TURN). Made on first use: a router without `lock_url` does not
+    import redis (0.1 s of its start)."""
+    from redis.asyncio.lock import Lock
+
+    class TurnTakingLock(Lock):
+        take: Any  # the registered TAKE_IN_TURN script
+
+        async def do_acquire(self, token: str | bytes) -> bool:
+            return bool(await self.take(keys=[self.name, self.name + LINE],
+                                        args=[token, int(self.timeout * 1000), LINE_MS]))
+
+    return TurnTakingLock
 
 
 class _Lease:

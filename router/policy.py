@@ -42,7 +42,7 @@ from a2m.paging import CrowdedMillisecond, TiersDown, pages_backwards
 
 from .doubts import Doubts
 from .federation import Federation, Tier
-from .locks import OwnerLock, SharedLocks
+from .locks import LockFailed, OwnerLock, SharedLocks
 from .replies import Malformed
 from .scope import with_owner
 
@@ -526,6 +526,8 @@ class Policy:
                     done = await self.enforce(tier, owner, bucket)
                     total["moved"] += done["moved"]
                     total["dropped"] += done["dropped"]
+            except LockFailed:  # nothing of any tier can move now: said, not answered as "moved 0"
+                raise
             except A2MError as exc:
                 log.warning("capacity pass on %s failed: %s", tier.name, exc)
         return total
@@ -663,6 +665,8 @@ class Policy:
             batch = sorted(ids)
             try:
                 moved, found = await self._move_ids(tier, self.fed[target], owner, batch, reason="promote")
+            except LockFailed:
+                raise
             except A2MError as exc:  # still queued: the next consolidate or close tries again
                 log.warning("promotion %s -> %s skipped: %s", name, target, exc)
                 continue
@@ -714,6 +718,8 @@ class Policy:
                     both += [r["id"] for r in await self.by_ids(other, owner, [r["id"] for r in page])]
                 moved, _ = await self._move_ids(source, dest, owner, both, reason="repair", duplicates_only=True)
                 repaired += len(set(moved) & set(both))
-            except (Unavailable, A2MError) as exc:
+            except LockFailed:
+                raise
+            except A2MError as exc:
                 log.warning("duplicate repair %s -> %s skipped: %s", source.name, dest.name, exc)
         return repaired

@@ -172,8 +172,18 @@ class Router(EventMethods):
         return self.fed[self.config.default_tier].healthy
 
     async def health(self) -> dict[str, Any]:
-        """Per-tier status for /readyz, which asks ready() first: its probes are the ones read here."""
-        return {"tiers": {t.name: ("up" if t.healthy else "down") for t in self.fed}}
+        """Per-tier status for /readyz, which asks ready() first: its probes are the ones read here.
+        With `lock_url`, whether the lock store answers (within PROBE_WAIT): while it does not, every
+        move, forget and keyed write fails, though the router stays ready for reads and other writes."""
+        out: dict[str, Any] = {"tiers": {t.name: ("up" if t.healthy else "down") for t in self.fed}}
+        shared = self.policy.shared_locks
+        if shared is not None:
+            try:
+                problem = await asyncio.wait_for(shared.problem(), PROBE_WAIT)
+            except asyncio.TimeoutError:
+                problem = "no answer"
+            out["owner_locks"] = "up" if problem is None else "down"
+        return out
 
     async def _probe(self, tiers: Sequence[Tier]) -> None:
         """Describe again each of `tiers` that is down with its backoff run out, or up but not heard

@@ -107,6 +107,49 @@ async def test_an_owner_lock_serialises_this_routers_callers_as_before(redis_url
         await shared.close()
 
 
+async def test_a_replica_kept_waiting_goes_before_the_holder_takes_the_owner_again(redis_url: str) -> None:
+    """Replica A's callers queue for one owner, each holding it 50 ms. Each took the key again within
+    a fraction of a millisecond of the last letting it go, while replica B polled every 10 ms: B
+    waited out the whole queue (up to the 60 s wait, then failed). B, first in line, goes next."""
+    a, b = SharedLocks(redis_url, wait=5.0), SharedLocks(redis_url, wait=5.0)
+    order: list[str] = []
+
+    async def hold(lock: OwnerLock, name: str) -> None:
+        async with lock:
+            order.append(name)
+            await asyncio.sleep(0.05)
+
+    here, there = OwnerLock("grace", a), OwnerLock("grace", b)
+    try:
+        queue = [asyncio.ensure_future(hold(here, f"a{i}")) for i in range(12)]
+        while not order:
+            await asyncio.sleep(0.005)
+        await asyncio.gather(hold(there, "b"), *queue)
+        assert order.index("b") <= 2, order
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_replica_that_gave_up_waiting_keeps_no_place_in_line(redis_url: str) -> None:
+    """A caller cancelled while first in line (its client went away) let go of its place: a third
+    replica takes the owner at once when the holder lets go, not after the place lapses."""
+    a, b, c = (SharedLocks(redis_url, wait=wait) for wait in (5.0, 5.0, 0.1))
+    try:
+        held = await a.acquire("heidi")
+        waiting = asyncio.ensure_future(b.acquire("heidi"))
+        await asyncio.sleep(0.05)  # b has polled: first in line
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await asyncio.sleep(0.05)  # its place is let go in the background
+        await held.release()
+        await (await c.acquire("heidi")).release()  # within c's 0.1 s wait; a place lasts 0.25 s
+    finally:
+        for one in (a, b, c):
+            await one.close()
+
+
 def test_lock_url_is_a_redis_url_from_the_file_or_the_environment() -> None:
     assert parse({"lock_url": "redis://locks:6379/1"}).lock_url == "redis://locks:6379/1"
     assert parse({}, env={"A2M_LOCK_URL": "rediss://:pw@locks:6380/0"}).lock_url == "rediss://:pw@locks:6380/0"

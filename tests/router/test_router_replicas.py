@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Awaitable, Iterator
 
 import pytest
 
+from a2m.errors import A2MError
 from tests.support.redis import own_redis
 
 from .stack import Stack, federation, new_owner as owner, tier_call as direct
@@ -218,6 +219,42 @@ async def test_a_recall_answers_when_the_lock_store_went_away_during_a_move(stac
             await moving.__aexit__(None, None, None)
             found = await asyncio.wait_for(recall, 20)
             assert [r["content"] for r in found["records"]] == ["the harbour ferry leaves at nine"]
+        finally:
+            await one.router.shutdown()
+
+
+async def test_a_consolidate_with_the_lock_store_away_fails_rather_than_answer_it_moved_nothing(
+        stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+    """A record in working and in episodic at once (a move cut off after its write) is what a
+    consolidate repairs, under the owner lock. With that lock's Redis gone, the repair was skipped
+    as if a tier were down and the call answered `repaired: 0`, `moved: 0`: nothing said why."""
+    with own_redis(tmp_path) as url:
+        one = InProcess(stack, url)
+        await one.router.startup()
+        try:
+            me = owner()
+            record = {"id": f"dup-{me}", "content": "the harbour ferry leaves at nine"}
+            for tier in ("working", "episodic"):
+                await direct(stack, tier, "memory/remember", {"owner": me, "records": [record]})
+            await shut_down(url)
+            with pytest.raises(A2MError, match=r"the owner lock store \(lock_url\) is unavailable") as failed:
+                await one.call("memory/consolidate", {"owner": me})
+            assert failed.value.code == -32603
+            assert sorted(t for t, _ in (await homes(stack, me))[record["id"]]) == ["episodic", "working"]
+        finally:
+            await one.router.shutdown()
+
+
+async def test_readyz_says_whether_the_lock_store_answers(stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+    """/readyz (ready, then health) said every tier up while the lock store was gone, when every
+    move, forget and keyed write failed. It says so now; the router stays ready for what works."""
+    with own_redis(tmp_path) as url:
+        one = InProcess(stack, url)
+        await one.router.startup()
+        try:
+            assert await one.router.ready() and (await one.router.health())["owner_locks"] == "up"
+            await shut_down(url)
+            assert await one.router.ready() and (await one.router.health())["owner_locks"] == "down"
         finally:
             await one.router.shutdown()
 
