@@ -238,6 +238,10 @@ async def doctor(url: str, token: str | None = None) -> int:
                       "moves, forgets and keyed writes fail until it is back")
     elif locks.get("shared"):
         console.print("owner locks: shared with the other router replicas (lock_url up)")
+        if locks.get("evicts"):
+            console.print(f"[yellow]! the lock_url Redis evicts keys at its maxmemory "
+                          f"(maxmemory-policy {escape(str(locks['evicts']))})[/]: a held lock may be evicted; "
+                          "set noeviction there")
     elif "shared" in locks:
         console.print("owner locks: this router's own (run one router replica, or set lock_url)")
     down = [r.name for r in reports if not r.ok] + (["lock_url"] if locks.get("status") == "down" else [])

@@ -138,17 +138,27 @@ class SharedLocks:
         self._giving_up.add(task)
         task.add_done_callback(self._giving_up.discard)
 
-    async def problem(self) -> str | None:
-        """Why the lock store cannot be used now, or None: what describe (and `a2m doctor`) show. Its
-        words (a host, a socket path) go to the log, as a tier engine's do (decision 113)."""
-        from redis.exceptions import RedisError
+    async def state(self) -> dict[str, Any]:
+        """What describe, /readyz and `a2m doctor` say of the lock store: `status` up or down (with
+        `error`; its words, a host or a socket path, go to the log, as a tier engine's do, decision
+        113), and `evicts`: the `maxmemory-policy` of a Redis that may evict a held key, whose TTL
+        makes it a candidate for every policy but `noeviction` once `maxmemory` is reached."""
+        from redis.exceptions import RedisError, ResponseError
 
         try:
-            await self._redis.ping()
+            try:
+                memory = await self._redis.info("memory")
+            except ResponseError:  # INFO renamed or refused (some managed Redis): up, its policy unknown
+                await self._redis.ping()
+                return {"status": "up"}
         except (RedisError, OSError) as exc:
             log.warning("the owner lock store (lock_url) does not answer: %s", exc)
-            return "the owner lock store (lock_url) does not answer (the router's log has the cause)"
-        return None
+            return {"status": "down",
+                    "error": "the owner lock store (lock_url) does not answer (the router's log has the cause)"}
+        policy = memory.get("maxmemory_policy")
+        if int(memory.get("maxmemory") or 0) and policy not in (None, "noeviction"):
+            return {"status": "up", "evicts": policy}
+        return {"status": "up"}
 
     async def close(self) -> None:
         if self._giving_up:

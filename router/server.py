@@ -114,6 +114,12 @@ class Router(EventMethods):
     async def startup(self) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per tier call otherwise
         await self.fed.start()
+        if self.policy.shared_locks is not None:
+            evicts = (await self.policy.shared_locks.state()).get("evicts")
+            if evicts:
+                log.warning("the owner lock store (lock_url) evicts keys at its maxmemory (maxmemory-policy %s): "
+                            "a held lock may be evicted and another replica move the same records; set "
+                            "noeviction there", evicts)
         for line in unenforced(self.config.tiers):
             log.warning(line)
         width = getattr(self.embedder, "dimensions", None)  # an HTTP embedder's is known after first use
@@ -179,10 +185,9 @@ class Router(EventMethods):
         shared = self.policy.shared_locks
         if shared is not None:
             try:
-                problem = await asyncio.wait_for(shared.problem(), PROBE_WAIT)
+                out["owner_locks"] = (await asyncio.wait_for(shared.state(), PROBE_WAIT))["status"]
             except asyncio.TimeoutError:
-                problem = "no answer"
-            out["owner_locks"] = "up" if problem is None else "down"
+                out["owner_locks"] = "down"
         return out
 
     async def _probe(self, tiers: Sequence[Tier]) -> None:
@@ -280,11 +285,7 @@ class Router(EventMethods):
         """Whether this router's owner locks are shared with other replicas (`lock_url`), and whether
         their store answers: `a2m doctor` says so, as an operator scaling the router must know."""
         shared = self.policy.shared_locks
-        if shared is None:
-            return {"shared": False}
-        problem = await shared.problem()
-        return {"shared": True, "status": "up"} if problem is None else \
-            {"shared": True, "status": "down", "error": problem}
+        return {"shared": False} if shared is None else {"shared": True, **await shared.state()}
 
     def _described(self, layout: list[dict[str, Any]], ctx: Context, metrics: Iterable[Any]) -> dict[str, Any]:
         """describe's capability objects around a tier layout; `metrics`: each tier's (intersected)."""

@@ -144,12 +144,26 @@ async def test_doctor_says_whether_the_owner_locks_are_shared_and_up(tmp_path: P
         lock_url = lock_store.enter_context(own_redis(tmp_path / "locks"))
         with stack(tmp_path / "shared", tiers, mode="real", top={"lock_url": lock_url}) as shared:
             assert await doctor(shared.url) == 0
-            assert "owner locks: shared with the other router replicas (lock_url up)" in capsys.readouterr().out
+            out = capsys.readouterr().out
+            assert "owner locks: shared with the other router replicas (lock_url up)" in out and "evicts" not in out
+            evicting(lock_url)
+            assert await doctor(shared.url) == 0  # a warning: the locks work until that Redis is full
+            assert "lock_url Redis evicts keys at its maxmemory (maxmemory-policy volatile-lru)" in \
+                capsys.readouterr().out
             lock_store.close()  # the lock store's redis-server is gone
             assert await doctor(shared.url) == 1
             out = capsys.readouterr().out
             assert "the owner lock store (lock_url) does not answer" in out and "not healthy: lock_url" in out, out
             assert lock_url.removeprefix("unix://") not in out  # its words are in the router's log only
+
+
+def evicting(url: str) -> None:
+    """The Redis at `url` evicts keys with a TTL at its maxmemory, as a cache's may."""
+    import redis
+
+    with redis.Redis.from_url(url) as admin:
+        admin.config_set("maxmemory", "100mb")
+        admin.config_set("maxmemory-policy", "volatile-lru")
 
 
 @pytest.mark.anyio

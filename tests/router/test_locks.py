@@ -150,6 +150,26 @@ async def test_a_replica_that_gave_up_waiting_keeps_no_place_in_line(redis_url: 
             await one.close()
 
 
+async def test_a_lock_store_that_may_evict_a_held_key_is_said(tmp_path: Path) -> None:
+    """A lock key has a TTL: a Redis at its maxmemory evicts it under any policy but noeviction
+    (the working tier's Redis may run volatile-lru, decision 154), and another replica then takes an
+    owner that is held. describe and `a2m doctor` say so; noeviction, or no maxmemory, is quiet."""
+    import redis.asyncio as aioredis
+
+    with own_redis(tmp_path) as url:
+        shared, admin = SharedLocks(url), aioredis.from_url(url)
+        try:
+            assert await shared.state() == {"status": "up"}
+            await admin.config_set("maxmemory", "100mb")
+            await admin.config_set("maxmemory-policy", "volatile-lru")
+            assert await shared.state() == {"status": "up", "evicts": "volatile-lru"}
+            await admin.config_set("maxmemory-policy", "noeviction")
+            assert await shared.state() == {"status": "up"}
+        finally:
+            await shared.close()
+            await admin.aclose()
+
+
 def test_lock_url_is_a_redis_url_from_the_file_or_the_environment() -> None:
     assert parse({"lock_url": "redis://locks:6379/1"}).lock_url == "redis://locks:6379/1"
     assert parse({}, env={"A2M_LOCK_URL": "rediss://:pw@locks:6380/0"}).lock_url == "rediss://:pw@locks:6380/0"
