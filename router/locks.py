@@ -90,9 +90,9 @@ class SharedLocks:
 
         self.lease, self.wait = lease, wait
         self._prefix = KEY_PREFIX + (f"{scope}:" if scope else "")
-        self._redis = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
-        self._take = self._redis.register_script(TAKE_IN_TURN)
-        self._give_up = self._redis.register_script(GIVE_UP)
+        self.redis = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)  # the rate limit's too
+        self._take = self.redis.register_script(TAKE_IN_TURN)
+        self._give_up = self.redis.register_script(GIVE_UP)
         self._giving_up: set[asyncio.Task[None]] = set()
 
     def key(self, owner: str | None) -> str:
@@ -103,7 +103,7 @@ class SharedLocks:
     async def acquire(self, owner: str | None) -> "_Lease":
         from redis.exceptions import RedisError
 
-        lock = _turn_taking_lock()(self._redis, self.key(owner), timeout=self.lease, sleep=POLL_S,
+        lock = _turn_taking_lock()(self.redis, self.key(owner), timeout=self.lease, sleep=POLL_S,
                                blocking_timeout=self.wait, thread_local=False)
         lock.take = self._take
         token = uuid.uuid4().hex
@@ -147,9 +147,9 @@ class SharedLocks:
 
         try:
             try:
-                memory = await self._redis.info("memory")
+                memory = await self.redis.info("memory")
             except ResponseError:  # INFO renamed or refused (some managed Redis): up, its policy unknown
-                await self._redis.ping()
+                await self.redis.ping()
                 return {"status": "up"}
         except (RedisError, OSError) as exc:
             log.warning("the owner lock store (lock_url) does not answer: %s", exc)
@@ -163,7 +163,7 @@ class SharedLocks:
     async def close(self) -> None:
         if self._giving_up:
             await asyncio.wait(self._giving_up, timeout=1.0)
-        await self._redis.aclose()
+        await self.redis.aclose()
 
 
 LINE = ":next"  # the suffix of a lock key's line: the token of the replica that takes the key next

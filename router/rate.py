@@ -12,10 +12,15 @@ bucket: without tokens a caller names its own `owner`, so a bucket per owner
 would let one caller pass as any number of them. The buckets are therefore
 bounded by the configured principals, plus the shared one. The anonymous
 discovery document of a router with tokens asks no tier and is not counted.
+
+With `lock_url`, the buckets live in that Redis (`SharedBuckets`), so N router
+replicas do not let a caller make N times the rate.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -25,6 +30,8 @@ from a2m import errors
 from a2m.dispatch import Context, Handler
 from a2m.errors import A2MError
 
+
+log = logging.getLogger("a2m.router")
 
 # The slowest rate `[rate_limit]` takes: a call a day. Below ~1e-305 a refusal's wait overflowed a float
 # (every refused call a -32603 and a traceback), and a retry_after of years tells a client nothing.
@@ -64,9 +71,13 @@ class Buckets:
         self._buckets[principal] = (tokens, now)
         return (1.0 - tokens) / self.limit.per_second
 
-    def spend(self, principal: str | None, method: str) -> None:
+    async def wait(self, principal: str | None) -> float:
+        """`take`, where the buckets are kept (here: this process)."""
+        return self.take(principal)
+
+    async def spend(self, principal: str | None, method: str) -> None:
         """Take one call, or raise -32006 saying when the next one will go."""
-        wait = self.take(principal)
+        wait = await self.wait(principal)
         if not wait:
             return
         if self.on_refused is not None:
@@ -77,10 +88,58 @@ class Buckets:
                        f"retry in {retry_after:g} s", {"retry_after": retry_after, **self.limit.describe()})
 
 
+# KEYS: the bucket. ARGV: burst, per_second. Returns the wait as a string (a Lua number returned to Redis
+# is cut to an integer). The clock is the Redis server's, one for every replica.
+SHARED_TAKE = """
+if redis.replicate_commands then redis.replicate_commands() end
+local burst, rate = tonumber(ARGV[1]), tonumber(ARGV[2])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local held = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(held[1]) or burst
+tokens = math.min(burst, tokens + math.max(0, now - (tonumber(held[2]) or now)) * rate)
+local wait = 0
+if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens), 'at', string.format('%.17g', now))
+redis.call('PEXPIRE', KEYS[1], math.ceil((burst / rate + 1) * 1000))
+return string.format('%.17g', wait)
+"""
+
+
+class SharedBuckets(Buckets):
+    """The buckets in the Redis the router replicas share (`lock_url`), one key per principal
+    within the federation (`scope`, as the owner locks'). One round trip a call. Where that Redis
+    does not answer, this process's own buckets count meanwhile: a rate limit guards the tiers, and
+    refusing every call for want of it would be the outage it guards against."""
+
+    def __init__(self, limit: RateLimit, redis: Any, scope: str) -> None:
+        super().__init__(limit)
+        self._take = redis.register_script(SHARED_TAKE)
+        self._prefix = f"a2m:rate:{scope}:"
+        self._unshared = False  # said once per outage
+
+    async def wait(self, principal: str | None) -> float:
+        from redis.exceptions import RedisError
+
+        key = self._prefix + ("-" if principal is None else hashlib.sha256(principal.encode()).hexdigest())
+        try:
+            wait = float(await self._take(keys=[key], args=[self.limit.burst, repr(self.limit.per_second)]))
+        except (RedisError, OSError) as exc:
+            if not self._unshared:
+                log.warning("the rate limit's shared buckets (lock_url) do not answer (%s): each router replica "
+                            "counts its own calls until they do", exc)
+                self._unshared = True
+            return self.take(principal)
+        if self._unshared:
+            log.warning("the rate limit's shared buckets (lock_url) answer again")
+            self._unshared = False
+        return wait
+
+
 def rate_limited(handler: Handler, buckets: Buckets, method: str) -> Handler:
     """`handler` behind the caller's budget: refused before any tier is asked."""
     async def limited(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        buckets.spend(ctx.principal, method)
+        await buckets.spend(ctx.principal, method)
         return await handler(params, ctx)
 
     return limited

@@ -36,7 +36,7 @@ from .locks import SharedLocks, scope_of
 from .moves import Moves
 from .policy import Policy
 from .cursors import CursorSeal
-from .rate import Buckets, rate_limited
+from .rate import Buckets, SharedBuckets, rate_limited
 from .reads import Reads
 from .scope import VectorWidth, with_owner
 from .summarize import Summaries
@@ -85,8 +85,8 @@ class Router(EventMethods):
         self.fed = Federation(config, client_factory)
         self.events = EventLog(config.events_capacity)
         self.embedder = make_embedder(config.embedder, model=config.embedder_model)
-        shared = None if config.lock_url is None else SharedLocks(
-            config.lock_url, scope=scope_of(tier.url for tier in config.tiers))
+        scope = scope_of(tier.url for tier in config.tiers)
+        shared = None if config.lock_url is None else SharedLocks(config.lock_url, scope=scope)
         self.policy = Policy(self.fed, embedder=self.embedder, emit=self.events.emit, shared_locks=shared)
         self.width = VectorWidth(self.embedder, self.fed)
         self.writes = Writes(self.fed, self.policy, self.events, self.embedder, self.width, self.limits,
@@ -96,7 +96,10 @@ class Router(EventMethods):
         self.moves = Moves(self.fed, self.policy, self.events, degraded=self._degraded)
         self.summaries = Summaries(self.fed, self.policy, self.reads, self.writes, self.limits, config.default_tier)
         self._degraded_calls: Any = None  # a2m_router_degraded_calls, once metrics are registered
-        self.buckets = None if config.rate_limit is None else Buckets(config.rate_limit)
+        self.buckets: Buckets | None = None
+        if config.rate_limit is not None:  # in the replicas' Redis where there is one
+            self.buckets = Buckets(config.rate_limit) if shared is None else \
+                SharedBuckets(config.rate_limit, shared.redis, scope)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._probes: dict[str, asyncio.Task[Any]] = {}  # tier -> its describe in flight (`_probe`)
 
@@ -244,7 +247,7 @@ class Router(EventMethods):
     async def describe_fields(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
         if self.buckets is not None and not ctx.anonymous:  # the discovery document asks no tier
-            self.buckets.spend(ctx.principal, "memory/describe")
+            await self.buckets.spend(ctx.principal, "memory/describe")
         if ctx.anonymous:
             # The layout and what the federation can do, never what it holds or where it runs: the
             # unowned partition's counts, tier URLs and errors are for a caller with a token.

@@ -176,3 +176,41 @@ async def test_the_discovery_document_past_the_budget_is_a_429_not_a_500(open_ro
     assert refused.status_code == 429, refused.text
     assert 90 <= int(refused.headers["retry-after"]) <= 100  # 100 s less what refilled between the GETs
     assert refused.json()["error"]["code"] == errors.QUOTA_EXCEEDED
+
+
+async def test_replicas_with_lock_url_draw_on_one_bucket_per_caller(tmp_path: Any) -> None:
+    """Each router's buckets were its own: behind N replicas a caller made N times the rate (with
+    deploy/k8s's autoscaler, a limit that moved with the load). With `lock_url`, in that Redis."""
+    import redis.asyncio as aioredis
+
+    from router.rate import SharedBuckets
+    from tests.support.redis import own_redis
+
+    limit = RateLimit(per_second=0.5, burst=3)
+    with own_redis(tmp_path) as url:
+        client = aioredis.from_url(url)
+        a, b = SharedBuckets(limit, client, "fed"), SharedBuckets(limit, client, "fed")
+        other = SharedBuckets(limit, client, "another-federation")
+        try:
+            assert [await a.wait("alice"), await b.wait("alice"), await a.wait("alice")] == [0.0, 0.0, 0.0]
+            waits = [await b.wait("alice"), await a.wait("alice")]
+            assert all(1.9 < w <= 2.0 for w in waits), waits  # a call every 2 s, refused on either replica
+            with pytest.raises(A2MError) as refused:
+                await b.spend("alice", "memory/recall")
+            assert refused.value.code == errors.QUOTA_EXCEEDED and 1.9 < refused.value.data["retry_after"] <= 2.0
+            assert await b.wait("bob") == 0.0 and await b.wait(None) == 0.0  # each principal its own
+            assert await other.wait("alice") == 0.0  # another router's callers are not these
+        finally:
+            await client.aclose()
+    # The Redis is gone: each replica counts its own calls meanwhile, not refusing every call.
+    assert [await a.wait("carol") for _ in range(3)] == [0.0, 0.0, 0.0] and await a.wait("carol") > 0
+
+
+async def test_a_router_with_lock_url_keeps_its_rate_limit_there() -> None:
+    from router.server import Router
+
+    table = {"rate_limit": {"per_second": 5}}
+    assert type(Router(parse(table, env={})).buckets) is Buckets
+    shared = Router(parse({**table, "lock_url": "redis://127.0.0.1:1/0"}, env={}))
+    assert type(shared.buckets).__name__ == "SharedBuckets"
+    await shared.policy.shared_locks.close()
