@@ -59,6 +59,16 @@ def unprivileged(error: Exception) -> str:
             "database owner's DSN, or GRANT CREATE ON SCHEMA public TO this role")
 
 
+def no_embedding_column(error: Exception, width: int) -> str:
+    """Why a role that may not alter the records table cannot write the tier's first vector (its
+    column is added with it), and what the table's owner runs; the next write then succeeds, no
+    restart. `unprivileged`'s GRANT CREATE ON SCHEMA would not have let it alter another's table."""
+    return (f"the role of --url may not add the embedding column the tier's first vector needs "
+            f"({str(error).splitlines()[0]}): have the records table's owner run `ALTER TABLE records ADD COLUMN "
+            f"embedding vector({width:d})` (the width of these embeddings), or write the first vector with the "
+            f"owner's DSN; nothing of this write was stored")
+
+
 class Connections:
     """PostgreSQL for one store: `settings.url` (a postgresql:// DSN), or None for an embedded server."""
 
