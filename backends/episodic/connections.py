@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Awaitable, Callable, TypeVar
 
@@ -23,6 +24,7 @@ import orjson
 import psycopg
 from pgvector.psycopg import register_vector_async
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
@@ -69,6 +71,20 @@ def no_embedding_column(error: Exception, width: int) -> str:
             f"owner's DSN; nothing of this write was stored")
 
 
+def unreadable_dsn(dsn: str) -> str | None:
+    """Why libpq cannot read `dsn`, with the part it quotes left out, or None when it can. libpq
+    quotes the token it choked on, and in a password holding an unescaped `%` or a space that is the
+    password: `a2m serve` printed it whole ("invalid percent-encoded token: \"pa%zz…\"")."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as error:
+        said = re.sub(r'"([^"]*)"', lambda m: m[0] if m[1] == "=" else '"…"', str(error).splitlines()[0])
+        return (f"--url is not a connection string libpq can read ({said}; the quoted part is left out, it may "
+                "hold the password): in a postgresql:// URL write a password's % @ : / ? # as %25 %40 %3A %2F "
+                "%3F %23; in key=value form quote a value holding a space ('…')")
+    return None
+
+
 class Connections:
     """PostgreSQL for one store: `settings.url` (a postgresql:// DSN), or None for an embedded server."""
 
@@ -97,6 +113,8 @@ class Connections:
 
     async def start(self) -> str:
         """The DSN to connect to, starting the embedded server first where there is no URL."""
+        if self.settings.url is not None and (unreadable := unreadable_dsn(self.settings.url)):
+            raise StoreUnavailable(unreadable)
         if self.settings.url is None:
             import anyio
 

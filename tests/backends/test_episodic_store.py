@@ -1006,6 +1006,16 @@ def test_a_url_the_server_turns_away_fails_the_start_in_one_line_without_the_pas
     assert PASSWORD not in done.stderr
 
 
+@pytest.mark.parametrize("url", [f"postgresql://postgres:pa%zz{PASSWORD}@127.0.0.1:5432/postgres",
+                                 f"host=127.0.0.1 user=postgres password=pa ss{PASSWORD}"])
+async def test_a_url_libpq_cannot_read_is_refused_without_quoting_the_password(url: str) -> None:
+    # libpq quotes the token it choked on: a password holding an unescaped % (or a space) was printed
+    # whole by `a2m serve` ("invalid percent-encoded token: \"pa%zz…\"").
+    with pytest.raises(StoreUnavailable, match="not a connection string libpq can read") as said:
+        await PostgresStore(_settings(url)).open()
+    assert PASSWORD not in str(said.value) and "%25" in str(said.value)
+
+
 async def test_statements_a_pooler_deallocated_are_prepared_again(server: str) -> None:
     # PgBouncer (or anyone on the session) running DISCARD ALL / DEALLOCATE ALL drops the statements
     # psycopg prepared (decision 20): the next call using one failed with an unmapped
