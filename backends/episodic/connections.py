@@ -51,9 +51,20 @@ def read_only(error: Exception) -> str:
             "standby, or default_transaction_read_only = on); name the primary")
 
 
-def unprivileged(error: Exception) -> str:
-    """Why the role of the DSN could not set up the schema, and what to run instead."""
+def _identifier(name: str) -> str:
+    """`name` as SQL writes it: bare when PostgreSQL would keep it as it is, else double-quoted."""
+    return name if re.fullmatch(r"[a-z_][a-z0-9_$]*", name) else '"' + name.replace('"', '""') + '"'
+
+
+def unprivileged(error: Exception, role: str | None = None) -> str:
+    """Why the role of the DSN could not set up or use the schema, and what to run instead."""
     said = str(error).splitlines()[0]
+    if said.startswith(("permission denied for table", "permission denied for sequence")):
+        # The tables are there, and the role may not use them: CREATE on the schema would not help.
+        to = _identifier(role) if role else "<the role of --url>"
+        return (f"the role of --url may not use the episodic tier's tables ({said}): have their owner run "
+                f"`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {to}; "
+                f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {to}`")
     if "extension" in said:
         return (f"PostgreSQL refused to create the pgvector extension ({said}): run `CREATE EXTENSION vector;` "
                 "once in this database as a superuser, then start again")
@@ -105,6 +116,7 @@ class Connections:
         # answers "unavailable". Not on the migration's or the index build's connections.
         self.statement_timeout = float(options.get("statement_timeout", 30.0))
         self.dsn: str | None = settings.url
+        self.role: str | None = None  # the user the server logged in, for the GRANT a refusal names
         self.embedded: EmbeddedPostgres | None = None
         self.pool: AsyncConnectionPool | None = None
         self._engine_down = False  # the last call found PostgreSQL gone: wait for a connection briefly
@@ -135,6 +147,7 @@ class Connections:
         try:
             await conn.execute("SET statement_timeout = 0")
             await conn.execute("SET idle_in_transaction_session_timeout = 0")  # the migration tokenizes in Python
+            self.role = conn.info.user
         except BaseException:
             await conn.close()
             raise
@@ -231,7 +244,7 @@ class Connections:
             except psycopg.errors.ReadOnlySqlTransaction as error:
                 raise StoreUnavailable(read_only(error)) from error
             except psycopg.errors.InsufficientPrivilege as error:  # a role without DDL adding the embedding column
-                raise StoreUnavailable(unprivileged(error)) from error
+                raise StoreUnavailable(unprivileged(error, self.role)) from error
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
                     psycopg.errors.TransactionRollback) as error:
                 # A deadlock (a forget's DELETE and a batch's upsert locking rows in other orders) or a

@@ -126,7 +126,7 @@ class PostgresStore:
             raise StoreUnavailable(read_only(error)) from error
         except psycopg.errors.InsufficientPrivilege as error:  # no schema yet, and this role may not make it
             await self._db.stop_embedded(quietly=True)
-            raise StoreUnavailable(unprivileged(error)) from error
+            raise StoreUnavailable(unprivileged(error, self._db.role)) from error
         except BaseException:
             await self._db.stop_embedded(quietly=True)
             raise

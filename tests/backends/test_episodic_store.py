@@ -898,6 +898,32 @@ async def test_a_role_that_may_not_make_the_schema_is_told_what_to_run(server: s
         await store.close()
 
 
+async def test_a_role_without_rights_on_the_tables_is_told_the_grant_that_gives_them(server: str) -> None:
+    # The tables were there and the role could not read or write them: the refusal said "may not
+    # create the episodic tier's tables" and GRANT CREATE ON SCHEMA public, which gives neither.
+    dsn = _fresh_database(server)
+    owner = PostgresStore(_settings(dsn))
+    await owner.open()
+    await owner.close()
+    role = "r_" + uuid.uuid4().hex[:10]
+    _as_superuser(dsn, f"CREATE ROLE {role} LOGIN")
+    as_role = dsn.replace("postgres:@", f"{role}:@")
+    with pytest.raises(StoreUnavailable, match="may not use the episodic tier's tables") as said:
+        await PostgresStore(_settings(as_role)).open()
+    _as_superuser(dsn, f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    store = PostgresStore(_settings(as_role))
+    await store.open()
+    try:
+        with pytest.raises(StoreUnavailable, match="may not use the episodic tier's tables") as said:
+            await store.write([rec(1, "a", content="refused")])
+        assert "GRANT CREATE" not in str(said.value)
+        _as_superuser(dsn, *str(said.value).split("`")[1].split("; "))  # the owner runs what it was told
+        await store.write([rec(1, "a", content="written")])  # no restart
+        assert [r.content for r in await store.select(Scope(owner="a"))] == ["written"]
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("limit", ["role without DDL", "read-only server"])
 async def test_an_index_build_the_server_refuses_is_said_once_with_what_to_run(
         server: str, limit: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
