@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Awaitable, Callable, TypeVar
 
@@ -23,6 +24,7 @@ import orjson
 import psycopg
 from pgvector.psycopg import register_vector_async
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
@@ -49,14 +51,49 @@ def read_only(error: Exception) -> str:
             "standby, or default_transaction_read_only = on); name the primary")
 
 
-def unprivileged(error: Exception) -> str:
-    """Why the role of the DSN could not set up the schema, and what to run instead."""
+def _identifier(name: str) -> str:
+    """`name` as SQL writes it: bare when PostgreSQL would keep it as it is, else double-quoted."""
+    return name if re.fullmatch(r"[a-z_][a-z0-9_$]*", name) else '"' + name.replace('"', '""') + '"'
+
+
+def unprivileged(error: Exception, role: str | None = None) -> str:
+    """Why the role of the DSN could not set up or use the schema, and what to run instead."""
     said = str(error).splitlines()[0]
+    if said.startswith(("permission denied for table", "permission denied for sequence")):
+        # The tables are there, and the role may not use them: CREATE on the schema would not help.
+        to = _identifier(role) if role else "<the role of --url>"
+        return (f"the role of --url may not use the episodic tier's tables ({said}): have their owner run "
+                f"`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {to}; "
+                f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {to}`")
     if "extension" in said:
         return (f"PostgreSQL refused to create the pgvector extension ({said}): run `CREATE EXTENSION vector;` "
                 "once in this database as a superuser, then start again")
     return (f"the role of --url may not create the episodic tier's tables ({said}): start it once with the "
             "database owner's DSN, or GRANT CREATE ON SCHEMA public TO this role")
+
+
+def no_embedding_column(error: Exception, width: int) -> str:
+    """Why a role that may not alter the records table cannot write the tier's first vector (its
+    column is added with it), and what the table's owner runs; the next write then succeeds, no
+    restart. `unprivileged`'s GRANT CREATE ON SCHEMA would not have let it alter another's table."""
+    return (f"the role of --url may not add the embedding column the tier's first vector needs "
+            f"({str(error).splitlines()[0]}): have the records table's owner run `ALTER TABLE records ADD COLUMN "
+            f"embedding vector({width:d})` (the width of these embeddings), or write the first vector with the "
+            f"owner's DSN; nothing of this write was stored")
+
+
+def unreadable_dsn(dsn: str) -> str | None:
+    """Why libpq cannot read `dsn`, with the part it quotes left out, or None when it can. libpq
+    quotes the token it choked on, and in a password holding an unescaped `%` or a space that is the
+    password: `a2m serve` printed it whole ("invalid percent-encoded token: \"pa%zz…\"")."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as error:
+        said = re.sub(r'"([^"]*)"', lambda m: m[0] if m[1] == "=" else '"…"', str(error).splitlines()[0])
+        return (f"--url is not a connection string libpq can read ({said}; the quoted part is left out, it may "
+                "hold the password): in a postgresql:// URL write a password's % @ : / ? # as %25 %40 %3A %2F "
+                "%3F %23; in key=value form quote a value holding a space ('…')")
+    return None
 
 
 class Connections:
@@ -79,6 +116,7 @@ class Connections:
         # answers "unavailable". Not on the migration's or the index build's connections.
         self.statement_timeout = float(options.get("statement_timeout", 30.0))
         self.dsn: str | None = settings.url
+        self.role: str | None = None  # the user the server logged in, for the GRANT a refusal names
         self.embedded: EmbeddedPostgres | None = None
         self.pool: AsyncConnectionPool | None = None
         self._engine_down = False  # the last call found PostgreSQL gone: wait for a connection briefly
@@ -87,6 +125,8 @@ class Connections:
 
     async def start(self) -> str:
         """The DSN to connect to, starting the embedded server first where there is no URL."""
+        if self.settings.url is not None and (unreadable := unreadable_dsn(self.settings.url)):
+            raise StoreUnavailable(unreadable)
         if self.settings.url is None:
             import anyio
 
@@ -107,6 +147,7 @@ class Connections:
         try:
             await conn.execute("SET statement_timeout = 0")
             await conn.execute("SET idle_in_transaction_session_timeout = 0")  # the migration tokenizes in Python
+            self.role = conn.info.user
         except BaseException:
             await conn.close()
             raise
@@ -203,7 +244,7 @@ class Connections:
             except psycopg.errors.ReadOnlySqlTransaction as error:
                 raise StoreUnavailable(read_only(error)) from error
             except psycopg.errors.InsufficientPrivilege as error:  # a role without DDL adding the embedding column
-                raise StoreUnavailable(unprivileged(error)) from error
+                raise StoreUnavailable(unprivileged(error, self.role)) from error
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
                     psycopg.errors.TransactionRollback) as error:
                 # A deadlock (a forget's DELETE and a batch's upsert locking rows in other orders) or a

