@@ -21,11 +21,15 @@ record any server here would refuse (`a2m.records.parse_write`, what the router
 and every tier check), or a vector of another width than the target's changes
 nothing; standard input and pipes are read once, as they come, and checked the
 same way before the batch that holds a line is sent.
-A batch a router refuses because one of its tiers is down is sent again once
-the tier is back, within `--wait-for-tiers`, as export waits for a page.
-Whatever stops an import (a refused batch, an endpoint gone, Ctrl-C) is said
-with the file lines that were written: records with ids are skipped by a second
-run (an existing id is an idempotent write).
+A record without an id is given one before its first send (`_given_id`), so
+every batch may be sent twice without writing anything twice: a batch a router
+refuses because one of its tiers is down is sent again once the tier is back,
+within `--wait-for-tiers`, as export waits for a page. A tier that answers the
+router something that is not an A2M reply is not down: it stops the import at
+once. Whatever stops an import (a refused batch, an endpoint gone, Ctrl-C) is
+said with the file lines that were written: a second run of the same file skips
+them (an existing id is an idempotent write); from a stream, records that had no
+id are written again, so the message says where to resume.
 
 A router's rate limit (`-32006` with `data.retry_after`, router/rate.py) is
 waited out, not an error: a refused call did nothing, so it is sent again.
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import re
 import shlex
@@ -42,6 +47,7 @@ import signal
 import stat
 import sys
 import tempfile
+import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import IO, AbstractSet, Any, AsyncIterator, Iterator, Sequence
@@ -552,12 +558,16 @@ class _Widths:
                 f"{_OTHER_EMBEDDER}")
 
 
-def _read_lines(file: str, check: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
+def _read_lines(file: str, check: bool = True,
+                digest: Any = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) for each non-blank line; with `check`, each record is checked as a server
-    would (off for the second read of a file the first read checked: a few seconds per million)."""
+    would (off for the second read of a file the first read checked: a few seconds per million); every
+    line read, blank or not, is fed to `digest` (a hashlib object) where given."""
     handle: IO[bytes] = sys.stdin.buffer if file == "-" else open(file, "rb")
     try:
         for number, line in enumerate(handle, 1):
+            if digest is not None:
+                digest.update(line)
             if not line.strip():
                 continue
             try:
@@ -590,7 +600,7 @@ class _Written:
         self.file, self.url = file, url
         self.records = 0  # records in batches the endpoint answered
         self.through = 0  # the file line of the last of them
-        self.without_id = 0  # of them, those with no id: a second import writes them again
+        self.without_id = 0  # of them, those given a fresh id (read from a stream): a second import writes them again
         self.in_flight: tuple[int, int] | None = None  # a batch sent and not answered: written or not
 
     def __str__(self) -> str:
@@ -639,18 +649,51 @@ def _refused(file: str, lines: list[int], records: list[dict[str, Any]], exc: An
     return f"{file}:{where}: {said}; this batch was not written"
 
 
-def _check_file(file: str, widths: _Widths) -> int | None:
-    """The number of records in `file`, every line read and checked first (one at a time: nothing
-    is held), its vector widths noted in `widths`: a broken line (a backup cut short) or a record
-    no server here stores then stops the import before its first write. Standard input is read
-    once, as it is imported (None)."""
+def _given_id_held(exc: Any, given: list[bool]) -> int | None:
+    """The index of a record whose given id (`_given_id`) the server says another owner holds (-32005
+    naming a record), or None: the same file imported before under another principal's token, whose
+    records naming no owner were that principal's."""
+    from a2m import errors
+
+    index = exc.data.get("index") if isinstance(exc.data, dict) else None
+    if exc.code != errors.SCOPE_DENIED or not isinstance(index, int) or not 0 <= index < len(given):
+        return None
+    return index if given[index] else None
+
+
+def _check_file(file: str, widths: _Widths) -> tuple[int, str] | None:
+    """The number of records in `file` and the SHA-256 of its bytes, every line read and checked
+    first (one at a time: nothing is held), its vector widths noted in `widths`: a broken line (a
+    backup cut short) or a record no server here stores then stops the import before its first
+    write. Standard input is read once, as it is imported (None)."""
     if _stream(file):
         return None  # a pipe (`<(zcat dump.jsonl.gz)`) or a device is read once too
     count = 0
-    for number, record in _read_lines(file):
+    digest = hashlib.sha256()
+    for number, record in _read_lines(file, digest=digest):
         widths.see(number, record)
         count += 1
-    return count
+    return count, digest.hexdigest()
+
+
+# The namespace of the ids `_given_id` derives (uuid5: a name-based UUID, written as 32 hex digits as
+# the servers here write theirs). Fixed for good: a new one would make a rerun duplicate.
+_GIVEN_IDS = uuid.UUID("5d7b1c6e-2f43-4a8e-9c61-a2a2e0f1b7d3")
+
+
+def _given_id(digest: str | None, number: int, owner: Any) -> str:
+    """The id a record the file gives none is written with, chosen before its batch is first sent, so
+    that sending the batch again (a router refused it while a tier was down) cannot write it twice.
+
+    From a regular file, derived from the file's bytes (`digest`), the line and the record's `owner`:
+    importing the same file again after a crash or a refusal skips what was written, as it skips
+    records that carry their own ids. Another file, or this one edited, gives other ids, so a record
+    is never taken for one it is not; a record repeated on two lines is two records, as the file says;
+    the owner keeps one file importable into two named partitions (an id is one owner's). From a
+    stream, read once (`digest` None), a fresh id: a second import writes those records again."""
+    if digest is None:
+        return uuid.uuid4().hex
+    return uuid.uuid5(_GIVEN_IDS, f"{digest}:{number}:{orjson.dumps(owner).decode()}").hex
 
 
 def _stream(file: str) -> bool:
@@ -672,19 +715,36 @@ def _prepare(record: dict[str, Any], tiers: set[str], keep_tier: bool) -> dict[s
     return out
 
 
-def _tier_down(exc: Any) -> str | None:
-    """The tier a router's answer says is unavailable (-32603 naming it, router/federation.py), or None."""
+def _tier_named(exc: Any) -> tuple[str, bool] | None:
+    """The tier a router's -32603 names (router/federation.py), and whether it answered the router
+    something that is not an A2M reply (router/replies.py `Malformed`: its data names the `method`
+    too; the router words both alike, "tier X unavailable"), or None."""
     from a2m import errors
 
     data = exc.data if isinstance(exc.data, dict) else {}
-    return data.get("tier") if exc.code == errors.INTERNAL_ERROR and isinstance(data.get("tier"), str) else None
+    if exc.code != errors.INTERNAL_ERROR or not isinstance(data.get("tier"), str):
+        return None
+    return data["tier"], "method" in data
+
+
+def _tier_down(exc: Any) -> str | None:
+    """The tier a router's answer says is down, or None. One that answered malformed is up, and
+    waiting does not mend it: None too (`_malformed_tier`)."""
+    named = _tier_named(exc)
+    return named[0] if named is not None and not named[1] else None
+
+
+def _malformed_tier(exc: Any) -> str | None:
+    """The tier a router's answer says answered it something that is not an A2M reply, or None."""
+    named = _tier_named(exc)
+    return named[0] if named is not None and named[1] else None
 
 
 async def _remember(client: Any, params: dict[str, Any], waits: Sequence[float], lines: str) -> list[str]:
     """memory/remember of one batch, sent again after each of `waits` while a router answers that one of
     its tiers is down: a tier restarting should not stop a long import, and a rerun would read the
-    file from its first line again. Only a batch whose records all carry ids is sent again (a second
-    send of an id is idempotent; one without could be written twice)."""
+    file from its first line again. Every record carries an id by then (`_given_id`): a second send
+    of an id is idempotent, so nothing is written twice."""
     from a2m.errors import A2MError
 
     for wait in waits:
@@ -713,7 +773,8 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
             raise TransferError("standard input is a terminal: pipe the export in "
                                 f"(a2m import {url} - < dump.jsonl), or name the file")
         widths = _Widths(file)
-        total = _check_file(file, widths)
+        checked = _check_file(file, widths)
+        total, digest = checked if checked is not None else (None, None)
         async with _client(url, token, 120.0) as client:
             described = await _describe(client)
             dimensions = (described.get("embeddings") or {}).get("dimensions")
@@ -739,6 +800,7 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                                                             total=total)
                 pending: list[dict[str, Any]] = []
                 lines: list[int] = []  # the file line of each pending record
+                given: list[bool] = []  # whether each pending record's id is one `_given_id` made
                 batch_ids: set[str] = set()
                 owner: str | None = None
 
@@ -752,27 +814,46 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                     if owner is not None:
                         params["owner"] = owner
                     done.in_flight = (lines[0], lines[-1])
-                    waits = paging.waits_within(tier_wait) if all("id" in r for r in pending) else ()
+                    waits = paging.waits_within(tier_wait)  # every record has an id: a resend is idempotent
                     try:
                         ids = await _remember(client, params, waits, _span(lines[0], lines[-1]))
                     except Unavailable:
                         raise  # no answer: the batch may have been written (done.in_flight says which)
                     except A2MError as exc:
                         done.in_flight = None  # refused: a batch is written whole or not at all
-                        down = _tier_down(exc) if waits else None
+                        down = _tier_down(exc)
                         if down:
                             raise TransferError(f"tier {down} did not come back within {tier_wait:g} s; "
                                                 "import again when it is back") from None
+                        held = _given_id_held(exc, given)
+                        if held is not None:
+                            raise TransferError(
+                                f"{file}:{lines[held]}: the id it was given (it has none, so its id comes from "
+                                "the file and the line: importing the file again skips it) is another owner's: "
+                                "the file was imported under another principal's token; to write its records "
+                                f"for this one too, import it from standard input (a2m import {url} - < "
+                                f"{shlex.quote(file)}), which gives fresh ids; its batch "
+                                f"({_span(lines[0], lines[-1])}) was not written") from None
+                        wrong = _malformed_tier(exc)
+                        if wrong:  # up, and answering what waiting does not mend: said now, not in 30 s
+                            where = str(lines[0]) if lines[0] == lines[-1] else f"{lines[0]}-{lines[-1]}"
+                            raise TransferError(
+                                f"{file}:{where}: tier {wrong} answered the router's memory/remember with a "
+                                "malformed reply (the router's log has it): fix that tier's server, then import "
+                                "again; this batch was not written") from None
                         raise TransferError(_refused(file, lines, pending, exc)) from None
                     done.in_flight = None
                     done.records += len(pending)
                     done.through = lines[-1]
-                    done.without_id += sum(1 for r in pending if "id" not in r)
-                    kept += sum(1 for r, i in zip(pending, ids) if "id" in r and r["id"] != i)
+                    if digest is None:  # from a stream: those ids were fresh, a rerun writes them again
+                        done.without_id += sum(given)
+                    # A given id answered with another is a key replaced in place (its id kept), not kept
+                    kept += sum(1 for r, i, g in zip(pending, ids, given) if not g and r["id"] != i)
                     if not quiet:
                         progress.advance(task, len(pending))
                     pending.clear()
                     lines.clear()
+                    given.clear()
                     batch_ids.clear()
                     pending_bytes = 0
 
@@ -786,6 +867,9 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                     # new batch: one batch may not put an id in two tiers, while a later batch finds
                     # it written and keeps it (an existing id is an idempotent write).
                     prepared = _prepare(record, tiers, keep_tier)
+                    made = "id" not in prepared  # none, or null
+                    if made:
+                        prepared["id"] = _given_id(digest, number, record.get("owner"))
                     weight = len(orjson.dumps(prepared)) + 1
                     if (record.get("owner") != owner or len(pending) >= size or record.get("id") in batch_ids
                             or pending_bytes + weight > BATCH_BYTES):
@@ -794,6 +878,7 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                     pending.append(prepared)
                     pending_bytes += weight
                     lines.append(number)
+                    given.append(made)
                     if isinstance(record.get("id"), str):
                         batch_ids.add(record["id"])
                 await flush()

@@ -84,6 +84,22 @@ CREATE INDEX docs_gen_fts ON docs_gen USING gin (fts);
 INSERT INTO docs_gen (id, body) SELECT g, 'parcel ' || g FROM generate_series(1, 50) g;
 INSERT INTO docs_gen VALUES (51, 'Refunds are issued quickly');
 
+-- id columns the catalog shows are keys, and ones it does not: 20,000 rows each (past the 10,000 sampled).
+CREATE TABLE ids_pk (ref int PRIMARY KEY, body text);
+CREATE TABLE ids_unique (ref text NOT NULL UNIQUE, body text);
+CREATE TABLE ids_unkeyed (ref text, body text);
+CREATE TABLE ids_late (ref int, body text);
+INSERT INTO ids_pk SELECT g, 'row ' || g FROM generate_series(1, 20000) g;
+INSERT INTO ids_unique SELECT 'r' || g, 'row ' || g FROM generate_series(1, 20000) g;
+INSERT INTO ids_unkeyed SELECT 'r' || g, 'row ' || g FROM generate_series(1, 20000) g;
+INSERT INTO ids_late SELECT g, 'row ' || g FROM generate_series(1, 20000) g;
+INSERT INTO ids_late VALUES (15000, 'row 15000 again');  -- a repeat past the first 10,000 rows
+CREATE VIEW ids_late_view AS SELECT * FROM ids_late;
+CREATE TABLE ids_late_null (ref int, body text);
+INSERT INTO ids_late_null SELECT g, 'row ' || g FROM generate_series(1, 20000) g;
+INSERT INTO ids_late_null VALUES (NULL, 'a row without an id');
+CREATE VIEW ids_pk_view AS SELECT * FROM ids_pk;
+
 CREATE ROLE outsider LOGIN;
 """
 
@@ -139,6 +155,57 @@ def test_a_table_the_mount_cannot_read_is_refused_at_start_by_name(user_pg: str,
     _, done = serve(user_pg, tmp_path, *options)
     assert done.returncode == 1 and says in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _scans(dsn: str, table: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = %s", (table,)).fetchone()[0]
+
+
+def test_an_id_column_the_catalog_shows_is_a_key_is_not_read_at_start(user_pg: str, tmp_path: Path) -> None:
+    """A primary key or a unique index on the id column alone, NOT NULL, is a key: the mount reads
+    none of its rows to check it. Without one the rows are read (a sample, then every row)."""
+    tables = ("ids_pk", "ids_unique", "ids_unkeyed")
+    before = {table: _scans(user_pg, table) for table in tables}
+    for table in tables:
+        _, done = serve(user_pg, tmp_path, f"table={table}", "id_column=ref", "text_column=body")
+        assert done.returncode == 0, done.stderr
+    deadline = time.monotonic() + 30  # a server's backend reports its scans as it exits
+    while _scans(user_pg, "ids_unkeyed") - before["ids_unkeyed"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _scans(user_pg, "ids_unkeyed") - before["ids_unkeyed"] == 2  # the first 10,000 rows, then every row once
+    assert _scans(user_pg, "ids_pk") == before["ids_pk"] and _scans(user_pg, "ids_unique") == before["ids_unique"]
+
+
+@pytest.mark.parametrize("table, holds", [("ids_late", "'15000' in several rows"),
+                                          ("ids_late_view", "'15000' in several rows"),
+                                          ("ids_late_null", "NULL in 1 row(s)")])
+def test_an_id_repeated_past_the_sampled_rows_is_refused_at_start(user_pg: str, tmp_path: Path, table: str,
+                                                                   holds: str) -> None:
+    """Only the first 10,000 rows were read, so a repeat further on mounted, and answered two records for
+    one id. Where no catalog key vouches for the column (a view never has one), every row is read when
+    that is quick."""
+    _, done = serve(user_pg, tmp_path, f"table={table}", "id_column=ref", "text_column=body")
+    assert done.returncode == 1, done.stderr
+    assert f"id_column 'ref' of table {table!r} is not a key: it holds {holds}" in done.stderr, \
+        done.stderr
+    answers, done = serve(user_pg, tmp_path, "table=ids_pk_view", "id_column=ref", "text_column=body",
+                          calls=[("memory/timeline", {"limit": 2})])  # a view of a keyed table mounts
+    assert done.returncode == 0 and [r["id"] for r in records(answers[0])] == ["19999", "20000"], done.stderr
+
+
+@pytest.mark.anyio
+async def test_ids_not_read_in_time_at_start_are_said_and_mounted(user_pg: str, monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Reading every row's id is bounded (ID_CHECK_S): past it the sampled rows stand, and the log says
+    what was not checked and how to make the check free."""
+    from backends.corpus import pgtable
+
+    monkeypatch.setattr(pgtable, "ID_CHECK_S", 0.001)
+    async with opened_table(user_pg, table="ids_late", id_column="ref", text_column="body"):
+        pass
+    assert "id_column 'ref' of 'ids_late': no primary key or unique index" in caplog.text, caplog.text
+    assert "only the first 10000 were checked" in caplog.text, caplog.text
 
 
 def test_a_table_the_role_may_not_read_is_refused_at_start(user_pg: str, tmp_path: Path) -> None:

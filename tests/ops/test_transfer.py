@@ -244,6 +244,66 @@ async def test_import_through_a_router_waits_for_a_tier_down_then_fails(
 
 
 @pytest.mark.anyio
+async def test_an_import_of_records_without_ids_waits_for_a_tier_down_and_writes_each_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A batch holding a record without an id was not sent again after a tier came back (it could
+    have been written twice), so a tier restarting stopped the import; each such record is now given
+    an id from the file and its line before its first send, and a second import of the same file
+    skips what the first wrote."""
+    from tests.router.stack import federation
+
+    dump = tmp_path / "notes.jsonl"
+    lines = [{"content": f"turn {n}", "tier": "working"} for n in range(3)] + \
+            [{"content": f"fact {n}", "tier": "semantic"} for n in range(3)] + [{"content": "turn 0", "tier": "working"}]
+    dump.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lines))
+    tiers = [{"name": "working", "kind": "working"}, {"name": "semantic", "kind": "semantic", "timeout": 2.0}]
+    with federation(tmp_path, tiers, mode="real") as stack:
+        stack.tiers["semantic"].kill()
+        asyncio.get_running_loop().call_later(3.0, stack.tiers["semantic"].start)  # back on the same data
+        assert await transfer.import_(stack.url, str(dump), batch=4, quiet=True, tier_wait=30) == 0
+        assert "tier semantic is unavailable; sending lines 1-4 again in 1 s" in capsys.readouterr().err
+        assert await transfer.import_(stack.url, str(dump), batch=4, quiet=True, tier_wait=30) == 0
+        async with HTTPClient(stack.url) as client:
+            held = (await client.call("memory/timeline", {"limit": 20}))["records"]
+    # each line once (the repeated "turn 0" on line 7 is a record of its own, as the file says)
+    assert sorted((r["content"], r["tier"]) for r in held) == sorted((r["content"], r["tier"]) for r in lines)
+
+
+@pytest.mark.anyio
+async def test_an_import_stops_at_once_when_a_tier_answers_the_router_malformed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A tier that answers memory/remember with something that is not an A2M reply is up, not down:
+    the router's -32603 names it like a down tier, and the import waited out --wait-for-tiers for it
+    before saying it 'did not come back'. It stops at once, with the router's words."""
+    import time
+
+    from tests.router.stack import Proc, write_config
+    from tests.support.procs import PYTHON
+    from tests.support.scripted import ScriptedTier, with_result
+
+    tier = await ScriptedTier("semantic", "semantic").start()
+    tier.twist = lambda m, params, response: (with_result(response, {"ids": "all of them"})
+                                              if m == "memory/remember" else None)
+    config = write_config(tmp_path / "router.toml", [{"name": "semantic", "kind": "semantic", "url": tier.url}])
+    router = Proc("router", [PYTHON, "-m", "a2mctl.cli", "serve", "router", "--config", str(config),
+                             "--port", str(port := free_port())], port, log=tmp_path / "router.log")
+    dump = tmp_path / "facts.jsonl"
+    dump.write_bytes(b"".join(orjson.dumps({"id": f"f{n}", "content": f"fact {n}"}) + b"\n" for n in range(3)))
+    try:
+        router.start()
+        await asyncio.to_thread(router.wait)  # the tier answers from this loop, so it must keep running
+        started = time.monotonic()
+        assert await transfer.import_(router.url, str(dump), quiet=True, tier_wait=8) == 1
+        assert time.monotonic() - started < 5  # not the 8 s a down tier is waited for
+    finally:
+        await asyncio.to_thread(router.stop)
+        await tier.stop()
+    err = capsys.readouterr().err
+    assert "facts.jsonl:1-3: tier semantic answered the router's memory/remember with a malformed reply" in err, err
+    assert "did not come back" not in err and "again in" not in err, err
+
+
+@pytest.mark.anyio
 async def test_export_and_import_through_a_stdio_server(tmp_path: Path) -> None:
     """A command line is an endpoint too: the server runs as a child speaking A2M on stdio (here the
     Redis-backed working tier, whose data outlives each run of the command)."""

@@ -152,8 +152,9 @@ async def test_a_refused_width_is_said_at_the_line_of_the_vector(working: str) -
 @pytest.mark.anyio
 async def test_an_import_refused_midway_says_how_to_finish_it(working: str, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """Records with ids are skipped by a second import (an existing id is an idempotent write); records
-    without one would be written twice, so the message says where to resume instead of promising that."""
+    """Records with ids are skipped by a second import (an existing id is an idempotent write); so are
+    a file's records without one (given ids from the file and line); records without one read from a
+    stream would be written twice, so the message says where to resume instead of promising that."""
     with_ids = [{"id": f"r{i}", "content": f"record {i}"} for i in range(5)]
     with_ids[3]["content"] = "x" * 1_000_001  # over max_content_length: only the server knows its limit
     dump = _write(tmp_path / "ids.jsonl", with_ids)
@@ -167,8 +168,13 @@ async def test_an_import_refused_midway_says_how_to_finish_it(working: str, tmp_
     plain = _write(tmp_path / "plain.jsonl", no_ids)
     assert await transfer.import_(working, str(plain), batch=2, quiet=True) == 1
     err = capsys.readouterr().err
-    assert "lines 1-2 (2 records) were written" in err, err
-    assert "skips them" not in err and "have no id" in err and "from line 3" in err, err
+    assert "lines 1-2 (2 records) were written" in err and "importing the file again skips them" in err, err
+    assert await transfer.import_(working, str(plain), batch=2, quiet=True) == 1  # the same file again
+    assert await _contents(working) == ["record 0", "record 1", "plain 0", "plain 1"]  # nothing twice
+
+    cut = _cli("import", working, "-", "--batch", "2", stdin=plain.read_bytes())
+    assert cut.returncode == 1 and "lines 1-2 (2 records) were written" in cut.stderr, cut.stderr
+    assert "skips them" not in cut.stderr and "have no id" in cut.stderr and "from line 3" in cut.stderr, cut.stderr
 
 
 @pytest.mark.anyio
@@ -470,3 +476,25 @@ async def test_sigterm_stops_a_transfer_as_ctrl_c_does(tmp_path: Path) -> None:
                 proc.wait()
         assert "a2m import: interrupted" in text and "were written" in text, text
         assert "importing the file again skips them" in text, text
+
+
+@pytest.mark.anyio
+async def test_a_file_without_ids_imported_for_a_second_principal_says_how(tmp_path: Path) -> None:
+    """Records without ids are given ids from the file and its lines, and an id is one owner's: the
+    same file imported under a second principal's token is refused, naming the way that writes it."""
+    from tests.router.stack import federation
+
+    tiers = [{"name": "working", "kind": "working"}]
+    top = {"auth": {"tokens": {"tok-alice": "alice", "tok-bob": "bob"}}}
+    with federation(tmp_path, tiers, mode="real", top=top) as stack:
+        seed = _write(tmp_path / "seed.jsonl", [{"content": "house rule 1"}, {"content": "house rule 2"}])
+        assert _cli("import", stack.url, str(seed), "--token", "tok-alice").returncode == 0
+        done = _cli("import", stack.url, str(seed), "--token", "tok-bob")
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert f"{seed}:1: " in done.stderr and "import it from standard input" in done.stderr, done.stderr
+        piped = _cli("import", stack.url, "-", "--token", "tok-bob", stdin=seed.read_bytes())
+        assert piped.returncode == 0, piped.stderr
+        for token in ("tok-alice", "tok-bob"):
+            async with HTTPClient(stack.url, token=token) as client:
+                held = (await client.call("memory/timeline", {}))["records"]
+            assert sorted(r["content"] for r in held) == ["house rule 1", "house rule 2"], token
