@@ -71,6 +71,12 @@ class StoreUnavailable(Exception):
     """The engine cannot be reached or refused the operation for a reason other than bad input."""
 
 
+class StoreReadOnly(StoreUnavailable):
+    """The engine serves reads here and refuses every write: a hot standby, a role with read rights
+    only, a Redis primary that became a replica. A write fails with it as with any StoreUnavailable;
+    a recall answers without its touch (surface.py)."""
+
+
 class StoreRejected(Exception):
     """The engine cannot store this input (e.g. a NUL byte PostgreSQL refuses): answered `-32602`."""
 

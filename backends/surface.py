@@ -29,7 +29,8 @@ from a2m.params import (DEFAULT_LIMITS, amount_param, bool_param, ids_param, lim
                         records_param, required_str, str_param)
 
 from .settings import SettingsError
-from .store import Position, Store, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable, StoreWidthMismatch
+from .store import (Position, Store, StoreConflict, StoreIdTaken, StoreReadOnly, StoreRejected, StoreUnavailable,
+                    StoreWidthMismatch)
 
 log = logging.getLogger("a2m.tier")
 
@@ -67,6 +68,7 @@ class TierServer(EventMethods):
         self.extension_docs = dict(extension_docs or {})
         self.events = events or EventLog()
         self.read_only = read_only
+        self._untouched = False  # the engine refused the last recall's touch (said once: `_touch`)
         self._cursor_tag = cursor_tag(name, kind)
         self._dims: int | None = None
         # Held from resolving a batch's keys to writing them. A store whose own methods also replace
@@ -418,13 +420,27 @@ class TierServer(EventMethods):
             if min_score is not None:
                 records = [r for r in records if (r.score or 0.0) >= min_score]
             if records and not self.read_only and touch:
-                stamp = now()
-                counts = await self.store.touch(scope.owner, [r.id for r in records], stamp) or {}
-                for record in records:  # the count this touch made, not the one read before it
-                    record.access_count = counts.get(record.id, record.access_count + 1)
-                    record.accessed_at = stamp
+                await self._touch(scope.owner, records)
             written = await self._written_order(scope.owner, records, options)
         return self._with_prompt({"records": self._wire(records, params)}, records, options, False, written)
+
+    async def _touch(self, owner: str | None, records: list[Record]) -> None:
+        """Count this recall on `records` (access_count, accessed_at), as stored. An engine that serves
+        reads only (a standby, a read-only role) leaves them as read: the recall found them, and
+        failing it for its bookkeeping made every recall there -32603. Said once in the log."""
+        stamp = now()
+        try:
+            counts = await self.store.touch(owner, [r.id for r in records], stamp) or {}
+        except StoreReadOnly as exc:
+            if not self._untouched:
+                log.warning("%s: recalls are answered without counting them (access_count, accessed_at): %s",
+                            self.name, exc)
+                self._untouched = True
+            return
+        self._untouched = False
+        for record in records:  # the count this touch made, not the one read before it
+            record.access_count = counts.get(record.id, record.access_count + 1)
+            record.accessed_at = stamp
 
     async def timeline(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         self._check_tier(params)

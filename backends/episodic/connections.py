@@ -29,7 +29,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from backends.settings import TierSettings
-from backends.store import StoreConflict, StoreRejected, StoreUnavailable
+from backends.store import StoreConflict, StoreReadOnly, StoreRejected, StoreUnavailable
 
 from .embedded import EmbeddedPostgres
 
@@ -242,7 +242,7 @@ class Connections:
                     continue
                 raise StoreUnavailable(f"PostgreSQL is unavailable: {error}") from error
             except psycopg.errors.ReadOnlySqlTransaction as error:
-                raise StoreUnavailable(read_only(error)) from error
+                raise StoreReadOnly(read_only(error)) from error
             except psycopg.errors.InsufficientPrivilege as error:  # a role without DDL adding the embedding column
                 raise StoreUnavailable(unprivileged(error, self.role)) from error
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,

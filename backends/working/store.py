@@ -56,8 +56,8 @@ from a2m.records import Record
 from a2m.text import HeldTerms, rank, tokenize
 from a2m.timefmt import format_ts
 from backends.settings import SettingsError, TierSettings
-from backends.store import (Position, SessionInfo, StoreConflict, StoreIdTaken, StoreRejected, StoreUnavailable,
-                            StoreWidthMismatch)
+from backends.store import (Position, SessionInfo, StoreConflict, StoreIdTaken, StoreReadOnly, StoreRejected,
+                            StoreUnavailable, StoreWidthMismatch)
 
 from .embedded import RedisServer
 
@@ -613,8 +613,8 @@ class RedisStore:
                 raise StoreUnavailable("redis is at its maxmemory and refused the write, none of which was "
                                        "made: raise maxmemory, or forget or spill records") from None
             if "READONLY You can't write" in text:  # a primary that became a replica (a failover) under the tier
-                raise StoreUnavailable("redis is a read-only replica now and refused the write: the tier "
-                                       "needs the primary (--url)") from None
+                raise StoreReadOnly("redis is a read-only replica now and refused the write: the tier "
+                                    "needs the primary (--url)") from None
             raise StoreUnavailable(f"redis: {text}") from exc
         except (RedisTimeoutError, TimeoutError) as exc:  # a Redis that is slow or stopped: waiting again doubles the wait
             raise StoreUnavailable(f"redis did not answer: {exc}") from exc

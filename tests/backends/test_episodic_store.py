@@ -858,6 +858,37 @@ async def test_a_read_only_server_is_said_at_start_and_on_every_write_and_nothin
         await store.close()
 
 
+async def test_a_recall_on_a_read_only_server_answers_without_its_touch(
+        server: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Decision 157 says a read-only server serves reads, but a recall (touch on by default) ran its
+    touch's UPDATE after the search and answered -32603: every recall there failed (review-epiroles).
+    The records are answered as read, and the log says so once; writes still fail."""
+    from a2m.dispatch import Dispatcher
+    from backends.serve import build
+    from tests.support.inprocess import call
+
+    dsn = _fresh_database(server)
+    tier = build("episodic", _settings(dsn))
+    await tier.startup()
+    try:
+        await call(Dispatcher(tier), "memory/remember", {"owner": "a", "records": [{"content": "the ferry at nine"}]})
+    finally:
+        await tier.shutdown()
+    _as_superuser(server, f"ALTER DATABASE {_database(dsn)} SET default_transaction_read_only = on")
+    tier = build("episodic", _settings(dsn))
+    await tier.startup()
+    try:
+        d = Dispatcher(tier)
+        with caplog.at_level(logging.WARNING, logger="a2m.tier"):
+            for _ in range(2):
+                found = await call(d, "memory/recall", {"owner": "a", "query": "ferry"})
+                assert [(r["content"], r["access_count"]) for r in found["records"]] == [("the ferry at nine", 0)]
+        assert len([r for r in caplog.records if "without counting them" in r.getMessage()]) == 1
+        assert await call(d, "memory/remember", {"owner": "a", "records": [{"content": "x"}]}) == {"error": -32603}
+    finally:
+        await tier.shutdown()
+
+
 async def test_a_role_that_may_not_make_the_schema_is_told_what_to_run(server: str) -> None:
     # psycopg's "permission denied for schema public / LINE 1: CREATE TABLE ..." at start; and a role
     # with only DML rights could never start on a schema its owner had made (CREATE TABLE IF NOT EXISTS

@@ -24,7 +24,7 @@ import pytest
 from a2m.filters import Scope
 from a2m.records import Record
 from backends.settings import SettingsError, TierSettings
-from backends.store import StoreRejected, StoreUnavailable
+from backends.store import StoreReadOnly, StoreRejected, StoreUnavailable
 from backends.working import CAPABILITIES, KIND, RedisServer, RedisStore, find_redis_server, make_store
 from backends.working import store as working_store
 from backends.working.embedded import redis_major
@@ -502,6 +502,28 @@ async def test_a_replica_is_refused_at_start(tmp_path: Path) -> None:
         store = RedisStore(_settings(tmp_path / "tier", url))
         with pytest.raises(SettingsError, match=r"is a replica \(role:slave\).*give the primary's address"):
             await store.open()
+
+
+async def test_a_primary_that_became_a_replica_serves_reads_and_refuses_writes_as_read_only(tmp_path: Path) -> None:
+    """After a failover under the tier its Redis answers writes `READONLY`: StoreReadOnly, which a
+    recall answers without its touch (surface.py), while a write fails as before."""
+    import redis.asyncio as aioredis
+
+    with own_redis(tmp_path) as url:
+        store = RedisStore(_settings(tmp_path / "tier", url))
+        await store.open()
+        try:
+            await store.write([rec("r1", session="s", content="kept")])
+            admin = aioredis.from_url(url)
+            await admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # a primary that never answers
+            await admin.aclose()
+            assert [r.content for r in await store.select(Scope())] == ["kept"]
+            for call in (lambda: store.touch(None, ["r1"], "2026-05-01T00:00:00.000Z"),
+                         lambda: store.write([rec("r2", session="s", content="refused")])):
+                with pytest.raises(StoreReadOnly, match="read-only replica now"):
+                    await call()
+        finally:
+            await store.close()
 
 
 async def test_a_redis_cluster_is_refused_at_start(tmp_path: Path) -> None:
