@@ -41,6 +41,9 @@ LEASE_S = 15.0  # how long a held key outlives a replica that stopped renewing i
 WAIT_S = 60.0  # how long a call waits for another replica's hold before it fails, to be retried
 POLL_S = 0.01  # how often a waiting replica tries the key again
 LINE_MS = 250  # how long a place in line outlives a waiter that stopped polling (25 polls)
+# How long `state` waits for the lock store: describe, /readyz and the router's start ask it, and a
+# Redis that accepts connections and never answers held each for the client's 5 s socket timeout.
+STATE_WAIT_S = 0.75
 KEY_PREFIX = "a2m:owner-lock:"
 
 # KEYS: the lock, its line. ARGV: this caller's token, the lease (ms), a place in line's life (ms).
@@ -142,17 +145,20 @@ class SharedLocks:
         """What describe, /readyz and `a2m doctor` say of the lock store: `status` up or down (with
         `error`; its words, a host or a socket path, go to the log, as a tier engine's do, decision
         113), and `evicts`: the `maxmemory-policy` of a Redis that may evict a held key, whose TTL
-        makes it a candidate for every policy but `noeviction` once `maxmemory` is reached."""
+        makes it a candidate for every policy but `noeviction` once `maxmemory` is reached. A store
+        that says nothing within STATE_WAIT_S is down."""
         from redis.exceptions import RedisError, ResponseError
 
         try:
-            try:
-                memory = await self.redis.info("memory")
-            except ResponseError:  # INFO renamed or refused (some managed Redis): up, its policy unknown
-                await self.redis.ping()
-                return {"status": "up"}
-        except (RedisError, OSError) as exc:
-            log.warning("the owner lock store (lock_url) does not answer: %s", exc)
+            async with asyncio.timeout(STATE_WAIT_S):
+                try:
+                    memory = await self.redis.info("memory")
+                except ResponseError:  # INFO renamed or refused (some managed Redis): up, its policy unknown
+                    await self.redis.ping()
+                    return {"status": "up"}
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("the owner lock store (lock_url) does not answer: %s",
+                        str(exc) or f"nothing in {STATE_WAIT_S:g} s")
             return {"status": "down",
                     "error": "the owner lock store (lock_url) does not answer (the router's log has the cause)"}
         policy = memory.get("maxmemory_policy")

@@ -179,3 +179,19 @@ def test_lock_url_is_a_redis_url_from_the_file_or_the_environment() -> None:
     assert "secret" not in str(bad.value)  # a URL may hold a password: it is not repeated
     with pytest.raises(ConfigError, match=r"\$A2M_LOCK_URL must be a Redis URL"):
         parse({}, env={"A2M_LOCK_URL": "locks:6379"})
+
+
+async def test_a_lock_store_that_never_answers_is_down_within_a_second() -> None:
+    """describe (`a2m doctor`), /readyz and the router's start ask the lock store's state: one that
+    accepts connections and never answers held each for the client's 5 s socket timeout."""
+    from .stack import black_hole
+
+    with black_hole() as url:
+        shared = SharedLocks(url)
+        try:
+            started = time.monotonic()
+            state = await shared.state()
+            took = time.monotonic() - started
+        finally:
+            await shared.close()
+    assert state["status"] == "down" and took < 1.5, (state, took)
