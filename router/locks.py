@@ -30,7 +30,7 @@ import functools
 import hashlib
 import logging
 import uuid
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from a2m import errors
 from a2m.errors import A2MError
@@ -124,7 +124,7 @@ class SharedLocks:
             self._let_go(lock.name, token)
             raise LockFailed(errors.INTERNAL_ERROR, f"another router replica has held this owner's records for "
                              f"over {self.wait:g} s (a move, a forget or a keyed write); try again", {"lock": "busy"})
-        return _Lease(lock, self.lease)
+        return _Lease(lock, self.lease, functools.partial(self._let_go, lock.name, token))
 
     def _let_go(self, name: str, token: str) -> None:
         """Release what `token` may hold of `name` (the key, a place in line), in the background:
@@ -195,8 +195,9 @@ def _turn_taking_lock() -> type:
 class _Lease:
     """A held Redis lock, renewed every third of its lease until released."""
 
-    def __init__(self, lock: Any, lease: float) -> None:
+    def __init__(self, lock: Any, lease: float, let_go: Callable[[], None]) -> None:
         self._lock = lock
+        self._let_go = let_go  # the key let go in the background (`SharedLocks._let_go`)
         self._renewing = asyncio.get_running_loop().create_task(self._renew(lease))
 
     async def _renew(self, lease: float) -> None:
@@ -211,11 +212,18 @@ class _Lease:
                           exc, lease)
 
     async def release(self) -> None:
+        """Let go of the key. A caller cancelled meanwhile (a shutdown's deadline, a caller of the
+        router as a library giving up) hands it to the background: cut short before its script
+        reached Redis (a connection being made), the key held the owner from every replica, this one
+        too, for the rest of its lease."""
         from redis.exceptions import LockError, RedisError
 
         self._renewing.cancel()
         try:
             await self._lock.release()
+        except asyncio.CancelledError:
+            self._let_go()
+            raise
         except LockError:
             log.error("an owner lock had lapsed before it was released: another router replica may have "
                       "changed the owner's records meanwhile")
