@@ -30,7 +30,7 @@ import functools
 import hashlib
 import logging
 import uuid
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from a2m import errors
 from a2m.errors import A2MError
@@ -41,6 +41,9 @@ LEASE_S = 15.0  # how long a held key outlives a replica that stopped renewing i
 WAIT_S = 60.0  # how long a call waits for another replica's hold before it fails, to be retried
 POLL_S = 0.01  # how often a waiting replica tries the key again
 LINE_MS = 250  # how long a place in line outlives a waiter that stopped polling (25 polls)
+# How long `state` waits for the lock store: describe, /readyz and the router's start ask it, and a
+# Redis that accepts connections and never answers held each for the client's 5 s socket timeout.
+STATE_WAIT_S = 0.75
 KEY_PREFIX = "a2m:owner-lock:"
 
 # KEYS: the lock, its line. ARGV: this caller's token, the lease (ms), a place in line's life (ms).
@@ -121,7 +124,7 @@ class SharedLocks:
             self._let_go(lock.name, token)
             raise LockFailed(errors.INTERNAL_ERROR, f"another router replica has held this owner's records for "
                              f"over {self.wait:g} s (a move, a forget or a keyed write); try again", {"lock": "busy"})
-        return _Lease(lock, self.lease)
+        return _Lease(lock, self.lease, functools.partial(self._let_go, lock.name, token))
 
     def _let_go(self, name: str, token: str) -> None:
         """Release what `token` may hold of `name` (the key, a place in line), in the background:
@@ -142,17 +145,20 @@ class SharedLocks:
         """What describe, /readyz and `a2m doctor` say of the lock store: `status` up or down (with
         `error`; its words, a host or a socket path, go to the log, as a tier engine's do, decision
         113), and `evicts`: the `maxmemory-policy` of a Redis that may evict a held key, whose TTL
-        makes it a candidate for every policy but `noeviction` once `maxmemory` is reached."""
+        makes it a candidate for every policy but `noeviction` once `maxmemory` is reached. A store
+        that says nothing within STATE_WAIT_S is down."""
         from redis.exceptions import RedisError, ResponseError
 
         try:
-            try:
-                memory = await self.redis.info("memory")
-            except ResponseError:  # INFO renamed or refused (some managed Redis): up, its policy unknown
-                await self.redis.ping()
-                return {"status": "up"}
-        except (RedisError, OSError) as exc:
-            log.warning("the owner lock store (lock_url) does not answer: %s", exc)
+            async with asyncio.timeout(STATE_WAIT_S):
+                try:
+                    memory = await self.redis.info("memory")
+                except ResponseError:  # INFO renamed or refused (some managed Redis): up, its policy unknown
+                    await self.redis.ping()
+                    return {"status": "up"}
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("the owner lock store (lock_url) does not answer: %s",
+                        str(exc) or f"nothing in {STATE_WAIT_S:g} s")
             return {"status": "down",
                     "error": "the owner lock store (lock_url) does not answer (the router's log has the cause)"}
         policy = memory.get("maxmemory_policy")
@@ -189,8 +195,9 @@ def _turn_taking_lock() -> type:
 class _Lease:
     """A held Redis lock, renewed every third of its lease until released."""
 
-    def __init__(self, lock: Any, lease: float) -> None:
+    def __init__(self, lock: Any, lease: float, let_go: Callable[[], None]) -> None:
         self._lock = lock
+        self._let_go = let_go  # the key let go in the background (`SharedLocks._let_go`)
         self._renewing = asyncio.get_running_loop().create_task(self._renew(lease))
 
     async def _renew(self, lease: float) -> None:
@@ -205,11 +212,18 @@ class _Lease:
                           exc, lease)
 
     async def release(self) -> None:
+        """Let go of the key. A caller cancelled meanwhile (a shutdown's deadline, a caller of the
+        router as a library giving up) hands it to the background: cut short before its script
+        reached Redis (a connection being made), the key held the owner from every replica, this one
+        too, for the rest of its lease."""
         from redis.exceptions import LockError, RedisError
 
         self._renewing.cancel()
         try:
             await self._lock.release()
+        except asyncio.CancelledError:
+            self._let_go()
+            raise
         except LockError:
             log.error("an owner lock had lapsed before it was released: another router replica may have "
                       "changed the owner's records meanwhile")

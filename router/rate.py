@@ -19,6 +19,7 @@ replicas do not let a caller make N times the rate.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import math
@@ -88,6 +89,15 @@ class Buckets:
                        f"retry in {retry_after:g} s", {"retry_after": retry_after, **self.limit.describe()})
 
 
+# How long a call waits on the shared buckets before it counts in this process's: their round trip is well
+# under a millisecond. A Redis that accepts connections and never answers held every call (a read too) for
+# the client's 5 s socket timeout before the fallback.
+SHARED_WAIT_S = 0.25
+# How long after the shared buckets failed a call counts in this process's without asking them again: one
+# call in this long pays SHARED_WAIT_S while they are away, not every call.
+SHARED_RETRY_S = 5.0
+
+
 # KEYS: the bucket. ARGV: burst, per_second. Returns the wait as a string (a Lua number returned to Redis
 # is cut to an integer). The clock is the Redis server's, one for every replica.
 SHARED_TAKE = """
@@ -117,17 +127,22 @@ class SharedBuckets(Buckets):
         self._take = redis.register_script(SHARED_TAKE)
         self._prefix = f"a2m:rate:{scope}:"
         self._unshared = False  # said once per outage
+        self._retry_at = 0.0  # (monotonic) until when the shared buckets are not asked: they failed
 
     async def wait(self, principal: str | None) -> float:
         from redis.exceptions import RedisError
 
+        if time.monotonic() < self._retry_at:
+            return self.take(principal)
         key = self._prefix + ("-" if principal is None else hashlib.sha256(principal.encode()).hexdigest())
         try:
-            wait = float(await self._take(keys=[key], args=[self.limit.burst, repr(self.limit.per_second)]))
-        except (RedisError, OSError) as exc:
+            async with asyncio.timeout(SHARED_WAIT_S):
+                wait = float(await self._take(keys=[key], args=[self.limit.burst, repr(self.limit.per_second)]))
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._retry_at = time.monotonic() + SHARED_RETRY_S
             if not self._unshared:
                 log.warning("the rate limit's shared buckets (lock_url) do not answer (%s): each router replica "
-                            "counts its own calls until they do", exc)
+                            "counts its own calls until they do", str(exc) or f"nothing in {SHARED_WAIT_S:g} s")
                 self._unshared = True
             return self.take(principal)
         if self._unshared:

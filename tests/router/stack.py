@@ -192,3 +192,18 @@ async def tier_call(stack: Stack, tier: str, method: str, params: dict[str, Any]
     async with HTTPClient(stack.tiers[tier].url) as client:
         return await client.call(method, params)
 
+
+
+@contextmanager
+def black_hole() -> Iterator[str]:
+    """A `redis://` URL on loopback whose port accepts connections (the kernel does, from its backlog)
+    and never answers a command: a Redis that hangs, or a firewall that passes the handshake only."""
+    import socket
+
+    listener = socket.socket()
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    finally:
+        listener.close()

@@ -179,3 +179,48 @@ def test_lock_url_is_a_redis_url_from_the_file_or_the_environment() -> None:
     assert "secret" not in str(bad.value)  # a URL may hold a password: it is not repeated
     with pytest.raises(ConfigError, match=r"\$A2M_LOCK_URL must be a Redis URL"):
         parse({}, env={"A2M_LOCK_URL": "locks:6379"})
+
+
+async def test_a_lock_store_that_never_answers_is_down_within_a_second() -> None:
+    """describe (`a2m doctor`), /readyz and the router's start ask the lock store's state: one that
+    accepts connections and never answers held each for the client's 5 s socket timeout."""
+    from .stack import black_hole
+
+    with black_hole() as url:
+        shared = SharedLocks(url)
+        try:
+            started = time.monotonic()
+            state = await shared.state()
+            took = time.monotonic() - started
+        finally:
+            await shared.close()
+    assert state["status"] == "down" and took < 1.5, (state, took)
+
+
+async def test_a_caller_cancelled_while_it_lets_go_leaves_the_owner_free(redis_url: str) -> None:
+    """A holder cancelled while its release waits for a connection to the lock store (a shutdown's
+    deadline, a library caller giving up) left the key held, from every replica and this one, for
+    the rest of its lease (15 s in production). The release goes on in the background."""
+    import redis.asyncio as aioredis
+
+    a, b = SharedLocks(redis_url, lease=30.0, wait=0.5), SharedLocks(redis_url, lease=30.0, wait=0.5)
+    admin = aioredis.from_url(redis_url)
+    lock = OwnerLock("ivan", a)
+    try:
+        await lock.__aenter__()
+        await a.redis.connection_pool.disconnect()  # the release has a connection to make: an await
+        leaving = asyncio.ensure_future(lock.__aexit__(None, None, None))
+        await asyncio.sleep(0)  # in the release, its script not yet sent
+        leaving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        assert not lock.locked()
+        for _ in range(50):  # let go in the background: within a few round trips
+            if not await admin.exists(a.key("ivan")):
+                break
+            await asyncio.sleep(0.01)
+        await (await b.acquire("ivan")).release()  # within b's 0.5 s wait, not after a 30 s lease
+    finally:
+        await a.close()
+        await b.close()
+        await admin.aclose()

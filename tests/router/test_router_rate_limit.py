@@ -214,3 +214,34 @@ async def test_a_router_with_lock_url_keeps_its_rate_limit_there() -> None:
     shared = Router(parse({**table, "lock_url": "redis://127.0.0.1:1/0"}, env={}))
     assert type(shared.buckets).__name__ == "SharedBuckets"
     await shared.policy.shared_locks.close()
+
+
+async def test_shared_buckets_that_never_answer_hold_no_call_up(caplog: pytest.LogCaptureFixture) -> None:
+    """A lock_url Redis that accepts connections and never answers (hung, or behind a firewall that
+    passes the handshake) held every rate-limited call, a read too, for the client's 5 s socket timeout
+    before it fell back to this router's buckets. The first call waits a quarter second; the next ones
+    count here at once, and the outage is said once."""
+    import time
+
+    import redis.asyncio as aioredis
+
+    from router.rate import SharedBuckets
+
+    from .stack import black_hole
+
+    limit = RateLimit(per_second=1.0, burst=2)
+    with black_hole() as url:
+        client = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)  # SharedLocks' client
+        buckets = SharedBuckets(limit, client, "fed")
+        try:
+            started = time.monotonic()
+            assert await buckets.wait("alice") == 0.0
+            first = time.monotonic() - started
+            started = time.monotonic()
+            waits = [await buckets.wait("alice") for _ in range(2)]
+            rest = time.monotonic() - started
+        finally:
+            await client.aclose()
+    assert first < 1.0 and rest < 0.1, (first, rest)
+    assert waits[0] == 0.0 and waits[1] > 0  # this router's bucket counts meanwhile
+    assert sum("do not answer" in r.getMessage() for r in caplog.records) == 1
