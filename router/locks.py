@@ -201,12 +201,16 @@ class _Lease:
         self._renewing = asyncio.get_running_loop().create_task(self._renew(lease))
 
     async def _renew(self, lease: float) -> None:
-        from redis.exceptions import RedisError
+        from redis.exceptions import LockNotOwnedError, RedisError
 
         while True:
             await asyncio.sleep(lease / 3)
             try:
                 await self._lock.reacquire()
+            except LockNotOwnedError:  # lapsed (or evicted): renewing cannot take it back, nor saying so again
+                log.error("an owner lock lapsed while held: another router replica may change the owner's "
+                          "records while this one does")
+                return
             except (RedisError, OSError) as exc:  # the lease may lapse: another replica could then move too
                 log.error("renewing an owner lock failed (%s): another router replica may take it in %g s",
                           exc, lease)

@@ -101,6 +101,7 @@ class Router(EventMethods):
             self.buckets = Buckets(config.rate_limit) if shared is None else \
                 SharedBuckets(config.rate_limit, shared.redis, scope)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._locks_status: str | None = None  # the lock store's, as the last ready() found it
         self._probes: dict[str, asyncio.Task[Any]] = {}  # tier -> its describe in flight (`_probe`)
 
     # ---- plumbing ------------------------------------------------------------------------
@@ -175,22 +176,25 @@ class Router(EventMethods):
     # ---- health --------------------------------------------------------------------------
 
     async def ready(self) -> bool:
-        """The default tier answers. Every tier due a probe (`_probe`) is probed first, within one
-        PROBE_WAIT: /readyz then reads the others' verdicts from health() without a second wait."""
-        await self._probe(list(self.fed))
+        """The default tier answers. Every tier due a probe (`_probe`) is probed first, and the lock
+        store asked, within one PROBE_WAIT: /readyz then reads the verdicts from health() without a
+        second wait."""
+        shared = self.policy.shared_locks
+        if shared is None:
+            await self._probe(list(self.fed))
+        else:
+            _, state = await asyncio.gather(self._probe(list(self.fed)), shared.state())
+            self._locks_status = state["status"]
         return self.fed[self.config.default_tier].healthy
 
     async def health(self) -> dict[str, Any]:
         """Per-tier status for /readyz, which asks ready() first: its probes are the ones read here.
-        With `lock_url`, whether the lock store answers (within PROBE_WAIT): while it does not, every
-        move, forget and keyed write fails, though the router stays ready for reads and other writes."""
+        With `lock_url`, whether the lock store answered: while it does not, every move, forget and
+        keyed write fails, though the router stays ready for reads and other writes."""
         out: dict[str, Any] = {"tiers": {t.name: ("up" if t.healthy else "down") for t in self.fed}}
         shared = self.policy.shared_locks
         if shared is not None:
-            try:
-                out["owner_locks"] = (await asyncio.wait_for(shared.state(), PROBE_WAIT))["status"]
-            except asyncio.TimeoutError:
-                out["owner_locks"] = "down"
+            out["owner_locks"] = self._locks_status or (await shared.state())["status"]
         return out
 
     async def _probe(self, tiers: Sequence[Tier]) -> None:

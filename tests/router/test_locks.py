@@ -76,6 +76,30 @@ async def test_a_replica_that_stopped_holds_an_owner_no_longer_than_its_lease(re
         await alive.close()
 
 
+async def test_a_lock_that_lapsed_while_held_is_said_once_and_no_longer_renewed(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A held key gone (its lease lapsed in a long pause, or evicted): renewal is refused for good,
+    and it logged "renewing an owner lock failed" every third of the lease until the release."""
+    import logging
+
+    import redis.asyncio as aioredis
+
+    shared = SharedLocks(redis_url, lease=0.3)
+    admin = aioredis.from_url(redis_url)
+    try:
+        held = await shared.acquire("ivan")
+        await admin.delete(shared.key("ivan"))
+        with caplog.at_level(logging.ERROR, logger="a2m.router"):
+            await asyncio.sleep(0.7)  # six renewals due
+        assert [r.getMessage() for r in caplog.records if "owner lock" in r.getMessage()] == [
+            "an owner lock lapsed while held: another router replica may change the owner's records while this one does"]
+        assert held._renewing.done()
+        await held.release()
+    finally:
+        await shared.close()
+        await admin.aclose()
+
+
 async def test_an_unreachable_lock_store_fails_the_call_in_words(tmp_path: Path) -> None:
     """Nothing that changes where records live runs unlocked: the call fails, to be retried."""
     shared = SharedLocks(f"unix://{tmp_path}/no-redis.sock")
