@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from typing import Any, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.locomo import DEFAULT_DATA, KS, Vectors, latency, load_all, score, turn_content  # noqa: E402
+from bench.locomo import KS, Vectors, data_dir, latency, load_all, no_default_data, score, turn_content  # noqa: E402
 
 
 def run(conversations: Sequence[Any], vectors: Vectors, dsn: str) -> dict[str, Any]:
@@ -75,7 +74,7 @@ def run(conversations: Sequence[Any], vectors: Vectors, dsn: str) -> dict[str, A
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=Path(os.environ.get("A2M_LOCOMO", DEFAULT_DATA)))
+    parser.add_argument("--data", type=Path, help="LoCoMo conversations (*.json); default as bench/locomo.py's")
     parser.add_argument("--conversations", help="comma-separated ids (file stems); default all")
     parser.add_argument("--questions", type=int, help="at most this many questions per conversation")
     parser.add_argument("--quick", action="store_true", help="one conversation (the first)")
@@ -88,8 +87,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         out = {**head, "skipped": f"optional extra not installed: {exc.name}"}
         print(json.dumps(out))
         return out
+    data, named = data_dir(args.data)
+    skipped = no_default_data(data, named)
+    if skipped:
+        out = {**head, "skipped": skipped}
+        print(json.dumps(out))
+        return out
     only = [c for c in (args.conversations or "").split(",") if c]
-    conversations = load_all(args.data, only, args.questions)
+    conversations = load_all(data, only, args.questions)
     if args.quick and not only:
         conversations = conversations[:1]
     from backends.episodic.embedded import EmbeddedPostgres
