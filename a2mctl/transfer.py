@@ -896,6 +896,7 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
         return 1
     if not quiet:
         note = f"; {kept} kept a newer record already at their key" if kept else ""
-        print(f"imported {done.records} records into {url} (an id it held already was kept as it was){note}",
-              file=sys.stderr)
+        # Not "N written": a remember answers an id it held already as written, without telling them apart.
+        print(f"imported {done.records} records into {url}: each is there now (one whose id was there already "
+              f"was left as it was){note}", file=sys.stderr)
     return 0
