@@ -45,6 +45,7 @@ LINE_MS = 250  # how long a place in line outlives a waiter that stopped polling
 # Redis that accepts connections and never answers held each for the client's 5 s socket timeout.
 STATE_WAIT_S = 0.75
 KEY_PREFIX = "a2m:owner-lock:"
+LINE = ":next"  # the suffix of a lock key's line: the token of the replica that takes the key next
 
 # KEYS: the lock, its line. ARGV: this caller's token, the lease (ms), a place in line's life (ms).
 # The key is taken when free and nobody else is next in line; a caller that cannot take it lines up
@@ -171,8 +172,6 @@ class SharedLocks:
             await asyncio.wait(self._giving_up, timeout=1.0)
         await self.redis.aclose()
 
-
-LINE = ":next"  # the suffix of a lock key's line: the token of the replica that takes the key next
 
 
 @functools.cache
