@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import orjson
 import pytest
@@ -217,6 +217,17 @@ async def test_export_through_a_router_waits_for_a_tier_down_then_fails(
     assert not (tmp_path / "partial.jsonl").exists()
 
 
+RESTARTING = [{"name": "working", "kind": "working"}, {"name": "semantic", "kind": "semantic", "timeout": 2.0}]
+
+
+async def import_across_a_restart(stack: Any, dump: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Import `dump` (batches of 4) while the semantic tier is down, back 3 s later on its data."""
+    stack.tiers["semantic"].kill()
+    asyncio.get_running_loop().call_later(3.0, stack.tiers["semantic"].start)
+    assert await transfer.import_(stack.url, str(dump), batch=4, quiet=True, tier_wait=30) == 0
+    assert "tier semantic is unavailable; sending lines 1-4 again in 1 s" in capsys.readouterr().err
+
+
 @pytest.mark.anyio
 async def test_import_through_a_router_waits_for_a_tier_down_then_fails(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -227,12 +238,8 @@ async def test_import_through_a_router_waits_for_a_tier_down_then_fails(
     lines = [{"id": f"w{n}", "content": f"turn {n}", "tier": "working"} for n in range(3)] + \
             [{"id": f"s{n}", "content": f"fact {n}", "tier": "semantic"} for n in range(3)]
     dump.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lines))
-    tiers = [{"name": "working", "kind": "working"}, {"name": "semantic", "kind": "semantic", "timeout": 2.0}]
-    with federation(tmp_path, tiers, mode="real") as stack:
-        stack.tiers["semantic"].kill()
-        asyncio.get_running_loop().call_later(3.0, stack.tiers["semantic"].start)  # back on the same data
-        assert await transfer.import_(stack.url, str(dump), batch=4, quiet=True, tier_wait=30) == 0
-        assert "tier semantic is unavailable; sending lines 1-4 again in 1 s" in capsys.readouterr().err
+    with federation(tmp_path, RESTARTING, mode="real") as stack:
+        await import_across_a_restart(stack, dump, capsys)
         async with HTTPClient(stack.url) as client:
             held = (await client.call("memory/timeline", {"limit": 10}))["records"]
         assert sorted((r["id"], r["tier"]) for r in held) == sorted((r["id"], r["tier"]) for r in lines)
@@ -256,12 +263,8 @@ async def test_an_import_of_records_without_ids_waits_for_a_tier_down_and_writes
     lines = [{"content": f"turn {n}", "tier": "working"} for n in range(3)] + \
             [{"content": f"fact {n}", "tier": "semantic"} for n in range(3)] + [{"content": "turn 0", "tier": "working"}]
     dump.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lines))
-    tiers = [{"name": "working", "kind": "working"}, {"name": "semantic", "kind": "semantic", "timeout": 2.0}]
-    with federation(tmp_path, tiers, mode="real") as stack:
-        stack.tiers["semantic"].kill()
-        asyncio.get_running_loop().call_later(3.0, stack.tiers["semantic"].start)  # back on the same data
-        assert await transfer.import_(stack.url, str(dump), batch=4, quiet=True, tier_wait=30) == 0
-        assert "tier semantic is unavailable; sending lines 1-4 again in 1 s" in capsys.readouterr().err
+    with federation(tmp_path, RESTARTING, mode="real") as stack:
+        await import_across_a_restart(stack, dump, capsys)
         assert await transfer.import_(stack.url, str(dump), batch=4, quiet=True, tier_wait=30) == 0
         async with HTTPClient(stack.url) as client:
             held = (await client.call("memory/timeline", {"limit": 20}))["records"]
