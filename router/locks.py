@@ -214,6 +214,17 @@ class _Lease:
                 log.error("renewing an owner lock failed (%s): another router replica may take it in %g s",
                           exc, lease)
 
+    async def held(self) -> bool:
+        """Whether the key is still this lease's: False once it lapsed (a pause past the lease, an
+        eviction) and maybe went to another replica. A store that does not answer cannot say so."""
+        from redis.exceptions import RedisError
+
+        try:
+            return bool(await self._lock.owned())
+        except (RedisError, OSError) as exc:
+            raise LockFailed(errors.INTERNAL_ERROR, f"the owner lock store (lock_url) is unavailable: {exc}",
+                             {"lock": "unavailable"}) from exc
+
     async def release(self) -> None:
         """Let go of the key. A caller cancelled meanwhile (a shutdown's deadline, a caller of the
         router as a library giving up) hands it to the background: cut short before its script
@@ -253,6 +264,18 @@ class OwnerLock:
         """This router's lock for the owner alone, not the replicas': what holds back this router's
         own moves (a read that two of them overlapped, router/reads.py)."""
         return self._local
+
+    async def check(self) -> None:
+        """Raise LockFailed where the replicas' key this holder took has lapsed: a step that writes
+        or deletes records on the lock's word (a move's write, its source delete) asks first. A
+        lease is not a fence: a replica frozen past it (a stopped process, a long pause) resumed its
+        move after another replica had taken the owner, and wrote back a record that one had
+        forgotten. Asking narrows that to a step's own round trip. Without `lock_url`, or not held,
+        there is nothing to ask."""
+        if self._lease is not None and not await self._lease.held():
+            raise LockFailed(errors.INTERNAL_ERROR, "this router's hold of the owner lapsed (a pause longer than "
+                             f"its {LEASE_S:g} s lease?): another replica may hold the owner; nothing more was "
+                             "written or deleted, retry", {"lock": "lapsed"})
 
     async def __aenter__(self) -> None:
         await self._local.acquire()

@@ -300,13 +300,16 @@ class Policy:
                     write["embedding"] = vector
         size = _limit(dest, "max_records_per_call", 500)
         moved: list[str] = []
+        held = self.owner_lock(owner)  # the caller holds it
         for batch in batches(units(writes), size):
+            await held.check()  # a lapsed hold writes nothing: another replica may have moved or forgotten these
             placed, stop = await self._place(source, dest, owner, batch, size, refused)
             verified = [w["id"] for unit in placed for w in unit]
             if verified:
                 self._deleting(owner)
                 deleted: list[str] = []
                 try:
+                    await held.check()  # nor deletes: the copy there may be the only one another replica kept
                     await self._forget_as_read(source, owner, [w for unit in placed for w in unit], deleted)
                 except A2MError as exc:  # a duplicate now, repaired by the next consolidate
                     log.warning("move %s -> %s: delete from source failed (%s); %d duplicates until consolidate",

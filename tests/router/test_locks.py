@@ -100,6 +100,27 @@ async def test_a_lock_that_lapsed_while_held_is_said_once_and_no_longer_renewed(
         await admin.aclose()
 
 
+async def test_a_holder_asks_whether_its_hold_is_still_the_owners(redis_url: str) -> None:
+    """A lease is not a fence: a step that writes or deletes on the lock's word asks first (`check`),
+    and a hold another replica has since taken answers LockFailed."""
+    a, b = SharedLocks(redis_url, lease=0.3, wait=2.0), SharedLocks(redis_url, lease=0.3, wait=2.0)
+    mine, plain = OwnerLock("judy", a), OwnerLock("judy", None)
+    try:
+        async with plain:
+            await plain.check()  # this router's own lock: nothing to ask
+        async with mine:
+            await mine.check()
+            mine._lease._renewing.cancel()  # frozen past the lease
+            taken = await b.acquire("judy")  # within b's wait, once the lease has run out
+            with pytest.raises(A2MError, match="this router's hold of the owner lapsed") as lapsed:
+                await mine.check()
+            assert lapsed.value.data == {"lock": "lapsed"}
+            await taken.release()
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_an_unreachable_lock_store_fails_the_call_in_words(tmp_path: Path) -> None:
     """Nothing that changes where records live runs unlocked: the call fails, to be retried."""
     shared = SharedLocks(f"unix://{tmp_path}/no-redis.sock")

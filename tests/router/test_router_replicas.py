@@ -167,6 +167,35 @@ async def test_a_forget_acknowledged_by_another_replica_mid_spill_stays_forgotte
         await stop(a, b)
 
 
+async def test_a_move_whose_hold_lapsed_writes_nothing_back(stack: Stack, lock_url: str) -> None:  # noqa: F811
+    """A lease is not a fence: replica A read a record to spill, then froze past its lease (the key
+    lapsed; here it is let go by hand); replica B took the owner and forgot the record, acknowledged;
+    A resumed and wrote the record into episodic: forgotten, then back. A asks whether it still
+    holds the owner before it writes, and stops."""
+    import redis.asyncio as aioredis
+
+    a, b = await pair(stack, lock_url)
+    try:
+        me = owner()
+        [rid] = (await a.call("memory/remember", {"owner": me, "records": [
+            {"content": "forget me", "session": "s"}]}))["ids"]
+        read = a.hold("working", "memory/timeline", lambda p: rid in (p.get("where") or {}).get("id", ()), after=True)
+        filling = asyncio.create_task(a.call("memory/remember", {"owner": me, "records": [
+            {"content": f"turn {i}", "session": "s"} for i in range(4)]}))  # past capacity: the first turn spills
+        await asyncio.wait_for(read.reached.wait(), 20)
+        hold = a.router.policy.owner_lock(me)
+        hold._lease._renewing.cancel()  # A frozen: no renewal, and the lease runs out
+        admin = aioredis.from_url(lock_url)
+        await admin.delete(a.router.policy.shared_locks.key(me))
+        await admin.aclose()
+        assert await asyncio.wait_for(b.call("memory/forget", {"owner": me, "ids": [rid]}), 20) == {"forgotten": 1}
+        read.release()
+        await asyncio.wait_for(filling, 20)  # the write itself stands; its capacity pass logged the lapse
+        assert rid not in await homes(stack, me)
+    finally:
+        await stop(a, b)
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["own-locks", "lock_url"])
 async def test_a_key_replaced_through_another_replica_while_its_session_is_trimmed_is_not_dropped(
         tmp_path: Path, lock_url: str, shared: bool) -> None:
