@@ -75,6 +75,15 @@ class LockFailed(A2MError):
     rather than answer that it moved nothing."""
 
 
+def unavailable(exc: BaseException) -> LockFailed:
+    """The caller's failure for a lock store that did not answer. Its cause (the Redis client's words,
+    which name the store's host or socket path) goes to the log, not to a caller, who may be any agent
+    holding a token (decision 113, as a tier engine's; `SharedLocks.state` words it the same way)."""
+    log.warning("the owner lock store (lock_url) does not answer: %s", exc)
+    return LockFailed(errors.INTERNAL_ERROR, "the owner lock store (lock_url) is unavailable (the router's log "
+                      "has the cause); try again", {"lock": "unavailable"})
+
+
 def scope_of(tier_urls: Iterable[str]) -> str:
     """The lock keys' namespace: the tiers whose records the lock keeps in place, as their URLs.
 
@@ -118,8 +127,7 @@ class SharedLocks:
             # and a place in line holds the key back from other replicas: both are let go.
             self._let_go(lock.name, token)
             if isinstance(exc, (RedisError, OSError)):
-                raise LockFailed(errors.INTERNAL_ERROR, f"the owner lock store (lock_url) is unavailable: {exc}",
-                                 {"lock": "unavailable"}) from exc
+                raise unavailable(exc) from exc
             raise
         if not held:
             self._let_go(lock.name, token)
@@ -222,8 +230,7 @@ class _Lease:
         try:
             return bool(await self._lock.owned())
         except (RedisError, OSError) as exc:
-            raise LockFailed(errors.INTERNAL_ERROR, f"the owner lock store (lock_url) is unavailable: {exc}",
-                             {"lock": "unavailable"}) from exc
+            raise unavailable(exc) from exc
 
     async def release(self) -> None:
         """Let go of the key. A caller cancelled meanwhile (a shutdown's deadline, a caller of the

@@ -121,15 +121,23 @@ async def test_a_holder_asks_whether_its_hold_is_still_the_owners(redis_url: str
         await b.close()
 
 
-async def test_an_unreachable_lock_store_fails_the_call_in_words(tmp_path: Path) -> None:
-    """Nothing that changes where records live runs unlocked: the call fails, to be retried."""
-    shared = SharedLocks(f"unix://{tmp_path}/no-redis.sock")
+async def test_an_unreachable_lock_store_fails_the_call_in_words(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing that changes where records live runs unlocked: the call fails, to be retried. The
+    caller is told the lock store is unavailable, not where it is (its socket path or host, in the
+    Redis client's words): those go to the router's log, as a tier engine's do (decision 113)."""
+    socket = f"{tmp_path}/no-redis.sock"
+    shared = SharedLocks(f"unix://{socket}")
     lock = OwnerLock("erin", shared)
     try:
-        with pytest.raises(A2MError, match=r"the owner lock store \(lock_url\) is unavailable") as refused:
-            async with lock:
-                raise AssertionError("ran without the lock")
+        with caplog.at_level("WARNING", logger="a2m.router"):
+            with pytest.raises(A2MError, match=r"the owner lock store \(lock_url\) is unavailable") as refused:
+                async with lock:
+                    raise AssertionError("ran without the lock")
         assert refused.value.code == -32603 and not lock.locked()  # this router's lock is let go too
+        assert socket not in refused.value.message and "router's log" in refused.value.message
+        said = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
+        assert said and said[0].startswith("the owner lock store (lock_url) does not answer: ") and socket in said[0]
     finally:
         await shared.close()
 
