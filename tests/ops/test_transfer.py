@@ -261,7 +261,8 @@ async def test_an_import_of_records_without_ids_waits_for_a_tier_down_and_writes
 
     dump = tmp_path / "notes.jsonl"
     lines = [{"content": f"turn {n}", "tier": "working"} for n in range(3)] + \
-            [{"content": f"fact {n}", "tier": "semantic"} for n in range(3)] + [{"content": "turn 0", "tier": "working"}]
+            [{"content": f"fact {n}", "tier": "semantic"} for n in range(3)] + \
+            [{"content": "turn 0", "tier": "working"}]
     dump.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lines))
     with federation(tmp_path, RESTARTING, mode="real") as stack:
         await import_across_a_restart(stack, dump, capsys)

@@ -92,7 +92,8 @@ async def test_a_lock_that_lapsed_while_held_is_said_once_and_no_longer_renewed(
         with caplog.at_level(logging.ERROR, logger="a2m.router"):
             await asyncio.sleep(0.7)  # six renewals due
         assert [r.getMessage() for r in caplog.records if "owner lock" in r.getMessage()] == [
-            "an owner lock lapsed while held: another router replica may change the owner's records while this one does"]
+            "an owner lock lapsed while held: another router replica may change the owner's records while this "
+            "one does"]
         assert held._renewing.done()
         await held.release()
     finally:
