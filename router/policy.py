@@ -697,13 +697,30 @@ class Policy:
                 pairs.append((tier, self.fed[target]))  # type: ignore[index]
         return pairs
 
+    async def _split_members(self, page_in_source: bool, page: list[dict[str, Any]], other: Tier,
+                             owner: str | None) -> list[str]:
+        """The ids of a link's source records whose group the other side holds too, of the groups in
+        `page` (read from the source where `page_in_source`, else from the destination)."""
+        groups = sorted({r["group"] for r in page if r.get("group")})
+        if not groups:
+            return []
+        there = await self.scan(other, owner, where={"group": groups})
+        if page_in_source:
+            split = {r["group"] for r in there}
+            return [r["id"] for r in page if r.get("group") in split]
+        return [r["id"] for r in there]
+
     async def repair(self, owner: str | None) -> int:
         """Same id in a source and its destination (a move interrupted after its write): the move is
         run again, which keeps the destination copy (its write is idempotent) unless the source holds
         a newer revision of the key, which then replaces it (an older one, its key replaced in the
         destination since, is deleted: `holds`), and takes a group split by the
         interruption whole. Scans the smaller side of each link a page at a time and looks each page up in
-        the other: holding the whole side was 10^5 records in the router's memory at once."""
+        the other: holding the whole side was 10^5 records in the router's memory at once.
+
+        A group held on both sides (a member written while the tier holding its group did not answer:
+        the write goes where the batch goes, decision 37) is rejoined in the destination, where a later
+        member goes too (`writes.locate`: the deepest). Left split, it stayed so for good (review-chaos)."""
         repaired = 0
         for source, dest in self.links():
             if not source.writable:
@@ -717,10 +734,15 @@ class Policy:
                     continue
                 small, other = (source, dest) if n_source <= n_dest else (dest, source)
                 both: list[str] = []  # a page of the smaller side at a time: only the duplicates are held
+                strays: list[str] = []  # the source's members of groups the destination holds too
                 async for page in self.scan_pages(small, owner):
                     both += [r["id"] for r in await self.by_ids(other, owner, [r["id"] for r in page])]
+                    strays += await self._split_members(small is source, page, other, owner)
                 moved, _ = await self._move_ids(source, dest, owner, both, reason="repair", duplicates_only=True)
                 repaired += len(set(moved) & set(both))
+                rejoined, _ = await self._move_ids(source, dest, owner, [i for i in strays if i not in set(moved)],
+                                                   reason="repair")
+                repaired += len(rejoined)
             except LockFailed:
                 raise
             except A2MError as exc:
