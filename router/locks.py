@@ -84,6 +84,12 @@ def unavailable(exc: BaseException) -> LockFailed:
                       "has the cause); try again", {"lock": "unavailable"})
 
 
+def key_part(name: str | None) -> str:
+    """An owner or principal as one part of a key in the shared Redis: fixed-length whatever it
+    holds (hashed), `-` for none (the unowned partition, the anonymous caller)."""
+    return "-" if name is None else hashlib.sha256(name.encode()).hexdigest()
+
+
 def scope_of(tier_urls: Iterable[str]) -> str:
     """The lock keys' namespace: the tiers whose records the lock keeps in place, as their URLs.
 
@@ -111,7 +117,7 @@ class SharedLocks:
     def key(self, owner: str | None) -> str:
         """A fixed-length name whatever the owner holds (hashed), the unowned partition apart, within
         this federation's `scope` (`scope_of`)."""
-        return self._prefix + ("-" if owner is None else hashlib.sha256(owner.encode()).hexdigest())
+        return self._prefix + key_part(owner)
 
     async def acquire(self, owner: str | None) -> "_Lease":
         from redis.exceptions import RedisError

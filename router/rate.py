@@ -20,7 +20,6 @@ replicas do not let a caller make N times the rate.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import time
@@ -30,6 +29,8 @@ from typing import Any, Callable
 from a2m import errors
 from a2m.dispatch import Context, Handler
 from a2m.errors import A2MError
+
+from .locks import key_part
 
 
 log = logging.getLogger("a2m.router")
@@ -134,7 +135,7 @@ class SharedBuckets(Buckets):
 
         if time.monotonic() < self._retry_at:
             return self.take(principal)
-        key = self._prefix + ("-" if principal is None else hashlib.sha256(principal.encode()).hexdigest())
+        key = self._prefix + key_part(principal)
         try:
             async with asyncio.timeout(SHARED_WAIT_S):
                 wait = float(await self._take(keys=[key], args=[self.limit.burst, repr(self.limit.per_second)]))
