@@ -593,6 +593,11 @@ def _span(first: int, last: int) -> str:
     return f"line {first}" if first == last else f"lines {first}-{last}"
 
 
+def _at(file: str, lines: list[int]) -> str:
+    """Where a batch lies in its file, as an editor takes it: `FILE:3` or `FILE:3-7`."""
+    return f"{file}:{lines[0]}" if lines[0] == lines[-1] else f"{file}:{lines[0]}-{lines[-1]}"
+
+
 class _Written:
     """How far an import got, said by file line: what a second run skips, or where it should start."""
 
@@ -645,8 +650,7 @@ def _refused(file: str, lines: list[int], records: list[dict[str, Any]], exc: An
         message = re.sub(rf"^records\[{index}\](\.|:\s*)?", "", exc.message)  # the line says which record
         return f"{file}:{lines[index]}: {message}; its batch ({_span(lines[0], lines[-1])}) was not written"
     said = _scope_problem(exc, "the records belong to {!r}") or exc.message
-    where = str(lines[0]) if lines[0] == lines[-1] else f"{lines[0]}-{lines[-1]}"
-    return f"{file}:{where}: {said}; this batch was not written"
+    return f"{_at(file, lines)}: {said}; this batch was not written"
 
 
 def _given_id_held(exc: Any, given: list[bool]) -> int | None:
@@ -836,9 +840,8 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                                 f"({_span(lines[0], lines[-1])}) was not written") from None
                         wrong = _malformed_tier(exc)
                         if wrong:  # up, and answering what waiting does not mend: said now, not in 30 s
-                            where = str(lines[0]) if lines[0] == lines[-1] else f"{lines[0]}-{lines[-1]}"
                             raise TransferError(
-                                f"{file}:{where}: tier {wrong} answered the router's memory/remember with a "
+                                f"{_at(file, lines)}: tier {wrong} answered the router's memory/remember with a "
                                 "malformed reply (the router's log has it): fix that tier's server, then import "
                                 "again; this batch was not written") from None
                         raise TransferError(_refused(file, lines, pending, exc)) from None
