@@ -65,6 +65,9 @@ EMBEDDING = "embedding_f64"  # payload field holding the verbatim vector
 EXACT_METADATA = "metadata_json"  # the metadata verbatim, when a float in it may not survive Qdrant Edge
 EXACT_SALIENCE = "salience_repr"  # likewise for salience
 DELETE_PAGE = 1000  # records a forget reads (and deletes) at a time
+# The widest vector a Qdrant server (and qdrant-client's local mode) takes; Qdrant Edge takes wider
+# ones, so the store refuses them itself and a write's answer does not depend on the engine.
+MAX_WIDTH = 65_536
 
 # Payload indexes every engine creates: (field, kind). `part` is the tenant field.
 INDEXES: tuple[tuple[str, str], ...] = (
@@ -87,8 +90,15 @@ _NAMESPACE_BYTES = NAMESPACE.bytes
 
 def point_id(record_id: str) -> str:
     """`str(uuid.uuid5(NAMESPACE, record_id))`, spelled out: the `UUID` object costs
-    2 µs of a write's per-record budget, the digest and formatting under 1 µs."""
-    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + record_id.encode("utf-8")).digest()[:16])
+    2 µs of a write's per-record budget, the digest and formatting under 1 µs.
+
+    An id with a lone surrogate (only an in-process caller can send one) has no UTF-8 and so no
+    point: StoreRejected (-32602, as the episodic tier answers it), not an internal error."""
+    try:
+        encoded = record_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StoreRejected(f"id {record_id!r} is not valid Unicode (a lone surrogate)") from None
+    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + encoded).digest()[:16])
     digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
     digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
     h = digest.hex()
@@ -523,6 +533,8 @@ class SemanticStore:
                 if p.sparse is not None and not p.sparse[0]:
                     p.sparse = None
             if width is not None and self._dims is None:
+                if width > MAX_WIDTH:
+                    raise StoreRejected(f"a vector of {width} dimensions: Qdrant takes at most {MAX_WIDTH}")
                 await self._create_dense(width)
             await self._check_homes(puts, deletes)
             put_ids = {p.pid for p in points}
