@@ -11,8 +11,9 @@ moved between tiers or imported from an export keeps its history.
 `parse_write` is also where every tier agrees on what is storable: the router
 moves records between tiers, so a record one tier accepts must fit every other
 engine. Hence the common limits below (no NUL in any text, metadata at most 32
-levels deep, counters within JSON's safe integers, vectors within float32),
-each the narrowest of the four engines, refused with -32602 before any write.
+levels deep, counters within JSON's safe integers, vectors within float32 and
+16,000 dimensions), each the narrowest of the four engines, refused with -32602
+before any write.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ FLOAT32_BOUND = 2.0**128 - 2.0**103
 # entries hold at most 2,704 bytes; a longer value is refused there, so a record written to working
 # with one could never spill. 1,024 bytes each leaves room for an owner as long beside it.
 MAX_NAME_BYTES = 1024
+# A stored vector's width: pgvector's `vector` holds at most 16,000 dimensions, so a wider record written
+# to working or semantic (Redis and Qdrant take more) could never spill to episodic. Query vectors are
+# not capped: one of another width than the tier stores is -32008 there, as any mismatch.
+MAX_DIMENSIONS = 16_000
 
 
 @dataclass(slots=True)
@@ -348,6 +353,10 @@ def parse_write(raw: Any, index: int, *, owner: str | None, stamp: str | None = 
     embedding = raw.get("embedding")
     if embedding is not None:
         embedding = validate_embedding(embedding, f"records[{index}].embedding", index)
+        if len(embedding) > MAX_DIMENSIONS:
+            raise invalid(f"records[{index}].embedding has {len(embedding)} dimensions; a record's vector may have "
+                          f"at most {MAX_DIMENSIONS} (the episodic tier's engine, pgvector, stores no more)",
+                          field="embedding", index=index)
     return Record(
         id=record_id or new_id(),
         content=content,

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from a2m.errors import A2MError
-from a2m.records import MAX_NAME_BYTES, Record, parse_write, validate_embedding
+from a2m.records import MAX_DIMENSIONS, MAX_NAME_BYTES, Record, parse_write, validate_embedding
 from a2m.timefmt import normalize_ts, now, parse_ts
 
 
@@ -179,6 +179,17 @@ def test_embedding_values_that_round_to_float32s_largest_are_kept() -> None:
     for vector in ([flt_max, -flt_max, 1.0], [3.4028235e38], [2.0**128 - 2.0**103 * 1.5], [1e38] * 64,
                    [3, -(10**38)]):
         assert validate_embedding(vector) == [float(x) for x in vector]
+
+
+def test_a_records_vector_wider_than_pgvector_stores_is_refused_and_a_query_vector_is_not() -> None:
+    # Redis and Qdrant take wider vectors: such a record written to working could never spill to episodic
+    widest = parse_write({"content": "x", "embedding": [0.5] * MAX_DIMENSIONS}, 0, owner="alice")
+    assert len(widest.embedding or []) == MAX_DIMENSIONS
+    with pytest.raises(A2MError) as refused:
+        parse_write({"content": "x", "embedding": [0.5] * (MAX_DIMENSIONS + 1)}, 3, owner="alice")
+    assert refused.value.code == -32602 and refused.value.data == {"field": "embedding", "index": 3}
+    assert "16000" in refused.value.message
+    assert len(validate_embedding([0.5] * (MAX_DIMENSIONS + 1))) == MAX_DIMENSIONS + 1  # a query: -32008 at the tier
 
 
 @pytest.mark.parametrize("stamp", ["9999-12-31T23:30:00-01:00", "0001-01-01T00:30:00+01:00",

@@ -13,7 +13,7 @@ import pytest
 
 from a2m.dispatch import Dispatcher
 from a2m.params import MAX_QUERY_WORDS
-from a2m.records import MAX_NAME_BYTES
+from a2m.records import MAX_DIMENSIONS, MAX_NAME_BYTES
 from tests.support.inprocess import call, dispatchers, owner
 
 pytestmark = pytest.mark.anyio
@@ -68,4 +68,14 @@ async def test_a_session_or_key_past_max_name_bytes_is_invalid_params(tiers: dic
     for field in ("session", "key", "group"):
         record: dict[str, Any] = {"content": "x", field: wide}
         assert await call(d, "memory/remember", {"owner": me, "records": [record]}) == {"error": -32602}, field
+    assert (await call(d, "memory/timeline", {"owner": me}))["records"] == []
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_batch_with_a_vector_wider_than_every_engine_stores_writes_nothing(tiers: dict[str, Dispatcher],
+                                                                                 tier: str) -> None:
+    """Redis and Qdrant stored 16,001 dimensions, pgvector refuses them: such a record could never spill."""
+    d, me = tiers[tier], owner()
+    batch = [{"content": "fits"}, {"content": "too wide", "embedding": [0.25] * (MAX_DIMENSIONS + 1)}]
+    assert await call(d, "memory/remember", {"owner": me, "records": batch}) == {"error": -32602}
     assert (await call(d, "memory/timeline", {"owner": me}))["records"] == []
