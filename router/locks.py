@@ -30,12 +30,13 @@ import functools
 import hashlib
 import logging
 import uuid
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
 from a2m import errors
 from a2m.errors import A2MError
 
 log = logging.getLogger("a2m.router")
+T = TypeVar("T")
 
 LEASE_S = 15.0  # how long a held key outlives a replica that stopped renewing it (killed, frozen)
 WAIT_S = 60.0  # how long a call waits for another replica's hold before it fails, to be retried
@@ -44,6 +45,12 @@ LINE_MS = 250  # how long a place in line outlives a waiter that stopped polling
 # How long `state` waits for the lock store: describe, /readyz and the router's start ask it, and a
 # Redis that accepts connections and never answers held each for the client's 5 s socket timeout.
 STATE_WAIT_S = 0.75
+# How long one lock command (a take, a renewal, a check, a release) waits for its answer: a Redis that
+# accepts connections and never answers (stopped, partitioned past the handshake) held every keyed
+# write, forget and move for the client's 5 s socket timeout. A healthy Redis answers in well under
+# 10 ms, and a busy one (a fork, a slow script) stalls for tens to hundreds of ms; a call past this
+# fails, to be retried. A take under contention polls, each poll bounded so; the whole wait is WAIT_S.
+ANSWER_S = 1.0
 KEY_PREFIX = "a2m:owner-lock:"
 LINE = ":next"  # the suffix of a lock key's line: the token of the replica that takes the key next
 
@@ -188,19 +195,38 @@ class SharedLocks:
 
 
 
+async def answered(call: Awaitable[T]) -> T:
+    """`call`'s answer from the lock store, or TimeoutError (an OSError, as the client's own are)
+    after ANSWER_S: the client's socket timeout (5 s) is its backstop, not a caller's wait."""
+    try:
+        async with asyncio.timeout(ANSWER_S):
+            return await call
+    except TimeoutError as exc:
+        raise TimeoutError(f"no answer in {ANSWER_S:g} s") from exc
+
+
 @functools.cache
 def _turn_taking_lock() -> type:
     """redis-py's Lock (its lease, renewal and token-checked release) whose take lets the replica
-    first in line go first (TAKE_IN_TURN). Made on first use: a router without `lock_url` does not
-    import redis (0.1 s of its start)."""
+    first in line go first (TAKE_IN_TURN), each of its commands bounded (`answered`). Made on first
+    use: a router without `lock_url` does not import redis (0.1 s of its start)."""
     from redis.asyncio.lock import Lock
 
     class TurnTakingLock(Lock):
         take: Any  # the registered TAKE_IN_TURN script
 
         async def do_acquire(self, token: str | bytes) -> bool:
-            return bool(await self.take(keys=[self.name, self.name + LINE],
-                                        args=[token, int(self.timeout * 1000), LINE_MS]))
+            return bool(await answered(self.take(keys=[self.name, self.name + LINE],
+                                                 args=[token, int(self.timeout * 1000), LINE_MS])))
+
+        async def do_reacquire(self) -> Any:
+            return await answered(super().do_reacquire())
+
+        async def do_release(self, expected_token: bytes) -> None:
+            await answered(super().do_release(expected_token))
+
+        async def owned(self) -> bool:
+            return await answered(super().owned())
 
     return TurnTakingLock
 

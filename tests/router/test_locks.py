@@ -278,3 +278,91 @@ async def test_a_caller_cancelled_while_it_lets_go_leaves_the_owner_free(redis_u
         await a.close()
         await b.close()
         await admin.aclose()
+
+
+async def test_a_lock_store_that_never_answers_fails_a_keyed_call_within_a_second_or_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A lock store that accepts connections and never answers (a stopped Redis, a partition past
+    the handshake) held every keyed write, forget and move for the client's 5 s socket timeout before
+    it failed; an agent retrying in a loop stalled 5 s a call. Each lock command waits ANSWER_S."""
+    from .stack import black_hole
+
+    with black_hole() as url:
+        shared = SharedLocks(url)
+        lock = OwnerLock("kim", shared)
+        try:
+            for _ in range(2):  # a retry waits as long again: no call runs unlocked
+                started = time.monotonic()
+                with caplog.at_level("WARNING", logger="a2m.router"):
+                    with pytest.raises(A2MError, match=r"the owner lock store \(lock_url\) is unavailable") as refused:
+                        async with lock:
+                            raise AssertionError("ran without the lock")
+                took = time.monotonic() - started
+                assert refused.value.code == -32603 and refused.value.data == {"lock": "unavailable"}
+                assert 0.5 < took < 2.0 and not lock.locked(), took
+        finally:
+            await shared.close()
+    said = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
+    assert said and said[0] == "the owner lock store (lock_url) does not answer: no answer in 1 s", said
+
+
+async def test_a_held_lock_whose_store_stops_answering_neither_checks_nor_lets_go_for_seconds(tmp_path: Path) -> None:
+    """Redis paused while an owner is held (CLIENT PAUSE: a real redis-server that takes commands and
+    answers none, as one stopped mid-move): a move's `check` before its delete fails in about a
+    second, not the client's 5 s, and the release after a write does not hold its caller that long.
+    A pause of a few hundred ms (a busy Redis) fails nothing."""
+    import redis.asyncio as aioredis
+
+    with own_redis(tmp_path) as url:
+        shared, admin = SharedLocks(url), aioredis.from_url(url)
+        lock = OwnerLock("liam", shared)
+        try:
+            await lock.__aenter__()
+            await admin.client_pause(300, all=True)  # busy, not gone (a fork, a slow script): still held
+            await lock.check()
+            await admin.client_pause(4000, all=True)
+            started = time.monotonic()
+            with pytest.raises(A2MError, match=r"the owner lock store \(lock_url\) is unavailable"):
+                await lock.check()
+            checked = time.monotonic() - started
+            started = time.monotonic()
+            await lock.__aexit__(None, None, None)  # logged; the key lapses within its lease
+            released = time.monotonic() - started
+            assert checked < 2.0 and released < 2.0 and not lock.locked(), (checked, released)
+        finally:
+            await shared.close()
+            await admin.aclose()
+
+
+async def test_a_router_whose_lock_store_never_answers_refuses_keyed_writes_and_forgets_quickly(
+        tmp_path: Path) -> None:
+    """Through the router: a keyed remember and a forget fail with LockFailed (-32603) in about a
+    second, not the 5 s they took, and neither reached the tier."""
+    from dataclasses import replace
+
+    from a2m.dispatch import Context
+    from router.config import load
+    from router.server import Router
+
+    from .stack import black_hole, federation, new_owner, tier_call
+
+    with federation(tmp_path, [{"name": "episodic", "kind": "episodic"}]) as stack, black_hole() as url:
+        me = new_owner()
+        [kept] = (await tier_call(stack, "episodic", "memory/remember", {"owner": me, "records": [
+            {"content": "the ferry leaves at nine"}]}))["ids"]
+        router = Router(replace(load(str(stack.config)), lock_url=url))
+        await router.startup()
+        try:
+            handlers = router.handlers()
+            for method, params in (
+                    ("memory/remember", {"owner": me, "records": [{"content": "the ferry leaves at ten", "key": "f"}]}),
+                    ("memory/forget", {"owner": me, "ids": [kept]})):
+                started = time.monotonic()
+                with pytest.raises(A2MError, match=r"the owner lock store \(lock_url\) is unavailable") as refused:
+                    await asyncio.wait_for(handlers[method](params, Context()), 10)
+                took = time.monotonic() - started
+                assert refused.value.code == -32603 and took < 2.0, (method, took)
+        finally:
+            await router.shutdown()
+        held = (await tier_call(stack, "episodic", "memory/timeline", {"owner": me, "limit": 0}))["records"]
+        assert [r["content"] for r in held] == ["the ferry leaves at nine"]
