@@ -76,11 +76,7 @@ class Visible:
             self.keys[(record.owner, record.key)] = record.id
         self.bm25[record.owner].add(record.id, record.content)
         if record.embedding is not None:
-            import numpy as np
-
-            vector = np.asarray(record.embedding, dtype=np.float32)
-            norm = float(np.linalg.norm(vector))
-            self.vectors[record.id] = vector / norm if norm else vector
+            self.vectors[record.id] = unit(record.embedding)
 
     def _unindex(self, record_id: str) -> None:
         record = self.tree.records.get(record_id)
@@ -179,14 +175,28 @@ class Visible:
         import numpy as np
 
         ids = [r.id for r in self.scoped(scope) if r.id in self.vectors]
-        query = np.asarray(vector, dtype=np.float32)
-        norm = float(np.linalg.norm(query))
+        query = unit(vector)
         ids = [i for i in ids if self.vectors[i].shape == query.shape]
-        if not ids or not norm:
+        if not ids:
             return {}
-        sims = np.stack([self.vectors[i] for i in ids]) @ (query / norm)
+        sims = np.stack([self.vectors[i] for i in ids]) @ query  # a zero query is orthogonal to all: 0.5 each
         return {i: float((s + 1.0) / 2.0) for i, s in zip(ids, sims.tolist())}
 
+
+def unit(vector: Sequence[float]) -> Any:
+    """`vector` as float32 (what every tier keeps) scaled to length 1; a zero vector stays zero.
+
+    The length is taken in float64 after dividing by the largest element: in float32 the squares of
+    elements past about 1.8e19 are infinite and those under about 1e-19 are zero, so a vector a tier
+    accepts (decision 38) lost its direction and scored as orthogonal to every query."""
+    import numpy as np
+
+    values = np.asarray(vector, dtype=np.float32).astype(np.float64)
+    largest = float(np.max(np.abs(values))) if values.size else 0.0
+    if not largest:
+        return values.astype(np.float32)
+    scaled = values / largest
+    return (scaled / np.linalg.norm(scaled)).astype(np.float32)
 
 
 def copy_out(record: Record, with_embeddings: bool) -> Record:
