@@ -205,8 +205,8 @@ class Writes:
     # ---- forget, reinforce ---------------------------------------------------------------
 
     async def forget(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        tiers = scope_tiers(self.fed, params)  # before the owner, as a tier server checks its `tier` first
         owner = ctx.owner(params)
-        tiers = scope_tiers(self.fed, params)
         scope = parse_scope(params, owner, ids_field=True)
         query = query_param(params)
         if scope.is_empty_selector() and not query:

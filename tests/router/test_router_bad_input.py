@@ -6,6 +6,7 @@ Run on the real tier servers (Redis, Qdrant Edge), one of them killed."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -13,7 +14,7 @@ from a2m.client import HTTPClient
 from a2m.errors import A2MError
 from router.writes import write_order
 
-from .stack import federation, new_owner, tier_call
+from .stack import Stack, federation, new_owner, tier_call
 
 pytestmark = pytest.mark.anyio
 
@@ -21,6 +22,39 @@ TIERS = [
     {"name": "working", "kind": "working", "capacity": 100, "spill_to": "archive", "timeout": 5.0},
     {"name": "archive", "kind": "semantic", "timeout": 5.0},
 ]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with federation(tmp_path_factory.mktemp("bad-input"), TIERS, mode="real") as running:
+        yield running
+
+
+async def code(url: str, method: str, params: dict[str, Any]) -> int | None:
+    """The error code `url` answers `params` with; None for an answer."""
+    async with HTTPClient(url, timeout=30) as client:
+        try:
+            await client.call(method, params)
+        except A2MError as exc:
+            return exc.code
+    return None
+
+
+@pytest.mark.parametrize(("method", "params"), [
+    ("memory/recall", {"tier": "nope"}),
+    ("memory/timeline", {"tier": "nope"}),
+    ("memory/forget", {"tier": "nope", "ids": ["x"]}),
+    ("memory/summarize", {"tier": "nope", "ids": ["x"]}),
+    ("memory/summarize", {"into": "nope", "ids": ["x"]}),
+])
+async def test_an_unknown_tier_beside_a_bad_owner_is_answered_as_a_tier_answers_it(
+        stack: Stack, method: str, params: dict[str, Any]) -> None:
+    """Two faults, one answer: a tier server checks `tier` (and `into`) before the owner, so the
+    router does too (-32002; it answered -32602 about the owner). With tokens, the same order makes
+    a caller naming another owner and no such tier hear -32002 from both, not -32005 from one."""
+    params = {**params, "owner": 5}
+    assert await code(stack.tiers["archive"].url, method, params) == -32002
+    assert await code(stack.url, method, params) == -32002
 
 
 async def test_a_batch_with_a_part_for_a_tier_known_down_writes_no_other_tier(tmp_path: Path) -> None:
