@@ -88,8 +88,8 @@ class Reads:
         self.cursors = Cursors(CursorSeal.of(config.tokens, config.service_token, config.cursor_secret))
 
     async def recall(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        tiers = scope_tiers(self.fed, params)  # before the owner, as a tier server checks its `tier` first
         owner = ctx.owner(params)
-        tiers = scope_tiers(self.fed, params)
         scope = scope_params(params, owner)
         limit = limit_param(params, self.limits, DEFAULT_RECALL_LIMIT)
         asked_vectors = bool_param(params, "embeddings", False)
@@ -162,8 +162,8 @@ class Reads:
         return result
 
     async def timeline(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        tiers = scope_tiers(self.fed, params)  # before the owner, as a tier server checks its `tier` first
         owner = ctx.owner(params)
-        tiers = scope_tiers(self.fed, params)
         scope = scope_params(params, owner)
         limit = limit_param(params, self.limits, self.limits.get("max_recall_limit") or 0)
         options = prompts.parse(params.get("prompt"))

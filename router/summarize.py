@@ -46,9 +46,9 @@ class Summaries:
         return into
 
     async def summarize(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        scope_tiers(self.fed, params)  # an unknown `tier` is -32002 before anything is read, or the owner checked,
+        into = self._summary_tier(params)  # as on a tier server
         owner = ctx.owner(params)
-        scope_tiers(self.fed, params)  # an unknown `tier` is -32002 before anything is read
-        into = self._summary_tier(params)
         scope = parse_scope(params, owner, ids_field=True)
         query = query_param(params)
         key = str_param(params, "key")

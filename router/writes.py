@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from a2m import errors
 from a2m.client import Unavailable
@@ -130,7 +130,8 @@ class Writes:
             if ids[i] is None:
                 by_tier.setdefault(target.name, []).append(i)
         written: list[tuple[Tier, list[str]]] = []
-        for name, indexes in write_order(by_tier, revisions):
+        down = [name for name in by_tier if not self.fed[name].healthy]
+        for name, indexes in write_order(by_tier, revisions, down):
             tier = self.fed[name]
             batch = []
             for i in indexes:
@@ -204,8 +205,8 @@ class Writes:
     # ---- forget, reinforce ---------------------------------------------------------------
 
     async def forget(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        tiers = scope_tiers(self.fed, params)  # before the owner, as a tier server checks its `tier` first
         owner = ctx.owner(params)
-        tiers = scope_tiers(self.fed, params)
         scope = parse_scope(params, owner, ids_field=True)
         query = query_param(params)
         if scope.is_empty_selector() and not query:
@@ -283,20 +284,25 @@ class Writes:
         return {"reinforced": total}
 
 
-def write_order(by_tier: dict[str, list[int]], revisions: Mapping[int, int | None]) -> list[tuple[str, list[int]]]:
+def write_order(by_tier: dict[str, list[int]], revisions: Mapping[int, int | None],
+                down: Collection[str] = ()) -> list[tuple[str, list[int]]]:
     """The calls that write a batch: (tier, indexes of the records sent there), in the order made.
 
     A new record can be undone (forgotten) if a later call is refused, a key's replacement cannot,
     so replacements go last. With keys replaced in one tier, that tier's part goes last, whole (one
     call, atomic there). With keys replaced in several, every tier's new records go first and the
     replacements after: written tier by tier, a refusal of a new record in the second tier left the
-    first tier's key replaced, under an error."""
+    first tier's key replaced, under an error. Within that order, the tiers `down` (their last call
+    failed) go first: the call likeliest to fail is made before any other tier is written, so its
+    failure leaves nothing to take back (taken back, a record was recalled meanwhile, and told in
+    its tier's events, or stayed where the take-back failed too)."""
     replacing = [name for name, indexes in by_tier.items() if any(i in revisions for i in indexes)]
     if len(replacing) <= 1:
-        return sorted(by_tier.items(), key=lambda part: part[0] in replacing)
+        return sorted(by_tier.items(), key=lambda part: (part[0] in replacing, part[0] not in down))
     parts = [(name, [i for i in indexes if (i in revisions) == last])
              for last in (False, True) for name, indexes in by_tier.items()]
-    return [(name, indexes) for name, indexes in parts if indexes]
+    return sorted(((name, indexes) for name, indexes in parts if indexes),
+                  key=lambda part: (any(i in revisions for i in part[1]), part[0] not in down))
 
 
 async def route(fed: Federation, records: list[Record], targets: list[Tier], supplied: list[str],
