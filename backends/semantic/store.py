@@ -65,9 +65,6 @@ EMBEDDING = "embedding_f64"  # payload field holding the verbatim vector
 EXACT_METADATA = "metadata_json"  # the metadata verbatim, when a float in it may not survive Qdrant Edge
 EXACT_SALIENCE = "salience_repr"  # likewise for salience
 DELETE_PAGE = 1000  # records a forget reads (and deletes) at a time
-# The widest vector a Qdrant server (and qdrant-client's local mode) takes; Qdrant Edge takes wider
-# ones, so the store refuses them itself and a write's answer does not depend on the engine.
-MAX_WIDTH = 65_536
 
 # Payload indexes every engine creates: (field, kind). `part` is the tenant field.
 INDEXES: tuple[tuple[str, str], ...] = (
@@ -533,8 +530,6 @@ class SemanticStore:
                 if p.sparse is not None and not p.sparse[0]:
                     p.sparse = None
             if width is not None and self._dims is None:
-                if width > MAX_WIDTH:
-                    raise StoreRejected(f"a vector of {width} dimensions: Qdrant takes at most {MAX_WIDTH}")
                 await self._create_dense(width)
             await self._check_homes(puts, deletes)
             put_ids = {p.pid for p in points}

@@ -10,6 +10,7 @@ from typing import Any, AsyncIterator
 import pytest
 
 from a2m.dispatch import Dispatcher
+from a2m.records import MAX_DIMENSIONS
 from tests.support.inprocess import call, dispatchers, owner
 
 pytestmark = pytest.mark.anyio
@@ -41,10 +42,12 @@ async def test_an_id_with_a_lone_surrogate_is_invalid_params_and_changes_nothing
 
 
 async def test_a_vector_wider_than_qdrant_allows_is_refused_by_both_engines(tier: Dispatcher) -> None:
+    """Qdrant Edge took 65,537 dimensions where a Qdrant server refuses them: the answer depended on
+    the engine. Every tier now refuses past pgvector's 16,000 (`MAX_DIMENSIONS`) before its engine."""
     me = owner()
     wide = [{"content": "good"}, {"content": "too wide", "embedding": [0.5] * 65_537}]
     assert await call(tier, "memory/remember", {"owner": me, "records": wide}) == {"error": -32602}
     assert await held(tier, me) == []
     assert (await call(tier, "memory/describe", {}))["embeddings"]["dimensions"] is None
-    widest = [{"content": "widest", "embedding": [0.5] * 65_536}]
+    widest = [{"content": "widest", "embedding": [0.5] * MAX_DIMENSIONS}]
     assert len((await call(tier, "memory/remember", {"owner": me, "records": widest}))["ids"]) == 1
