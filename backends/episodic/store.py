@@ -70,6 +70,21 @@ def _ts(value: datetime | None) -> str | None:
     return None if value is None else format_ts(value)
 
 
+# The smallest magnitude float16 rounds to infinity: `vector_search = "exact"` compares `embedding::halfvec`,
+# and one stored element past it failed every later vector recall of its scope ("out of range").
+HALFVEC_OVERFLOW = 65520.0
+
+
+def halfvec_range(puts: Sequence[Record]) -> None:
+    """StoreRejected for a record whose vector the exact search could not compare (see HALFVEC_OVERFLOW)."""
+    for record in puts:
+        if record.embedding and max(map(abs, record.embedding)) >= HALFVEC_OVERFLOW:
+            raise StoreRejected(
+                f"record {record.id!r}: its embedding holds an element of magnitude {HALFVEC_OVERFLOW:g} or "
+                "more, which this tier cannot compare: it searches over halfvec (vector_search = \"exact\"), "
+                "float16; scale the vector to length 1")
+
+
 class PostgresStore:
     """Store on PostgreSQL + pgvector; `settings.url` is a postgresql:// DSN, None starts an embedded server."""
 
@@ -253,6 +268,8 @@ class PostgresStore:
         if len(set(keyed)) < len(keyed):  # the batch itself, not another writer (a StoreConflict below)
             raise StoreRejected("two records of one batch hold the same key")
         widths = {len(r.embedding) for r in puts if r.embedding is not None}
+        if self.vector_search == "exact":
+            halfvec_range(puts)
         expect, keep = dict(expect or {}), dict(keep or {})
         # Ids that must be there as the surface saw them, or whose statistics the puts take as stored:
         # locked (in id order, as every such write locks them) until the commit, so a forget, a

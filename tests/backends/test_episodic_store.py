@@ -1297,3 +1297,22 @@ async def test_large_floats_in_metadata_round_trip_and_match_exactly(store: Post
     assert await ids({"n": 1e23}) == []  # 1e23 is 99999999999999991611392, not 10**23
     assert await ids({"n": 10**23}) == [f"{owner}-2"]
     assert await ids({"c": -1e300}) == [f"{owner}-1"]
+
+
+async def test_exact_search_ranks_in_halfvec_and_refuses_a_vector_it_could_not_compare(server: str) -> None:
+    """`vector_search = "exact"` compares `embedding::halfvec`: one stored element of 65,520 or more
+    (past float16) failed every later vector recall of its scope with -32602. Such a write is refused
+    instead, naming the limit, and writes nothing of its batch."""
+    s = PostgresStore(_settings(_fresh_database(server), vector_search="exact"))
+    await s.open()
+    try:
+        me = _owner()
+        await s.write([rec(0, me, embedding=[1.0, 0.0, 0.0]), rec(1, me, embedding=[0.0, 65504.0, 0.0]),
+                       rec(2, me, embedding=[-1.0, 0.0, 0.0])])
+        with pytest.raises(StoreRejected, match="halfvec"):
+            await s.write([rec(3, me, embedding=[0.0, 0.0, 1.0]), rec(4, me, embedding=[0.0, 65520.0, 1.0])])
+        found = await s.search(Scope(owner=me), text=None, vector=[0.1, 1.0, 0.0], limit=3)
+        assert [r.id for r in found] == [f"{me}-1", f"{me}-0", f"{me}-2"]
+        assert await s.count(me) == 3
+    finally:
+        await s.close()
