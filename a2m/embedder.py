@@ -23,7 +23,7 @@ from typing import Any, Protocol, Sequence
 import anyio
 
 from .errors import A2MError
-from .records import validate_embedding
+from .records import MAX_DIMENSIONS, validate_embedding
 
 log = logging.getLogger("a2m.embedder")
 
@@ -228,6 +228,9 @@ class HTTPEmbedder:
                 vector = validate_embedding(item.get("embedding"))
             except A2MError as exc:
                 raise EmbedderError(f"the endpoint answered an unusable embedding: {exc.message}") from None
+            if len(vector) > MAX_DIMENSIONS:  # no tier may keep it (a record's vector must fit every engine)
+                raise EmbedderError(f"the endpoint answered {len(vector)} dimensions; a record's vector may have "
+                                    f"at most {MAX_DIMENSIONS}")
             if self.dimensions is None:
                 self.dimensions = len(vector)
             elif len(vector) != self.dimensions:

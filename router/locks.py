@@ -265,10 +265,10 @@ class _Lease:
             raise unavailable(exc) from exc
 
     async def release(self) -> None:
-        """Let go of the key. A caller cancelled meanwhile (a shutdown's deadline, a caller of the
-        router as a library giving up) hands it to the background: cut short before its script
-        reached Redis (a connection being made), the key held the owner from every replica, this one
-        too, for the rest of its lease."""
+        """Let go of the key. A release that failed (cut off at ANSWER_S), or a caller cancelled
+        meanwhile (a shutdown's deadline, a caller of the router as a library giving up), hands it
+        to the background: cut short before its script reached Redis (a connection being made), the
+        key held the owner from every replica, this one too, for the rest of its lease."""
         from redis.exceptions import LockError, RedisError
 
         self._renewing.cancel()
@@ -280,8 +280,13 @@ class _Lease:
         except LockError:
             log.error("an owner lock had lapsed before it was released: another router replica may have "
                       "changed the owner's records meanwhile")
-        except (RedisError, OSError) as exc:  # it lapses by itself within its lease
-            log.warning("releasing an owner lock failed (%s); it lapses within its lease", exc)
+        except (RedisError, OSError) as exc:
+            # Cut off at ANSWER_S (a stall of a second or more), the release's command went with its
+            # connection and never ran: the key held the owner for the rest of its lease. Let go in
+            # the background (the client's own 5 s wait), or it lapses within the lease.
+            self._let_go()
+            log.warning("releasing an owner lock failed (%s); it is let go in the background or lapses "
+                        "within its lease", exc)
 
 
 class OwnerLock:

@@ -91,9 +91,11 @@ async def test_vectors_come_back_in_input_order_whatever_order_the_endpoint_answ
     lambda texts: {"data": [{"index": i, "embedding": [1.0, float("nan"), 3.0]} for i in range(len(texts))]},
     lambda texts: {"data": [{"index": i, "embedding": [1.0] * (3 + i)} for i in range(len(texts))]},
     lambda texts: {"data": [{"index": i, "embedding": "1,2,3"} for i in range(len(texts))]},
+    lambda texts: {"data": [{"index": i, "embedding": [1.0] * 16_001} for i in range(len(texts))]},  # no tier keeps it
     lambda texts: {"error": "no data"},
     lambda texts: ["not", "an", "object"],
-], ids=["short", "index-twice", "index-out-of-range", "nan", "widths-differ", "not-a-list", "no-data", "not-object"])
+], ids=["short", "index-twice", "index-out-of-range", "nan", "widths-differ", "not-a-list", "too-wide", "no-data",
+        "not-object"])
 async def test_an_answer_that_cannot_be_paired_with_its_inputs_is_refused_whole(answer: Callable[..., Any]) -> None:
     with endpoint([lambda texts: (200, answer(texts), {})]) as (seen, url):
         embedder = HTTPEmbedder(url, "m")

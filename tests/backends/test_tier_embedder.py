@@ -94,3 +94,30 @@ async def test_a_query_of_another_width_is_logged_once_not_on_every_recall(
         finally:
             await served.shutdown()
     assert len([r for r in caplog.records if "4-dim vectors" in r.getMessage()]) == 1, caplog.text
+
+
+async def test_an_embedder_wider_than_a_record_may_be_leaves_records_without_vectors(tmp_path: Path) -> None:
+    """A record's vector has at most MAX_DIMENSIONS (16,000: pgvector's) on every tier, so that it
+    can move to any. A caller's wider one is -32602, but the tier's own embedder's was stored (Qdrant
+    takes up to 65,536): a record written to semantic that could never move to episodic. Such an
+    embedder is unusable, as one answering NaN: the record is written without a vector."""
+    from a2m.records import MAX_DIMENSIONS
+
+    from tests.a2m.test_http_embedder import endpoint
+
+    def wide(texts: list[str]) -> tuple[int, Any, dict[str, str]]:
+        return 200, {"data": [{"index": i, "embedding": [0.5] * (MAX_DIMENSIONS + 1)}
+                              for i in range(len(texts))]}, {}
+
+    with endpoint([wide]) as (_, url):
+        served = build("semantic", TierSettings(name="notes", data_dir=tmp_path / "semantic"),
+                       embedder=HTTPEmbedder(url, "wide"))
+        await served.startup()
+        try:
+            rpc = Dispatcher(served)
+            written = await rpc.call("memory/remember", {"records": [{"content": "the kettle manual"}]}, Context())
+            found = await rpc.call("memory/recall", {"query": "kettle", "embeddings": True}, Context())
+        finally:
+            await served.shutdown()
+    assert len(written["ids"]) == 1
+    assert [(r["content"], r.get("embedding")) for r in found["records"]] == [("the kettle manual", None)]

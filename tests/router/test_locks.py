@@ -366,3 +366,29 @@ async def test_a_router_whose_lock_store_never_answers_refuses_keyed_writes_and_
             await router.shutdown()
         held = (await tier_call(stack, "episodic", "memory/timeline", {"owner": me, "limit": 0}))["records"]
         assert [r["content"] for r in held] == ["the ferry leaves at nine"]
+
+
+async def test_a_release_cut_off_by_a_stall_lets_go_once_the_store_answers_again(tmp_path: Path) -> None:
+    """A release that waits ANSWER_S and no longer (a lock store stalled 1-5 s: a fork, a slow script)
+    was only logged, and its command, dropped with the connection it was cut off on, never ran: the
+    key held the owner from every replica, this one too, for the rest of its 15 s lease, where the
+    client's 5 s wait had let go as soon as the stall ended. The release goes on in the background."""
+    import redis.asyncio as aioredis
+
+    with own_redis(tmp_path) as url:
+        a, b = SharedLocks(url), SharedLocks(url, wait=6.0)  # the default 15 s lease
+        admin = aioredis.from_url(url)
+        lock = OwnerLock("kai", a)
+        try:
+            await lock.__aenter__()
+            await admin.client_pause(2500, all=True)
+            started = time.monotonic()
+            await lock.__aexit__(None, None, None)  # cut off at ANSWER_S, logged
+            assert time.monotonic() - started < 2.0 and not lock.locked()
+            await asyncio.sleep(2.7 - (time.monotonic() - started))  # the stall over
+            await (await b.acquire("kai")).release()  # at once, not after the 15 s lease (b waits 6 s)
+            assert time.monotonic() - started < 4.0
+        finally:
+            await a.close()
+            await b.close()
+            await admin.aclose()
