@@ -1314,5 +1314,7 @@ async def test_exact_search_ranks_in_halfvec_and_refuses_a_vector_it_could_not_c
         found = await s.search(Scope(owner=me), text=None, vector=[0.1, 1.0, 0.0], limit=3)
         assert [r.id for r in found] == [f"{me}-1", f"{me}-0", f"{me}-2"]
         assert await s.count(me) == 3
+        with pytest.raises(StoreRejected, match="halfvec"):  # a query vector past it: that query's error
+            await s.search(Scope(owner=me), text=None, vector=[0.0, 70000.0, 0.0], limit=3)
     finally:
         await s.close()
