@@ -18,7 +18,7 @@ Layout of a point:
   can never collide with any string owner), `created_ms` (epoch millis, for
   ranges and ordering), `seq` (insertion sequence, tie-break) and `embedding`
   (`embedding_f64`: the caller's vector verbatim, float64 in base64, since
-  cosine storage normalises `dense` and keeps float32), and `metadata_json` /
+  `dense` holds it scaled to length 1 (`unit`) as float32), and `metadata_json` /
   `salience_repr`, the metadata and salience verbatim, only when they hold a
   float Qdrant Edge would give back an ulp off (`float_survives`).
 
@@ -389,6 +389,31 @@ def pack_vector(values: Sequence[float]) -> str:
     return base64.b64encode(struct.pack(f"<{len(values)}d", *values)).decode("ascii")
 
 
+# Below this length a vector's largest element may lie in float32's subnormal range, where the float32 the
+# other tiers keep differs from the value by more than float32's rounding: such a vector is rounded first.
+_SUBNORMAL_RISK = 2.0**-100
+
+
+def unit(vector: Sequence[float]) -> list[float]:
+    """`vector` scaled to length 1 in float64 (a zero vector stays zero): the dense vector Qdrant is given.
+
+    Why: Qdrant normalises a cosine vector in float32, and only when its squared length is at least
+    float32's epsilon; under a length of about 3e-4, and past about 1.8e19 (the squares overflow),
+    a vector the shared validation accepts (decision 38) lost its direction and scored 0.5 against
+    every query. Cosine does not depend on length, and the caller's vector is kept verbatim in the
+    payload (`EMBEDDING`), so the engine may hold any multiple. `math.hypot` scales internally (no
+    overflow or underflow). A vector shorter than `_SUBNORMAL_RISK` is first rounded to float32, as
+    every tier keeps it (procedural's `unit()` does the same), so one whose elements float32 flushes
+    to zero stays without direction here too; above it that rounding changes nothing float32 can show."""
+    length = math.hypot(*vector)
+    if length < _SUBNORMAL_RISK:
+        vector = struct.unpack(f"<{len(vector)}f", struct.pack(f"<{len(vector)}f", *vector))
+        length = math.hypot(*vector)
+        if not length:
+            return [float(x) for x in vector]
+    return [x / length for x in vector]
+
+
 def unpack_vector(packed: str | None) -> list[float] | None:
     if packed is None:
         return None
@@ -521,7 +546,7 @@ class SemanticStore:
                 PointData(
                     pid=point_id(r.id),
                     payload=to_payload(r, self._next_seq()),
-                    dense=r.embedding,
+                    dense=None if r.embedding is None else unit(r.embedding),
                     sparse=sparse_vector(r.content) if r.content else None,
                 )
                 for r in puts
@@ -795,7 +820,7 @@ class SemanticStore:
             return []
         await self._settled()
         sparse = query_sparse(text) if text else None
-        dense = [float(x) for x in vector] if vector is not None else None
+        dense = unit([float(x) for x in vector]) if vector is not None else None
         if dense is not None:
             dims = await self.dimensions()
             if dims is None:

@@ -51,3 +51,35 @@ async def test_a_vector_wider_than_qdrant_allows_is_refused_by_both_engines(tier
     assert (await call(tier, "memory/describe", {}))["embeddings"]["dimensions"] is None
     widest = [{"content": "widest", "embedding": [0.5] * MAX_DIMENSIONS}]
     assert len((await call(tier, "memory/remember", {"owner": me, "records": widest}))["ids"]) == 1
+
+
+# Lengths the shared validation accepts (decision 38: every element rounds to a finite float32) where Qdrant
+# lost a vector's direction: it normalises for cosine only when the float32 squared length is at least
+# float32's epsilon (under a length of about 3e-4), and past about 1.8e19 the squares overflow.
+LENGTHS = (1e-5, 1e-30, 1e25, 3e38)
+
+
+@pytest.mark.parametrize("size", LENGTHS)
+async def test_a_vector_of_any_accepted_length_keeps_its_direction_and_comes_back_verbatim(
+        tier: Dispatcher, size: float) -> None:
+    """Stored and query vectors of such lengths ranked as if they had no direction (every score 0.5), in
+    whatever order the engine kept: the store now hands Qdrant each vector scaled to length 1 in float64,
+    and keeps the caller's own vector for `embeddings: true`."""
+    me = owner()
+    vectors = {"x": [size, 0.0, 0.0], "y": [0.0, size, 0.0], "z": [-size, 0.0, 0.0]}
+    batch = [{"id": f"{me}-{name}", "content": name, "embedding": v} for name, v in vectors.items()]
+    assert "ids" in await call(tier, "memory/remember", {"owner": me, "records": batch})
+    along_y = (1.0, 0.5, 0.5)  # y, then x and z (both orthogonal to the query) in either order
+    leaning = ((1 + 2 / 5**0.5) / 2, (1 + 1 / 5**0.5) / 2, (1 - 1 / 5**0.5) / 2)  # y, x, z: cos 2/√5, ±1/√5
+    for query, scores in (([0.0, 1.0, 0.0], along_y), ([0.0, size, 0.0], along_y),
+                          ([0.5, 1.0, 0.0], leaning), ([size / 2, size, 0.0], leaning)):
+        found = (await call(tier, "memory/recall", {"owner": me, "embedding": query, "limit": 10}))["records"]
+        ranked = [(r["id"][len(me) + 1:], r["score"]) for r in found]
+        assert ranked[0][0] == "y" and [score for _, score in ranked] == pytest.approx(scores, abs=1e-6), \
+            (size, query, ranked)
+        if scores is leaning:
+            assert [name for name, _ in ranked] == ["y", "x", "z"], (size, query, ranked)
+    back = {r["id"][len(me) + 1:]: r["embedding"] for r in await held(tier, me)}
+    assert back == vectors
+    found = await call(tier, "memory/recall", {"owner": me, "embedding": [0.0, size, 0.0], "embeddings": True})
+    assert {r["id"][len(me) + 1:]: r["embedding"] for r in found["records"]} == vectors

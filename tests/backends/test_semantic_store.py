@@ -7,6 +7,7 @@ run on every CI run.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -809,3 +810,15 @@ async def test_a_touch_on_a_record_another_replica_forgot_meanwhile_is_no_error(
     finally:
         gate.open()
         await first.close()
+
+
+def test_the_dense_vector_is_unit_length_at_any_accepted_length() -> None:
+    """`unit`: what Qdrant is given. Zero stays zero, and so does a vector whose elements float32 (what
+    every tier keeps) flushes to zero; any other length the validation accepts comes out of length 1."""
+    from backends.semantic.store import unit
+
+    assert unit([0.0, 0.0, 0.0]) == [0.0, 0.0, 0.0]
+    assert unit([1e-50, 0.0, 0.0]) == [0.0, 0.0, 0.0]
+    for size in (1e-44, 1e-30, 1e-5, 1.0, 1e25, 3.4e38):
+        assert math.hypot(*unit([size, size, -size])) == pytest.approx(1.0, abs=1e-12), size
+        assert unit([size, 0.0, 0.0]) == [1.0, 0.0, 0.0], size
