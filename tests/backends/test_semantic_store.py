@@ -812,13 +812,16 @@ async def test_a_touch_on_a_record_another_replica_forgot_meanwhile_is_no_error(
         await first.close()
 
 
-def test_the_dense_vector_is_unit_length_at_any_accepted_length() -> None:
-    """`unit`: what Qdrant is given. Zero stays zero, and so does a vector whose elements float32 (what
-    every tier keeps) flushes to zero; any other length the validation accepts comes out of length 1."""
-    from backends.semantic.store import unit
+def test_the_dense_vector_is_one_qdrant_can_normalise_at_any_accepted_length() -> None:
+    """`comparable`: what Qdrant is given. An ordinary vector as it is (no cost, same scores); zero
+    stays zero, and so does a vector whose elements float32 (what every tier keeps) flushes to zero;
+    any other length Qdrant could not normalise comes out of length 1."""
+    from backends.semantic.store import comparable
 
-    assert unit([0.0, 0.0, 0.0]) == [0.0, 0.0, 0.0]
-    assert unit([1e-50, 0.0, 0.0]) == [0.0, 0.0, 0.0]
-    for size in (1e-44, 1e-30, 1e-5, 1.0, 1e25, 3.4e38):
-        assert math.hypot(*unit([size, size, -size])) == pytest.approx(1.0, abs=1e-12), size
-        assert unit([size, 0.0, 0.0]) == [1.0, 0.0, 0.0], size
+    ordinary = [0.3, -0.2, 0.9]
+    assert comparable(ordinary) is ordinary
+    assert comparable([0.0, 0.0, 0.0]) == [0.0, 0.0, 0.0]
+    assert comparable([1e-50, 0.0, 0.0]) == [0.0, 0.0, 0.0]
+    for size in (1e-44, 1e-30, 1e-5, 1e25, 3.4e38):
+        assert math.hypot(*comparable([size, size, -size])) == pytest.approx(1.0, abs=1e-12), size
+        assert comparable([size, 0.0, 0.0]) == [1.0, 0.0, 0.0], size
