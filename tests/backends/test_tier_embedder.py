@@ -58,6 +58,17 @@ async def test_an_embedder_of_another_width_is_refused_at_start_or_leaves_text_r
             await build("semantic", settings, embedder=embedder).startup()
 
 
+async def write_then_recall(served: Any, content: str, query: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Start `served`, write one record and recall it with its vectors, stop it: (remember's, recall's result)."""
+    await served.startup()
+    try:
+        rpc = Dispatcher(served)
+        written = await rpc.call("memory/remember", {"records": [{"content": content}]}, Context())
+        return written, await rpc.call("memory/recall", {"query": query, "embeddings": True}, Context())
+    finally:
+        await served.shutdown()
+
+
 async def test_a_write_is_kept_without_vectors_when_the_embedder_makes_another_width(tmp_path: Path) -> None:
     """Learnt only at the first call (an HTTP embedder, say after a change of model), a width other
     than the tier's failed the caller's write with -32008, a fault that was not the caller's:
@@ -66,13 +77,7 @@ async def test_a_write_is_kept_without_vectors_when_the_embedder_makes_another_w
     with serving(Embeddings()) as stand_in:
         embedder = embedder_of(stand_in)
         served = build("semantic", settings, embedder=embedder)
-        await served.startup()
-        try:
-            rpc = Dispatcher(served)
-            written = await rpc.call("memory/remember", {"records": [{"content": "the toaster manual"}]}, Context())
-            found = await rpc.call("memory/recall", {"query": "toaster", "embeddings": True}, Context())
-        finally:
-            await served.shutdown()
+        written, found = await write_then_recall(served, "the toaster manual", "toaster")
     assert len(written["ids"]) == 1 and embedder.dimensions == DIMS
     assert [(r["content"], r.get("embedding")) for r in found["records"]] == [("the toaster manual", None)]
 
@@ -112,12 +117,6 @@ async def test_an_embedder_wider_than_a_record_may_be_leaves_records_without_vec
     with endpoint([wide]) as (_, url):
         served = build("semantic", TierSettings(name="notes", data_dir=tmp_path / "semantic"),
                        embedder=HTTPEmbedder(url, "wide"))
-        await served.startup()
-        try:
-            rpc = Dispatcher(served)
-            written = await rpc.call("memory/remember", {"records": [{"content": "the kettle manual"}]}, Context())
-            found = await rpc.call("memory/recall", {"query": "kettle", "embeddings": True}, Context())
-        finally:
-            await served.shutdown()
+        written, found = await write_then_recall(served, "the kettle manual", "kettle")
     assert len(written["ids"]) == 1
     assert [(r["content"], r.get("embedding")) for r in found["records"]] == [("the kettle manual", None)]

@@ -3,7 +3,6 @@ call: what one tier accepts, the router may move to another, so each must read i
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import AsyncIterator
 
 import pytest
@@ -66,7 +65,8 @@ async def test_a_query_vector_keeps_its_direction_at_any_float32_magnitude(proce
     assert (await ranked(d, me, [0.0, size, 0.0]))[0] == me + "-y", size
 
 
-async def test_a_zero_query_vector_finds_the_records_with_vectors_as_episodic_does(tiers: dict[str, Dispatcher]) -> None:
+async def test_a_zero_query_vector_finds_the_records_with_vectors_as_episodic_does(
+        tiers: dict[str, Dispatcher]) -> None:
     """A zero vector has no direction: the episodic and semantic tiers answer each record that has a vector
     (cosine 0, score 0.5), where the procedural tier answered none, alone with a query or as its half."""
     answers = {}

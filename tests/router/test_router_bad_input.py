@@ -82,6 +82,7 @@ async def test_a_batch_with_a_part_for_a_tier_known_down_writes_no_other_tier(tm
 def test_a_tier_known_down_is_written_first_within_the_replacements_last_order() -> None:
     assert write_order({"working": [0], "archive": [1]}, {}, down=["archive"]) == [("archive", [1]), ("working", [0])]
     # A replacement cannot be taken back: it still goes last, a down tier's first among them.
-    assert write_order({"working": [0], "archive": [1]}, {1: 2}, down=["archive"]) == [("working", [0]), ("archive", [1])]
+    replacing_down = write_order({"working": [0], "archive": [1]}, {1: 2}, down=["archive"])
+    assert replacing_down == [("working", [0]), ("archive", [1])]
     assert write_order({"working": [0, 2], "episodic": [1, 3]}, {0: 2, 3: 5}, down=["episodic"]) == [
         ("episodic", [1]), ("working", [2]), ("episodic", [3]), ("working", [0])]
