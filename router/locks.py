@@ -172,15 +172,13 @@ class SharedLocks:
         from redis.exceptions import RedisError, ResponseError
 
         try:
-            async with asyncio.timeout(STATE_WAIT_S):
-                try:
-                    memory = await self.redis.info("memory")
-                except ResponseError:  # INFO renamed or refused (some managed Redis): up, its policy unknown
-                    await self.redis.ping()
-                    return {"status": "up"}
-        except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("the owner lock store (lock_url) does not answer: %s",
-                        str(exc) or f"nothing in {STATE_WAIT_S:g} s")
+            try:
+                memory = await answered(self.redis.info("memory"), STATE_WAIT_S)
+            except ResponseError:  # INFO renamed or refused (some managed Redis): up, its policy unknown
+                await answered(self.redis.ping(), STATE_WAIT_S)
+                return {"status": "up"}
+        except (RedisError, OSError) as exc:
+            log.warning("the owner lock store (lock_url) does not answer: %s", exc)
             return {"status": "down",
                     "error": "the owner lock store (lock_url) does not answer (the router's log has the cause)"}
         policy = memory.get("maxmemory_policy")
@@ -194,15 +192,14 @@ class SharedLocks:
         await self.redis.aclose()
 
 
-
-async def answered(call: Awaitable[T]) -> T:
-    """`call`'s answer from the lock store, or TimeoutError (an OSError, as the client's own are)
-    after ANSWER_S: the client's socket timeout (5 s) is its backstop, not a caller's wait."""
+async def answered(call: Awaitable[T], within: float = ANSWER_S) -> T:
+    """`call`'s answer from the shared Redis, or TimeoutError (an OSError, as the client's own are)
+    after `within` seconds: the client's socket timeout (5 s) is its backstop, not a caller's wait."""
     try:
-        async with asyncio.timeout(ANSWER_S):
+        async with asyncio.timeout(within):
             return await call
     except TimeoutError as exc:
-        raise TimeoutError(f"no answer in {ANSWER_S:g} s") from exc
+        raise TimeoutError(f"no answer in {within:g} s") from exc
 
 
 @functools.cache

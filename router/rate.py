@@ -19,7 +19,6 @@ replicas do not let a caller make N times the rate.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -30,7 +29,7 @@ from a2m import errors
 from a2m.dispatch import Context, Handler
 from a2m.errors import A2MError
 
-from .locks import key_part
+from .locks import answered, key_part
 
 
 log = logging.getLogger("a2m.router")
@@ -137,13 +136,13 @@ class SharedBuckets(Buckets):
             return self.take(principal)
         key = self._prefix + key_part(principal)
         try:
-            async with asyncio.timeout(SHARED_WAIT_S):
-                wait = float(await self._take(keys=[key], args=[self.limit.burst, repr(self.limit.per_second)]))
-        except (RedisError, OSError, TimeoutError) as exc:
+            wait = float(await answered(self._take(keys=[key], args=[self.limit.burst, repr(self.limit.per_second)]),
+                                        SHARED_WAIT_S))
+        except (RedisError, OSError) as exc:
             self._retry_at = time.monotonic() + SHARED_RETRY_S
             if not self._unshared:
                 log.warning("the rate limit's shared buckets (lock_url) do not answer (%s): each router replica "
-                            "counts its own calls until they do", str(exc) or f"nothing in {SHARED_WAIT_S:g} s")
+                            "counts its own calls until they do", exc)
                 self._unshared = True
             return self.take(principal)
         if self._unshared:

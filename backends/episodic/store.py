@@ -56,7 +56,7 @@ from .ranking import HYBRID_POOL, RRF_K, blend, recency, text_relevance
 from .rows import CANONICAL_TS, COLUMNS, INSERT_COLUMNS, UPDATE_SET, to_record, to_row
 from .scope import scope_sql, storable_ids
 from .scope_sizes import ScopeSizes
-from .vectors import nearest_rows
+from .vectors import halfvec_range, nearest_rows
 
 _log = logging.getLogger("a2m.episodic")
 
@@ -68,21 +68,6 @@ NO_DIMENSIONS_TTL_S = 5.0  # how long a server believes its tier holds no vector
 
 def _ts(value: datetime | None) -> str | None:
     return None if value is None else format_ts(value)
-
-
-# The smallest magnitude float16 rounds to infinity: `vector_search = "exact"` compares `embedding::halfvec`,
-# and one stored element past it failed every later vector recall of its scope ("out of range").
-HALFVEC_OVERFLOW = 65520.0
-
-
-def halfvec_range(puts: Sequence[Record]) -> None:
-    """StoreRejected for a record whose vector the exact search could not compare (see HALFVEC_OVERFLOW)."""
-    for record in puts:
-        if record.embedding and max(map(abs, record.embedding)) >= HALFVEC_OVERFLOW:
-            raise StoreRejected(
-                f"record {record.id!r}: its embedding holds an element of magnitude {HALFVEC_OVERFLOW:g} or "
-                "more, which this tier cannot compare: it searches over halfvec (vector_search = \"exact\"), "
-                "float16; scale the vector to length 1")
 
 
 class PostgresStore:

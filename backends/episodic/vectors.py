@@ -11,17 +11,35 @@ latter over halfvec casts. Which scans are prepared is decision 20.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from pgvector import Vector
 from psycopg import AsyncConnection
 
 from a2m.filters import Scope
+from a2m.records import Record
+from backends.store import StoreRejected
 
 from .scope import scope_sql
 from .scope_sizes import SCOPE_COUNT_CAP, ScopeSizes
 
 EXACT_SCAN_ROWS = SCOPE_COUNT_CAP  # a vector recall over a scope this small reads every row
+
+
+# The smallest magnitude float16 rounds to infinity: `vector_search = "exact"` compares `embedding::halfvec`,
+# and one stored element past it failed every later vector recall of its scope ("out of range").
+HALFVEC_OVERFLOW = 65520.0
+
+
+def halfvec_range(puts: Sequence[Record]) -> None:
+    """StoreRejected for a record whose vector the exact search (`distance`'s halfvec cast) could not
+    compare (see HALFVEC_OVERFLOW): a write checks it under `vector_search = "exact"`."""
+    for record in puts:
+        if record.embedding and max(map(abs, record.embedding)) >= HALFVEC_OVERFLOW:
+            raise StoreRejected(
+                f"record {record.id!r}: its embedding holds an element of magnitude {HALFVEC_OVERFLOW:g} or "
+                "more, which this tier cannot compare: it searches over halfvec (vector_search = \"exact\"), "
+                "float16; scale the vector to length 1")
 
 
 def distance(vector_search: str, dims: int | None) -> str:

@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
+from a2m.cosine import unit_length
 from a2m.filters import Scope, matches
 from a2m.records import Record
 from a2m.text import BM25, squash
@@ -184,19 +185,11 @@ class Visible:
 
 
 def unit(vector: Sequence[float]) -> Any:
-    """`vector` as float32 (what every tier keeps) scaled to length 1; a zero vector stays zero.
-
-    The length is taken in float64 after dividing by the largest element: in float32 the squares of
-    elements past about 1.8e19 are infinite and those under about 1e-19 are zero, so a vector a tier
-    accepts (decision 38) lost its direction and scored as orthogonal to every query."""
+    """`vector` at length 1 (`a2m.cosine`: scaled in float64, so one of any accepted length keeps its
+    direction) as float32, what every tier keeps; a zero vector stays zero."""
     import numpy as np
 
-    values = np.asarray(vector, dtype=np.float32).astype(np.float64)
-    largest = float(np.max(np.abs(values))) if values.size else 0.0
-    if not largest:
-        return values.astype(np.float32)
-    scaled = values / largest
-    return (scaled / np.linalg.norm(scaled)).astype(np.float32)
+    return np.asarray(unit_length(vector), dtype=np.float32)
 
 
 def copy_out(record: Record, with_embeddings: bool) -> Record:

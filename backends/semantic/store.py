@@ -49,6 +49,7 @@ from typing import Any, Awaitable, Collection, Literal, Mapping, Protocol, Seque
 
 import anyio
 
+from a2m.cosine import unit_length
 from a2m.filters import RECORD_FIELDS, Scope, matches
 from a2m.records import Record
 from a2m.text import query_terms, sparse_vector, squash, term_id
@@ -394,32 +395,20 @@ def pack_vector(values: Sequence[float]) -> str:
 # a vector whose squared length is at least float32's epsilon (a length of ~3e-4), and past ~1.8e19 the
 # squares overflow. Inside them the caller's vector is handed over as it is.
 _SAFE_LENGTHS = (1e-3, 1e18)
-# Below this length a vector's largest element may lie in float32's subnormal range, where the float32 the
-# other tiers keep differs from the value by more than float32's rounding: such a vector is rounded first.
-_SUBNORMAL_RISK = 2.0**-100
 
 
 def comparable(vector: list[float]) -> list[float]:
     """The dense vector Qdrant is given: `vector` itself where Qdrant normalises it right
-    (`_SAFE_LENGTHS`), else scaled to length 1 in float64 (a zero vector stays zero).
+    (`_SAFE_LENGTHS`), else scaled to length 1 in float64 (`a2m.cosine`).
 
-    Why: outside those lengths a vector the shared validation accepts (decision 38) lost its
-    direction and scored 0.5 against every query. Cosine does not depend on length, and the
-    caller's vector is kept verbatim in the payload (`EMBEDDING`), so the engine may hold any
-    multiple. Only outside them: scaling every vector cost ~30 µs a record (a 50,000-record load
-    went from ~5,600 to ~4,650 records/s), the length alone ~2 µs. `math.hypot` scales internally
-    (no overflow or underflow). A vector shorter than `_SUBNORMAL_RISK` is first rounded to
-    float32, as every tier keeps it, so one whose elements float32 flushes to zero stays without
-    direction here too."""
+    Outside those lengths a vector the shared validation accepts lost its direction and scored 0.5
+    against every query. The caller's vector is kept verbatim in the payload (`EMBEDDING`), so the
+    engine may hold any multiple. Only outside them: scaling every vector cost ~30 µs a record (a
+    50,000-record load went from ~5,600 to ~4,650 records/s), the length alone ~2 µs."""
     length = math.hypot(*vector)
     if _SAFE_LENGTHS[0] <= length <= _SAFE_LENGTHS[1] or not length:
         return vector
-    if length < _SUBNORMAL_RISK:
-        vector = list(struct.unpack(f"<{len(vector)}f", struct.pack(f"<{len(vector)}f", *vector)))
-        length = math.hypot(*vector)
-        if not length:
-            return vector
-    return [x / length for x in vector]
+    return unit_length(vector)
 
 
 def unpack_vector(packed: str | None) -> list[float] | None:
