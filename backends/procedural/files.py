@@ -8,8 +8,8 @@ Layout (chosen so `ls` of the repository reads like a knowledge base):
 
     shared/<key>.md              records of the `None` owner
     shared/_ids/<id>.md          ... and those without a key
-    owners/<owner>/<key>.md      records of a named owner (keys are unique per owner)
-    owners/<owner>/_ids/<id>.md
+    shared/_ids/_keys/<key>.md   ... and those whose key cannot be a path (encoded, as ids are)
+    owners/<owner>/...           the same for a named owner (keys are unique per owner)
 
 Owner names and ids are arbitrary strings, so they are percent-encoded into one
 safe path segment (injective: `%` itself is encoded). On a file system that folds
@@ -18,9 +18,12 @@ one directory. A repository created there records the `case-escaped` layout in
 `LAYOUT_FILE`, and its segments also write an upper-case letter as `!` and the
 letter (`Alice` -> `!alice`, as Go's module cache does), so no two fold together;
 repositories without that file keep the first layout byte for byte. Keys are chosen by
-callers to be readable paths, so they are *validated* rather than encoded: a key
-that could escape its owner's directory or clash with git's own files is
-refused with `StoreRejected` before anything is written.
+callers to be readable paths, so a key that is a safe relative path is its own
+file's path. A key that is not (`a//b`, `..`, `a\\b`, `.github/x`, `CON`: one that could
+escape its owner's directory, clash with git's own files or a reserved name) is
+percent-encoded, as an id is, into one file under `_ids/_keys/`: every key the
+protocol accepts can be stored, so a record can move here from any other tier, and
+keys that were paths before keep their files (decision 160).
 
 Access statistics (`access_count`, `accessed_at`) are deliberately not in the
 file: they change on every recall, and a procedure's diff should show only
@@ -43,6 +46,7 @@ from backends.store import StoreRejected
 SHARED_ROOT = "shared"
 OWNERS_ROOT = "owners"
 IDS_DIR = "_ids"
+KEYS_DIR = "_keys"  # under IDS_DIR, where an id's file never is (ids are files `<encoded>.md`, never folders)
 SUFFIX = ".md"
 # Committed at the root (so a clone reads paths as the repository that wrote them): the layout's name.
 LAYOUT_FILE = ".a2m-layout"
@@ -59,7 +63,6 @@ _SAFE = re.compile(r"[A-Za-z0-9._@+-]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Code points HFS+ ignores in a name, so `.g\u200cit` is `.git` on a Mac (git's is_hfs_dotgit skips them).
 _HFS_IGNORED = re.compile("[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]")
-MAX_KEY_LENGTH = 1024
 MAX_SEGMENT_BYTES = 240  # leaves room for ".md" under the usual 255-byte name limit
 
 
@@ -152,10 +155,11 @@ class Layout:
 
     def path_for(self, owner: str | None, key: str | None, record_id: str) -> str:
         root = self.owner_root(owner)
-        if key is not None:
-            validate_key(key)
+        if key is None:
+            return f"{root}/{IDS_DIR}/{encode_segment(record_id, escape_case=self.escape_case)}{SUFFIX}"
+        if key_is_path(key):
             return f"{root}/{key}{SUFFIX}"
-        return f"{root}/{IDS_DIR}/{encode_segment(record_id, escape_case=self.escape_case)}{SUFFIX}"
+        return f"{root}/{IDS_DIR}/{KEYS_DIR}/{encode_segment(key, escape_case=self.escape_case)}{SUFFIX}"
 
     def record_path(self, record: Record) -> str:
         return self.path_for(record.owner, record.key, record.id)
@@ -169,40 +173,31 @@ def _names_git_dir(segment: str) -> bool:
     return folded.startswith(".git") or folded.startswith("git~1")
 
 
-def validate_key(key: str) -> list[str]:
-    """The key's path segments, or `StoreRejected` naming why it cannot be a path."""
-    if not key:
-        raise StoreRejected("key must not be empty")
-    if len(key) > MAX_KEY_LENGTH:
-        raise StoreRejected(f"key is longer than {MAX_KEY_LENGTH} characters")
-    if "\\" in key:
-        raise StoreRejected("key must not contain a backslash (use / between segments)")
-    if _CONTROL.search(key):
-        raise StoreRejected("key must not contain NUL or control characters")
-    if key.startswith("/"):
-        raise StoreRejected("key must be relative (no leading /)")
+def key_is_path(key: str) -> bool:
+    """Whether `key` can be its own file's path: relative, inside its owner's folder, clear of git's
+    files, of names Windows reserves and of its own `.md` files. StoreRejected for a key no tier
+    stores, which only an in-process caller can send: one with NUL (the protocol refuses it; git
+    warns of a commit message holding it) or that is not valid Unicode (a lone surrogate)."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StoreRejected("key is not valid Unicode") from None
+    if "\x00" in key:
+        raise StoreRejected("key must not contain NUL")
+    if not key or "\\" in key or _CONTROL.search(key) or key.startswith("/"):
+        return False
     segments = key.split("/")
-    for position, segment in enumerate(segments):
-        if segment == "":
-            raise StoreRejected("key must not contain empty segments (// or a trailing /)")
-        if segment in (".", ".."):
-            raise StoreRejected("key must not contain . or .. segments")
-        if _names_git_dir(segment):
-            raise StoreRejected("key must not name git's own files (.git*, or git~1, its Windows short name)")
-        if position < len(segments) - 1 and segment.casefold().endswith(SUFFIX):
-            # `a` is the file a.md, so a directory a.md/ would clash with it.
-            raise StoreRejected(f"key segment {segment!r} must not end in {SUFFIX} before the last /")
-        if segment.split(".")[0].casefold() in _DEVICE_NAMES:
-            raise StoreRejected(f"key segment {segment!r} is a reserved file name")
-        try:
-            size = len(segment.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise StoreRejected("key is not valid Unicode") from None
-        if size > MAX_SEGMENT_BYTES:
-            raise StoreRejected(f"key segment is longer than {MAX_SEGMENT_BYTES} bytes")
     if segments[0] == IDS_DIR:
-        raise StoreRejected(f"key must not start with {IDS_DIR}/ (reserved for records without a key)")
-    return segments
+        return False
+    return all(
+        segment not in ("", ".", "..")
+        and not _names_git_dir(segment)
+        and segment.split(".")[0].casefold() not in _DEVICE_NAMES
+        and len(segment.encode("utf-8")) <= MAX_SEGMENT_BYTES
+        # `a` is the file a.md, so a folder a.md/ would clash with it
+        and (position == len(segments) - 1 or not segment.casefold().endswith(SUFFIX))
+        for position, segment in enumerate(segments)
+    )
 
 
 def path_for(owner: str | None, key: str | None, record_id: str) -> str:

@@ -11,9 +11,9 @@ Every answer is compared with `a2m.filters.matches` over the records held. Where
 ranking open (scores, their ties) only what is defined is compared.
 
 Every capability the tier's `describe` declares is exercised (session/list counts what the model
-holds). Keys are paths in the repository; the keys the tier refuses by design (files.validate_key:
-`..` segments, a backslash, `.git*`, reserved device names, over-long segments) must be refused with
--32602 and nothing of the batch written.
+holds). Keys are paths in the repository; a key that cannot be one (`..` segments, a backslash,
+`.git*`, reserved device names, over-long segments) is stored all the same, encoded (files.key_is_path),
+and a key past the protocol's 1,024 bytes is refused with -32602 and nothing of the batch written.
 
     SEEDS=1,2,3 CALLS=400 pytest tests/backends/test_procedural_parity.py
 """
@@ -43,10 +43,12 @@ IDS = ["r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "x/y", "..", ".", ".hidde
 # Keys are repository paths: these the tier must take (LIKE and glob metacharacters, dots, unicode, long)
 KEYS_OK = ["k/a", "k/a/x", "k", "a%b", "a_b", "a*b", "a?b", "[ab]", "é/ü", ".hidden", "k/.dot", "a..b", "...",
            "k/a.md", "a.md", "寿司/🍣", "A", "a", "k/a ", " k", "x" * 240, "L/" + "/".join(["😀" * 60] * 4),
-           "a'b\"c", "#c", "~", "-"]
-# ... and these it refuses by design (files.validate_key), with -32602
-KEYS_REFUSED = ["..", "k/../a", "a\\b", "/k", "k//a", "k/", ".git/x", ".gitignore", "_ids/x", "a.md/b", "nul.txt",
-                "x" * 241, "k/" + "x" * 1025, "a\tb",
+           "a'b\"c", "#c", "~", "-",
+           # ... and these, which cannot be paths, it stores encoded under _ids/_keys/ (files.key_is_path)
+           "..", "k/../a", "a\\b", "/k", "k//a", "k/", ".git/x", ".gitignore", "_ids/x", "a.md/b", "nul.txt",
+           "x" * 241, "a\tb", "CON", ".github/workflows/x"]
+# ... and these the protocol refuses (a key is at most 1,024 bytes), with -32602
+KEYS_REFUSED = ["k/" + "x" * 1025,
                 "L/" + "/".join(["😀" * 60] * 12)]  # every segment fits a file name, the whole is past 1,024 bytes
 PREFIXES = ["k/", "k/a", "", "a%", "a_", "a*", "[", ".", "é", "寿", "x", "K", "a", "L/😀", "..", "k/."]
 # Supplied creation times, interleaved with the server's clock (one second per call from 10:00:00)
@@ -211,6 +213,8 @@ class Model:
         """The protocol's remember over the model: the ids it answers, or the error code it must give."""
         owner = params.get("owner")
         raws = params["records"]
+        if any(r.get("key") in KEYS_REFUSED for r in raws):  # the protocol's checks come first
+            return -32602
         widths = {len(r["embedding"]) for r in raws if "embedding" in r}
         if widths and widths != {self.dims if self.dims is not None else next(iter(widths))}:
             return -32008
@@ -260,8 +264,6 @@ class Model:
             if key:
                 keyed[key] = rec
             out.append(rec["id"])
-        if any(r["key"] in KEYS_REFUSED for r in puts.values()):
-            return -32602
         if self.dims is None:
             self.dims = next((len(r["embedding"]) for r in puts.values() if r["embedding"] is not None), None)
         for rid in deletes:

@@ -165,6 +165,30 @@ async def test_a_refused_part_of_a_batch_leaves_nothing_written(stack: Stack) ->
 
 
 @pytest.mark.anyio
+async def test_a_key_that_cannot_be_a_file_path_moves_into_procedural(stack: Stack) -> None:
+    """Procedural refused keys that are not safe file paths (`.github/...`, a backslash, `a//b`), which
+    every other tier stores: such a record could never be promoted there (-32602, it stayed), and a
+    batch holding one for procedural was written to the other tiers, then taken back. It now stores
+    them encoded (decision 160): the promote moves the record, the batch writes every part."""
+    me = owner()
+    async with HTTPClient(stack.url) as router:
+        [moved] = (await router.call("memory/remember", {"owner": me, "records": [
+            {"key": ".github/workflows/deploy", "content": "how we deploy", "tier": "semantic"}]}))["ids"]
+        assert await router.call("memory/promote", {"owner": me, "ids": [moved], "tier": "procedural"}) == \
+            {"promoted": 1}
+        ids = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "a turn"}, {"key": "runbooks\\rollback", "content": "roll back", "tier": "procedural"},
+            {"key": "a//b", "content": "odd", "tier": "procedural"}]}))["ids"]
+        fetched = [(await router.call("memory/fetch", {"owner": me, "key": key}))["record"]
+                   for key in (".github/workflows/deploy", "runbooks\\rollback", "a//b")]
+    held = (await direct(stack, "procedural", "memory/timeline", {"owner": me}))["records"]
+    assert [(r["tier"], r["id"]) for r in fetched] == [("procedural", moved), ("procedural", ids[1]),
+                                                       ("procedural", ids[2])]
+    assert sorted(r["id"] for r in held) == sorted([moved, *ids[1:]])
+    assert (await placement(stack, me))["semantic"] == []
+
+
+@pytest.mark.anyio
 async def test_a_refused_batch_replacing_keys_in_two_tiers_replaces_neither(stack: Stack) -> None:
     """Keys replaced in two tiers: every tier's new records are written before any replacement, so
     a refusal of a new record in the second tier (an id another owner holds there) leaves the first
