@@ -29,6 +29,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import time
 import uuid
 from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
@@ -51,6 +52,9 @@ STATE_WAIT_S = 0.75
 # 10 ms, and a busy one (a fork, a slow script) stalls for tens to hundreds of ms; a call past this
 # fails, to be retried. A take under contention polls, each poll bounded so; the whole wait is WAIT_S.
 ANSWER_S = 1.0
+# How soon a renewal that failed (cut off at ANSWER_S, refused) is tried again, from when it began: a
+# stall over a renewal otherwise cost a third of the lease, and two in a row let it lapse while held.
+RETRY_S = ANSWER_S
 KEY_PREFIX = "a2m:owner-lock:"
 LINE = ":next"  # the suffix of a lock key's line: the token of the replica that takes the key next
 
@@ -229,7 +233,8 @@ def _turn_taking_lock() -> type:
 
 
 class _Lease:
-    """A held Redis lock, renewed every third of its lease until released."""
+    """A held Redis lock, renewed every third of its lease until released; a renewal that failed is
+    tried again RETRY_S after it began, while the lease may still be saved."""
 
     def __init__(self, lock: Any, lease: float, let_go: Callable[[], None]) -> None:
         self._lock = lock
@@ -237,10 +242,18 @@ class _Lease:
         self._renewing = asyncio.get_running_loop().create_task(self._renew(lease))
 
     async def _renew(self, lease: float) -> None:
+        """Renew every third of the lease. A renewal cut off by a stall of over ANSWER_S (a fork, a
+        slow script) was tried again only a third of the lease later: a second stall there let the
+        lease lapse while held, though the store had answered in between. A failed one is tried
+        again RETRY_S after it began until one goes through or the lease has run out (then every
+        third of it, to say a lapse once the store answers). Said once per outage, and its end."""
         from redis.exceptions import LockNotOwnedError, RedisError
 
+        renewed = time.monotonic()  # when the lease last began (a little after, for the first: the take)
+        pause, failed = lease / 3, 0
         while True:
-            await asyncio.sleep(lease / 3)
+            await asyncio.sleep(pause)
+            began = time.monotonic()
             try:
                 await self._lock.reacquire()
             except LockNotOwnedError:  # lapsed (or evicted): renewing cannot take it back, nor saying so again
@@ -248,8 +261,16 @@ class _Lease:
                           "records while this one does")
                 return
             except (RedisError, OSError) as exc:  # the lease may lapse: another replica could then move too
-                log.error("renewing an owner lock failed (%s): another router replica may take it in %g s",
-                          exc, lease)
+                failed += 1
+                left = renewed + lease - time.monotonic()
+                if failed == 1:
+                    log.error("renewing an owner lock failed (%s): tried again every %g s while its lease lasts; "
+                              "another router replica may take it in %.1f s", exc, RETRY_S, max(0.0, left))
+                pause = _retry_in(began, left, lease)
+                continue
+            if failed:
+                log.warning("renewed an owner lock after %d failed %s", failed, "try" if failed == 1 else "tries")
+            renewed, pause, failed = began, lease / 3, 0
 
     async def held(self) -> bool:
         """Whether the key is still this lease's: False once it lapsed (a pause past the lease, an
@@ -284,6 +305,15 @@ class _Lease:
             self._let_go()
             log.warning("releasing an owner lock failed (%s); it is let go in the background or lapses "
                         "within its lease", exc)
+
+
+def _retry_in(began: float, left: float, lease: float) -> float:
+    """How long to wait before a failed renewal that began at `began` is tried again, with `left`
+    seconds of the lease left: RETRY_S after it began (a try cut off at ANSWER_S goes again at once;
+    one refused at once waits), where that is sooner than the usual third of the lease and the lease
+    has not run out by then; else a third of the lease, as the renewals that went through."""
+    soon = max(0.0, began + RETRY_S - time.monotonic())
+    return soon if soon < lease / 3 and soon < left else lease / 3
 
 
 class OwnerLock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 from typing import AsyncIterator, Iterator
@@ -391,4 +392,79 @@ async def test_a_release_cut_off_by_a_stall_lets_go_once_the_store_answers_again
         finally:
             await a.close()
             await b.close()
+            await admin.aclose()
+
+
+async def test_a_renewal_cut_off_by_a_stall_is_tried_again_before_the_lease_runs_out(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Two stalls of over ANSWER_S, each over a renewal (forks, slow scripts): the renewal cut off at
+    the first was tried again only a third of the lease later, which the second cut off too, and
+    the lease lapsed while held, though the store had answered between the stalls. A failed renewal
+    is tried again ANSWER_S after it began. The lease is 6 s here (15 s in production), renewed
+    every 2 s; the key set at t=0 would lapse at t=6."""
+    import logging
+
+    import redis.asyncio as aioredis
+
+    with own_redis(tmp_path) as url:
+        a, b = SharedLocks(url, lease=6.0), SharedLocks(url, lease=6.0, wait=0.3)
+        admin = aioredis.from_url(url)
+        try:
+            with caplog.at_level(logging.WARNING, logger="a2m.router"):
+                started = time.monotonic()
+                held = await a.acquire("lena")
+
+                async def stall(at: float, seconds: float) -> None:
+                    await asyncio.sleep(at - (time.monotonic() - started))
+                    await admin.client_pause(int(seconds * 1000), all=True)
+
+                await stall(1.5, 2.0)  # over the renewal at t=2, cut off at t=3; tried again at t=3, renewed at 3.5
+                await stall(4.5, 2.5)  # over the next: at t=5 (cut off at t=6, the lapse) or at 5.5, again at 6.5
+                await asyncio.sleep(7.5 - (time.monotonic() - started))
+                assert await held.held()
+                with pytest.raises(A2MError, match="another router replica"):
+                    await b.acquire("lena")
+                assert await admin.pttl(a.key("lena")) > 3000
+                await held.release()
+            said = [r.getMessage() for r in caplog.records if "owner lock" in r.getMessage()]
+            assert len(said) == 4 and all(s.startswith("renewing an owner lock failed") for s in said[::2]), said
+            assert all(s.startswith("renewed an owner lock after") for s in said[1::2]), said  # once per outage
+        finally:
+            await a.close()
+            await b.close()
+            await admin.aclose()
+
+
+async def test_a_lock_store_gone_while_held_is_tried_about_once_a_second_and_said_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A failed renewal is tried again sooner, but not in a loop against a store that refuses at
+    once (shut down): about once a second while the lease may be saved, then every third of it, and
+    one line in the log for the outage. The lease is 4.5 s here, renewed every 1.5 s."""
+    import logging
+
+    import redis.asyncio as aioredis
+
+    with own_redis(tmp_path) as url:
+        shared, admin = SharedLocks(url, lease=4.5), aioredis.from_url(url)
+        try:
+            with caplog.at_level(logging.WARNING, logger="a2m.router"):
+                held = await shared.acquire("mona")
+                tries: list[float] = []
+                renew = held._lock.reacquire
+
+                async def counted() -> object:
+                    tries.append(time.monotonic())
+                    return await renew()
+
+                held._lock.reacquire = counted
+                await admin.shutdown(nosave=True)  # refused at once from now on
+                await asyncio.sleep(6.0)  # due: t=1.5, then again at 2.5, 3.5 (lease out at 4.5), 5.0 or 6.0
+                assert 4 <= len(tries) <= 5, [round(t - tries[0], 2) for t in tries]
+                assert all(b - a > 0.9 for a, b in zip(tries, tries[1:])), tries
+                await held.release()  # logged: the store is gone
+            said = [r.getMessage() for r in caplog.records if "renewing an owner lock" in r.getMessage()]
+            assert len(said) == 1, said
+            assert re.search(r"tried again every 1 s while its lease lasts; .* may take it in [23]\.\d s$", said[0])
+        finally:
+            await shared.close()
             await admin.aclose()
