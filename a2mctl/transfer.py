@@ -24,12 +24,16 @@ same way before the batch that holds a line is sent.
 A record without an id is given one before its first send (`_given_id`), so
 every batch may be sent twice without writing anything twice: a batch a router
 refuses because one of its tiers is down is sent again once the tier is back,
-within `--wait-for-tiers`, as export waits for a page. A tier that answers the
+within `--wait-for-tiers`, as export waits for a page. A batch holds one owner
+(a call's scope), so up to `WINDOW` batches' worth of lines is gathered by owner
+before the oldest must go (`_Window`): a file whose owners alternate goes in full
+batches, each owner's records in file order. A tier that answers the
 router something that is not an A2M reply is not down: it stops the import at
 once. Whatever stops an import (a refused batch, an endpoint gone, Ctrl-C) is
-said with the file lines that were written: a second run of the same file skips
-them (an existing id is an idempotent write); from a stream, records that had no
-id are written again, so the message says where to resume.
+said with the file lines that were written (a prefix, and any owner's records
+written past it): a second run of the same file skips them (an existing id is an
+idempotent write); from a stream, records that had no id are written again, so
+the message says where to resume.
 
 A router's rate limit (`-32006` with `data.retry_after`, router/rate.py) is
 waited out, not an error: a refused call did nothing, so it is sent again.
@@ -699,6 +703,7 @@ class _Window:
         self.front: deque[tuple[int, str | None]] = deque()  # (line, owner) of each record past the prefix
         self.answered: set[int] = set()  # of those, the lines written
         self.bytes = 0  # the JSON of the pending records
+        self.ids: dict[str, str | None] = {}  # the ids the file gave the pending records, each with its owner
 
     def add(self, number: int, record: dict[str, Any], prepared: dict[str, Any], made: bool, weight: int) -> None:
         owner = record.get("owner")
@@ -709,6 +714,7 @@ class _Window:
         bucket.bytes += weight
         if isinstance(record.get("id"), str):
             bucket.ids.add(record["id"])
+            self.ids.setdefault(record["id"], owner)
         self.bytes += weight
         self.front.append((number, owner))
 
@@ -716,10 +722,11 @@ class _Window:
         """The other owners' buckets to send, oldest first, before `record` joins its own: all of them
         where it may not pass them (a fresh id, unowned against named, an id one of them holds)."""
         owner, rid = record.get("owner"), record.get("id")
-        others = [b for o, b in self.buckets.items() if o != owner]
-        if (fresh or any((b.owner is None) != (owner is None) for b in others)
-                or (isinstance(rid, str) and any(rid in b.ids for b in others))):
-            return sorted(others, key=lambda b: b.lines[0])
+        unowned = None in self.buckets
+        crossed = unowned if owner is not None else len(self.buckets) > unowned  # unowned against named
+        held = isinstance(rid, str) and rid in self.ids and self.ids[rid] != owner
+        if fresh or crossed or held:
+            return sorted((b for o, b in self.buckets.items() if o != owner), key=lambda b: b.lines[0])
         return []
 
     def crowded(self, weight: int) -> _Bucket | None:
@@ -745,6 +752,9 @@ class _Window:
         """`bucket` is being sent: it is no longer pending."""
         del self.buckets[bucket.owner]
         self.bytes -= bucket.bytes
+        for rid in bucket.ids:
+            if self.ids.get(rid) == bucket.owner:
+                del self.ids[rid]
 
     def written(self, bucket: _Bucket) -> None:
         """`bucket` was answered: the prefix grows over every line now written, the rest is ahead."""
