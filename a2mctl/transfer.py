@@ -24,12 +24,16 @@ same way before the batch that holds a line is sent.
 A record without an id is given one before its first send (`_given_id`), so
 every batch may be sent twice without writing anything twice: a batch a router
 refuses because one of its tiers is down is sent again once the tier is back,
-within `--wait-for-tiers`, as export waits for a page. A tier that answers the
+within `--wait-for-tiers`, as export waits for a page. A batch holds one owner
+(a call's scope), so up to `WINDOW` batches' worth of lines is gathered by owner
+before the oldest must go (`_Window`): a file whose owners alternate goes in full
+batches, each owner's records in file order. A tier that answers the
 router something that is not an A2M reply is not down: it stops the import at
 once. Whatever stops an import (a refused batch, an endpoint gone, Ctrl-C) is
-said with the file lines that were written: a second run of the same file skips
-them (an existing id is an idempotent write); from a stream, records that had no
-id are written again, so the message says where to resume.
+said with the file lines that were written (a prefix, and any owner's records
+written past it): a second run of the same file skips them (an existing id is an
+idempotent write); from a stream, records that had no id are written again, so
+the message says where to resume.
 
 A router's rate limit (`-32006` with `data.retry_after`, router/rate.py) is
 waited out, not an error: a refused call did nothing, so it is sent again.
@@ -48,6 +52,7 @@ import stat
 import sys
 import tempfile
 import uuid
+from collections import deque
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import IO, AbstractSet, Any, AsyncIterator, Iterator, Sequence
@@ -69,6 +74,10 @@ CATCH_UP_PASSES = 5
 # this before the pass began (`_newest`), so it re-reads at most these seconds of writes unchanged.
 CLOCK_SKEW = 10.0
 BATCH_BYTES = 8 * 1024 * 1024  # JSON per import call: half the 16 MiB any server here takes at its front door
+# An import holds up to this many batches' worth of records (by count and by JSON) past the last line
+# written, each owner's in a batch of its own (`_Window`): a file whose owners alternate line by line is
+# sent in full batches, not one record per call.
+WINDOW = 4
 WIRE_FIELDS = ("id", "content", "created_at", "role", "metadata", "group", "tier", "salience", "access_count",
                "accessed_at", "owner", "session", "key", "revision", "uri", "media_type")
 
@@ -598,42 +607,172 @@ def _at(file: str, lines: list[int]) -> str:
     return f"{file}:{lines[0]}" if lines[0] == lines[-1] else f"{file}:{lines[0]}-{lines[-1]}"
 
 
+def _this_batch(batch: str, lines: list[int]) -> str:
+    """"this batch", naming its owner's records where other owners' lie among its lines."""
+    return "this batch" if batch == _span(lines[0], lines[-1]) else f"this batch ({batch})"
+
+
+def _owner_said(owner: str | None) -> str:
+    return "no owner" if owner is None else repr(owner)
+
+
 class _Written:
-    """How far an import got, said by file line: what a second run skips, or where it should start."""
+    """How far an import got, said by file line: what a second run skips, or where it should start.
+    Every line up to `through` is written; past it, only the records in `ahead` (`_Window`)."""
 
     def __init__(self, file: str, url: str) -> None:
         self.file, self.url = file, url
         self.records = 0  # records in batches the endpoint answered
-        self.through = 0  # the file line of the last of them
+        self.through = 0  # the last file line of the written prefix: every record up to it was answered
+        self.ahead: list[tuple[int, str | None]] = []  # (line, owner) of each answered record past `through`
         self.without_id = 0  # of them, those given a fresh id (read from a stream): a second import writes them again
         self.in_flight: tuple[int, int] | None = None  # a batch sent and not answered: written or not
+        self.in_flight_said: str | None = None  # that batch, where other owners' records lie among its lines
 
     def __str__(self) -> str:
         if not self.records and self.in_flight is None:
             return "nothing was written"
         said = []
-        if self.records:
-            said.append(f"{_span(1, self.through)} ({self.records} record{'' if self.records == 1 else 's'}) "
-                        "were written")
+        prefix = self.records - len(self.ahead)
+        if prefix:
+            said.append(f"{_span(1, self.through)} ({prefix} record{'' if prefix == 1 else 's'}) were written")
+        if self.ahead:
+            others = _ahead_said(self.ahead)
+            said.append(f"so were {others}" if prefix else f"{others} were written")
         after = self.through + 1
         if self.in_flight is not None:
-            said.append(f"the batch of {_span(*self.in_flight)} was being written and may have been")
-            after = self.in_flight[1] + 1
-        said[-1] += f", line {after} and after were not"
+            said.append(f"the batch of {self.in_flight_said or _span(*self.in_flight)} was being written and may "
+                        "have been")
+        if self.ahead or self.in_flight_said:  # other owners' records among them were not written
+            said.append(f"no other record from line {after} on was")
+        else:
+            if self.in_flight is not None:
+                after = self.in_flight[1] + 1
+            said[-1] += f", line {after} and after were not"
         if not self.without_id:
             said.append("importing the file again skips them (by id)")
         else:
-            resume = self.in_flight[0] if self.in_flight is not None else self.through + 1
+            scattered = self.ahead or self.in_flight_said or self.in_flight is None
+            resume = self.through + 1 if scattered else self.in_flight[0]  # type: ignore[index]
             how = f" (tail -n +{resume} {shlex.quote(self.file)} | a2m import {self.url} -)" if self.file != "-" else ""
             said.append(f"{self.without_id} of the records written have no id, so importing the file again "
                         f"would write those twice: import from line {resume} on{how}")
         return "; ".join(said)
 
 
-def _refused(file: str, lines: list[int], records: list[dict[str, Any]], exc: Any) -> str:
+def _ahead_said(ahead: list[tuple[int, str | None]]) -> str:
+    """The records written past the prefix, by owner: "the 3 records of 'bob' among lines 4-8"."""
+    owners: dict[str | None, list[int]] = {}
+    for line, owner in ahead:
+        owners.setdefault(owner, []).append(line)
+    parts = [f"the {len(lines)} record{'' if len(lines) == 1 else 's'} of {_owner_said(owner)} among "
+             f"{_span(lines[0], lines[-1])}" for owner, lines in list(owners.items())[:3]]
+    if len(owners) > 3:
+        rest = [line for lines in list(owners.values())[3:] for line in lines]
+        parts.append(f"{len(rest)} records of {len(owners) - 3} other owners among {_span(min(rest), max(rest))}")
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+
+
+class _Bucket:
+    """One owner's records read and not sent, in file order: that owner's next batch."""
+
+    def __init__(self, owner: str | None) -> None:
+        self.owner = owner
+        self.records: list[dict[str, Any]] = []
+        self.lines: list[int] = []  # the file line of each
+        self.given: list[bool] = []  # whether each record's id is one `_given_id` made
+        self.ids: set[str] = set()  # the ids the file gave them
+        self.bytes = 0  # their JSON (a request over the endpoint's body limit is refused, 413)
+
+
+class _Window:
+    """The records an import has read past its written prefix: pending, one bucket per owner, or
+    written ahead of a line still pending. A batch holds one owner (`owner` is a call's scope), so a
+    file whose owners alternate was sent a record per call; grouped here, each owner's records go in
+    full batches, in file order, and the oldest pending bucket is sent whenever the window holds
+    WINDOW batches' worth (memory stays bounded, and so does how far past the prefix anything lies).
+
+    What may not be reordered is not: one owner's records (a key written twice lands in file order);
+    the unowned records against named ones (under a bearer token both are the principal's); an id
+    repeated under two owners; and, from a stream, a record given a fresh id, sent only once every
+    line before it is, so a rerun from the first unwritten line writes nothing twice (`_Written`)."""
+
+    def __init__(self, size: int, done: _Written) -> None:
+        self.size, self.done = size, done
+        self.buckets: dict[str | None, _Bucket] = {}
+        self.front: deque[tuple[int, str | None]] = deque()  # (line, owner) of each record past the prefix
+        self.answered: set[int] = set()  # of those, the lines written
+        self.bytes = 0  # the JSON of the pending records
+        self.ids: dict[str, str | None] = {}  # the ids the file gave the pending records, each with its owner
+
+    def add(self, number: int, record: dict[str, Any], prepared: dict[str, Any], made: bool, weight: int) -> None:
+        owner = record.get("owner")
+        bucket = self.buckets.setdefault(owner, _Bucket(owner))
+        bucket.records.append(prepared)
+        bucket.lines.append(number)
+        bucket.given.append(made)
+        bucket.bytes += weight
+        if isinstance(record.get("id"), str):
+            bucket.ids.add(record["id"])
+            self.ids.setdefault(record["id"], owner)
+        self.bytes += weight
+        self.front.append((number, owner))
+
+    def before(self, record: dict[str, Any], fresh: bool) -> list[_Bucket]:
+        """The other owners' buckets to send, oldest first, before `record` joins its own: all of them
+        where it may not pass them (a fresh id, unowned against named, an id one of them holds)."""
+        owner, rid = record.get("owner"), record.get("id")
+        unowned = None in self.buckets
+        crossed = unowned if owner is not None else len(self.buckets) > unowned  # unowned against named
+        held = isinstance(rid, str) and rid in self.ids and self.ids[rid] != owner
+        if fresh or crossed or held:
+            return sorted((b for o, b in self.buckets.items() if o != owner), key=lambda b: b.lines[0])
+        return []
+
+    def crowded(self, weight: int) -> _Bucket | None:
+        """The bucket holding the oldest pending line while the window is full (None: room for one more)."""
+        full = len(self.front) >= self.size * WINDOW or self.bytes + weight > WINDOW * BATCH_BYTES
+        return self.oldest() if full else None
+
+    def oldest(self) -> _Bucket | None:
+        """The bucket holding the oldest pending line (the prefix's next), None when none is pending."""
+        return self.buckets[self.front[0][1]] if self.front else None
+
+    def said(self, bucket: _Bucket) -> str:
+        """A batch as messages name it: its span of lines, or, where other owners' records lie among
+        them, its owner's records among them."""
+        first, last = bucket.lines[0], bucket.lines[-1]
+        if sum(1 for line, _ in self.front if first <= line <= last) == len(bucket.lines):
+            return _span(first, last)
+        count = len(bucket.lines)
+        records = f"{count} record{'' if count == 1 else 's'}"
+        return f"the {records} of {_owner_said(bucket.owner)} among {_span(first, last)}"
+
+    def take(self, bucket: _Bucket) -> None:
+        """`bucket` is being sent: it is no longer pending."""
+        del self.buckets[bucket.owner]
+        self.bytes -= bucket.bytes
+        for rid in bucket.ids:
+            if self.ids.get(rid) == bucket.owner:
+                del self.ids[rid]
+
+    def written(self, bucket: _Bucket) -> None:
+        """`bucket` was answered: the prefix grows over every line now written, the rest is ahead."""
+        self.answered.update(bucket.lines)
+        while self.front and self.front[0][0] in self.answered:
+            line, _ = self.front.popleft()
+            self.answered.discard(line)
+            self.done.through = line
+        self.done.ahead = [(line, owner) for line, owner in self.front if line in self.answered]
+
+
+def _refused(file: str, lines: list[int], records: list[dict[str, Any]], exc: Any, batch: str | None = None) -> str:
     """The server's refusal of a batch, pointed at the file line of the record it names (for a vector
-    of the wrong width, which -32008 names by width only, the first record of another width)."""
+    of the wrong width, which -32008 names by width only, the first record of another width); `batch`,
+    the batch as `_Window.said` names it (its span of lines, where it holds every record of them)."""
     from a2m import errors
+
+    batch = batch or _span(lines[0], lines[-1])
 
     index = exc.data.get("index") if isinstance(exc.data, dict) else None
     named = re.match(r"records\[(\d+)\]\.?", exc.message)  # what any server's message says, failing data
@@ -645,12 +784,12 @@ def _refused(file: str, lines: list[int], records: list[dict[str, Any]], exc: An
             vector = record.get("embedding")
             if isinstance(vector, list) and len(vector) != expected:
                 return (f"{file}:{lines[i]}: its embedding has {len(vector)} dimensions, {exc.message}: "
-                        f"{_OTHER_EMBEDDER}; its batch ({_span(lines[0], lines[-1])}) was not written")
+                        f"{_OTHER_EMBEDDER}; its batch ({batch}) was not written")
     if isinstance(index, int) and 0 <= index < len(lines):
         message = re.sub(rf"^records\[{index}\](\.|:\s*)?", "", exc.message)  # the line says which record
-        return f"{file}:{lines[index]}: {message}; its batch ({_span(lines[0], lines[-1])}) was not written"
+        return f"{file}:{lines[index]}: {message}; its batch ({batch}) was not written"
     said = _scope_problem(exc, "the records belong to {!r}") or exc.message
-    return f"{_at(file, lines)}: {said}; this batch was not written"
+    return f"{_at(file, lines)}: {said}; {_this_batch(batch, lines)} was not written"
 
 
 def _given_id_held(exc: Any, given: list[bool]) -> int | None:
@@ -802,29 +941,25 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
             with progress if not quiet else contextlib.nullcontext():
                 task = None if quiet else progress.add_task(f"import into {described.get('name') or url}",
                                                             total=total)
-                pending: list[dict[str, Any]] = []
-                lines: list[int] = []  # the file line of each pending record
-                given: list[bool] = []  # whether each pending record's id is one `_given_id` made
-                batch_ids: set[str] = set()
-                owner: str | None = None
+                window = _Window(size, done)
 
-                pending_bytes = 0  # their JSON (a request over the endpoint's body limit is refused, 413)
-
-                async def flush() -> None:
-                    nonlocal kept, pending_bytes
-                    if not pending:
-                        return
-                    params: dict[str, Any] = {"records": pending}
-                    if owner is not None:
-                        params["owner"] = owner
+                async def send(bucket: _Bucket) -> None:
+                    nonlocal kept
+                    params: dict[str, Any] = {"records": bucket.records}
+                    if bucket.owner is not None:
+                        params["owner"] = bucket.owner
+                    lines, given = bucket.lines, bucket.given
+                    said = window.said(bucket)
+                    window.take(bucket)
                     done.in_flight = (lines[0], lines[-1])
+                    done.in_flight_said = None if said == _span(lines[0], lines[-1]) else said
                     waits = paging.waits_within(tier_wait)  # every record has an id: a resend is idempotent
                     try:
-                        ids = await _remember(client, params, waits, _span(lines[0], lines[-1]))
+                        ids = await _remember(client, params, waits, said)
                     except Unavailable:
                         raise  # no answer: the batch may have been written (done.in_flight says which)
                     except A2MError as exc:
-                        done.in_flight = None  # refused: a batch is written whole or not at all
+                        done.in_flight = done.in_flight_said = None  # refused: a batch is written whole or not
                         down = _tier_down(exc)
                         if down:
                             raise TransferError(f"tier {down} did not come back within {tier_wait:g} s; "
@@ -836,29 +971,24 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                                 "the file and the line: importing the file again skips it) is another owner's: "
                                 "the file was imported under another principal's token; to write its records "
                                 f"for this one too, import it from standard input (a2m import {url} - < "
-                                f"{shlex.quote(file)}), which gives fresh ids; its batch "
-                                f"({_span(lines[0], lines[-1])}) was not written") from None
+                                f"{shlex.quote(file)}), which gives fresh ids; its batch ({said}) was not "
+                                "written") from None
                         wrong = _malformed_tier(exc)
                         if wrong:  # up, and answering what waiting does not mend: said now, not in 30 s
                             raise TransferError(
                                 f"{_at(file, lines)}: tier {wrong} answered the router's memory/remember with a "
                                 "malformed reply (the router's log has it): fix that tier's server, then import "
-                                "again; this batch was not written") from None
-                        raise TransferError(_refused(file, lines, pending, exc)) from None
-                    done.in_flight = None
-                    done.records += len(pending)
-                    done.through = lines[-1]
+                                f"again; {_this_batch(said, lines)} was not written") from None
+                        raise TransferError(_refused(file, lines, bucket.records, exc, said)) from None
+                    done.in_flight = done.in_flight_said = None
+                    done.records += len(bucket.records)
+                    window.written(bucket)
                     if digest is None:  # from a stream: those ids were fresh, a rerun writes them again
                         done.without_id += sum(given)
                     # A given id answered with another is a key replaced in place (its id kept), not kept
-                    kept += sum(1 for r, i, g in zip(pending, ids, given) if not g and r["id"] != i)
+                    kept += sum(1 for r, i, g in zip(bucket.records, ids, given) if not g and r["id"] != i)
                     if not quiet:
-                        progress.advance(task, len(pending))
-                    pending.clear()
-                    lines.clear()
-                    given.clear()
-                    batch_ids.clear()
-                    pending_bytes = 0
+                        progress.advance(task, len(bucket.records))
 
                 for number, record in _read_lines(file, check=total is None):
                     if total is None:  # read once: its widths are checked as they come, before their batch
@@ -866,25 +996,27 @@ async def import_(url: str, file: str, token: str | None = None, batch: int = 50
                         problem = widths.problem(dimensions, url)
                         if problem:
                             raise TransferError(problem)
-                    # An id seen again (a record the export caught in two tiers, mid-move) starts a
-                    # new batch: one batch may not put an id in two tiers, while a later batch finds
-                    # it written and keeps it (an existing id is an idempotent write).
                     prepared = _prepare(record, tiers, keep_tier)
                     made = "id" not in prepared  # none, or null
                     if made:
                         prepared["id"] = _given_id(digest, number, record.get("owner"))
                     weight = len(orjson.dumps(prepared)) + 1
-                    if (record.get("owner") != owner or len(pending) >= size or record.get("id") in batch_ids
-                            or pending_bytes + weight > BATCH_BYTES):
-                        await flush()
-                        owner = record.get("owner")
-                    pending.append(prepared)
-                    pending_bytes += weight
-                    lines.append(number)
-                    given.append(made)
-                    if isinstance(record.get("id"), str):
-                        batch_ids.add(record["id"])
-                await flush()
+                    # A fresh id (from a stream) is sent only once every line before it is: a rerun from
+                    # the first unwritten line then writes no record twice (`_Window`).
+                    for bucket in window.before(record, fresh=made and digest is None):
+                        await send(bucket)
+                    bucket = window.buckets.get(record.get("owner"))
+                    # An id seen again (a record the export caught in two tiers, mid-move) starts a
+                    # new batch: one batch may not put an id in two tiers, while a later batch finds
+                    # it written and keeps it (an existing id is an idempotent write).
+                    if bucket is not None and (len(bucket.records) >= size or record.get("id") in bucket.ids
+                                               or bucket.bytes + weight > BATCH_BYTES):
+                        await send(bucket)
+                    while (oldest := window.crowded(weight)) is not None:
+                        await send(oldest)
+                    window.add(number, record, prepared, made, weight)
+                while (oldest := window.oldest()) is not None:
+                    await send(oldest)
     except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task, then raises KeyboardInterrupt
         print(f"a2m import: interrupted; {done}", file=sys.stderr)
         raise
