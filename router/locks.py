@@ -19,8 +19,11 @@ other's holds.
 Replicas take turns (`TAKE_IN_TURN`): a replica whose callers queue for one
 owner took the key back within a fraction of a millisecond of letting it go,
 while another replica polls every 10 ms, so the other's calls could wait out
-`WAIT_S` and fail. The first replica kept waiting is now marked next in line,
-and no other replica takes the key before it.
+`WAIT_S` and fail. Waiting replicas queue, first come first served: each poll
+keeps a replica's place (a sorted set by arrival, on the lock store's clock),
+and only the first in the queue takes the key. One replica in line was not
+enough: with three or more, the one that had just let go lined up again the
+moment the next took the key, and the others drew lots for each turn.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ T = TypeVar("T")
 LEASE_S = 15.0  # how long a held key outlives a replica that stopped renewing it (killed, frozen)
 WAIT_S = 60.0  # how long a call waits for another replica's hold before it fails, to be retried
 POLL_S = 0.01  # how often a waiting replica tries the key again
-LINE_MS = 250  # how long a place in line outlives a waiter that stopped polling (25 polls)
+LINE_MS = 250  # how long a place in the queue outlives a waiter that stopped polling (25 polls)
 # How long `state` waits for the lock store: describe, /readyz and the router's start ask it, and a
 # Redis that accepts connections and never answers held each for the client's 5 s socket timeout.
 STATE_WAIT_S = 0.75
@@ -56,28 +59,60 @@ ANSWER_S = 1.0
 # stall over a renewal otherwise cost a third of the lease, and two in a row let it lapse while held.
 RETRY_S = ANSWER_S
 KEY_PREFIX = "a2m:owner-lock:"
-LINE = ":next"  # the suffix of a lock key's line: the token of the replica that takes the key next
+# The suffixes of a lock key's line. `:next` is the previous version's line, one token: the replica
+# that takes the key next. Kept so that replicas of both versions take turns during a rolling update:
+# the first in the queue stands in it, and a replica of either waits while it names another.
+LINE = ":next"
+QUEUE = ":queue"  # the waiters' tokens by arrival (ms on the lock store's clock)
+ALIVE = ":alive"  # the waiters' tokens by their last poll (ms): a place unpolled for LINE_MS is dropped
 
-# KEYS: the lock, its line. ARGV: this caller's token, the lease (ms), a place in line's life (ms).
-# The key is taken when free and nobody else is next in line; a caller that cannot take it lines up
-# when nobody is in line, or keeps its place.
+# KEYS: the lock, `:next`, the queue, its liveness. ARGV: this caller's token, the lease (ms), a
+# place's life (ms). One script per poll. Every take is SET NX, here as in every version before, so
+# one holder at a time whatever else each version's line does. TIME before writes needs the
+# script's effects replicated, Redis 5's default (the project's oldest is 6.2).
 TAKE_IN_TURN = """
+local me, life = ARGV[1], tonumber(ARGV[3])
+local clock = redis.call('TIME')
+local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+-- Waiters whose polls stopped (killed, frozen, gone without a word) lose their place.
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - life)) do
+  redis.call('ZREM', KEYS[3], gone)
+  redis.call('ZREM', KEYS[4], gone)
+end
+local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 local next = redis.call('GET', KEYS[2])
-if next and next ~= ARGV[1] then return 0 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local mine = (not first or first == me) and (not next or next == me)
+-- First in the queue (or none queued), and no other in `:next`: take the key when free.
+if mine and redis.call('SET', KEYS[1], me, 'NX', 'PX', ARGV[2]) then
+  redis.call('ZREM', KEYS[3], me)
+  redis.call('ZREM', KEYS[4], me)
   if next then redis.call('DEL', KEYS[2]) end
   return 1
 end
-redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
+-- Keep my place (its arrival set once), or take the last one; the queue lapses with its waiters.
+redis.call('ZADD', KEYS[3], 'NX', now, me)
+redis.call('ZADD', KEYS[4], now, me)
+redis.call('PEXPIRE', KEYS[3], life)
+redis.call('PEXPIRE', KEYS[4], life)
+-- The first stands in `:next` too, where the previous version's replicas wait for it.
+if mine then redis.call('SET', KEYS[2], me, 'PX', life) end
 return 0
 """
-# KEYS: the lock, its line. ARGV: a token. What a caller that gave up waiting may hold is let go.
+# KEYS: the lock, `:next`, the queue, its liveness. ARGV: a token. What a caller that gave up waiting
+# may hold is let go: the key, `:next`, its place in the queue.
 GIVE_UP = """
-for _, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[1] then redis.call('DEL', key) end
+for i = 1, 2 do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('DEL', KEYS[i]) end
 end
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
 return 0
 """
+
+
+def line_keys(name: str) -> list[str]:
+    """A lock key and its line's (`TAKE_IN_TURN`'s and `GIVE_UP`'s KEYS)."""
+    return [name, name + LINE, name + QUEUE, name + ALIVE]
 
 
 class LockFailed(A2MError):
@@ -141,7 +176,7 @@ class SharedLocks:
             held = await lock.acquire(token=token)
         except BaseException as exc:
             # A SET sent, its answer lost (cancelled, timed out) may hold the key for the whole lease,
-            # and a place in line holds the key back from other replicas: both are let go.
+            # and a place in the line holds the key back from other replicas: both are let go.
             self._let_go(lock.name, token)
             if isinstance(exc, (RedisError, OSError)):
                 raise unavailable(exc) from exc
@@ -153,13 +188,13 @@ class SharedLocks:
         return _Lease(lock, self.lease, functools.partial(self._let_go, lock.name, token))
 
     def _let_go(self, name: str, token: str) -> None:
-        """Release what `token` may hold of `name` (the key, a place in line), in the background:
+        """Release what `token` may hold of `name` (the key, a place in its line), in the background:
         a cancelled caller must not wait on the store, which may be what failed."""
         async def give_up() -> None:
             from redis.exceptions import RedisError
 
             try:
-                await self._give_up(keys=[name, name + LINE], args=[token])
+                await self._give_up(keys=line_keys(name), args=[token])
             except (RedisError, OSError) as exc:  # both lapse by themselves
                 log.info("letting go of an owner lock not taken failed (%s); it lapses within its lease", exc)
 
@@ -209,7 +244,7 @@ async def answered(call: Awaitable[T], within: float = ANSWER_S) -> T:
 @functools.cache
 def _turn_taking_lock() -> type:
     """redis-py's Lock (its lease, renewal and token-checked release) whose take lets the replica
-    first in line go first (TAKE_IN_TURN), each of its commands bounded (`answered`). Made on first
+    first in the queue go first (TAKE_IN_TURN), each of its commands bounded (`answered`). Made on first
     use: a router without `lock_url` does not import redis (0.1 s of its start)."""
     from redis.asyncio.lock import Lock
 
@@ -217,7 +252,7 @@ def _turn_taking_lock() -> type:
         take: Any  # the registered TAKE_IN_TURN script
 
         async def do_acquire(self, token: str | bytes) -> bool:
-            return bool(await answered(self.take(keys=[self.name, self.name + LINE],
+            return bool(await answered(self.take(keys=line_keys(self.name),
                                                  args=[token, int(self.timeout * 1000), LINE_MS])))
 
         async def do_reacquire(self) -> Any:

@@ -468,3 +468,136 @@ async def test_a_lock_store_gone_while_held_is_tried_about_once_a_second_and_sai
         finally:
             await shared.close()
             await admin.aclose()
+
+
+async def contend(shared: list[SharedLocks], owner: str, rounds: int, hold: float) -> list[tuple[int, float, float]]:
+    """Each replica in `shared` takes `owner` `rounds` times, again as soon as it let go, holding it
+    `hold` s, and never two at once: each hold's (replica, arrived, took), in the order they began."""
+    holds: list[tuple[int, float, float]] = []
+    inside: list[int] = []
+
+    async def take_turns(me: int) -> None:
+        lock = OwnerLock(owner, shared[me])
+        for _ in range(rounds):
+            arrived = time.monotonic()
+            async with lock:
+                holds.append((me, arrived, time.monotonic()))
+                inside.append(me)
+                assert inside == [me], inside  # one holder at a time
+                await asyncio.sleep(hold)
+                inside.remove(me)
+
+    try:
+        done = await asyncio.gather(*(take_turns(i) for i in range(len(shared))), return_exceptions=True)
+    finally:
+        for one in shared:
+            await one.close()
+    assert not [e for e in done if e is not None], done  # none waited out its wait, none held with another
+    assert len(holds) == len(shared) * rounds
+    return holds
+
+
+def worst_waits(holds: list[tuple[int, float, float]]) -> dict[int, tuple[int, float]]:
+    """Each replica's most holds by others between its arrival and its own hold, and longest wait (s)."""
+    worst: dict[int, tuple[int, float]] = {}
+    for me, arrived, took in holds:
+        passed = sum(1 for other, _, t in holds if other != me and arrived < t < took)
+        most, longest = worst.get(me, (0, 0.0))
+        worst[me] = (max(most, passed), round(max(longest, took - arrived), 3))
+    return worst
+
+
+async def test_four_replicas_contending_for_one_owner_each_wait_about_three_holds_at_most(redis_url: str) -> None:
+    """Four replicas each take one owner again as soon as they let it go, for a short hold each. With
+    one replica in line (`:next`), the one that had just let go lined up again the moment the next
+    took the key, so the other two drew lots for each turn: one could be passed over until its 60 s
+    wait ran out. Now the first come is served first: between a replica's arrival and its hold, the
+    others hold at most once each, and none waits out its wait (1 s here; 2 s of holds in all)."""
+    replicas = 4
+    started = time.monotonic()
+    holds = await contend([SharedLocks(redis_url, wait=1.0) for _ in range(replicas)], "olga", 20, 0.02)
+    took = time.monotonic() - started
+    worst = worst_waits(holds)
+    assert all(passed <= replicas - 1 for passed, _ in worst.values()), worst
+    assert took < 8.0, took
+
+
+async def test_a_replica_killed_while_it_waits_holds_up_the_queue_no_longer_than_a_place_lasts(
+        redis_url: str) -> None:
+    """A replica killed while first in the queue (no give-up sent) keeps its place only while its
+    polls would keep it, LINE_MS: the waiter behind it, whose own polls keep the queue alive, takes
+    the owner once the holder lets go and that place lapses, not after its whole wait."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import redis.asyncio as aioredis
+
+    from router.locks import LINE_MS, QUEUE
+
+    holder, behind = SharedLocks(redis_url), SharedLocks(redis_url, wait=1.0)
+    admin = aioredis.from_url(redis_url)
+    queue = holder.key("pia") + QUEUE
+
+    async def queued(n: int) -> None:
+        for _ in range(500):
+            if await admin.zcard(queue) == n:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{n} waiters never queued")
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import asyncio, sys\nfrom router.locks import SharedLocks\n"
+        "asyncio.run(SharedLocks(sys.argv[1], wait=30.0).acquire('pia'))"), redis_url],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        held = await holder.acquire("pia")
+        await queued(1)  # the child, first in the queue
+        waiting = asyncio.ensure_future(behind.acquire("pia"))
+        await queued(2)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        killed = time.monotonic()
+        await held.release()
+        await (await waiting).release()  # within its 1 s wait
+        assert time.monotonic() - killed < LINE_MS / 1000 + 0.25
+    finally:
+        child.kill()
+        child.wait()
+        await holder.close()
+        await behind.close()
+        await admin.aclose()
+
+
+# The previous version's take (decision 156 before the queue), as its replicas run it during a
+# rolling update: one token in `:next`, the key by SET NX.
+PREVIOUS_TAKE = """
+local next = redis.call('GET', KEYS[2])
+if next and next ~= ARGV[1] then return 0 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if next then redis.call('DEL', KEYS[2]) end
+  return 1
+end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
+return 0
+"""
+
+
+async def test_replicas_of_the_previous_version_and_this_one_never_hold_an_owner_at_once(redis_url: str) -> None:
+    """During a rolling update, replicas of both versions take the same keys: two of each take one
+    owner in turn, and no two hold it at once (each take is SET NX, whichever script)."""
+    shared = [SharedLocks(redis_url, wait=3.0) for _ in range(4)]
+    for old in shared[:2]:
+        old._take = old.redis.register_script(PREVIOUS_TAKE)
+    await contend(shared, "quinn", 10, 0.02)
+
+
+async def test_a_replica_of_the_previous_version_takes_turns_with_this_ones(redis_url: str) -> None:
+    """The previous version's replica took the key back at once on letting it go, unless `:next`
+    named another: the first in the queue stands in it, so the two versions alternate rather than
+    the new one waiting out the old one's queue of callers."""
+    shared = [SharedLocks(redis_url, wait=3.0) for _ in range(2)]
+    shared[0]._take = shared[0].redis.register_script(PREVIOUS_TAKE)
+    worst = worst_waits(await contend(shared, "rosa", 15, 0.02))
+    assert all(passed <= 1 for passed, _ in worst.values()), worst
