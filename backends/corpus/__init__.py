@@ -37,5 +37,9 @@ def make_store(settings: TierSettings) -> Store:
 
         spec = CollectionSpec.from_options(settings.options)
         return CollectionStore(spec, url=url) if url.startswith("http") else CollectionStore(spec, path=url)
+    if url and "://" not in url and "=" not in url:  # a local collection's folder, meant
+        found = "a file, not a directory" if Path(url).exists() else "no such directory"
+        raise SystemExit(f"a2m serve corpus: --url {url!r}: {found} (a qdrant-client local collection is "
+                         "mounted by its folder, the path given as QdrantClient(path=...))")
     raise SystemExit("a2m serve corpus needs --url: postgresql://... (a table), http://host:6333 (a Qdrant "
                      f"collection) or the directory of a qdrant-client local collection; got {url or 'none'!r}")

@@ -657,8 +657,15 @@ class TableStore(ReadOnlyStore):
             self._pool = None
 
     async def ping(self) -> None:
-        """Ready while the table answers (not merely the server): a dropped or renamed table is not."""
-        await self._query(sql.SQL("SELECT 1 FROM {} LIMIT 0").format(self._table()), ())
+        """Ready while the table answers as mounted (not merely the server): a dropped or renamed table
+        is not, nor one that lost a column a read names (every read would fail). `LIMIT 0` reads no row."""
+        where, args = self._rows()
+        columns = [self._columns(with_embeddings=True)]
+        columns += [sql.Identifier(self._tsvector_column)] if self._tsvector_column else []  # text recall's
+        query = sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(columns), self._table())
+        if where:
+            query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(where))
+        await self._query(sql.SQL("{} LIMIT 0").format(query), args)
 
     # ---- helpers ---------------------------------------------------------------
 

@@ -227,6 +227,16 @@ def _any_of(key: str, expected: Any) -> Any | None:
     return m.Filter(should=either) if either else m.HasIdCondition(has_id=[])  # any of nothing
 
 
+def _vector_names(named: dict[Any, Any]) -> str:
+    """The dense vectors a collection has, as a start refusal names them: its unnamed one is not
+    `'None'` (a name that looked like one to pass), and needs no `vector_name` at all."""
+    if not named:
+        return "none"
+    if list(named) == [None]:
+        return "only its unnamed vector: leave --option vector_name out"
+    return str(sorted(str(n) for n in named))
+
+
 class CollectionStore(ReadOnlyStore):
     """`url` for a Qdrant server; `path` for a directory in qdrant-client's local mode."""
 
@@ -393,7 +403,7 @@ class CollectionStore(ReadOnlyStore):
                              f"{sorted(str(n) for n in named)}: choose one with --option vector_name=NAME")
         if name is not None and name not in named:
             raise SystemExit(f"corpus: collection {self.spec.collection!r} has no vector named {name!r}; "
-                             f"it has {sorted(str(n) for n in named) or 'none'}")
+                             f"it has {_vector_names(named)}")
         if not named:
             self.searches_vectors = False
             return

@@ -468,6 +468,30 @@ async def test_the_table_going_away_answers_unavailable_quickly_and_comes_back(t
         pg.stop()
 
 
+@pytest.mark.anyio
+async def test_readiness_fails_while_a_mounted_column_is_gone(user_pg: str) -> None:
+    """`/readyz` (the store's ping) read only the table, so a renamed text, vector, metadata, time or
+    row-filter column left the corpus "ready" while every read failed "no longer reads as mounted"."""
+    from backends.store import StoreUnavailable
+
+    with psycopg.connect(user_pg, autocommit=True) as conn:
+        conn.execute("CREATE TABLE ready_cols (id int PRIMARY KEY, body text, emb vector(2), src text, meta jsonb,"
+                     " written timestamptz, coll text)")
+        conn.execute("""INSERT INTO ready_cols VALUES (1, 'refunds', '[1,0]', 'a', '{"k": 1}', now(), 'c1')""")
+        async with opened_table(user_pg, table="ready_cols", text_column="body", vector_column="emb",
+                                metadata_columns=["src"], metadata_column="meta", created_column="written",
+                                row_filter=("coll", "c1")) as store:
+            await store.ping()
+            for column in ("body", "emb", "src", "meta", "written", "coll", "id"):
+                conn.execute(f"ALTER TABLE ready_cols RENAME COLUMN {column} TO gone")
+                try:
+                    with pytest.raises(StoreUnavailable, match=f"column \"{column}\" does not exist"):
+                        await store.ping()
+                finally:
+                    conn.execute(f"ALTER TABLE ready_cols RENAME COLUMN gone TO {column}")
+                await store.ping()  # back as mounted: ready again
+
+
 # ---- every write-shaped method, as the protocol says a read-only server answers it ----------------------
 
 WRITES = [  # (method, params, the error code, or None: answered, writing nothing)

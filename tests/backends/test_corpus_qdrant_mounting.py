@@ -137,3 +137,25 @@ def test_a_directory_that_is_not_local_mode_storage_is_refused_untouched(tmp_pat
         assert done.returncode == 1 and f"corpus: {wrong} is not a qdrant-client local-mode directory" in done.stderr, \
             done.stderr
         assert sorted(p.name for p in wrong.iterdir()) == before
+
+
+def test_a_vector_name_on_a_collection_whose_vector_is_unnamed_says_to_leave_it_out(tmp_path: Path) -> None:
+    """The refusal named the unnamed vector as `['None']`, which reads as a vector called "None" to pass
+    as `--option vector_name=None` (refused the same way)."""
+    make_points(tmp_path / "kb", POINTS)
+    _, done = serve(str(tmp_path / "kb"), tmp_path / "data", "collection=kb", "text_field=page_content",
+                    "vector_name=dense")
+    assert done.returncode == 1, done.stderr
+    assert ("collection 'kb' has no vector named 'dense'; it has only its unnamed vector: leave --option "
+            "vector_name out") in done.stderr, done.stderr
+    assert "None" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_local_collection_path_that_is_no_directory_is_named_as_such(tmp_path: Path) -> None:
+    """A typo in a local-mode folder was answered "needs --url: postgresql://..., http://..." as if no
+    `--url` had been given a path at all."""
+    (tmp_path / "file").write_text("")
+    for wrong, says in ((tmp_path / "missing", "no such directory"), (tmp_path / "file", "a file, not a directory")):
+        _, done = serve(str(wrong), tmp_path / "data", "collection=kb")
+        assert done.returncode == 1 and f"--url '{wrong}': {says}" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and not (tmp_path / "missing").exists()
