@@ -328,8 +328,8 @@ def query_terms(query: str) -> set[str]:
     return terms
 
 
-def bm25_scores(texts: Mapping[str, str], query: str, *, documents: int | None = None,
-                k1: float = BM25_K1, b: float = BM25_B) -> dict[str, float]:
+def bm25_scores(texts: Mapping[K, str], query: str, *, documents: int | None = None,
+                k1: float = BM25_K1, b: float = BM25_B) -> dict[K, float]:
     """One-shot raw BM25 over a small corpus (id -> text), for the documents matching a term.
 
     No index is built: one pass counts the query's terms in each (cached)
@@ -341,7 +341,7 @@ def bm25_scores(texts: Mapping[str, str], query: str, *, documents: int | None =
     return bm25_counts(_tokenized(texts), query_terms(query), documents=documents, k1=k1, b=b)
 
 
-def _tokenized(texts: Mapping[str, str]) -> dict[str, tuple[int, Sequence[str]]]:
+def _tokenized(texts: Mapping[K, str]) -> dict[K, tuple[int, Sequence[str]]]:
     """id -> (length, terms), the form `bm25_counts` ranks, through the tokenizer's cache."""
     out = {}
     for doc_id, text in texts.items():
@@ -350,8 +350,8 @@ def _tokenized(texts: Mapping[str, str]) -> dict[str, tuple[int, Sequence[str]]]
     return out
 
 
-def bm25_counts(docs: Mapping[str, tuple[int, Sequence[str]]], wanted: set[str], *,
-                documents: int | None = None, k1: float = BM25_K1, b: float = BM25_B) -> dict[str, float]:
+def bm25_counts(docs: Mapping[K, tuple[int, Sequence[str]]], wanted: set[str], *,
+                documents: int | None = None, k1: float = BM25_K1, b: float = BM25_B) -> dict[K, float]:
     """BM25 from each document's length in terms and the terms it holds (at least the query's, with
     repeats): for a store that keeps each record's `tokenize` output and hands back only the
     query's terms, so ranking never re-tokenizes text."""
@@ -359,7 +359,7 @@ def bm25_counts(docs: Mapping[str, tuple[int, Sequence[str]]], wanted: set[str],
         return {}
     total = 0
     terms = tuple(wanted)
-    hits: list[tuple[str, int, list[tuple[str, int]]]] = []
+    hits: list[tuple[K, int, list[tuple[str, int]]]] = []
     df = dict.fromkeys(terms, 0)
     isdisjoint = wanted.isdisjoint
     for doc_id, (length, held) in docs.items():
@@ -374,8 +374,8 @@ def bm25_counts(docs: Mapping[str, tuple[int, Sequence[str]]], wanted: set[str],
     return _bm25(hits, df, n, total / len(docs) if total else 1.0, k1, b)
 
 
-def _bm25(hits: Iterable[tuple[str, int, Sequence[tuple[str, int]]]], df: Mapping[str, int], n: int,
-          avg: float, k1: float, b: float) -> dict[str, float]:
+def _bm25(hits: Iterable[tuple[K, int, Sequence[tuple[str, int]]]], df: Mapping[str, int], n: int,
+          avg: float, k1: float, b: float) -> dict[K, float]:
     """Raw BM25 of each (doc id, length, [(term, tf)]) hit, given the corpus statistics."""
     idf = {t: math.log(1 + (n - d + 0.5) / (d + 0.5)) * (k1 + 1) for t, d in df.items()}
     fixed, per_term = k1 * (1 - b), k1 * b / avg  # the length norm, k1 * (1 - b + b * length / avg)

@@ -306,6 +306,11 @@ class Federation:
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.tiers[name] for name in self.order)
 
+    def apart(self) -> frozenset[str]:
+        """The tiers no record moves into or out of (read-only: a mounted corpus, a read-only engine):
+        an id one of them shares with another tier names another record, not a move's two copies."""
+        return frozenset(t.name for t in self.tiers.values() if not t.writable)
+
     def depth(self, name: str) -> int:
         """How far down the spill chain a tier is (0 for a tier nothing spills into)."""
         depth = 0

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import AbstractSet, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -34,11 +34,16 @@ from a2m.timefmt import to_epoch
 RANK_K = 10  # rerank's tier-rank signal: 1.0 for a tier's first hit, 0.5 by its 11th
 
 
-def _dedupe(lists: Mapping[str, Sequence[Record]], depth: Mapping[str, int]) -> dict[str, list[tuple[int, Record]]]:
+def _dedupe(lists: Mapping[str, Sequence[Record]], depth: Mapping[str, int],
+            apart: AbstractSet[str] = frozenset()) -> dict[str, list[tuple[int, Record]]]:
     """Drop duplicate ids across tiers (an interrupted move), keeping the newer revision, then the
-    deeper (destination) copy: the copy fetch returns and duplicate repair keeps."""
+    deeper (destination) copy: the copy fetch returns and duplicate repair keeps. A tier in `apart`
+    (read-only: a mounted corpus) takes part in no move, so an id it shares with another tier is
+    another record (two RAGs keyed 1..N): all its records are kept."""
     best: dict[str, tuple[int, int, str]] = {}
     for tier, records in lists.items():
+        if tier in apart:
+            continue
         for record in records:
             rank = (record.revision, depth.get(tier, 0), tier)
             holder = best.get(record.id)
@@ -46,7 +51,7 @@ def _dedupe(lists: Mapping[str, Sequence[Record]], depth: Mapping[str, int]) -> 
                 best[record.id] = rank
     out: dict[str, list[tuple[int, Record]]] = {}
     for tier, records in lists.items():
-        kept = [r for r in records if best[r.id][2] == tier]
+        kept = records if tier in apart else [r for r in records if best[r.id][2] == tier]
         out[tier] = list(enumerate(kept))
     return out
 
@@ -65,21 +70,22 @@ def _top(ranked: Iterable[tuple[float, Record]], limit: int, min_score: float | 
 
 
 def recency(lists: Mapping[str, Sequence[Record]], depth: Mapping[str, int] | None = None, *,
-            limit: int = 0, min_score: float | None = None) -> list[Record]:
+            apart: AbstractSet[str] = frozenset(), limit: int = 0, min_score: float | None = None) -> list[Record]:
     """Newest first; score 1/(1+rank) like a single tier without a query."""
-    merged = [r for _, ranked in _dedupe(lists, depth or {}).items() for _, r in ranked]
+    merged = [r for _, ranked in _dedupe(lists, depth or {}, apart).items() for _, r in ranked]
     merged.sort(key=lambda r: r.created_at, reverse=True)
     return _top(((1.0 / (1 + i), r) for i, r in enumerate(merged)), limit, min_score)
 
 
 def rrf(lists: Mapping[str, Sequence[Record]], *, k: int = 60, depth: Mapping[str, int] | None = None,
-        limit: int = 0, min_score: float | None = None) -> list[Record]:
-    scores: dict[str, float] = {}
-    records: dict[str, Record] = {}
-    for tier, ranked in _dedupe(lists, depth or {}).items():
+        apart: AbstractSet[str] = frozenset(), limit: int = 0, min_score: float | None = None) -> list[Record]:
+    scores: dict[tuple[str, str], float] = {}  # by (tier, id): a tier `apart` may share an id with another
+    records: dict[tuple[str, str], Record] = {}
+    for tier, ranked in _dedupe(lists, depth or {}, apart).items():
         for rank, record in ranked:
-            scores[record.id] = scores.get(record.id, 0.0) + (k + 1) / (k + rank + 1)
-            records.setdefault(record.id, record)
+            held = (tier, record.id)
+            scores[held] = scores.get(held, 0.0) + (k + 1) / (k + rank + 1)
+            records.setdefault(held, record)
     scale = max(1.0, max(scores.values(), default=1.0))
     ordered = sorted(scores, key=lambda i: (-scores[i], _neg_time(records[i])))
     return _top(((min(1.0, scores[i] / scale), records[i]) for i in ordered), limit, min_score)
@@ -109,42 +115,43 @@ def _numeric(vector: Any, width: int) -> bool:
         return False
 
 
-def _cosines(pool: Sequence[Record], vector: Sequence[float]) -> dict[str, float]:
-    """id -> max(0, cosine to `vector`) for the candidates whose embedding has its width, in one
-    matrix product (a pool is ~100 vectors of 384 dims: ~4 ms as Python loops)."""
+def _cosines(pool: Sequence[Record], vector: Sequence[float]) -> dict[int, float]:
+    """Position in `pool` -> max(0, cosine to `vector`) for the candidates whose embedding has its
+    width, in one matrix product (a pool is ~100 vectors of 384 dims: ~4 ms as Python loops)."""
     width = len(vector)
-    having = [r for r in pool if r.embedding and len(r.embedding) == width]
+    having = [(i, r.embedding) for i, r in enumerate(pool) if r.embedding and len(r.embedding) == width]
     if not having or not width:
         return {}
     try:
-        matrix = np.asarray([r.embedding for r in having], dtype=np.float64)
+        matrix = np.asarray([v for _, v in having], dtype=np.float64)
     except (TypeError, ValueError):  # a mounted tier's vector that is not numbers: that one is left out
-        having = [r for r in having if _numeric(r.embedding, width)]
+        having = [(i, v) for i, v in having if _numeric(v, width)]
         if not having:
             return {}
-        matrix = np.asarray([r.embedding for r in having], dtype=np.float64)
+        matrix = np.asarray([v for _, v in having], dtype=np.float64)
     q = np.asarray(vector, dtype=np.float64)
     norms = np.linalg.norm(matrix, axis=1) * np.linalg.norm(q)
     with np.errstate(divide="ignore", invalid="ignore"):
         values = np.where(norms > 0, matrix @ q / norms, np.nan)
-    return {r.id: max(0.0, float(v)) for r, v in zip(having, values) if not math.isnan(v)}
+    return {i: max(0.0, float(v)) for (i, _), v in zip(having, values) if not math.isnan(v)}
 
 
 def rerank(lists: Mapping[str, Sequence[Record]], *, query: str | None, vector: Sequence[float] | None,
            weights: Mapping[str, float], half_life_days: float = 30.0, now: float | None = None,
-           depth: Mapping[str, int] | None = None, limit: int = 0,
+           depth: Mapping[str, int] | None = None, apart: AbstractSet[str] = frozenset(), limit: int = 0,
            min_score: float | None = None) -> list[Record]:
-    kept = _dedupe(lists, depth or {})
+    kept = _dedupe(lists, depth or {}, apart)
+    # Scores are kept by position in the pool: a tier `apart` may hold an id another tier holds too.
     pool = [r for _, ranked in kept.items() for _, r in ranked]
-    tier_rank = {r.id: (RANK_K + 1) / (RANK_K + 1 + rank) for ranked in kept.values() for rank, r in ranked}
+    tier_rank = [(RANK_K + 1) / (RANK_K + 1 + rank) for ranked in kept.values() for rank, _ in ranked]
     if not pool:
         return []
     if not query and vector is None:
-        return recency(lists, depth, limit=limit, min_score=min_score)
+        return recency(lists, depth, apart=apart, limit=limit, min_score=min_score)
     now = time.time() if now is None else now
-    text_scores: dict[str, float] = {}
+    text_scores: dict[int, float] = {}
     if query:  # one pass over the pool's (cached) tokens: no index is built for one query
-        raw = bm25_scores({r.id: r.content for r in pool}, query)
+        raw = bm25_scores(dict(enumerate(r.content for r in pool)), query)
         top = max(raw.values(), default=0.0)
         if top > 0:
             text_scores = {i: s / top for i, s in raw.items()}
@@ -157,10 +164,10 @@ def rerank(lists: Mapping[str, Sequence[Record]], *, query: str | None, vector: 
     # (when both vectors exist) may be missing; rank, recency and salience never are.
     base_total = w_rank + w_recency + w_salience + (w_text if query else 0.0)
     scored: list[tuple[float, float, Record]] = []
-    for record in pool:
-        text_s = text_scores.get(record.id, 0.0)
-        vector_s = cosines.get(record.id)
-        rank_s = tier_rank[record.id]
+    for i, record in enumerate(pool):
+        text_s = text_scores.get(i, 0.0)
+        vector_s = cosines.get(i)
+        rank_s = tier_rank[i]
         if text_s + (vector_s or 0.0) + by_rank * rank_s <= 0.0:
             continue  # recency and salience order relevant candidates; they do not make one relevant
         created = _epoch(record)

@@ -137,15 +137,17 @@ class Reads:
             # tier out (`degraded`) instead: its width was not known yet (vectors it took since).
             if error.code == errors.EMBEDDING_MISMATCH and params.get("embedding") is not None:
                 raise error
-        depth = self.fed.depths
+        depth, apart = self.fed.depths, self.fed.apart()
         if not query and vector is None:
-            fused = fusion.recency(lists, depth, limit=limit, min_score=min_score)
+            fused = fusion.recency(lists, depth, apart=apart, limit=limit, min_score=min_score)
         elif strategy == "rerank":
             fc = self.config.fusion
             fused = fusion.rerank(lists, query=query, vector=vector, weights=fc.weights,
-                                  half_life_days=fc.half_life_days, depth=depth, limit=limit, min_score=min_score)
+                                  half_life_days=fc.half_life_days, depth=depth, apart=apart, limit=limit,
+                                  min_score=min_score)
         else:
-            fused = fusion.rrf(lists, k=self.config.fusion.rrf_k, depth=depth, limit=limit, min_score=min_score)
+            fused = fusion.rrf(lists, k=self.config.fusion.rrf_k, depth=depth, apart=apart, limit=limit,
+                               min_score=min_score)
         if fused and touch:
             by_tier: dict[str, list[str]] = {}
             for record in fused:
@@ -321,17 +323,19 @@ async def read_past_caps(fed: Federation, fan: FanOut, per_tier: Callable[[Tier]
 def merge_by_time(fed: Federation, results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Ascending by created_at; equal stamps keep each tier's order, deeper tiers (older by
     construction: records only move down) first. Duplicate ids keep the newer revision, then the
-    deeper copy (as fetch and repair do). Works on the tiers' wire records as they came (a session
-    replay can be thousands of them)."""
-    keyed: dict[str, tuple[tuple[str, int, int, int], tuple[int, int], dict[str, Any]]] = {}
+    deeper copy (as fetch and repair do), except in a tier apart (`Federation.apart`: its ids are
+    its own). Works on the tiers' wire records as they came (a session replay can be thousands)."""
+    keyed: dict[Any, tuple[tuple[str, int, int, int], tuple[int, int], dict[str, Any]]] = {}
+    apart = fed.apart()
     for name, result in results.items():
         shallow, order = fed.timeline_place(name)
         for position, record in enumerate(result.get("records", [])):
             record["tier"] = name
             rank = (int(record.get("revision") or 1), -shallow)
-            held = keyed.get(record["id"])
+            identity = (name, record["id"]) if name in apart else record["id"]
+            held = keyed.get(identity)
             if held is None or rank > held[1]:
-                keyed[record["id"]] = ((record["created_at"], shallow, order, position), rank, record)
+                keyed[identity] = ((record["created_at"], shallow, order, position), rank, record)
     return [r for _, _, r in sorted(keyed.values(), key=lambda p: p[0])]
 
 

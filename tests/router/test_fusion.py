@@ -54,7 +54,7 @@ def test_rerank_uses_cosine_when_vectors_exist() -> None:
     pool = [rec("same", "x", embedding=[2.0, 0.0]), rec("opposite", "x", embedding=[-1.0, 0.0]),
             rec("narrow", "x", embedding=[1.0]), rec("zero", "x", embedding=[0.0, 0.0]), rec("none", "x")]
     # a vector of another width, a zero vector or none gives no vector signal; a negative cosine gives 0
-    assert fusion._cosines(pool, [1.0, 0.0]) == {"same": 1.0, "opposite": 0.0}
+    assert fusion._cosines(pool, [1.0, 0.0]) == {0: 1.0, 1: 0.0}  # by position in the pool
 
 
 def test_rerank_scores_text_like_a_bm25_index_over_the_pool() -> None:
@@ -108,3 +108,19 @@ def test_describe_names_the_metric_every_store_shares() -> None:
     assert shared_metrics([["cosine", "dot"], ["cosine"]]) == ("cosine", ["cosine"])
     assert shared_metrics([["dot"], ["cosine", "dot"]]) == ("dot", ["dot"])
     assert shared_metrics([["dot"], ["cosine"]]) == (None, [])
+
+
+def test_a_tier_apart_keeps_the_ids_another_tier_holds_too() -> None:
+    """An id in two tiers is an interrupted move's two copies, one kept; a tier `apart` (a mounted
+    corpus, in no move) shares an id with another as another record: both are kept, and ranked apart."""
+    lists = {"kb1": [rec("1", "refund policy", embedding=[1.0, 0.0], tier="kb1")],
+             "kb2": [rec("1", "refund window", embedding=[0.0, 1.0], tier="kb2"), rec("2", "shipping", tier="kb2")],
+             "working": [rec("2", "shipping", tier="working")]}
+    for fused in (fusion.rrf(lists, apart={"kb1", "kb2"}), fusion.recency(lists, apart={"kb1", "kb2"}),
+                  fusion.rerank(lists, query="refund", vector=[1.0, 0.0], apart={"kb1", "kb2"},
+                                weights={"text": 0.5, "vector": 0.5, "recency": 0, "salience": 0})):
+        assert sorted((r.tier, r.id) for r in fused if r.id == "1") == [("kb1", "1"), ("kb2", "1")], fused
+    assert [r.content for r in fusion.rerank(lists, query="refund", vector=[1.0, 0.0], apart={"kb1", "kb2"},
+                                             weights={"text": 0.5, "vector": 0.5})][:2] == \
+        ["refund policy", "refund window"]
+    assert sorted(r.id for r in fusion.rrf(lists)) == ["1", "2"]  # without: one copy of each, as a move's

@@ -20,7 +20,7 @@ from a2m.client import HTTPClient
 from a2m.errors import A2MError
 from backends.episodic.embedded import EmbeddedPostgres
 
-from tests.support.corpora import (COLLECTION_ARGS, DOCS, TABLE_ARGS, make_collection, make_table, table_rows,
+from tests.support.corpora import (COLLECTION_ARGS, DOCS, TABLE_ARGS, UUID_ID, make_collection, make_table, table_rows,
                                    tree_digest)
 
 from .stack import Stack, federation
@@ -143,3 +143,45 @@ async def test_the_corpus_is_never_spilled_promoted_or_consolidated_into(corpus_
     async with HTTPClient(stack.tiers["kb"].url) as corpus:
         assert len((await corpus.call("memory/timeline", {"limit": 0}))["records"]) == len(DOCS)
     assert snapshot() == before
+
+
+@pytest.fixture(scope="module")
+def two_corpora(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The same four documents in a pgvector table (ids 1..4) and a Qdrant collection (ids 1, 3, 4 and
+    a UUID), both mounted: two RAGs whose ids overlap, as two tables keyed 1..N do."""
+    with ExitStack() as cleanup:
+        pg = EmbeddedPostgres(tmp_path_factory.mktemp("corpus-pg"))
+        dsn = pg.start()
+        cleanup.callback(pg.stop)
+        make_table(dsn)
+        path = tmp_path_factory.mktemp("corpus-qdrant")
+        make_collection(path)
+        mounted = {"kind": "semantic", "read_only": True, "engine": "corpus", "serve": "real"}
+        tiers = [
+            {"name": "working", "kind": "working", "capacity": 4, "spill_to": "semantic", "timeout": 5.0},
+            {"name": "semantic", "kind": "semantic"},
+            {**mounted, "name": "kb_pg", "args": ["--url", dsn, *TABLE_ARGS]},
+            {**mounted, "name": "kb_qd", "args": ["--url", str(path), *COLLECTION_ARGS]},
+        ]
+        with federation(tmp_path_factory.mktemp("router-two-corpora"), tiers, mode="fixture") as stack:
+            yield stack
+
+
+@pytest.mark.anyio
+async def test_two_corpora_sharing_ids_are_both_recalled(two_corpora: Stack) -> None:
+    """The router drops an id found in two tiers as an interrupted move's second copy. A mounted corpus
+    takes part in no move, so its id shared with another corpus is another record: the one listed
+    later in router.toml was hidden from every recall and timeline, without a word."""
+    me = owner()
+    async with HTTPClient(two_corpora.url) as router:
+        [said] = (await router.call("memory/remember", {"owner": me, "records": [
+            {"content": "the customer asked about refunds for a broken kettle"}]}))["ids"]
+        for asked in ({"query": "refunds"}, {"query": "refunds", "fusion": "rerank"},
+                      {"embedding": DOCS[0][2]}, {"embedding": DOCS[0][2], "fusion": "rerank"}, {}):
+            hits = (await router.call("memory/recall", {"owner": me, "limit": 20, **asked}))["records"]
+            refunds = sorted((h["tier"], h["id"]) for h in hits if h["content"] == DOCS[0][0])
+            assert refunds == [("kb_pg", "1"), ("kb_qd", "1")], (asked, hits)
+            assert said in {h["id"] for h in hits if h["tier"] == "working"} or "query" not in asked
+        listed = (await router.call("memory/timeline", {"owner": me, "limit": 0}))["records"]
+        by_tier = {tier: sorted(r["id"] for r in listed if r["tier"] == tier) for tier in ("kb_pg", "kb_qd")}
+        assert by_tier == {"kb_pg": ["1", "2", "3", "4"], "kb_qd": sorted(["1", "3", "4", UUID_ID])}, listed
