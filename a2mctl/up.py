@@ -175,8 +175,9 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _router_catches_up(url: str, stopping: threading.Event, timeout: float = ROUTER_CATCH_UP_S) -> list[str]:
-    """Wait until the router's /readyz says it reaches every tier; the names it still does not.
+def _router_catches_up(url: str, stopping: threading.Event, timeout: float = ROUTER_CATCH_UP_S) -> dict[str, str]:
+    """Wait until the router's /readyz says it reaches every tier; then, or at `timeout`, each of its
+    tiers' state (`up`, else why not; `{"router": "down"}` while it does not answer).
 
     Every server answering its own /readyz is not enough: the router asked each tier
     when it started, before the slow ones listened, and marked them down with backoff.
@@ -186,17 +187,20 @@ def _router_catches_up(url: str, stopping: threading.Event, timeout: float = ROU
     import httpx
 
     deadline = time.monotonic() + timeout
-    unseen: list[str] = []
+    tiers: dict[str, str] = {}
     while not stopping.is_set():
         try:
-            tiers = httpx.get(url + "readyz", timeout=5.0, trust_env=False).json().get("tiers") or {}
-            unseen = [name for name, state in tiers.items() if state != "up"]
-        except (httpx.HTTPError, ValueError, AttributeError):
-            unseen = ["router"]
-        if not unseen or time.monotonic() > deadline:
-            return unseen
+            tiers = dict(httpx.get(url + "readyz", timeout=5.0, trust_env=False).json().get("tiers") or {})
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+            tiers = {"router": "down"}
+        if all(state == "up" for state in tiers.values()) or time.monotonic() > deadline:
+            return tiers
         stopping.wait(0.2)
-    return unseen
+    return tiers
+
+
+def _unseen(tiers: dict[str, str]) -> list[str]:
+    return [name for name, state in tiers.items() if state != "up"]
 
 
 def _tier_summary(url: str) -> str:
@@ -492,10 +496,11 @@ def up(args: argparse.Namespace) -> int:
             outcome["timeout"] = True
             manager.terminate()
             return
+        reached: dict[str, str] = {}
         if with_router:
-            unseen = _router_catches_up(members["router"].url, stopping)
-            if unseen:
-                console.print(f"[yellow]the router does not reach {', '.join(unseen)} yet: recalls leave "
+            reached = _router_catches_up(members["router"].url, stopping)
+            if _unseen(reached):
+                console.print(f"[yellow]the router does not reach {', '.join(_unseen(reached))} yet: recalls leave "
                               "it out (`degraded`) until it does; see `a2m doctor`[/]")
         outcome["ready"] = True
         head = members["router"].url if with_router else None
@@ -504,6 +509,9 @@ def up(args: argparse.Namespace) -> int:
         for name in tiers:
             m = members[name]
             console.print(f"  {name:<11} {m.url:<24} ready  {_tier_summary(m.url)}")
+        if set(reached) - set(tiers):  # --config names tiers otherwise (a mounted corpus, a renamed tier)
+            console.print(f"  router.toml's tiers: {', '.join(reached)}"
+                          f"{'' if _unseen(reached) else ', every one reached'}")
         console.print(f"  data in {data}; Ctrl-C stops everything")
         sys.stdout.flush()
 
