@@ -740,9 +740,12 @@ class _Window:
 
     def said(self, bucket: _Bucket) -> str:
         """A batch as messages name it: its span of lines, or, where other owners' records lie among
-        them, its owner's records among them."""
+        them or a line before them is still pending, its owner's records among them. Named by its span
+        when a line before it is pending, a batch lost in flight read as if every line before it were
+        written, and a stream's advice resumed past that line, which no run then wrote."""
         first, last = bucket.lines[0], bucket.lines[-1]
-        if sum(1 for line, _ in self.front if first <= line <= last) == len(bucket.lines):
+        held = sum(1 for line, _ in self.front if first <= line <= last)
+        if self.front[0][0] == first and held == len(bucket.lines):
             return _span(first, last)
         count = len(bucket.lines)
         records = f"{count} record{'' if count == 1 else 's'}"

@@ -136,3 +136,46 @@ async def test_a_stream_without_ids_resumes_from_the_line_it_names(working: str,
     assert rest.returncode == 0, rest.stderr
     for owner in ("alice", "bob"):
         assert Counter(await _contents(working, owner)) == Counter(f"{owner} {j}" for j in range(15)), cut.stderr
+
+
+@pytest.mark.anyio
+async def test_a_batch_lost_in_flight_ahead_of_a_pending_line_is_said_so_and_resumes_before_that_line(
+        working: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bob's full batch of lines 4-5 is sent while alice's line 3 waits in the window; its answer is
+    lost (the endpoint gone after writing it). The stop said "the batch of lines 4-5 ... may have
+    been, line 6 and after were not" and, from a stream, "import from line 4 on": line 3 was never
+    written, and the advice left it out for good."""
+    import io
+    import sys
+
+    from a2m.client import Unavailable
+
+    records: list[dict[str, Any]] = [
+        {"content": "bob 0", "owner": "bob"}, {"content": "bob 1", "owner": "bob"},  # fresh ids
+        {"id": "alice-0", "content": "alice 0", "owner": "alice"},
+        *({"id": f"bob-{j}", "content": f"bob {j}", "owner": "bob"} for j in (2, 3, 4)),
+    ]
+    stream = b"".join(orjson.dumps(r) + b"\n" for r in records)
+    real, sent = transfer._remember, []
+
+    async def lost_second_answer(client: Any, params: dict[str, Any], *args: Any) -> list[str]:
+        ids = await real(client, params, *args)  # written...
+        sent.append(len(params["records"]))
+        if len(sent) == 2:
+            raise Unavailable("connection reset")  # ... and its answer lost
+        return ids
+
+    monkeypatch.setattr(transfer, "_remember", lost_second_answer)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stream)))
+    assert await transfer.import_(working, "-", batch=2, quiet=True) == 1
+    err = capsys.readouterr().err
+    assert sent == [2, 2], sent
+    assert "line 6 and after were not" not in err, err
+    resume = int(re.search(r"import from line (\d+) on", err).group(1))  # type: ignore[union-attr]
+    assert resume == 3, err
+
+    monkeypatch.setattr(transfer, "_remember", real)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"".join(stream.splitlines(True)[resume - 1:]))))
+    assert await transfer.import_(working, "-", batch=2, quiet=True) == 0
+    assert Counter(await _contents(working, "alice")) == Counter(["alice 0"])
+    assert Counter(await _contents(working, "bob")) == Counter(f"bob {j}" for j in range(5))
