@@ -7,24 +7,16 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 import pytest
 
 from a2m.client import HTTPClient
 from a2mctl import transfer
-from tests.support.procs import ROOT, a2m_command, free_port, http_server
+from tests.support.procs import ROOT, a2m_command, free_port
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture
-def working(tmp_path: Path) -> Iterator[str]:
-    """The Redis-backed working tier server, alone."""
-    port = free_port()
-    with http_server(a2m_command("serve", "working", "--port", str(port), "--data", str(tmp_path / "w")), port) as url:
-        yield url
 
 
 def _write(path: Path, records: list[Any]) -> Path:
