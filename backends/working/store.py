@@ -398,6 +398,14 @@ class _Unreachable(StoreUnavailable):
     """The connection failed: the one failure worth a retry on a restarted child."""
 
 
+def _evicting(info: Mapping[str, Any]) -> str | None:
+    """The `maxmemory-policy` of an INFO answer where it evicts any key (`allkeys-*`): at maxmemory Redis
+    would drop records and the indexes that list them. `volatile-*` evicts only keys with a TTL, which
+    this tier never sets."""
+    policy = str(info.get("maxmemory_policy", ""))
+    return policy if policy.startswith("allkeys-") else None
+
+
 class RedisStore:
     """`Store` on Redis; an embedded `redis-server` child when no URL is given."""
 
@@ -419,6 +427,7 @@ class RedisStore:
         self._restart_lock: anyio.Lock | None = None
         self._failed_restart_at = 0.0
         self._polled_at = 0.0
+        self._evicting_said: str | None = None  # the evicting policy `ping` last logged (once per change)
         # the tokenized texts of index members, for recall (see `_held_scope`)
         self._held: HeldTerms[bytes] = HeldTerms(_TERMS_HELD)
         # owner -> (index key, lo, hi) -> (the owner's `ver` stamp when read, `_held.generation`, members, their
@@ -455,7 +464,7 @@ class RedisStore:
         self._reinforce = client.register_script(_REINFORCE)
         self._sessions = client.register_script(_SESSIONS)
         self._info = client.register_script(_INFO)
-        await self.ping()
+        await self._answers()
         if self.server is None:
             try:
                 await self._refuse_an_unsafe_redis()
@@ -491,8 +500,8 @@ class RedisStore:
             raise StoreUnavailable(f"redis: {exc}") from exc
         except OSError as exc:
             raise StoreUnavailable(f"redis unreachable: {exc}") from exc
-        policy = str(info.get("maxmemory_policy", ""))
-        if policy.startswith("allkeys-"):
+        policy = _evicting(info)
+        if policy:
             raise SettingsError(
                 f"working: the Redis at --url has maxmemory-policy {policy}: it would evict records and their "
                 "indexes without a word once it reaches maxmemory; set maxmemory-policy noeviction "
@@ -516,6 +525,30 @@ class RedisStore:
             await self.server.stop()
 
     async def ping(self) -> None:
+        """Ready while Redis answers; a Redis at --url also while it keeps the policy start checked. An
+        operator's `CONFIG SET maxmemory-policy allkeys-lru` after start would let it evict records
+        without a word: readiness fails instead, naming it, until the policy is set back."""
+        await self._answers()
+        if self.server is not None:
+            return
+        assert self._redis is not None
+        try:
+            policy = _evicting(await self._redis.info("memory"))
+        except ResponseError:  # INFO refused (an ACL): start said it cannot check
+            return
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+        if policy != self._evicting_said:  # /readyz says only "unavailable": the log says why, once
+            if policy:
+                log.error("working: the Redis at --url now has maxmemory-policy %s: not ready until it is set "
+                          "back to noeviction", policy)
+            self._evicting_said = policy
+        if policy:
+            raise StoreUnavailable(f"the Redis at --url now has maxmemory-policy {policy} (set since the tier "
+                                   "started): it would evict records without a word; set maxmemory-policy noeviction")
+
+    async def _answers(self) -> None:
+        """StoreUnavailable, saying why, unless Redis answers a PING (an embedded one restarted if it died)."""
         await self._ready(check=True)
         assert self._redis is not None
         try:

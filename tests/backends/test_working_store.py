@@ -495,6 +495,33 @@ async def test_a_redis_that_evicts_any_key_is_refused_at_start(tmp_path: Path, p
         await store.close()
 
 
+async def test_a_redis_set_to_evict_any_key_after_start_is_not_ready(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Start refuses an `allkeys-*` Redis, but a `CONFIG SET maxmemory-policy allkeys-lru` made after
+    start went unseen: the tier stayed ready while Redis could evict its records without a word.
+    Readiness (`ping`, what /readyz and the router's probe ask) now fails naming the policy, and
+    comes back once the policy is set back."""
+    import redis.asyncio as aioredis
+
+    with own_redis(tmp_path) as url:
+        store = RedisStore(_settings(tmp_path / "tier", url))
+        await store.open()
+        admin = aioredis.from_url(url)
+        try:
+            await store.ping()
+            await admin.config_set("maxmemory-policy", "allkeys-lru")
+            for _ in range(2):
+                with pytest.raises(StoreUnavailable, match="now has maxmemory-policy allkeys-lru"):
+                    await store.ping()
+            said = [r for r in caplog.records if "maxmemory-policy allkeys-lru" in r.getMessage()]
+            assert len(said) == 1 and said[0].levelname == "ERROR", said  # /readyz says only "unavailable"
+            await admin.config_set("maxmemory-policy", "volatile-lru")  # evicts only keys with a TTL: none here
+            await store.ping()
+        finally:
+            await admin.aclose()
+            await store.close()
+
+
 async def test_a_replica_is_refused_at_start(tmp_path: Path) -> None:
     """A replica started the tier, then answered every write `READONLY`."""
     # its primary (a closed loopback port) never answers: the replica stays one, read-only
