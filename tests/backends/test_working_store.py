@@ -545,10 +545,10 @@ async def test_a_primary_that_became_a_replica_serves_reads_and_refuses_writes_a
             await admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # a primary that never answers
             await admin.aclose()
             assert [r.content for r in await store.select(Scope())] == ["kept"]
-            for call in (lambda: store.touch(None, ["r1"], "2026-05-01T00:00:00.000Z"),
-                         lambda: store.write([rec("r2", session="s", content="refused")])):
+            for refused in (lambda: store.touch(None, ["r1"], "2026-05-01T00:00:00.000Z"),
+                            lambda: store.write([rec("r2", session="s", content="refused")])):
                 with pytest.raises(StoreReadOnly, match="read-only replica now"):
-                    await call()
+                    await refused()
         finally:
             await store.close()
 
