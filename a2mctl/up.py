@@ -496,12 +496,11 @@ def up(args: argparse.Namespace) -> int:
             outcome["timeout"] = True
             manager.terminate()
             return
-        reached: dict[str, str] = {}
-        if with_router:
-            reached = _router_catches_up(members["router"].url, stopping)
-            if _unseen(reached):
-                console.print(f"[yellow]the router does not reach {', '.join(_unseen(reached))} yet: recalls leave "
-                              "it out (`degraded`) until it does; see `a2m doctor`[/]")
+        reached: dict[str, str] = _router_catches_up(members["router"].url, stopping) if with_router else {}
+        unseen = _unseen(reached)
+        if unseen:
+            console.print(f"[yellow]the router does not reach {', '.join(unseen)} yet: recalls leave "
+                          "it out (`degraded`) until it does; see `a2m doctor`[/]")
         outcome["ready"] = True
         head = members["router"].url if with_router else None
         console.print(f"[bold green]a2m is up[/] — router {head}" if head else
@@ -511,7 +510,7 @@ def up(args: argparse.Namespace) -> int:
             console.print(f"  {name:<11} {m.url:<24} ready  {_tier_summary(m.url)}")
         if set(reached) - set(tiers):  # --config names tiers otherwise (a mounted corpus, a renamed tier)
             console.print(f"  router.toml's tiers: {', '.join(reached)}"
-                          f"{'' if _unseen(reached) else ', every one reached'}")
+                          f"{'' if unseen else ', every one reached'}")
         console.print(f"  data in {data}; Ctrl-C stops everything")
         sys.stdout.flush()
 
