@@ -32,6 +32,7 @@ from a2m.http import LATENCY_BUCKETS, HTTPSettings
 
 from .config import RouterConfig, load, unenforced
 from .federation import FanOut, Federation, Tier
+from .limits import Limits
 from .locks import SharedLocks, scope_of
 from .moves import Moves
 from .policy import Policy
@@ -81,8 +82,8 @@ class Router(EventMethods):
         self.config = config
         self.name = config.name
         self.capabilities = frozenset(CAPABILITIES)
-        self.limits = dict(config.limits)
         self.fed = Federation(config, client_factory)
+        self.limits = Limits(config.limits, self.fed)
         self.events = EventLog(config.events_capacity)
         self.embedder = make_embedder(config.embedder, model=config.embedder_model)
         scope = scope_of(tier.url for tier in config.tiers)
@@ -124,7 +125,7 @@ class Router(EventMethods):
                 log.warning("the owner lock store (lock_url) evicts keys at its maxmemory (maxmemory-policy %s): "
                             "a held lock may be evicted and another replica move the same records; set "
                             "noeviction there", evicts)
-        for line in unenforced(self.config.tiers):
+        for line in [*unenforced(self.config.tiers), *self.limits.capped()]:
             log.warning(line)
         width = getattr(self.embedder, "dimensions", None)  # an HTTP embedder's is known after first use
         for tier in self.fed:
