@@ -306,11 +306,13 @@ async def run_trials(tmp: Path, seed: int, per_scenario: int, scenarios: list[st
 
 
 def unknown(problems: list[str]) -> list[str]:
-    """The problems not already pinned by the strict xfail below (a router killed between the tier
-    parts of a batch leaves half of it): printed, not failed on, so the trials keep watching the rest."""
-    known = [p for p in problems if "kill router" in p and "half a batch" in p]
+    """The problems already known: printed, not failed on, so the trials keep watching the rest. A
+    router killed between the tier parts of a batch leaves half of it (the strict xfail below); so
+    does a tier killed after it applied its part and before it answered (decision 102's cost: the
+    take-back cannot reach it), found by the full soak (seed 11, 1 in 10 episodic kills)."""
+    known = [p for p in problems if "half a batch" in p]
     for problem in known:
-        print("known (xfail below):", problem)
+        print("known:", problem)
     return [p for p in problems if p not in known]
 
 
