@@ -116,8 +116,12 @@ class CursorSeal:
     the service token. Either way replicas and restarts of the router with the same settings open
     each other's cursors, and a principal knows neither the secret nor another's token."""
 
-    PREFIX = "s1."
+    PREFIX = "s2."
+    UNPADDED = "s1."  # sealed before padding (a replica not yet upgraded): opened as they are
     MAX = 4096  # characters of a sealed cursor: a tier's is a timestamp, a number and an id
+    # What is sealed is padded to a multiple of this many bytes: the ciphertext is as long as the
+    # plaintext, and a tier's `seq` (which counts every owner's writes) is as many digits as it has.
+    PAD = 128
 
     def __init__(self, key: bytes) -> None:
         self._siv = AESSIV(key)
@@ -138,18 +142,34 @@ class CursorSeal:
         return [repr(owner).encode(), tier.encode()]
 
     def close(self, cursor: str, owner: str | None, tier: str) -> str:
-        sealed = self._siv.encrypt(cursor.encode(), self._bound(owner, tier))
+        sealed = self._siv.encrypt(_padded(cursor.encode(), self.PAD), self._bound(owner, tier))
         return self.PREFIX + base64.urlsafe_b64encode(sealed).decode().rstrip("=")
 
     def open(self, sealed: str, owner: str | None, tier: str, most: int = MAX) -> str:
         """The tier's cursor in `sealed`; -32602 unless this router sealed it for `owner` on `tier`."""
-        if not sealed.startswith(self.PREFIX) or len(sealed) > most:
+        padded = sealed.startswith(self.PREFIX)
+        if not (padded or sealed.startswith(self.UNPADDED)) or len(sealed) > most:
             raise invalid(_REFUSED, field="cursor")
         text = sealed[len(self.PREFIX):]
         try:
             raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
             if base64.urlsafe_b64encode(raw).decode().rstrip("=") != text:  # one spelling per cursor
                 raise ValueError(text)
-            return self._siv.decrypt(raw, self._bound(owner, tier)).decode()
+            opened = self._siv.decrypt(raw, self._bound(owner, tier))
+            return (_unpadded(opened) if padded else opened).decode()
         except (ValueError, InvalidTag):  # binascii.Error and UnicodeDecodeError are ValueErrors
             raise invalid(_REFUSED, field="cursor") from None
+
+
+def _padded(data: bytes, block: int) -> bytes:
+    """`data`, 0x80, then zeros to a multiple of `block` bytes (ISO/IEC 7816-4): one length for every
+    cursor of a size, whatever number of digits a tier's position is written in."""
+    return data + b"\x80" + b"\x00" * (-(len(data) + 1) % block)
+
+
+def _unpadded(data: bytes) -> bytes:
+    """`_padded`'s `data` (ValueError for anything it did not make)."""
+    body = data.rstrip(b"\x00")
+    if not body.endswith(b"\x80"):
+        raise ValueError("not padded")
+    return body[:-1]

@@ -10,6 +10,7 @@ them, as the event log's cursors already say nothing of other owners (a2m/events
 
 from __future__ import annotations
 
+import base64
 import uuid
 from typing import Any, Iterator
 
@@ -171,7 +172,7 @@ async def test_a_walk_over_every_tier_is_sealed_for_its_principal(stack: Stack) 
             await bob.call("memory/remember", {"records": [{"content": f"bob {tier}", "tier": tier}]})
         first = await alice.call("memory/timeline", {"limit": 5, "cursor": True})
         cursor = first["cursor"]
-        assert cursor.startswith("s1.") and "|" not in cursor
+        assert cursor.startswith("s2.") and "|" not in cursor
         assert (await _refused(bob, {"limit": 5, "cursor": cursor})).code == -32602
         assert (await _refused(alice, {"tier": "episodic", "limit": 5, "cursor": cursor})).code == -32602
         read = {r["id"] for r in first["records"]}
@@ -181,3 +182,49 @@ async def test_a_walk_over_every_tier_is_sealed_for_its_principal(stack: Stack) 
             cursor = page["cursor"]
         everything = (await alice.call("memory/timeline", {"limit": 1000}))["records"]
         assert wrote <= read == {r["id"] for r in everything}
+
+
+async def _seq(direct: HTTPClient, owner: str) -> int:
+    """The tier's write counter as its own cursor shows it (`<tag>|<created_at>|<seq>|<id>`)."""
+    plain = (await direct.call("memory/timeline", {"owner": owner, "limit": 1, "cursor": True}))["cursor"]
+    return int(plain.split("|")[2])
+
+
+@pytest.mark.parametrize("tier", [name for name in NAMES if name != "semantic"])  # its seq: the clock in µs
+async def test_a_cursors_length_tells_nothing_of_other_owners_writes(stack: Stack, tier: str) -> None:
+    """A sealed cursor is as long as what it seals, and a tier's `seq` is written in as many digits as
+    it has: alice's cursors grew by a character each time bob's writes took the tier's counter past
+    a power of ten, which told her how many records all other owners wrote (writing one at a time,
+    exactly, at each crossing). Her cursors, of records whose ids are as long, are as long."""
+    async with HTTPClient(stack.url, token=TOKEN_OF["alice"]) as alice, \
+            HTTPClient(stack.url, token=TOKEN_OF["bob"]) as bob, \
+            HTTPClient(stack.tiers[tier].url, token=SERVICE) as direct:
+        lengths = []
+        for step in range(2):
+            await alice.call("memory/remember", {"records": [{"content": "alice", "tier": tier,
+                                                              "id": f"len-{tier}-{step}-{uuid.uuid4().hex}"}]})
+            one = (await alice.call("memory/timeline", {"tier": tier, "limit": 1, "cursor": True}))["cursor"]
+            walk = (await alice.call("memory/timeline", {"limit": 1, "cursor": True}))["cursor"]
+            lengths.append((len(one), len(walk)))
+            seq = await _seq(direct, "alice")
+            more = 10 ** len(str(seq)) - seq + 1  # bob's writes take the counter past the next power of ten
+            for start in range(0, more, 500):
+                await bob.call("memory/remember", {"records": [{"content": f"bob {i}", "tier": tier}
+                                                               for i in range(start, min(more, start + 500))]})
+        assert lengths[0] == lengths[1], lengths
+
+
+def test_a_padded_cursor_opens_to_what_was_sealed_and_one_sealed_before_padding_still_opens() -> None:
+    """Padding is unambiguous (an id may end in a byte the padding begins with), every cursor of a size
+    seals to one length, and a cursor sealed unpadded (`s1.`, by a replica not yet upgraded) still opens."""
+    from router.cursors import CursorSeal
+
+    seal = CursorSeal.of({"tok-erin-" + uuid.uuid4().hex: "erin"}, None)
+    assert seal is not None
+    for cursor in ("t|2026-01-01T00:00:00.000Z|7|r1", "t|2026-01-01T00:00:00.000Z|1234567|r1", "t|x|1|idÀ",
+                   "é" * 200):
+        assert seal.open(seal.close(cursor, "erin", "episodic"), "erin", "episodic") == cursor
+    assert len(seal.close("t|s|7|r1", "erin", "w")) == len(seal.close("t|s|1234567|r1", "erin", "w"))
+    legacy = seal._siv.encrypt(b"t|s|7|r1", seal._bound("erin", "w"))
+    old = "s1." + base64.urlsafe_b64encode(legacy).decode().rstrip("=")
+    assert seal.open(old, "erin", "w") == "t|s|7|r1"
