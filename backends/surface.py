@@ -642,5 +642,8 @@ def cursor_param(params: Mapping[str, Any], tag: str) -> Position | None:
 
 
 def make_cursor(position: Position, tag: str) -> str:
-    """Opaque to callers; here `<tier tag>|<created_at>|<sequence>|<id>`, read back by `cursor_param`."""
-    return f"{tag}|{position[0]}|{position[1]}|{position[2]}"
+    """Opaque to callers; here `<tier tag>|<created_at>|<sequence>|<id>`, read back by `cursor_param`.
+
+    The sequence is written at `cursor_param`'s 18 digits, whatever its value: it counts every
+    owner's writes, and a cursor sealed by the router is as long as what it seals (decision 167)."""
+    return f"{tag}|{position[0]}|{position[1]:018d}|{position[2]}"

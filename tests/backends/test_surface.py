@@ -373,3 +373,17 @@ async def test_a_cursor_passes_no_record_that_shares_its_sequence(tiers: dict[st
             read[:0] = [r["id"] for r in answer["records"]]
             cursor = answer["cursor"]
         assert read == shown, size
+
+
+def test_a_cursor_is_as_long_whatever_the_count_of_writes_before_it() -> None:
+    """A tier's position counts every owner's writes; written in as many digits as it had, a cursor
+    the router seals for one owner grew with the others' writes (decision 167). Earlier cursors,
+    written without leading zeros, still read back."""
+    from backends.surface import cursor_param, make_cursor
+
+    stamp = "2026-12-07T20:00:00.000Z"
+    cursors = [make_cursor((stamp, seq, "r1"), "ab12") for seq in (1, 9, 10, 123_456, 10**17)]
+    assert len({len(c) for c in cursors}) == 1
+    for seq, cursor in zip((1, 9, 10, 123_456, 10**17), cursors):
+        assert cursor_param({"cursor": cursor}, "ab12") == (stamp, seq, "r1")
+    assert cursor_param({"cursor": f"ab12|{stamp}|42|r1"}, "ab12") == (stamp, 42, "r1")
