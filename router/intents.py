@@ -104,9 +104,12 @@ class Intents:
                            {"degraded": [tier.name]}) from None
         return Intent(tier, list(result["ids"]))
 
-    async def close(self, intent: Intent) -> None:
-        """Forget the intent (owner-scoped to the reserved owner); raises the tier's error."""
-        await intent.tier.call("memory/forget", with_owner({"ids": intent.ids}, INTENTS))
+    async def close(self, intent: Intent) -> bool:
+        """Forget the intent (owner-scoped to the reserved owner); raises the tier's error. False: it
+        was gone already, resolved by a router that took the batch for a dead one (written for
+        longer than `intent_grace`), which may have forgotten parts of it."""
+        result = await intent.tier.call("memory/forget", with_owner({"ids": intent.ids}, INTENTS))
+        return int(result.get("forgotten") or 0) >= len(intent.ids)
 
     # ---- resolution -----------------------------------------------------------------
 
@@ -123,6 +126,7 @@ class Intents:
                     held = await self._read(tier)
                 except A2MError as exc:
                     log.info("intents on %s not read (%s): resolved later", tier.name, exc)
+                    tally["left"] += 1
                     continue
                 for record_id, body in held:
                     found[body[MARK]].append((tier, record_id, body))

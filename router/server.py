@@ -147,6 +147,11 @@ class Router(EventMethods):
                 log.warning("tier %s holds %d-dim vectors and the embedder makes %d: %s is recalled by text "
                             "alone (embed it with the router's model to search it by vector)",
                             tier.name, tier.dimensions, width, tier.name)
+        slowest = 2 * sum(t.timeout for t in self.config.tiers if not t.read_only)
+        if self.config.intent_grace < slowest:
+            log.warning("intent_grace (%g s) is shorter than a batch across tiers may take (twice the writable tiers' "
+                        "timeouts: %g s): a batch still being written may be resolved as a dead router's, and is "
+                        "then taken back and refused", self.config.intent_grace, slowest)
         self._resolving = self.spawn(self._resolve_intents())
 
     async def _resolve_intents(self) -> None:

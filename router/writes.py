@@ -64,6 +64,10 @@ def in_caller_batch(exc: A2MError, indexes: list[int]) -> A2MError:
     return A2MError(exc.code, message, {**data, "index": indexes[k]})
 
 
+class Overtaken(A2MError):
+    """A batch whose intent another router resolved while it was written (intents.py): taken back."""
+
+
 class Writes:
     """remember, forget and reinforce across the federation, and `write` for the router's own writes
     (a summary)."""
@@ -169,6 +173,9 @@ class Writes:
                 ids[i] = new_id
             written.append((tier, [new_id for i, new_id in zip(indexes, new_ids) if i not in revisions]))
         unconfirmed = None if intent is None else await self._close_intent(intent, [i for i in ids if i is not None])
+        if isinstance(unconfirmed, Overtaken):  # resolved meanwhile as a dead router's: none of it, then
+            await compensate(written, owner)
+            raise unconfirmed
         self.width.learn([r.embedding for r in records])
         # One event per record written, in the batch's order (not tier by tier: a batch that replaces a
         # key and writes a new record elsewhere told the new one first), appended together. An older
@@ -202,9 +209,10 @@ class Writes:
         """Forget a batch's intent before the caller is answered. After a batch written whole
         (`ids`), a failure is returned as the caller's answer: -32603, the write landed but could
         not be confirmed (a resolution keeps it while every record is there). After a take-back,
-        a failure is logged: the call fails anyway, and a resolution forgets the intent later."""
+        a failure is logged: the call fails anyway, and a resolution forgets the intent later. An
+        intent found gone after a batch written whole is `Overtaken`: the batch is taken back."""
         try:
-            await self.intents.close(intent)
+            closed = await self.intents.close(intent)
         except A2MError as exc:
             log.error("could not forget the intent of a batch on %s (%s): left for resolution", intent.tier.name, exc)
             if ids is None:
@@ -213,6 +221,12 @@ class Writes:
                             f"on tier {intent.tier.name} could not be forgotten, so the write is "
                             f"not confirmed; memory/consolidate keeps it while every record of it is there",
                             {"ids": ids, "degraded": [intent.tier.name]})
+        if not closed and ids is not None:
+            log.error("the intent of a batch on %s was resolved by another router while the batch was written "
+                      "(for longer than intent_grace): the batch is taken back", intent.tier.name)
+            return Overtaken(errors.INTERNAL_ERROR, "the batch took longer to write than intent_grace and was "
+                             "taken for a dead router's: it is taken back, nothing of it is kept; retry",
+                             {"degraded": [intent.tier.name]})
         return None
 
     async def _enforce_capacity(self, records: list[Record], by_tier: dict[str, list[int]],

@@ -249,3 +249,30 @@ def test_a_token_for_the_reserved_owner_is_refused_at_load() -> None:
     token = "t" * 40
     with pytest.raises(ConfigError, match="reserved"):
         parse({"auth": {"tokens": {token: INTENTS}}})
+
+
+async def test_a_batch_whose_intent_was_resolved_while_it_was_written_is_taken_back_and_refused(
+        stack: Stack) -> None:
+    """A batch held past the grace is taken for a dead router's by another replica, which forgets
+    its intent and the part that had landed (done here behind the router's back, as that replica
+    would). The router finds its intent gone once the last part lands: it takes the batch back and
+    refuses it, never answering success for half a batch."""
+    owner = new_owner()
+    await consolidate(stack, owner)  # every tier heard from: none is written first as one down (write_order)
+    batch = [{"content": "overtaken one", "tier": "working"}, {"content": "overtaken two", "tier": "semantic"}]
+    stack.tiers["semantic"].pause()
+    try:
+        writing = asyncio.create_task(call(stack, "memory/remember", {"records": batch, "owner": owner}))
+        deadline = time.monotonic() + 10
+        while not (landed := await held(stack, "working", owner)):
+            assert time.monotonic() < deadline and not writing.done(), "working's part never landed"
+            await asyncio.sleep(0.02)
+        [(_, intent, _)] = await intents(stack, owner)
+        await tier_call(stack, "working", "memory/forget", {"ids": [landed[0]["id"]], "owner": owner})
+        await tier_call(stack, "working", "memory/forget", {"ids": [intent], "owner": INTENTS})
+    finally:
+        stack.tiers["semantic"].resume()
+    with pytest.raises(A2MError) as caught:
+        await writing
+    assert caught.value.code == -32603 and "taken back" in caught.value.message, caught.value
+    assert [await held(stack, name, owner) for name in NAMES] == [[], [], []]
