@@ -31,6 +31,7 @@ from a2m.params import DEFAULT_LIMITS
 
 from .rate import MIN_PER_SECOND, RateLimit
 
+INTENTS = "a2m:intents"  # the reserved owner of batches' intents (router/intents.py); no caller may be it
 FUSIONS = ("rrf", "rerank")
 RETENTIONS = ("keep", "drop")
 
@@ -90,6 +91,7 @@ class RouterConfig:
     background_promotion: bool = True
     rate_limit: RateLimit | None = None  # each caller's calls a second (router/rate.py); None: no limit
     lock_url: str | None = None  # a Redis holding the owner locks every replica sees (router/locks.py)
+    intent_grace: float = 60.0  # seconds before a batch's intent is resolved (router/intents.py)
 
     def tier(self, name: str) -> TierConfig:
         for tier in self.tiers:
@@ -267,7 +269,7 @@ def validate(tiers: tuple[TierConfig, ...]) -> None:
 
 SECTIONS = ("router", "tiers", "auth", "limits", "fusion", "embedder", "rate_limit")
 ROUTER_KEYS = ("name", "timeout", "default_tier", "fusion", "embedder", "service_token", "allowed_origins",
-               "events_capacity", "background_promotion", "lock_url")
+               "events_capacity", "background_promotion", "lock_url", "intent_grace")
 TIER_KEYS = ("name", "kind", "url", "capacity", "per_session", "spill_to", "promote_to", "promote_after",
              "read_only", "timeout", "retention", "max_response")
 AUTH_KEYS = ("tokens", "service_token", "allowed_origins", "cursor_secret")
@@ -471,6 +473,9 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
         if not isinstance(principal, str) or not principal.strip():
             raise ConfigError(f"auth.tokens: a principal must be a non-empty string (the owner the token "
                               f"grants), got {principal!r}")
+        if principal == INTENTS:
+            raise ConfigError(f"auth.tokens: the principal {INTENTS!r} is reserved by the router (the owner its "
+                              f"batches' intents are written under): name the token's owner otherwise")
         _bearer(token, f"auth.tokens: the token of principal {principal!r}")
         if token == service_token:
             raise ConfigError(f"auth.tokens: the token of principal {principal!r} is the service token, which "
@@ -501,6 +506,7 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Rout
                                    "true or false"),
         rate_limit=_rate_limit(data.get("rate_limit")),
         lock_url=_lock_url(section.get("lock_url"), env.get("A2M_LOCK_URL")),
+        intent_grace=float(_positive(section.get("intent_grace", 60.0), "intent_grace", (int, float))),
     )
 
 

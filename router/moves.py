@@ -17,6 +17,7 @@ from a2m.events import EventLog
 from a2m.params import ids_param, required_str
 
 from .federation import FanOut, Federation
+from .intents import Intents
 from .policy import Policy, Refusals
 from .reads import settled
 from .scope import read_only, tier_named, with_owner
@@ -26,9 +27,10 @@ class Moves:
     """promote, consolidate, session/list and session/close; `degraded(out, fan)` names (and counts)
     the tiers `fan` left out."""
 
-    def __init__(self, fed: Federation, policy: Policy, events: EventLog, *,
+    def __init__(self, fed: Federation, policy: Policy, events: EventLog, intents: Intents, *,
                  degraded: Callable[[dict[str, Any], FanOut], dict[str, Any]]) -> None:
         self.fed = fed
+        self.intents = intents
         self.policy = policy
         self.events = events
         self.degraded = degraded
@@ -88,7 +90,10 @@ class Moves:
     async def consolidate(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         owner = ctx.owner(params)
         await self.policy.counted()  # its promotions see every recall answered before it (decision 9)
-        repaired = await self.policy.repair(owner)
+        # Half batches a router that stopped mid-write left (any owner's: they were never acknowledged),
+        # before the repair, which would move their records on; what it forgets counts as repaired.
+        resolved = await self.intents.resolve()
+        repaired = resolved["owners"].get(owner, 0) + await self.policy.repair(owner)
         promoted = await self.policy.promote_pending(owner)  # earned by recall: before capacity pressure
         spilled = await self.policy.enforce_all(owner)
         result = {"moved": spilled["moved"] + promoted, "promoted": promoted, "dropped": spilled["dropped"],

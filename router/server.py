@@ -32,6 +32,7 @@ from a2m.http import LATENCY_BUCKETS, HTTPSettings
 
 from .config import RouterConfig, load, unenforced
 from .federation import FanOut, Federation, Tier
+from .intents import Intents, refuse_reserved
 from .limits import Limits
 from .locks import SharedLocks, scope_of
 from .moves import Moves
@@ -74,6 +75,17 @@ def _told_plainly(handler: Handler) -> Handler:
     return told
 
 
+def _not_reserved(handler: Handler) -> Handler:
+    """`handler` refusing (-32005) a call naming, or a caller authenticated as, the router's reserved
+    owner (`intents.py`): a batch's intent is the router's, never a caller's to read, forge or forget."""
+    async def guarded(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        refuse_reserved(params.get("owner") if isinstance(params, dict) else None)
+        refuse_reserved(ctx.principal)
+        return await handler(params, ctx)
+
+    return guarded
+
+
 class Router(EventMethods):
     """An A2M service whose storage is other A2M servers: the parts that answer its methods, and
     the plumbing, health and metrics they share."""
@@ -90,11 +102,12 @@ class Router(EventMethods):
         shared = None if config.lock_url is None else SharedLocks(config.lock_url, scope=scope)
         self.policy = Policy(self.fed, embedder=self.embedder, emit=self.events.emit, shared_locks=shared)
         self.width = VectorWidth(self.embedder, self.fed)
+        self.intents = Intents(self.fed, self.policy, config.default_tier, config.intent_grace)
         self.writes = Writes(self.fed, self.policy, self.events, self.embedder, self.width, self.limits,
-                             config.default_tier)
+                             config.default_tier, self.intents)
         self.reads = Reads(self.fed, self.policy, config, self.embedder, self.width, self.limits,
                            spawn=self.spawn, degraded=self._degraded)
-        self.moves = Moves(self.fed, self.policy, self.events, degraded=self._degraded)
+        self.moves = Moves(self.fed, self.policy, self.events, self.intents, degraded=self._degraded)
         self.summaries = Summaries(self.fed, self.policy, self.reads, self.writes, self.limits, config.default_tier)
         self._degraded_calls: Any = None  # a2m_router_degraded_calls, once metrics are registered
         self.buckets: Buckets | None = None
@@ -104,6 +117,7 @@ class Router(EventMethods):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._locks_status: str | None = None  # the lock store's, as the last ready() found it
         self._probes: dict[str, asyncio.Task[Any]] = {}  # tier -> its describe in flight (`_probe`)
+        self._resolving: asyncio.Task[Any] | None = None  # the startup's resolution of intents
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -133,8 +147,33 @@ class Router(EventMethods):
                 log.warning("tier %s holds %d-dim vectors and the embedder makes %d: %s is recalled by text "
                             "alone (embed it with the router's model to search it by vector)",
                             tier.name, tier.dimensions, width, tier.name)
+        slowest = 2 * sum(t.timeout for t in self.config.tiers if not t.read_only)
+        if self.config.intent_grace < slowest:
+            log.warning("intent_grace (%g s) is shorter than a batch across tiers may take (twice the writable tiers' "
+                        "timeouts: %g s): a batch still being written may be resolved as a dead router's, and is "
+                        "then taken back and refused", self.config.intent_grace, slowest)
+        self._resolving = self.spawn(self._resolve_intents())
+
+    async def _resolve_intents(self) -> None:
+        """Resolve the intents a router that stopped mid-batch left (intents.py), in the background;
+        those still younger than the grace (maybe another replica's batch in flight) once more
+        after it. Each `memory/consolidate` resolves them too."""
+        for attempt in range(2):
+            if attempt:
+                await asyncio.sleep(self.config.intent_grace)
+            try:
+                tally = await self.intents.resolve()
+            except Exception as exc:  # never a crash of the router: the next consolidate tries again
+                log.warning("resolving intents at startup failed: %s", exc)
+                return
+            if tally["kept"] or tally["undone"]:
+                log.info("intents resolved at startup: %s", tally)
+            if not tally["left"]:
+                return
 
     async def shutdown(self) -> None:
+        if self._resolving is not None:
+            self._resolving.cancel()  # it may be waiting out the grace: never hold a shutdown for it
         await self.writes.close()
         await self.drain()
         await self.fed.close()
@@ -160,7 +199,8 @@ class Router(EventMethods):
         """Every A2M method, from the part that answers it (the events methods are the router's own),
         each behind the caller's rate limit where one is set."""
         parts = (self, self.writes, self.reads, self.moves, self.summaries)
-        table = {method: _told_plainly(handler) for part in parts for method, handler in bound_handlers(part).items()}
+        table = {method: _not_reserved(_told_plainly(handler))
+                 for part in parts for method, handler in bound_handlers(part).items()}
         if self.buckets is not None:
             table = {method: rate_limited(handler, self.buckets, method) for method, handler in table.items()}
         return table

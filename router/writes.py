@@ -28,6 +28,7 @@ from a2m.timefmt import now
 
 from .doubts import LATE_FORGETS
 from .federation import Federation, Tier
+from .intents import Intent, Intents
 from .policy import Policy
 from .scope import SCOPE_PARAMS, VectorWidth, read_only, scope_tiers, settle_tier, tier_named, with_owner
 
@@ -63,13 +64,18 @@ def in_caller_batch(exc: A2MError, indexes: list[int]) -> A2MError:
     return A2MError(exc.code, message, {**data, "index": indexes[k]})
 
 
+class Overtaken(A2MError):
+    """A batch whose intent another router resolved while it was written (intents.py): taken back."""
+
+
 class Writes:
     """remember, forget and reinforce across the federation, and `write` for the router's own writes
     (a summary)."""
 
     def __init__(self, fed: Federation, policy: Policy, events: EventLog, embedder: Embedder | None,
-                 width: VectorWidth, limits: Mapping[str, int], default_tier: str) -> None:
+                 width: VectorWidth, limits: Mapping[str, int], default_tier: str, intents: Intents) -> None:
         self.fed = fed
+        self.intents = intents
         self.policy = policy
         self.events = events
         self.embedder = embedder
@@ -132,7 +138,9 @@ class Writes:
                 by_tier.setdefault(target.name, []).append(i)
         written: list[tuple[Tier, list[str]]] = []
         down = [name for name in by_tier if not self.fed[name].healthy]
-        for name, indexes in write_order(by_tier, revisions, down):
+        order = write_order(by_tier, revisions, down)
+        intent = await self._open_intent(order, records, revisions, owner)
+        for name, indexes in order:
             tier = self.fed[name]
             batch = []
             for i in indexes:
@@ -155,13 +163,19 @@ class Writes:
                 sent = [b["id"] for i, b in zip(indexes, batch) if i not in revisions] if cut else []
                 if cut:  # a replaced key too: landing after a forget of it, it would be back (doubts.py)
                     self.policy.doubts.note(owner, name, [b["id"] for b in batch])
-                await compensate(written, owner, cut_off=(tier, sent))  # all or nothing, as far as we can
+                undone = await compensate(written, owner, cut_off=(tier, sent))  # all or nothing, as far as we can
+                if intent is not None and undone:  # else it stays, for a resolution to finish the take-back
+                    await self._close_intent(intent, None)
                 raise in_caller_batch(exc, indexes) from None
             new_ids = result["ids"]
             self.policy.doubts.settle(owner, name, new_ids)  # written anew: a late forget must not delete them
             for i, new_id in zip(indexes, new_ids):
                 ids[i] = new_id
             written.append((tier, [new_id for i, new_id in zip(indexes, new_ids) if i not in revisions]))
+        unconfirmed = None if intent is None else await self._close_intent(intent, [i for i in ids if i is not None])
+        if isinstance(unconfirmed, Overtaken):  # resolved meanwhile as a dead router's: none of it, then
+            await compensate(written, owner)
+            raise unconfirmed
         self.width.learn([r.embedding for r in records])
         # One event per record written, in the batch's order (not tier by tier: a batch that replaces a
         # key and writes a new record elsewhere told the new one first), appended together. An older
@@ -171,7 +185,49 @@ class Writes:
             {"id": ids[i], "tier": tier_of[i], "session": records[i].session, "key": records[i].key,
              "revision": revisions.get(i, records[i].revision) if records[i].key else None}
             for i in sorted(tier_of) if not (i in revisions and revisions[i] is None)])
+        if unconfirmed is not None:  # written whole, but its intent stands: never answered as a success
+            raise unconfirmed
         return [i for i in ids if i is not None], by_tier
+
+    async def _open_intent(self, order: list[tuple[str, list[int]]], records: list[Record],
+                           revisions: Mapping[int, int | None], owner: str | None) -> Intent | None:
+        """Write the batch's intent (intents.py) when it is written in several calls and a call
+        before the last writes new records: killed after that call, the router would leave them
+        as half a batch. A batch written in one call, or whose earlier calls only replace keys
+        (which nothing takes back), pays nothing. A gated tier's part is a proposal, not listed."""
+        if len(order) < 2 or not any(i not in revisions for _, indexes in order[:-1] for i in indexes):
+            return None
+        new = [(name, records[i].id, records[i].revision) for name, indexes in order
+               for i in indexes if i not in revisions and not self.fed[name].gated]
+        keys: dict[str, int] = {}
+        for i, revision in revisions.items():
+            if revision is not None and records[i].key:
+                keys[records[i].key] = max(keys.get(records[i].key, 0), revision)
+        return await self.intents.open(owner, new, keys, int(self.limits.get("max_content_length") or 1_000_000))
+
+    async def _close_intent(self, intent: Intent, ids: list[str] | None) -> A2MError | None:
+        """Forget a batch's intent before the caller is answered. After a batch written whole
+        (`ids`), a failure is returned as the caller's answer: -32603, the write landed but could
+        not be confirmed (a resolution keeps it while every record is there). After a take-back,
+        a failure is logged: the call fails anyway, and a resolution forgets the intent later. An
+        intent found gone after a batch written whole is `Overtaken`: the batch is taken back."""
+        try:
+            closed = await self.intents.close(intent)
+        except A2MError as exc:
+            log.error("could not forget the intent of a batch on %s (%s): left for resolution", intent.tier.name, exc)
+            if ids is None:
+                return None
+            return A2MError(errors.INTERNAL_ERROR, f"the batch was written to every tier, but its intent record "
+                            f"on tier {intent.tier.name} could not be forgotten, so the write is "
+                            f"not confirmed; memory/consolidate keeps it while every record of it is there",
+                            {"ids": ids, "degraded": [intent.tier.name]})
+        if not closed and ids is not None:
+            log.error("the intent of a batch on %s was resolved by another router while the batch was written "
+                      "(for longer than intent_grace): the batch is taken back", intent.tier.name)
+            return Overtaken(errors.INTERNAL_ERROR, "the batch took longer to write than intent_grace and was "
+                             "taken for a dead router's: it is taken back, nothing of it is kept; retry",
+                             {"degraded": [intent.tier.name]})
+        return None
 
     async def _enforce_capacity(self, records: list[Record], by_tier: dict[str, list[int]],
                                 owner: str | None) -> None:
@@ -415,25 +471,27 @@ async def locate(fed: Federation, field: str, values: list[str], owner: str | No
 
 
 async def compensate(written: list[tuple[Tier, list[str]]], owner: str | None,
-                     cut_off: tuple[Tier, list[str]] | None = None) -> None:
+                     cut_off: tuple[Tier, list[str]] | None = None) -> bool:
     """Take back a batch that a tier failed: forget the new records the tiers before it wrote
     (`written`; a replaced key is not among them, forgetting its id would delete its earlier
     revision too), and, where the failing tier's call was cut off, the ids the router sent it
     (`cut_off`), since it may apply the write after the router stopped waiting. Best effort:
-    what cannot be undone is logged."""
-    async def forget(tier: Tier, new_ids: list[str]) -> None:
+    what cannot be undone is logged. Returns whether everything was (False: a batch's intent stays)."""
+    async def forget(tier: Tier, new_ids: list[str]) -> bool:
         try:
             await tier.call("memory/forget", with_owner({"ids": new_ids}, owner))
         except A2MError as exc:
             log.error("could not undo a partial write on %s (%s): ids %s", tier.name, exc, new_ids)
+            return False
+        return True
 
     undo = [forget(tier, new_ids) for tier, new_ids in written if new_ids]
     if cut_off is not None and cut_off[1]:
         undo.append(take_back(*cut_off, owner))
-    await asyncio.gather(*undo)
+    return all(await asyncio.gather(*undo))
 
 
-async def take_back(tier: Tier, sent: list[str], owner: str | None) -> None:
+async def take_back(tier: Tier, sent: list[str], owner: str | None) -> bool:
     """Forget `sent` (ids the router assigned or the caller supplied, new in the federation) on a
     tier whose write call was cut off. Bounded: one forget under the tier's timeout; if the tier
     answers but has not every id yet, the write may still be queued behind the forget there, so
@@ -447,11 +505,12 @@ async def take_back(tier: Tier, sent: list[str], owner: str | None) -> None:
         except A2MError as exc:
             log.error("could not take back a write to %s that the router stopped waiting for (%s): "
                       "ids %s may be stored there", tier.name, exc, sent)
-            return
+            return False
         forgotten = result.get("forgotten")
         found += forgotten if isinstance(forgotten, int) else 0
         if found >= len(sent):
             log.warning("took back a write to %s that the router stopped waiting for: ids %s", tier.name, sent)
-            return
+            return True
     log.warning("took back %d of %d records of a write to %s that the router stopped waiting for; the rest "
                 "were not written, or are written later and stay: ids %s", found, len(sent), tier.name, sent)
+    return False  # the rest may land later: a batch's intent stays, for a resolution to forget them
