@@ -28,7 +28,7 @@ from a2m.timefmt import now
 
 from .doubts import LATE_FORGETS
 from .federation import Federation, Tier
-from .intents import Intent, Intents
+from .intents import Intent, Intents, refuse_reserved
 from .policy import Policy
 from .scope import SCOPE_PARAMS, VectorWidth, read_only, scope_tiers, settle_tier, tier_named, with_owner
 
@@ -96,6 +96,7 @@ class Writes:
         stamp = now()
         records = [parse_write(raw, i, owner=owner, stamp=stamp) for i, raw in enumerate(raw_records)]
         owner = batch_owner(records, owner)
+        refuse_reserved(owner)  # named by the records alone, on a call that names none
         max_len = self.limits.get("max_content_length")
         targets: list[Tier] = []
         for i, record in enumerate(records):

@@ -243,6 +243,11 @@ async def test_no_caller_may_name_the_reserved_owner(stack: Stack) -> None:
         with pytest.raises(A2MError) as caught:
             await call(stack, method, {**params, "owner": INTENTS})
         assert caught.value.code == -32005, (method, caught.value)
+    # Named by the records alone, on a call that names no owner (a trusted transport's batch).
+    with pytest.raises(A2MError) as caught:
+        await call(stack, "memory/remember", {"records": [{"content": "forged", "owner": INTENTS}]})
+    assert caught.value.code == -32005, caught.value
+    assert "forged" not in contents_of(await held(stack, "working", INTENTS))
 
 
 def test_a_token_for_the_reserved_owner_is_refused_at_load() -> None:
