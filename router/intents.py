@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from a2m import errors
 from a2m.errors import A2MError
+from a2m.params import DEFAULT_LIMITS
 from a2m.timefmt import now, parse_ts
 
 from .config import INTENTS
@@ -36,7 +37,7 @@ from .scope import with_owner
 log = logging.getLogger("a2m.router")
 
 MARK = "a2m_intent"  # the content field naming the batch an intent record belongs to
-ENTRY_BYTES = 96  # what one listed record may take in an intent's JSON, for splitting a very large batch
+ENVELOPE = 8192  # characters of an intent record besides what it lists: the owner (escaped), the batch, the time
 
 
 def reserved(owner: object) -> bool:
@@ -61,14 +62,30 @@ class Intent:
 def contents(owner: str | None, records: Sequence[tuple[str, str, int]], keys: Mapping[str, int],
              max_len: int, stamp: str | None = None) -> list[str]:
     """The intent's record contents: the batch's owner, each new record as (tier, id, revision),
-    each replaced key with the revision it is written at, and when. Split into several records
-    (one batch mark, each naming how many there are) where one would exceed `max_len`."""
+    each replaced key with the revision it is written at, and when. Packed by measured length into
+    as many records (one batch mark, each naming how many there are) as keep each within `max_len`
+    characters, the holding tier's limit: an id may take 512 characters and a key 1,024 bytes."""
     batch, stamp = uuid.uuid4().hex, stamp or now()
-    per = max(1, (max_len - 512 - sum(len(k) + 16 for k in keys)) // ENTRY_BYTES)
-    chunks = [list(records[i:i + per]) for i in range(0, len(records), per)] or [[]]
-    return [json.dumps({MARK: batch, "part": k, "parts": len(chunks), "owner": owner, "created_at": stamp,
-                        "records": chunk, "keys": dict(keys) if k == 0 else {}}, separators=(",", ":"))
-            for k, chunk in enumerate(chunks)]
+    room = max(ENVELOPE, max_len - ENVELOPE)  # the owner (at most 1,024 bytes) and the rest of the frame
+    chunks: list[tuple[list[Any], dict[str, int]]] = [([], {})]
+    used = 0
+    entries: list[tuple[str, Any]] = [*(("record", list(r)) for r in records), *(("key", k) for k in keys.items())]
+    for kind, entry in entries:
+        cost = len(_json(entry)) + 2
+        if used + cost > room and (chunks[-1][0] or chunks[-1][1]):
+            chunks.append(([], {}))
+            used = 0
+        if kind == "record":
+            chunks[-1][0].append(entry)
+        else:
+            chunks[-1][1][entry[0]] = entry[1]
+        used += cost
+    return [_json({MARK: batch, "part": k, "parts": len(chunks), "owner": owner, "created_at": stamp,
+                   "records": listed, "keys": replaced}) for k, (listed, replaced) in enumerate(chunks)]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # length in characters, as tiers count
 
 
 class Intents:
@@ -87,13 +104,15 @@ class Intents:
         fit = [t for t in self.fed if t.writable and t.healthy and not t.gated]
         return next((t for t in fit if t.name == self.default_tier), fit[0] if fit else None)
 
-    async def open(self, owner: str | None, records: Sequence[tuple[str, str, int]], keys: Mapping[str, int],
-                   max_len: int) -> Intent:
+    async def open(self, owner: str | None, records: Sequence[tuple[str, str, int]],
+                   keys: Mapping[str, int]) -> Intent:
         """Write the intent; only once it is acknowledged may the batch's first part be written."""
         tier = self.place()
         if tier is None:
             raise A2MError(errors.INTERNAL_ERROR, "cannot write a batch across tiers: no writable tier is up to "
                            "hold its intent; nothing was written, retry when one is back")
+        max_len = ((tier.info or {}).get("limits") or {}).get("max_content_length")
+        max_len = max_len if type(max_len) is int and max_len > 0 else DEFAULT_LIMITS["max_content_length"]
         batch = [{"content": content} for content in contents(owner, records, keys, max_len)]
         try:
             result = await tier.call("memory/remember", with_owner({"records": batch}, INTENTS))

@@ -204,7 +204,7 @@ class Writes:
         for i, revision in revisions.items():
             if revision is not None and records[i].key:
                 keys[records[i].key] = max(keys.get(records[i].key, 0), revision)
-        return await self.intents.open(owner, new, keys, int(self.limits.get("max_content_length") or 1_000_000))
+        return await self.intents.open(owner, new, keys)
 
     async def _close_intent(self, intent: Intent, ids: list[str] | None) -> A2MError | None:
         """Forget a batch's intent before the caller is answered. After a batch written whole

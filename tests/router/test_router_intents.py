@@ -281,3 +281,19 @@ async def test_a_batch_whose_intent_was_resolved_while_it_was_written_is_taken_b
         await writing
     assert caught.value.code == -32603 and "taken back" in caught.value.message, caught.value
     assert [await held(stack, name, owner) for name in NAMES] == [[], [], []]
+
+
+def test_an_intent_of_the_longest_ids_and_keys_fits_its_tier_in_parts_that_list_everything() -> None:
+    """A batch of 1,000 records with 512-character ids, replacing 1,000 keys of 1,024 bytes, under
+    an owner of 1,024 bytes: its intent is several records, each within the holding tier's
+    `max_content_length`, which together list every record and key (packed by measured length:
+    an estimate of 96 characters a record put every key in the first part, past the limit)."""
+    owner = "é" * 512
+    records = [("semantic" if i % 2 else "working", f"{i:04d}" + "i" * 508, 1) for i in range(1000)]
+    keys = {f"{i:04d}" + "\u00e9" * 510: 2 for i in range(1000)}
+    for max_len in (1_000_000, 60_000):
+        parts = [json.loads(c) for c in contents(owner, records, keys, max_len)]
+        assert all(len(c) <= max_len for c in contents(owner, records, keys, max_len))
+        assert len(parts) > 1 and {p["parts"] for p in parts} == {len(parts)} and len({p[MARK] for p in parts}) == 1
+        assert [tuple(r) for p in parts for r in p["records"]] == records
+        assert {k: v for p in parts for k, v in p["keys"].items()} == keys
