@@ -26,6 +26,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -472,7 +473,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         "every_live_record_once": not (verify["n_missing"] or verify["doubled"] or verify["n_stale"]),
                         "no_forgotten_record_back": not verify["n_forgotten_back"]}
         out["logs"] = log_repeats(tmp)
+    if args.keep_logs:
         out["log_dir"] = str(tmp)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -490,6 +494,7 @@ def main() -> None:
                         help="send SIGUSR2 to the router and tiers at the third and the last sample (for a heap "
                              "profiler the processes were started with; they die of it without one)")
     parser.add_argument("--quick", action="store_true", help="a one-minute run")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the servers' logs (their folder is printed)")
     parser.add_argument("--gc-auto", type=int, help="the procedural repository's gc.auto (git's 6,700 by default): "
                                                     "lower, a short run packs it under load")
     args = parser.parse_args()
