@@ -30,7 +30,7 @@ from typing import Any, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 ORDER = ["protocol", "working", "episodic", "semantic", "procedural", "tiers_http", "router", "paging", "locomo",
-         "peer_langgraph"]
+         "peer_langgraph", "soak"]
 SKIP = {"run_all", "__init__"}
 
 # Arguments per benchmark: (quick, full). A benchmark not listed gets `--quick` when its

@@ -48,6 +48,7 @@ class InProcessObjectDB(GitCmdObjectDB):
     def __init__(self, root_path: str, git_cmd: Any) -> None:
         super().__init__(root_path, git_cmd)
         self.unsynced: set[str] = set()  # object files stored since the last `sync`
+        self.stored = 0  # objects stored (each a loose file) since the store last asked git to pack them
         # Fan-out directories (objects/ab/) whose entry in objects/ is on disk: those there at open,
         # and those a `sync` made durable since.
         self._durable_dirs = {entry.path for entry in os.scandir(root_path) if entry.is_dir()}
@@ -55,6 +56,7 @@ class InProcessObjectDB(GitCmdObjectDB):
     def store(self, istream: IStream) -> IStream:
         istream = LooseObjectDB.store(self, istream)
         self.unsynced.add(self.db_path(self.object_path(istream.hexsha)))
+        self.stored += 1
         return istream
 
     def sync(self) -> None:
