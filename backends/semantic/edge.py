@@ -4,7 +4,7 @@ One shard in the data directory, with Qdrant's WAL (an acknowledged `update`
 survives a SIGKILL), payload indexes and HNSW. The shard holds a lock on its
 WAL, so one process owns a data directory.
 
-Two facts shape this module:
+These facts shape this module:
 
 - `EdgeShard` calls are synchronous; updates run in a worker thread, so a
   slow fsync does not stall the event loop. Reads are fast and run inline.
@@ -18,6 +18,14 @@ Two facts shape this module:
   path. It runs at `open()` when enough points are unindexed, and on demand
   through `optimize()`; between restarts new points sit in the appendable
   segment and are searched exactly, which for a semantic tier's size is fast.
+- A deleted or replaced point stays in its segment (and its pending changes in
+  memory, and the WAL's closed files on disk) until a vacuum and a flush: a
+  tier that wrote and deleted 40,000 records grew by ~90 MB of memory and
+  ~32 MB of disk with none live. Edge vacuums only inside `optimize()` and
+  frees the old segment (and truncates the WAL) only at the next `flush()`, so
+  every `VACUUM_AFTER` deleted points the engine runs both (`compact`): 0.3 s
+  with none live, 0.9 s beside 5,000 live records, holding the GIL as above.
+  While a build of HNSW is due, the vacuum waits for the next open.
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ from .store import (DENSE, EMBEDDING, INDEXES, RRF_K, SPARSE, AnyOf, Cond, Eithe
 FACET_LIMIT = 1_000_000_000  # a facet's values: all of them
 WAL_SEGMENT = 32 * 1024 * 1024  # the size of each WAL segment file Qdrant Edge maps
 MIN_FREE = 2 * WAL_SEGMENT  # a rotation's new segment, and room for the segment files to grow
+# deleted points between compactions: ~50 MB of memory they hold until then; at least Edge's own
+# `vacuum_min_vector_number` (1,000), under which it vacuums no segment
+VACUUM_AFTER = 20_000
 
 
 def check_space(path: Path, *, replay: bool = False) -> None:
@@ -101,10 +112,13 @@ def _index_schema(kind: str) -> Any:
 class EdgeEngine:
     name = "qdrant-edge"
 
-    def __init__(self, path: Path, *, optimize_at_open: int = 20_000) -> None:
+    def __init__(self, path: Path, *, optimize_at_open: int = 20_000, vacuum_after: int = VACUUM_AFTER) -> None:
         self._path = Path(path)
         self._shard: Any = None
         self._optimize_at_open = optimize_at_open
+        self._vacuum_after = vacuum_after
+        self._deleted = 0  # points deleted since the last compaction
+        self._written = 0  # points written since the last optimize: what it might index now
         self._width: int | None = None
 
     @property
@@ -139,12 +153,32 @@ class EdgeEngine:
             if field not in present:
                 self._shard.update(q.UpdateOperation.create_field_index(field, _index_schema(kind)))
         info = self._shard.info()
-        if info.points_count - info.indexed_vectors_count >= self._optimize_at_open:
+        self._written = max(0, info.points_count - info.indexed_vectors_count)
+        if self._written >= self._optimize_at_open:
             await self.optimize()
 
     async def optimize(self) -> bool:
         """Build HNSW for unindexed segments (blocking: see the module docstring)."""
-        return await anyio.to_thread.run_sync(self.shard.optimize)
+        done = await anyio.to_thread.run_sync(self.shard.optimize)
+        self._written = 0
+        return done
+
+    async def compact(self) -> None:
+        """Vacuum deleted points and free what they held: Edge rebuilds a littered segment only in
+        `optimize()`, and drops the old one (and the WAL's acknowledged files) only at `flush()`.
+        `optimize()` also builds HNSW, which holds the GIL for seconds to minutes, so while enough
+        points are unindexed to warrant that (decision 18) only the flush runs, and the vacuum waits
+        for the next open."""
+        self._deleted = 0
+        # written since the last optimize and still live bounds what it would index now
+        if min(self._written, self.shard.info().points_count) < self._optimize_at_open:
+            await self.optimize()
+        await anyio.to_thread.run_sync(self.shard.flush)
+
+    async def _deleted_some(self, count: int) -> None:
+        self._deleted += count
+        if self._deleted >= self._vacuum_after:
+            await self.compact()
 
     async def close(self) -> None:
         shard, self._shard = self._shard, None
@@ -176,11 +210,14 @@ class EdgeEngine:
         # of a replaced key; readers prefer the newest).
         if points:
             await self._update(q.UpdateOperation.upsert_points([_point(p) for p in points]))
+            self._written += len(points)
         if deletes:
             await self._update(q.UpdateOperation.delete_points(list(deletes)))
+            await self._deleted_some(len(deletes))
 
     async def delete(self, pids: Sequence[str]) -> None:
         await self._update(q.UpdateOperation.delete_points(list(pids)))
+        await self._deleted_some(len(pids))
 
     async def set_payload(self, groups: Sequence[tuple[Sequence[str], dict[str, Any]]]) -> None:
         # by an id filter, not by ids: a point gone since the caller read it is skipped, not an error

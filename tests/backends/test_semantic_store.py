@@ -825,3 +825,28 @@ def test_the_dense_vector_is_one_qdrant_can_normalise_at_any_accepted_length() -
     for size in (1e-44, 1e-30, 1e-5, 1e25, 3.4e38):
         assert math.hypot(*comparable([size, size, -size])) == pytest.approx(1.0, abs=1e-12), size
         assert comparable([size, 0.0, 0.0]) == [1.0, 0.0, 0.0], size
+
+
+async def test_edge_frees_deleted_points_as_it_goes(tmp_path: Path) -> None:
+    """Qdrant Edge kept every deleted point in its segment until a restart: writing and deleting
+    20,000 records held ~45 MB more memory and ~16 MB more disk with none live. The engine now
+    vacuums and flushes every `vacuum_after` deletions; the shard's own counts show it."""
+    engine = EdgeEngine(tmp_path / "edge", vacuum_after=1000)  # Edge vacuums no segment under 1,000 points
+    store = SemanticStore(engine)
+    await store.open()
+    try:
+        for r in range(75):  # 1,500 records written and deleted, 20 at a time
+            batch = [rec(f"r{r}-{i}", f"fact {i} about the ferry {r}") for i in range(20)]
+            await store.write(batch)
+            await store.delete(Scope(owner="alice", ids=ids(batch)))
+        await store.write([rec("kept", "the ferry leaves at noon")])
+        info = engine.shard.info()
+        assert info.points_count == 1
+        # the sparse index counts each point a segment still holds, deleted or not: 1,501 without compaction
+        assert info.indexed_vectors_count <= 1000 + 20
+        # and the replaced segments are gone from disk, not only from the shard's list
+        assert len([d for d in (tmp_path / "edge" / "segments").iterdir() if d.is_dir()]) == info.segments_count
+        assert ids(await store.select(Scope(owner="alice"))) == ["kept"]
+        assert ids(await store.search(Scope(owner="alice"), text="ferry noon", vector=None, limit=5)) == ["kept"]
+    finally:
+        await store.close()
