@@ -109,7 +109,8 @@ class Soak:
         records: list[dict[str, Any]]
         if kind == "session":
             session = f"s{rnd.randint(0, 5)}"
-            records = [{"content": self.text(rnd), "session": session, "role": "user"} for _ in range(rnd.randint(1, 3))]
+            records = [{"content": self.text(rnd), "session": session, "role": "user"}
+                       for _ in range(rnd.randint(1, 3))]
         elif kind == "keyed":
             records = [{"content": self.text(rnd), "key": f"app/k{rnd.randint(0, 15)}", "role": "memory"}]
         elif kind == "skill":  # the procedural tier (git): a keyed rewrite of one of a few skills
@@ -489,7 +490,8 @@ def main() -> None:
     parser.add_argument("--think", type=float, default=0.15, help="mean pause of a client between calls (s)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--churn", action="store_true",
-                        help="forget about as often as remember, so the stores stay near one size: growth is then a leak")
+                        help="forget about as often as remember, so the stores stay near one size: "
+                             "growth is then a leak")
     parser.add_argument("--snapshot-signal", action="store_true",
                         help="send SIGUSR2 to the router and tiers at the third and the last sample (for a heap "
                              "profiler the processes were started with; they die of it without one)")
