@@ -425,8 +425,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         (tmp / "home").mkdir()
         (tmp / "home" / ".gitconfig").write_text(f"[gc]\n\tauto = {args.gc_auto}\n")
         env["HOME"] = str(tmp / "home")
+    grace = {"router": {"intent_grace": 2 * sum(t["timeout"] for t in tiers)}}  # above a batch's slowest write
     with embedded_postgres(tmp) as dsn, federation(tmp, with_postgres(tiers, dsn), mode="real", timeout=180,
-                                                   env=env) as stack:
+                                                   env=env, top=grace) as stack:
         data = Path(stack.tiers["procedural"].command[stack.tiers["procedural"].command.index("--data") + 1])
         pgdata = Path(dsn.split("host=")[-1].split("&")[0])
         print(f"soak: logs in {tmp}, data in {data}", file=sys.stderr)
