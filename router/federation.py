@@ -103,6 +103,12 @@ class Tier:
     def capabilities(self) -> frozenset[str]:
         return frozenset((self.info or {}).get("capabilities", ()))
 
+    def limit(self, name: str) -> int | None:
+        """The tier's described limit `name`, or None where it declares none (or one that is not a
+        positive integer: a tier of another implementation's odd value is not a cap)."""
+        value = ((self.info or {}).get("limits") or {}).get(name)
+        return value if type(value) is int and value > 0 else None
+
     def has(self, capability: str) -> bool:
         # Before the first describe, assume the protocol's full set; the tier answers -32003 if not.
         return self.info is None or capability in self.capabilities

@@ -111,8 +111,7 @@ class Intents:
         if tier is None:
             raise A2MError(errors.INTERNAL_ERROR, "cannot write a batch across tiers: no writable tier is up to "
                            "hold its intent; nothing was written, retry when one is back")
-        max_len = ((tier.info or {}).get("limits") or {}).get("max_content_length")
-        max_len = max_len if type(max_len) is int and max_len > 0 else DEFAULT_LIMITS["max_content_length"]
+        max_len = tier.limit("max_content_length") or DEFAULT_LIMITS["max_content_length"]
         batch = [{"content": content} for content in contents(owner, records, keys, max_len)]
         try:
             result = await tier.call("memory/remember", with_owner({"records": batch}, INTENTS))

@@ -28,8 +28,8 @@ class Limits(Mapping[str, int]):
         own = self._configured[name]
         if name not in WRITE_LIMITS:
             return own
-        declared = (((t.info or {}).get("limits") or {}).get(name) for t in self._tiers if t.writable)
-        return min([own, *(v for v in declared if type(v) is int and v > 0)])
+        declared = (t.limit(name) for t in self._tiers if t.writable)
+        return min([own, *(v for v in declared if v)])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._configured)

@@ -125,9 +125,8 @@ def holds(there: dict[str, Any] | None, write: dict[str, Any]) -> bool:
 
 
 def _limit(tier: Tier, name: str, default: int) -> int:
-    limits = (tier.info or {}).get("limits") or {}
-    value = limits.get(name)
-    return min(default, value) if isinstance(value, int) and value > 0 else default
+    value = tier.limit(name)
+    return min(default, value) if value else default
 
 
 def _within(record: dict[str, Any], where: dict[str, Any]) -> bool:
@@ -223,7 +222,7 @@ class Policy:
                          embeddings: bool = False) -> AsyncIterator[list[dict[str, Any]]]:
         """`scan` a page at a time, for a caller that need not hold the whole scope at once."""
         page = _limit(tier, "max_recall_limit", 1000)
-        capped = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
+        capped = tier.limit("max_recall_limit")
         params: dict[str, Any] = with_owner({"embeddings": embeddings}, owner)
         if where:
             params["where"] = where

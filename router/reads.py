@@ -123,7 +123,7 @@ class Reads:
             base["query"] = query
 
         def per_tier(tier: Tier) -> dict[str, Any] | None:
-            cap = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
+            cap = tier.limit("max_recall_limit")
             out = {**base, "limit": min(pool, cap) if cap else pool}
             if vector is not None and takes_vector(tier):
                 out["embedding"] = vector
@@ -173,7 +173,7 @@ class Reads:
         asked = {**scope, "limit": limit, "embeddings": asked_vectors}
 
         def per_tier(tier: Tier) -> dict[str, Any] | None:
-            cap = ((tier.info or {}).get("limits") or {}).get("max_recall_limit")
+            cap = tier.limit("max_recall_limit")
             return settle_tier({**asked, "limit": min(limit, cap) if cap else limit}, tier)
 
         result: dict[str, Any]

@@ -88,7 +88,7 @@ class Summaries:
             records.sort(key=lambda r: (r.created_at, place.get(r.id, 0)))
         # As long as the router and the tier written to take (a summary refused by its own write
         # answered -32602 about `records[0].content`, a param the caller never sent).
-        room = [self.limits.get("max_content_length"), ((into.info or {}).get("limits") or {}).get("max_content_length")]
+        room = [self.limits.get("max_content_length"), into.limit("max_content_length")]
         text = extract_summary(records, max_chars=min([SUMMARY_CHARS, *(n for n in room if n)]))
         if not text:
             return {"records": [], "read": len(records), "written": 0, **partial}
