@@ -152,10 +152,19 @@ class EdgeEngine:
         for field, kind in INDEXES:
             if field not in present:
                 self._shard.update(q.UpdateOperation.create_field_index(field, _index_schema(kind)))
-        info = self._shard.info()
-        self._written = max(0, info.points_count - info.indexed_vectors_count)
+        self._written = self._unindexed()
         if self._written >= self._optimize_at_open:
             await self.optimize()
+
+    def _unindexed(self) -> int:
+        """Dense vectors not yet in an HNSW graph. The shard's `indexed_vectors_count` counts every
+        indexed vector of every kind, and a sparse vector is indexed as it is written, so points
+        minus that count was ~0 for records with text and no restart ever
+        built HNSW. Dense and sparse vectors held, less those indexed, leaves the dense ones waiting."""
+        shard = self.shard
+        held = sum(shard.count(q.CountRequest(filter=q.Filter(must=[q.HasVectorCondition(name)]), exact=True))
+                   for name in (DENSE, SPARSE))
+        return max(0, held - shard.info().indexed_vectors_count)
 
     async def optimize(self) -> bool:
         """Build HNSW for unindexed segments (blocking: see the module docstring)."""

@@ -850,3 +850,24 @@ async def test_edge_frees_deleted_points_as_it_goes(tmp_path: Path) -> None:
         assert ids(await store.search(Scope(owner="alice"), text="ferry noon", vector=None, limit=5)) == ["kept"]
     finally:
         await store.close()
+
+
+async def test_edge_builds_hnsw_at_open_for_records_with_text(tmp_path: Path) -> None:
+    """Decision 18: a restart builds HNSW for the dense vectors written since the last build. The
+    open-time count took points minus the shard's indexed vectors, and every record with text has
+    a sparse vector, indexed as written, so that count was 0 and no restart built anything."""
+    rnd = random.Random(18)
+    width, count = 1536, 2000  # ~12 MB of vectors: past Edge's own threshold for building HNSW at all
+    store = SemanticStore(EdgeEngine(tmp_path / "edge", optimize_at_open=1000))
+    await store.open()
+    for start in range(0, count, 250):
+        await store.write([rec(i, f"fact {i} about the ferry", embedding=[rnd.gauss(0, 1) for _ in range(width)])
+                           for i in range(start, start + 250)])
+    await store.close()
+    engine = EdgeEngine(tmp_path / "edge", optimize_at_open=1000)
+    await engine.open()
+    try:
+        # each point's sparse vector plus, once the graph is built, its dense one
+        assert engine.shard.info().indexed_vectors_count == 2 * count
+    finally:
+        await engine.close()
