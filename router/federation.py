@@ -221,8 +221,11 @@ class Tier:
                     log.warning("tier %s answered %s with a malformed reply: %s", self.name, method, wrong)
                 error = Malformed(f"tier {self.name} answered {method} with a malformed reply: {wrong}",
                                   {"tier": self.name, "url": self.config.url, "method": method})
-                if self.healthy:  # what describe and `a2m doctor` show for it; a down tier's outage stays
-                    self.last_error = error.message
+                if self.healthy:  # what describe and `a2m doctor` show for it; a down tier's outage stays.
+                    # Without the detail, which can quote a caller's id or key: any token holder reads
+                    # describe (as decision 113 for an engine's words); the log and the caller have it.
+                    self.last_error = f"tier {self.name} answered {method} with a malformed reply " \
+                                      "(the router's log has the detail)"
                 raise error
             self.heard_at = time.monotonic()  # a busy router's calls are its health checks: none is added
             if self._malformed:

@@ -604,3 +604,23 @@ async def test_a_health_check_answered_engine_down_marks_the_tier_down(fed: Fed)
     fed.tiers["episodic"].twist = None
     got = await fed("memory/recall", {"query": "milan"})
     assert got["degraded"] == ["episodic"]  # skipped during the backoff, not waited on
+
+
+async def test_describe_shows_no_caller_data_from_a_malformed_reply(fed: Fed) -> None:
+    """What describe says of a failing tier any token holder reads; a malformed reply's detail can
+    quote a caller's id or key (decision 113 keeps an engine's words out the same way)."""
+    await seed(fed)
+    secret = {**GOOD, "id": "alices-secret-id"}
+    fed.tiers["episodic"].twist = on("memory/recall", {"records": [secret, secret]})
+    assert (await fed("memory/recall", {"query": "milan"}))["degraded"] == ["episodic"]
+
+    def refuse(m: str, p: dict[str, Any], r: dict[str, Any]) -> Any:
+        if m != "memory/describe":
+            return None
+        return http_response(b'{"jsonrpc": "2.0", "id": %d, "error": {"code": -32000, "message": "no"}}' % r["id"])
+
+    fed.tiers["episodic"].twist = refuse
+    got = await fed("memory/describe", {})
+    [entry] = [t for t in got["tiers"] if t["name"] == "episodic"]
+    assert entry["status"] == "down" and "malformed" in entry["error"], entry
+    assert "alices-secret-id" not in str(got), entry
