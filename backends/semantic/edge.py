@@ -31,7 +31,9 @@ These facts shape this module:
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -42,6 +44,8 @@ from backends.store import StoreUnavailable
 
 from .store import (DENSE, EMBEDDING, INDEXES, RRF_K, SPARSE, AnyOf, Cond, Either, Empty, HasIds, Hit, Match, Not,
                     PointData, Prefix, Range)
+
+log = logging.getLogger("a2m.semantic")
 
 FACET_LIMIT = 1_000_000_000  # a facet's values: all of them
 WAL_SEGMENT = 32 * 1024 * 1024  # the size of each WAL segment file Qdrant Edge maps
@@ -154,7 +158,11 @@ class EdgeEngine:
                 self._shard.update(q.UpdateOperation.create_field_index(field, _index_schema(kind)))
         self._written = self._unindexed()
         if self._written >= self._optimize_at_open:
+            log.info("building the HNSW index for %d vectors written since the last build; the tier serves "
+                     "once it is built (~40 s for 50,000 of 384 dimensions on 2 cores, decision 18)", self._written)
+            started = time.monotonic()
             await self.optimize()
+            log.info("built the HNSW index in %.1f s", time.monotonic() - started)
 
     def _unindexed(self) -> int:
         """Dense vectors not yet in an HNSW graph. The shard's `indexed_vectors_count` counts every
