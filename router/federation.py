@@ -113,6 +113,13 @@ class Tier:
         # Before the first describe, assume the protocol's full set; the tier answers -32003 if not.
         return self.info is None or capability in self.capabilities
 
+    @property
+    def per_session(self) -> bool:
+        """Counting capacity per session (router.toml's per_session) where the tier can tell sessions:
+        one that does not declare them answers memory/session/list -32003 and holds no session's
+        records (`drops`), so it is one bucket."""
+        return self.config.per_session and self.has("sessions")
+
     def drops(self, record: Mapping[str, Any]) -> tuple[str, str] | None:
         """(field, capability) of the first field of `record` (wire form) that this tier would not
         keep: set, and of a capability it does not declare (a tier server of another implementation;

@@ -486,7 +486,7 @@ class Policy:
         capacity = config.capacity
         if capacity is None or not tier.writable:
             return {"moved": 0, "dropped": 0}
-        key = (tier.name, owner, session if config.per_session else None)
+        key = (tier.name, owner, session if tier.per_session else None)
         async with self.lock(*key):
             victims = await self._victims(tier, owner, session)
             if not victims:
@@ -519,7 +519,7 @@ class Policy:
         """The records of the weakest whole groups of the bucket past the tier's capacity (none: within)."""
         config = tier.config
         assert config.capacity is not None
-        if config.per_session:
+        if tier.per_session:
             where = {"session": session}
             records = (await tier.call("memory/timeline", with_owner({"where": where, "limit": 0}, owner)))["records"]
             if len(records) >= _limit(tier, "max_recall_limit", 1000):
@@ -544,7 +544,7 @@ class Policy:
             if tier.config.capacity is None or not tier.writable:
                 continue
             try:
-                if tier.config.per_session:
+                if tier.per_session:
                     sessions = (await tier.call("memory/session/list", with_owner({}, owner)))["sessions"]
                     buckets: list[str | None] = [s["session"] for s in sessions
                                                  if s.get("records", 0) > tier.config.capacity]
@@ -568,7 +568,7 @@ class Policy:
         flushed = 0
         for tier in self.fed:
             config = tier.config
-            if not (config.per_session and config.spill_to and tier.writable):
+            if not (tier.per_session and config.spill_to and tier.writable):
                 continue
             try:
                 async with self.lock(tier.name, owner, session):

@@ -242,7 +242,7 @@ class Writes:
             tier = self.fed[name]
             if tier.config.capacity is None:
                 continue
-            buckets = dict.fromkeys(records[i].session for i in indexes) if tier.config.per_session else {None: None}
+            buckets = dict.fromkeys(records[i].session for i in indexes) if tier.per_session else {None: None}
             for bucket in buckets:
                 try:
                     done = await self.policy.enforce(tier, owner, bucket)

@@ -117,3 +117,23 @@ async def test_a_move_into_a_tier_without_sessions_leaves_a_record_with_a_sessio
             sessions = (await router.call("memory/session/list", {"owner": me}))["sessions"]
             assert [(s["session"], s["records"]) for s in sessions] == [("s1", 3)], sessions
             assert sorted(r["content"] for r in await held(stack, "working", me)) == ["a", "b", "c", "y", "z"]
+
+
+async def test_a_per_session_tier_without_sessions_is_held_to_its_capacity_as_one_bucket(tmp_path: Path) -> None:
+    """A working tier counts its capacity per session (router.toml's per_session, on by default for
+    working), found by asking it memory/session/list. A tier server that does not declare sessions
+    answers that -32003, so every consolidate's capacity pass on it failed (logged) and it grew past
+    its capacity for good. It holds no session's records (a record with one is not written there),
+    so its capacity is counted over the whole tier, and consolidate spills it back within it."""
+    me = new_owner()
+    tiers = [{"name": "working", "kind": "working", "serve": "fixture", "args": SESSIONLESS, "capacity": 2,
+              "spill_to": "episodic"},
+             {"name": "episodic", "kind": "episodic", "serve": "fixture"}]
+    with federation(tmp_path, tiers, top={"default_tier": "working"}) as stack:
+        async with HTTPClient(stack.url) as router:
+            # Written behind the router's back (a capacity lowered since, another router's writes).
+            await tier_call(stack, "working", "memory/remember", {"owner": me, "records": [
+                {"content": f"note {n}", "created_at": f"2026-01-0{n}T00:00:00.000Z"} for n in range(1, 5)]})
+            result = await router.call("memory/consolidate", {"owner": me})
+            assert result["moved"] == 2 and result["counts"] == {"working": 2, "episodic": 2}, result
+            assert [r["content"] for r in await held(stack, "working", me)] == ["note 3", "note 4"]
