@@ -375,7 +375,7 @@ def unkept(records: Sequence[Record], raw: Sequence[Mapping[str, Any]], targets:
     for i, (record, target) in enumerate(zip(records, targets)):
         if record.id in existing:
             continue
-        lost = target.drops({**raw[i], "owner": record.owner})
+        lost = target.drops(raw[i]) or (target.drops({"owner": record.owner}) if record.owner is not None else None)
         if lost is not None:
             field, capability = lost
             raise invalid(f"records[{i}].{field}: tier {target.name} does not declare {capability}, so it would not "
