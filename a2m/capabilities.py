@@ -27,6 +27,18 @@ METHOD_CAPABILITY: dict[str, str] = {
     "memory/summarize": "summarize",
 }
 
+# The record fields of each optional capability (§2's table): a server that does not declare one
+# ignores them on a write (§4, remember), so what the caller gave is not kept. `tier` (tiers) is
+# left out: it names where a record goes, and a write refuses it (-32003) rather than ignoring it.
+FIELD_CAPABILITY: dict[str, str] = {
+    "salience": "salience", "access_count": "salience", "accessed_at": "salience",
+    "owner": "scopes",
+    "session": "sessions",
+    "key": "keys", "revision": "keys",
+    "embedding": "embeddings",
+    "uri": "external", "media_type": "external",
+}
+
 TIER_KINDS = ("working", "episodic", "semantic", "procedural")
 
 

@@ -17,8 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
+from a2m.capabilities import FIELD_CAPABILITY
 from a2m.client import HTTPClient, Unavailable
 from a2m.errors import A2MError, INTERNAL_ERROR
+from a2m.records import DEFAULT_SALIENCE
 
 from .config import RouterConfig, TierConfig
 from .replies import Malformed, problem
@@ -32,6 +34,10 @@ BACKOFF_MAX = 15.0
 # coarse clock's tick (15.6 ms on older Windows Pythons) is the same slip. A failure that late is
 # the timeout: a refused connection or an HTTP error comes back in milliseconds.
 TIMER_SLACK = 0.02
+# What a field of an optional capability reads as on a record that never had it: a record holding
+# only these loses nothing where that capability is missing (every record shows a salience).
+UNSET: dict[str, Any] = {"salience": DEFAULT_SALIENCE, "access_count": 0, "revision": 1}
+FIELD_CAPABILITIES = frozenset(FIELD_CAPABILITY.values())
 
 
 Observer = Callable[[str, str, float, str], None]
@@ -112,6 +118,28 @@ class Tier:
     def has(self, capability: str) -> bool:
         # Before the first describe, assume the protocol's full set; the tier answers -32003 if not.
         return self.info is None or capability in self.capabilities
+
+    @property
+    def per_session(self) -> bool:
+        """Counting capacity per session (router.toml's per_session) where the tier can tell sessions:
+        one that does not declare them answers memory/session/list -32003 and holds no session's
+        records (`drops`), so it is one bucket."""
+        return self.config.per_session and self.has("sessions")
+
+    def drops(self, record: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(field, capability) of the first field of `record` (wire form) that this tier would not
+        keep: set, and of a capability it does not declare (a tier server of another implementation;
+        it ignores such fields, §4). None when it keeps them all, or is not yet described."""
+        if self.info is None:
+            return None
+        lacking = FIELD_CAPABILITIES - self.capabilities
+        if not lacking:
+            return None
+        for name, capability in FIELD_CAPABILITY.items():
+            value = record.get(name)
+            if capability in lacking and value is not None and value != UNSET.get(name):
+                return name, capability
+        return None
 
     @property
     def searched(self) -> bool:

@@ -136,7 +136,7 @@ class Moves:
             return {"moved": 0, "promoted": 0, "dropped": 0, "summarized": 0, **await self._counts(owner),
                     "closed": session, "flushed": 0}
         promoted = await self.policy.promote_pending(owner)
-        spilled = await self.policy.enforce_all(owner, [t for t in self.fed if not t.config.per_session])
+        spilled = await self.policy.enforce_all(owner, [t for t in self.fed if not t.per_session])
         moved = flushed + promoted + spilled["moved"]
         await self.events.emit("session_closed", owner, session=session)
         if moved or spilled["dropped"]:

@@ -36,7 +36,7 @@ import orjson
 
 from a2m.client import Unavailable
 from a2m.embedder import Embedder, try_embed_into
-from a2m.errors import A2MError
+from a2m.errors import A2MError, invalid
 from a2m.filters import test_matches
 from a2m.paging import CrowdedMillisecond, TiersDown, pages_backwards
 
@@ -160,6 +160,7 @@ class Policy:
         # Source deletes begun by moves, per owner slot (`moves_seen`).
         self._deletes = [0] * MOVE_SLOTS
         self._gated_told: set[tuple[str, str]] = set()  # (source, dest) pairs whose skipped moves were logged
+        self._unkept_told: set[tuple[str, str, str]] = set()  # (source, dest, field) moves skipped (`_kept_whole`)
         self.doubts = Doubts()  # ids a write the router stopped waiting for may still land (doubts.py)
 
     def lock(self, *key: Any) -> asyncio.Lock:
@@ -291,6 +292,8 @@ class Policy:
         if salience is not None:
             for write in writes:
                 write["salience"] = salience
+        movable = self._kept_whole(source, dest, units(writes), refused)
+        writes = [w for unit in movable for w in unit]
         if self.embedder is not None and dest.searched:
             missing = [w for w in writes if w.get("embedding") is None and w.get("content")]
             vectors = await try_embed_into(self.embedder, [w["content"] for w in missing], dest.dimensions, dest.name)
@@ -300,7 +303,7 @@ class Policy:
         size = _limit(dest, "max_records_per_call", 500)
         moved: list[str] = []
         held = self.owner_lock(owner)  # the caller holds it
-        for batch in batches(units(writes), size):
+        for batch in batches(movable, size):
             await held.check()  # a lapsed hold writes nothing: another replica may have moved or forgotten these
             placed, stop = await self._place(source, dest, owner, batch, size, refused)
             verified = [w["id"] for unit in placed for w in unit]
@@ -324,6 +327,29 @@ class Policy:
             if self.observe_move is not None:
                 self.observe_move(reason, source.name, dest.name, len(moved))
         return moved
+
+    def _kept_whole(self, source: Tier, dest: Tier, unit_list: list[list[dict[str, Any]]],
+                    refused: Refusals | None) -> list[list[dict[str, Any]]]:
+        """The units `dest` would keep whole. A unit with a field of a capability `dest` does not
+        declare (a tier server of another implementation ignores it: `Tier.drops`) stays in
+        `source`, as one `dest` refused does: a move never loses a field silently (a session no
+        longer listed or closed, an owner's record open to every owner, a salience or vector gone)."""
+        out = []
+        for unit in unit_list:
+            lost = next(((w, drop) for w in unit if (drop := dest.drops(w)) is not None), None)
+            if lost is None:
+                out.append(unit)
+                continue
+            (write, (name, capability)) = lost
+            error = invalid(f"record {write['id']}: tier {dest.name} does not declare {capability}, so it would not "
+                            f"keep the {name}", id=write["id"], field=name, tier=dest.name, capability=capability)
+            if (source.name, dest.name, name) not in self._unkept_told:  # once: a spill pass comes with every write
+                self._unkept_told.add((source.name, dest.name, name))
+                log.warning("move %s -> %s: %s; such records stay in %s", source.name, dest.name, error.message,
+                            source.name)
+            if refused is not None:
+                refused.append(([w["id"] for w in unit], error))
+        return out
 
     async def _place(self, source: Tier, dest: Tier, owner: str | None, batch: list[list[dict[str, Any]]],
                      size: int, refused: Refusals | None = None) -> tuple[list[list[dict[str, Any]]], bool]:
@@ -459,7 +485,7 @@ class Policy:
         capacity = config.capacity
         if capacity is None or not tier.writable:
             return {"moved": 0, "dropped": 0}
-        key = (tier.name, owner, session if config.per_session else None)
+        key = (tier.name, owner, session if tier.per_session else None)
         async with self.lock(*key):
             victims = await self._victims(tier, owner, session)
             if not victims:
@@ -492,7 +518,7 @@ class Policy:
         """The records of the weakest whole groups of the bucket past the tier's capacity (none: within)."""
         config = tier.config
         assert config.capacity is not None
-        if config.per_session:
+        if tier.per_session:
             where = {"session": session}
             records = (await tier.call("memory/timeline", with_owner({"where": where, "limit": 0}, owner)))["records"]
             if len(records) >= _limit(tier, "max_recall_limit", 1000):
@@ -517,7 +543,7 @@ class Policy:
             if tier.config.capacity is None or not tier.writable:
                 continue
             try:
-                if tier.config.per_session:
+                if tier.per_session:
                     sessions = (await tier.call("memory/session/list", with_owner({}, owner)))["sessions"]
                     buckets: list[str | None] = [s["session"] for s in sessions
                                                  if s.get("records", 0) > tier.config.capacity]
@@ -541,7 +567,7 @@ class Policy:
         flushed = 0
         for tier in self.fed:
             config = tier.config
-            if not (config.per_session and config.spill_to and tier.writable):
+            if not (tier.per_session and config.spill_to and tier.writable):
                 continue
             try:
                 async with self.lock(tier.name, owner, session):

@@ -126,7 +126,7 @@ class Writes:
         supplied = [r.id for r, w in zip(records, raw) if w.get("id") is not None]
         history = [supplied_history(w) for w in raw]
         revisions, existing = await route(self.fed, records, targets, supplied, history, owner)
-        keyless(records, targets, existing)
+        unkept(records, raw, targets, existing)
         # A client-supplied id that exists anywhere in the federation is idempotent: returned, not rewritten.
         for i, (record, w) in enumerate(zip(records, raw)):
             if w.get("id") is not None and record.id in existing:
@@ -242,7 +242,7 @@ class Writes:
             tier = self.fed[name]
             if tier.config.capacity is None:
                 continue
-            buckets = dict.fromkeys(records[i].session for i in indexes) if tier.config.per_session else {None: None}
+            buckets = dict.fromkeys(records[i].session for i in indexes) if tier.per_session else {None: None}
             for bucket in buckets:
                 try:
                     done = await self.policy.enforce(tier, owner, bucket)
@@ -363,16 +363,24 @@ def write_order(by_tier: dict[str, list[int]], revisions: Mapping[int, int | Non
                   key=lambda part: (any(i in revisions for i in part[1]), part[0] not in down))
 
 
-def keyless(records: Sequence[Record], targets: Sequence[Tier], existing: Mapping[str, str]) -> None:
-    """Refuse (-32602) a keyed record routed to a tier that does not declare `keys` (a tier server
-    of another implementation): the router declares keys, yet there the key would be dropped or
-    kept where `memory/fetch` and the next write of the key never look (they ask tiers with keys),
-    so the write would make a second record instead of replacing. Checked before any tier is
-    written; a record whose client id already exists is returned, not written, so it is let by."""
+def unkept(records: Sequence[Record], raw: Sequence[Mapping[str, Any]], targets: Sequence[Tier],
+           existing: Mapping[str, str]) -> None:
+    """Refuse (-32602) a record routed to a tier that does not declare the capability of one of its
+    fields (a tier server of another implementation; `Tier.drops`): the router declares them all,
+    yet there the field is ignored (§4), silently: a key is not fetched or replaced (a second
+    write makes a second record), a session not listed or closed, an owner's record is anyone's,
+    a salience, embedding or uri is gone. Not -32003: the router has the capability, this tier
+    does not. Checked before any tier is written; a record whose client id already exists is
+    returned, not written, so it is let by."""
     for i, (record, target) in enumerate(zip(records, targets)):
-        if record.key and not target.has("keys") and record.id not in existing:
-            raise invalid(f"records[{i}]: tier {target.name} does not hold keys; write the key to a tier "
-                          "that does (its own `tier`) or leave the key out", index=i, field="key", tier=target.name)
+        if record.id in existing:
+            continue
+        lost = target.drops(raw[i]) or (target.drops({"owner": record.owner}) if record.owner is not None else None)
+        if lost is not None:
+            field, capability = lost
+            raise invalid(f"records[{i}].{field}: tier {target.name} does not declare {capability}, so it would not "
+                          f"keep the {field}; write the record to a tier that does (its own `tier`) or leave the "
+                          f"{field} out", index=i, field=field, tier=target.name, capability=capability)
 
 
 async def route(fed: Federation, records: list[Record], targets: list[Tier], supplied: list[str],

@@ -4,6 +4,7 @@ another implementation): what the router accepts must still be what it can honou
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,3 +45,95 @@ async def test_a_key_bound_for_a_tier_without_keys_is_refused_and_nothing_is_wri
             again = (await router.call("memory/remember", {"owner": me, "records": [
                 {"content": "city is Milan", "key": "user/city"}]}))["ids"]
             assert again == ids
+
+
+# Every capability but one: a tier server of another implementation that does not do sessions.
+SESSIONLESS = ["--capabilities", "tiers,salience,scopes,keys,embeddings,external,events"]
+
+
+async def held(stack: Any, tier: str, owner: str | None = None) -> list[dict[str, Any]]:
+    """The records a tier server holds (for `owner`), asked behind the router's back."""
+    params: dict[str, Any] = {"limit": 0} if owner is None else {"owner": owner, "limit": 0}
+    return (await tier_call(stack, tier, "memory/timeline", params))["records"]
+
+
+async def test_a_field_bound_for_a_tier_without_its_capability_is_refused_and_nothing_is_written(
+        tmp_path: Path) -> None:
+    """The router declares every capability (§2), a tier that does not ignores that capability's
+    fields (§4): a session there was never listed or closed, an owner's record was open to every
+    owner, a salience, vector or uri was gone, all under a success. Each is refused with -32602
+    naming the record, the field and the tier, before any tier is written (the first record of each
+    batch goes to a tier that would keep it); the same record without the field is written."""
+    with federation(tmp_path, TIERS, top={"default_tier": "plain"}) as stack:
+        async with HTTPClient(stack.url) as router:
+            for field, value in (("session", "s1"), ("salience", 0.9), ("access_count", 2),
+                                 ("embedding", [0.1, 0.2, 0.3]), ("uri", "s3://bucket/doc.pdf"),
+                                 ("media_type", "application/pdf")):
+                with pytest.raises(A2MError) as refused:
+                    await router.call("memory/remember", {"records": [
+                        {"content": "fine", "tier": "keyed"}, {"content": "its field", field: value}]})
+                error = refused.value
+                assert error.code == -32602 and f"records[1].{field}" in error.message and "plain" in error.message
+                assert error.data["index"] == 1 and error.data["field"] == field and error.data["tier"] == "plain"
+            me = new_owner()  # an owner's record: there it would be every owner's
+            with pytest.raises(A2MError) as refused:
+                await router.call("memory/remember", {"owner": me, "records": [{"content": "mine"}]})
+            assert refused.value.code == -32602 and refused.value.data["field"] == "owner", refused.value
+            for tier in ("plain", "keyed"):
+                assert await held(stack, tier) == []
+            # What the tier keeps is written there: a salience equal to what every record shows is no loss.
+            await router.call("memory/remember", {"records": [{"content": "plain", "salience": 0.5}]})
+            assert [r["content"] for r in await held(stack, "plain")] == ["plain"]
+
+
+MOVE_TIERS = [
+    {"name": "working", "kind": "working", "serve": "fixture", "capacity": 2, "spill_to": "sessionless"},
+    {"name": "sessionless", "kind": "episodic", "serve": "fixture", "args": SESSIONLESS},
+]
+
+
+async def test_a_move_into_a_tier_without_sessions_leaves_a_record_with_a_session_where_it_is(
+        tmp_path: Path) -> None:
+    """Spill, promote and session close move records with the router's own writes. Into a tier
+    that does not declare sessions, a record's session was dropped there: session/list (which asks
+    tiers with sessions) lost it, and a close flushed the conversation out of reach of both. Such a
+    record stays where it is (a move can duplicate, never lose); a promote says so (-32602); a
+    record without a session moves."""
+    me = new_owner()
+    with federation(tmp_path, MOVE_TIERS, top={"default_tier": "working"}) as stack:
+        async with HTTPClient(stack.url) as router:
+            ids = {}
+            for content, session in (("x", None), ("y", None), ("z", None), ("a", "s1"), ("b", "s1"), ("c", "s1")):
+                record = {"content": content} if session is None else {"content": content, "session": session}
+                ids[content] = (await router.call("memory/remember", {"owner": me, "records": [record]}))["ids"][0]
+            # The implicit bucket spilled its oldest; the session's oldest could not go.
+            assert [r["id"] for r in await held(stack, "sessionless", me)] == [ids["x"]]
+            with pytest.raises(A2MError) as refused:
+                await router.call("memory/promote", {"owner": me, "ids": [ids["b"]], "tier": "sessionless"})
+            assert refused.value.code == -32602 and "session" in refused.value.message, refused.value
+            assert "sessionless" in refused.value.message and refused.value.data["refused"] == [ids["b"]]
+            closed = await router.call("memory/session/close", {"owner": me, "session": "s1"})
+            assert closed["flushed"] == 0, closed
+            sessions = (await router.call("memory/session/list", {"owner": me}))["sessions"]
+            assert [(s["session"], s["records"]) for s in sessions] == [("s1", 3)], sessions
+            assert sorted(r["content"] for r in await held(stack, "working", me)) == ["a", "b", "c", "y", "z"]
+
+
+async def test_a_per_session_tier_without_sessions_is_held_to_its_capacity_as_one_bucket(tmp_path: Path) -> None:
+    """A working tier counts its capacity per session (router.toml's per_session, on by default for
+    working), found by asking it memory/session/list. A tier server that does not declare sessions
+    answers that -32003, so every consolidate's capacity pass on it failed (logged) and it grew past
+    its capacity for good. It holds no session's records (a record with one is not written there),
+    so its capacity is counted over the whole tier, and consolidate spills it back within it."""
+    me = new_owner()
+    tiers = [{"name": "working", "kind": "working", "serve": "fixture", "args": SESSIONLESS, "capacity": 2,
+              "spill_to": "episodic"},
+             {"name": "episodic", "kind": "episodic", "serve": "fixture"}]
+    with federation(tmp_path, tiers, top={"default_tier": "working"}) as stack:
+        async with HTTPClient(stack.url) as router:
+            # Written behind the router's back (a capacity lowered since, another router's writes).
+            await tier_call(stack, "working", "memory/remember", {"owner": me, "records": [
+                {"content": f"note {n}", "created_at": f"2026-01-0{n}T00:00:00.000Z"} for n in range(1, 5)]})
+            result = await router.call("memory/consolidate", {"owner": me})
+            assert result["moved"] == 2 and result["counts"] == {"working": 2, "episodic": 2}, result
+            assert [r["content"] for r in await held(stack, "working", me)] == ["note 3", "note 4"]
