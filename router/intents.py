@@ -100,8 +100,9 @@ class Intents:
 
     def place(self) -> Tier | None:
         """Where an intent is written: the default tier, else the first writable tier in router.toml's
-        order, among those up and not gated (a gated tier holds a write for review: not stored)."""
-        fit = [t for t in self.fed if t.writable and t.healthy and not t.gated]
+        order, among those up, not gated (a gated tier holds a write for review: not stored) and
+        declaring `scopes` (an intent names a caller's ids and keys: one without would show it to all)."""
+        fit = [t for t in self.fed if t.writable and t.healthy and not t.gated and t.has("scopes")]
         return next((t for t in fit if t.name == self.default_tier), fit[0] if fit else None)
 
     async def open(self, owner: str | None, records: Sequence[tuple[str, str, int]],

@@ -3,6 +3,8 @@ another implementation): what the router accepts must still be what it can honou
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ import pytest
 
 from a2m.client import HTTPClient
 from a2m.errors import A2MError
+from router.intents import INTENTS
 
 from .stack import federation, new_owner, tier_call
 
@@ -137,3 +140,28 @@ async def test_a_per_session_tier_without_sessions_is_held_to_its_capacity_as_on
             result = await router.call("memory/consolidate", {"owner": me})
             assert result["moved"] == 2 and result["counts"] == {"working": 2, "episodic": 2}, result
             assert [r["content"] for r in await held(stack, "working", me)] == ["note 3", "note 4"]
+
+
+
+async def test_an_intent_is_never_held_where_every_owner_would_read_it(tmp_path: Path) -> None:
+    """A batch across tiers first writes its intent (decision 166), naming the caller's ids, to the
+    default tier. One without `scopes` keeps no owner apart, so every caller reading it saw another's
+    batch while it was written; the intent goes to the first tier that keeps owners apart."""
+    tiers = [{"name": "open", "kind": "episodic", "serve": "fixture", "args": ["--capabilities", "tiers"]},
+             {"name": "a", "kind": "semantic", "serve": "fixture"},
+             {"name": "b", "kind": "episodic", "serve": "fixture", "timeout": 5.0}]
+    with federation(tmp_path, tiers, top={"default_tier": "open"}) as stack:
+        async with HTTPClient(stack.url, timeout=30.0) as router:
+            stack.tiers["b"].pause()  # holds the batch between its parts, its intent standing
+            try:
+                writing = asyncio.create_task(router.call("memory/remember", {"owner": new_owner(), "records": [
+                    {"content": "one", "tier": "a"}, {"content": "two", "tier": "b"}]}))
+                deadline = time.monotonic() + 10
+                # (the fixture server keeps owners apart whatever it declares: ask it as the router would)
+                while not (where := [t for t in ("open", "a") if await held(stack, t, INTENTS)]):
+                    assert time.monotonic() < deadline and not writing.done(), "no intent while the batch was written"
+                    await asyncio.sleep(0.02)
+                assert where == ["a"]
+            finally:
+                stack.tiers["b"].resume()
+            await writing
