@@ -12,10 +12,13 @@ What it does: one request in flight per connection (no pipelining), warmest
 idle connection first, at most `max_connections` open, TLS for `https://`,
 chunked, sized or close-delimited bodies (a response with neither length nor
 chunking ends when the server closes: an HTTP/1.0-style server or proxy). A
-connection idle longer than `idle_timeout` is not reused: the default (4 s)
-sits under uvicorn's 5 s keep-alive, so the pool never writes into a socket
-the server is closing. A request is never retried: a POST may have been
-applied before the connection broke.
+connection is not reused `idle_timeout` after its last request was written:
+the default (4 s) sits under uvicorn's 5 s keep-alive, so the pool never
+writes into a socket the server is closing. Counted from the write, not from
+when the answer was read: the server's timer starts when it has answered,
+which an event loop that stalled (a frozen or starved process) may read
+seconds later, and counted from then the 1 s margin was gone. A request is
+never retried: a POST may have been applied before the connection broke.
 
 A response body is buffered whole, so it is capped (`max_response`, MAX_RESPONSE by default):
 past it, declared in `content-length` or counted as it arrives (chunked or until close), the
@@ -171,7 +174,7 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
         self.body: list[bytes] = []
         self.closed = False
-        self.idle_since = 0.0
+        self.sent_at = 0.0  # loop time its last request was written: its server's keep-alive timer starts later
         self.framed = False  # the response in progress declared a length or chunking
         self.until_close = False  # its headers are in, and its body runs to the end of the connection
         self.interim = False  # the message in progress is a 1xx: the final response follows it
@@ -272,7 +275,9 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None and self.waiter is None
         if self.closed:
             raise ConnectionFailed("connection closed before the request")
-        self.waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.waiter = loop.create_future()
+        self.sent_at = loop.time()
         self.transport.write(request)
         return self.waiter
 
@@ -348,7 +353,6 @@ class ConnectionPool:
                     finally:  # cancelled, timed out or failed mid-response: its state is unknown, so close it
                         if conn is not None:
                             if reusable and not conn.closed and generation == self._generation:
-                                conn.idle_since = loop.time()
                                 self._idle.append(conn)
                             else:
                                 conn.close()
@@ -363,7 +367,7 @@ class ConnectionPool:
         while self._idle:
             conn = self._idle.pop()  # the most recently used: the likeliest to be alive
             # is_closing: the server's FIN closed the transport, `connection_lost` is a loop turn away
-            if not conn.closed and not conn.transport.is_closing() and now - conn.idle_since < self.idle_timeout:
+            if not conn.closed and not conn.transport.is_closing() and now - conn.sent_at < self.idle_timeout:
                 return conn
             conn.close()
         return None
