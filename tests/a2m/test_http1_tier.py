@@ -47,6 +47,27 @@ def _tier() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
 
 
 @pytest.mark.anyio
+async def test_a_tier_restarted_while_the_loop_stalled_costs_no_call() -> None:
+    """The tier restarts (killed, started again on its port) while the router's loop is busy: every
+    idle connection's FIN waits in its socket, unread. The next call took one, wrote into it and
+    failed with "connection closed before the response" (the router marks the tier down for it),
+    though the tier was up and the close already known to the kernel."""
+    with _tier() as (url, procs):
+        pool = ConnectionPool(url)
+        with anyio.fail_after(30):
+            await asyncio.gather(*(pool.post(DESCRIBE, timeout=5) for _ in range(4)))
+            assert pool.idle == 4
+            port = int(url.rsplit(":", 1)[1].strip("/"))
+            procs[0].kill()  # the loop is not run from here to the calls below: a stalled one
+            procs[0].wait()
+            procs[0] = _start(port)
+            for _ in range(4):  # as many as there were dead connections
+                status, _ = await pool.post(DESCRIBE, timeout=5)
+                assert status == 200
+        pool.close()
+
+
+@pytest.mark.anyio
 async def test_an_answer_read_late_retires_its_connection_by_when_its_request_was_sent() -> None:
     """The tier's keep-alive timer (5 s) starts when it has answered. A loop stalled while the answer
     arrived read it seconds later, and the pool, counting its 4 s from that read, kept reusing the
