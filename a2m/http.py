@@ -65,7 +65,8 @@ BODIES_IN_FLIGHT = 4
 # docker stop) commonly allows before SIGKILL, leaving room to close the engines.
 DEFAULT_SHUTDOWN_TIMEOUT = 20.0
 # Seconds an idle keep-alive connection is kept (uvicorn's default, fixed here). a2m.http1's pool stops
-# reusing a connection after 4 s idle, under this, so the router never writes into a socket a tier is closing.
+# reusing a connection 4 s after its last request was written, under this, so the router never writes into
+# a socket a tier is closing.
 KEEP_ALIVE = 5
 _READ_HEADERS = frozenset({b"origin", b"authorization", b"a2m-protocol-version", b"content-type", b"content-length",
                            b"traceparent"})
