@@ -143,7 +143,11 @@ class Tier:
 
     @property
     def searched(self) -> bool:
-        """Whether this tier ranks by vectors (only then does the router send it query vectors)."""
+        """Whether this tier ranks by vectors (only then does the router send it query vectors, or
+        embed what it writes there). Not one that does not declare `embeddings`, whatever its kind:
+        it ignores a vector (§4), and asked a vector alone it answers its newest records."""
+        if not self.has("embeddings"):
+            return False
         emb = (self.info or {}).get("embeddings") or {}
         if "searched" in emb:
             return bool(emb["searched"])

@@ -11,8 +11,13 @@ from typing import Any
 import pytest
 
 from a2m.client import HTTPClient
+from a2m.dispatch import Context, Dispatcher
 from a2m.errors import A2MError
+from router.config import RouterConfig, TierConfig
 from router.intents import INTENTS
+from router.server import Router
+from tests.support.memstore import CAPABILITIES
+from tests.support.scripted import ScriptedTier
 
 from .stack import federation, new_owner, tier_call
 
@@ -165,3 +170,31 @@ async def test_an_intent_is_never_held_where_every_owner_would_read_it(tmp_path:
             finally:
                 stack.tiers["b"].resume()
             await writing
+
+
+
+async def test_a_recall_by_vector_alone_leaves_out_a_tier_without_embeddings() -> None:
+    """A recall with a vector and no query asks only the tiers that rank by vectors: the others
+    would answer their newest records as matches (a server ignores the `embedding` of a capability
+    it does not declare, §4). A tier of a searched kind (episodic, semantic) that does not declare
+    `embeddings` was asked all the same."""
+    textual, vectors = ScriptedTier("textual", "semantic"), ScriptedTier("vectors", "episodic")
+    textual.server.capabilities = CAPABILITIES - {"embeddings"}
+    for tier in (textual, vectors):
+        await tier.start()
+    router = Router(RouterConfig(tiers=(TierConfig("textual", textual.url, kind="semantic"),
+                                        TierConfig("vectors", vectors.url, kind="episodic")),
+                                 background_promotion=False))
+    await router.startup()
+    try:
+        await vectors.call("memory/remember", {"records": [{"content": "north", "embedding": [1.0, 0.0, 0.0]}]})
+        await textual.call("memory/remember", {"records": [{"content": "the ferry leaves at noon"}]})
+        textual.calls.clear()
+        reply = await Dispatcher(router).handle({"jsonrpc": "2.0", "id": 1, "method": "memory/recall",
+                                                 "params": {"embedding": [0.9, 0.1, 0.0]}}, Context())
+        assert reply is not None and [r["content"] for r in reply["result"]["records"]] == ["north"], reply
+        assert [m for m, _ in textual.calls if m == "memory/recall"] == []
+    finally:
+        await router.shutdown()
+        for tier in (textual, vectors):
+            await tier.stop()
