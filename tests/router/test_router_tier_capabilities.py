@@ -245,3 +245,26 @@ async def test_intents_are_not_read_from_a_tier_that_keeps_no_owners_apart() -> 
         await router.shutdown()
         for tier in (scoped, shared):
             await tier.stop()
+
+
+async def test_a_summary_goes_where_it_is_kept_whole(tmp_path: Path) -> None:
+    """memory/summarize without `into` writes its summary to the first semantic tier. One that does
+    not declare `scopes` (or `keys`, for a summary at a key) would drop the caller's owner, so the
+    router's own write was refused (-32602 about `records[0].owner`, a record the caller never
+    sent) after reading every source: a valid call failed. The summary goes to a tier that keeps
+    it; asked `into` such a tier, the refusal names `into`."""
+    tiers = [{"name": "working", "kind": "working", "serve": "fixture"},
+             {"name": "facts", "kind": "semantic", "serve": "fixture", "args": ["--capabilities", "tiers"]},
+             {"name": "episodic", "kind": "episodic", "serve": "fixture"}]
+    me = new_owner()
+    with federation(tmp_path, tiers, top={"default_tier": "working"}) as stack:
+        async with HTTPClient(stack.url) as router:
+            await router.call("memory/remember", {"owner": me, "records": [
+                {"content": "The ferry to Capri leaves at noon."}, {"content": "Tickets are sold at the pier."}]})
+            got = await router.call("memory/summarize", {"owner": me, "tier": "working", "key": "trip/summary"})
+            assert got["written"] == 1 and got["records"][0]["tier"] != "facts", got
+            assert await held(stack, "facts") == []
+            with pytest.raises(A2MError) as refused:
+                await router.call("memory/summarize", {"owner": me, "tier": "working", "into": "facts"})
+            assert refused.value.code == -32602 and refused.value.data.get("field") == "into", refused.value
+            assert "records[0]" not in refused.value.message, refused.value
