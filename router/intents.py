@@ -51,6 +51,15 @@ def refuse_reserved(owner: object) -> None:
         raise A2MError(errors.SCOPE_DENIED, f"owner {INTENTS!r} is reserved by the router", {"owner": owner})
 
 
+def holds_intents(tier: Tier) -> bool:
+    """Whether `tier` may hold intents: writable, not gated (a gated tier holds a write for review: not
+    stored) and declaring `scopes`. The last also for reading them back: one without ignores the
+    intents' owner, so its answer is every record it holds, of every owner (a whole tier read at
+    every consolidate), and a caller's record shaped like an intent would be resolved as one, the
+    records it names forgotten."""
+    return tier.writable and not tier.gated and tier.has("scopes")
+
+
 class Intent:
     """One batch's intent as written: the tier holding it and its record ids there."""
 
@@ -102,7 +111,7 @@ class Intents:
         """Where an intent is written: the default tier, else the first writable tier in router.toml's
         order, among those up, not gated (a gated tier holds a write for review: not stored) and
         declaring `scopes` (an intent names a caller's ids and keys: one without would show it to all)."""
-        fit = [t for t in self.fed if t.writable and t.healthy and not t.gated and t.has("scopes")]
+        fit = [t for t in self.fed if t.healthy and holds_intents(t)]
         return next((t for t in fit if t.name == self.default_tier), fit[0] if fit else None)
 
     async def open(self, owner: str | None, records: Sequence[tuple[str, str, int]],
@@ -140,7 +149,7 @@ class Intents:
         async with self._resolving:
             found: dict[str, list[tuple[Tier, str, dict[str, Any]]]] = defaultdict(list)
             tally: dict[str, Any] = {"kept": 0, "undone": 0, "forgotten": 0, "left": 0, "owners": {}}
-            for tier in [t for t in self.fed if t.writable and not t.gated]:
+            for tier in [t for t in self.fed if holds_intents(t)]:
                 try:
                     held = await self._read(tier)
                 except A2MError as exc:

@@ -45,6 +45,25 @@ class Summaries:
             raise read_only(into)
         return into
 
+    def _keeping(self, into: Tier, asked: bool, owner: str | None, key: str | None) -> Tier:
+        """`into`, or where no `into` was asked and it would drop the summary's owner or key (a tier of
+        another implementation without `scopes` or `keys`, decision 170), the first semantic tier,
+        else the default tier, that keeps them. Checked before any source is read: the summary's own
+        write was refused after the whole read, about `records[0]`, a record the caller never sent."""
+        fields = {"owner": owner, "key": key}
+        if not asked and into.drops(fields) is not None:
+            candidates = [t for t in self.fed if t.config.kind == "semantic" and t.writable]
+            candidates.append(self.fed[self.default_tier])
+            into = next((t for t in candidates if t.writable and t.drops(fields) is None), into)
+        lost = into.drops(fields)
+        if lost is not None:
+            name, capability = lost
+            raise invalid(f"{'into: tier' if asked else 'no tier to hold the summary: tier'} {into.name} does not "
+                          f"declare {capability}, so it would not keep the summary's {name}"
+                          f"{'; summarize into a tier that does' if asked else ''}",
+                          field="into" if asked else name, tier=into.name, capability=capability)
+        return into
+
     async def summarize(self, params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         scope_tiers(self.fed, params)  # an unknown `tier` is -32002 before anything is read, or the owner checked,
         into = self._summary_tier(params)  # as on a tier server
@@ -56,6 +75,7 @@ class Summaries:
             raise invalid("key must not be empty", field="key")
         if scope.is_empty_selector() and not query and params.get("tier") is None:
             raise invalid("summarize needs a selector (ids, query, tier, where or key_prefix)")
+        into = self._keeping(into, params.get("into") is not None, owner, key)
         limit = limit_param(params, self.limits, 50)
         # no `cursor` either: a tier's summarize takes none, and the router's timeline would walk by it
         asked = {k: v for k, v in params.items() if k not in ("prompt", "into", "key", "ids", "cursor")}

@@ -4,6 +4,7 @@ another implementation): what the router accepts must still be what it can honou
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from a2m.client import HTTPClient
 from a2m.dispatch import Context, Dispatcher
 from a2m.errors import A2MError
 from router.config import RouterConfig, TierConfig
-from router.intents import INTENTS
+from router.intents import INTENTS, MARK
 from router.server import Router
 from tests.support.memstore import CAPABILITIES
 from tests.support.scripted import ScriptedTier
@@ -198,3 +199,72 @@ async def test_a_recall_by_vector_alone_leaves_out_a_tier_without_embeddings() -
         await router.shutdown()
         for tier in (textual, vectors):
             await tier.stop()
+
+
+def keeping_no_owners_apart(tier: ScriptedTier) -> None:
+    """Make `tier` a server of another implementation without `scopes`: it ignores `owner` (§4),
+    so every caller, the router's intents' owner included, reads and forgets one partition."""
+    tier.server.capabilities = CAPABILITIES - {"scopes"}
+    handle = tier.dispatcher.handle
+
+    async def ignoring_owner(message: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
+        params = {k: v for k, v in (message.get("params") or {}).items() if k != "owner"}
+        return await handle({**message, "params": params}, ctx)
+
+    tier.dispatcher.handle = ignoring_owner  # type: ignore[method-assign]
+
+
+async def test_intents_are_not_read_from_a_tier_that_keeps_no_owners_apart() -> None:
+    """An intent is only ever written to a tier with `scopes`, yet every consolidate (and the router's
+    start) read intents from every writable tier. One without `scopes` answered that read with every
+    record it holds, of every owner (a whole shared tier read and parsed on each consolidate), and a
+    record there shaped like an intent was resolved as one: the records it named, another owner's,
+    forgotten."""
+    scoped, shared = ScriptedTier("scoped", "episodic"), ScriptedTier("shared", "episodic")
+    keeping_no_owners_apart(shared)
+    for tier in (scoped, shared):
+        await tier.start()
+    router = Router(RouterConfig(tiers=(TierConfig("scoped", scoped.url, kind="episodic"),
+                                        TierConfig("shared", shared.url, kind="episodic")),
+                                 background_promotion=False))
+    await router.startup()
+    try:
+        kept = (await scoped.call("memory/remember", {"owner": "alice", "records": [{"content": "alice's"}]}))["ids"]
+        shaped = json.dumps({MARK: "not-a-batch", "part": 0, "parts": 1, "owner": "alice",
+                             "created_at": "2020-01-01T00:00:00.000Z", "keys": {},
+                             "records": [["scoped", kept[0], 1], ["scoped", "never-written", 1]]})
+        await shared.call("memory/remember", {"records": [{"content": "a note"}, {"content": shaped}]})
+        shared.calls.clear()
+        reply = await Dispatcher(router).handle({"jsonrpc": "2.0", "id": 1, "method": "memory/consolidate",
+                                                 "params": {"owner": "bob"}}, Context())
+        assert reply is not None and "result" in reply, reply
+        assert [p for m, p in shared.calls if p.get("owner") == INTENTS] == []
+        held = await scoped.call("memory/timeline", {"owner": "alice", "limit": 0})
+        assert [r["id"] for r in held["records"]] == kept
+    finally:
+        await router.shutdown()
+        for tier in (scoped, shared):
+            await tier.stop()
+
+
+async def test_a_summary_goes_where_it_is_kept_whole(tmp_path: Path) -> None:
+    """memory/summarize without `into` writes its summary to the first semantic tier. One that does
+    not declare `scopes` (or `keys`, for a summary at a key) would drop the caller's owner, so the
+    router's own write was refused (-32602 about `records[0].owner`, a record the caller never
+    sent) after reading every source: a valid call failed. The summary goes to a tier that keeps
+    it; asked `into` such a tier, the refusal names `into`."""
+    tiers = [{"name": "working", "kind": "working", "serve": "fixture"},
+             {"name": "facts", "kind": "semantic", "serve": "fixture", "args": ["--capabilities", "tiers"]},
+             {"name": "episodic", "kind": "episodic", "serve": "fixture"}]
+    me = new_owner()
+    with federation(tmp_path, tiers, top={"default_tier": "working"}) as stack:
+        async with HTTPClient(stack.url) as router:
+            await router.call("memory/remember", {"owner": me, "records": [
+                {"content": "The ferry to Capri leaves at noon."}, {"content": "Tickets are sold at the pier."}]})
+            got = await router.call("memory/summarize", {"owner": me, "tier": "working", "key": "trip/summary"})
+            assert got["written"] == 1 and got["records"][0]["tier"] != "facts", got
+            assert await held(stack, "facts") == []
+            with pytest.raises(A2MError) as refused:
+                await router.call("memory/summarize", {"owner": me, "tier": "working", "into": "facts"})
+            assert refused.value.code == -32602 and refused.value.data.get("field") == "into", refused.value
+            assert "records[0]" not in refused.value.message, refused.value
