@@ -85,6 +85,8 @@ class Tier:
     heard_at: float = 0.0  # monotonic time of its last good answer: a health check probes a tier silent for long
     _down_for: tuple[type, ...] | None = None  # the kind of failure last logged for this outage (`_down`)
     _malformed: set[str] = field(default_factory=set)  # methods whose last reply was malformed (logged once)
+    _capabilities_of: dict[str, Any] | None = None  # the describe `_capabilities` was read from
+    _capabilities: frozenset[str] = frozenset()
     # (tier, method, seconds, outcome) after every call: the router's per-tier metrics. Outcome is
     # "ok", "error" (the tier answered an A2M error) or "unavailable" (unreachable, timed out, or its
     # engine is down: `engine_down`).
@@ -107,7 +109,11 @@ class Tier:
 
     @property
     def capabilities(self) -> frozenset[str]:
-        return frozenset((self.info or {}).get("capabilities", ()))
+        # Asked for every record a write checks (`drops`): built once per describe, not per call.
+        if self._capabilities_of is not self.info:
+            self._capabilities_of = self.info
+            self._capabilities = frozenset((self.info or {}).get("capabilities", ()))
+        return self._capabilities
 
     def limit(self, name: str) -> int | None:
         """The tier's described limit `name`, or None where it declares none (or one that is not a
@@ -126,10 +132,11 @@ class Tier:
         records (`drops`), so it is one bucket."""
         return self.config.per_session and self.has("sessions")
 
-    def drops(self, record: Mapping[str, Any]) -> tuple[str, str] | None:
+    def drops(self, record: Mapping[str, Any], spare: frozenset[str] = frozenset()) -> tuple[str, str] | None:
         """(field, capability) of the first field of `record` (wire form) that this tier would not
         keep: set, and of a capability it does not declare (a tier server of another implementation;
-        it ignores such fields, §4). None when it keeps them all, or is not yet described."""
+        it ignores such fields, §4), `spare`'s fields let go. None when it keeps them all, or is not
+        yet described."""
         if self.info is None:
             return None
         lacking = FIELD_CAPABILITIES - self.capabilities
@@ -137,7 +144,7 @@ class Tier:
             return None
         for name, capability in FIELD_CAPABILITY.items():
             value = record.get(name)
-            if capability in lacking and value is not None and value != UNSET.get(name):
+            if capability in lacking and value is not None and value != UNSET.get(name) and name not in spare:
                 return name, capability
         return None
 

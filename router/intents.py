@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
 from a2m import errors
-from a2m.errors import A2MError
+from a2m.errors import A2MError, invalid
 from a2m.params import DEFAULT_LIMITS
 from a2m.timefmt import now, parse_ts
 
@@ -119,6 +119,10 @@ class Intents:
         """Write the intent; only once it is acknowledged may the batch's first part be written."""
         tier = self.place()
         if tier is None:
+            if not any(holds_intents(t) for t in self.fed):  # described so: retrying will not help
+                raise invalid("cannot write a batch across tiers here: no writable tier that keeps owners apart "
+                              "(declares scopes) may hold its intent; nothing was written: write each tier's "
+                              "records in a call of their own", field="records")
             raise A2MError(errors.INTERNAL_ERROR, "cannot write a batch across tiers: no writable tier is up to "
                            "hold its intent; nothing was written, retry when one is back")
         max_len = tier.limit("max_content_length") or DEFAULT_LIMITS["max_content_length"]

@@ -50,6 +50,8 @@ log = logging.getLogger("a2m.router.policy")
 Refusals = list[tuple[list[str], A2MError]]  # units a destination refused: their ids and its answer
 
 MOVE_DROP = ("tier", "score")
+# What a record's recalls left on it, kept by its tier's `salience`: a move may let them go (`_kept_whole`).
+RECALLS = frozenset({"access_count", "accessed_at"})
 MOVE_BYTES = 16 * 1024 * 1024  # JSON per move call: well under a tier's body limit (a2m.http.TIER_MAX_BODY)
 MOVE_SLOTS = 256  # owners hashed into this many move counters: bounded memory; a collision costs a read one retry
 # Record ids queued for promotion, all owners together (`Policy._queue`): an owner that never
@@ -333,10 +335,12 @@ class Policy:
         """The units `dest` would keep whole. A unit with a field of a capability `dest` does not
         declare (a tier server of another implementation ignores it: `Tier.drops`) stays in
         `source`, as one `dest` refused does: a move never loses a field silently (a session no
-        longer listed or closed, an owner's record open to every owner, a salience or vector gone)."""
+        longer listed or closed, an owner's record open to every owner, a salience or vector gone).
+        Its recall counts (`RECALLS`) are let go: the source's bookkeeping, not the caller's data,
+        and a promotion is earned by them, so none could ever reach a tier without `salience`."""
         out = []
         for unit in unit_list:
-            lost = next(((w, drop) for w in unit if (drop := dest.drops(w)) is not None), None)
+            lost = next(((w, drop) for w in unit if (drop := dest.drops(w, RECALLS)) is not None), None)
             if lost is None:
                 out.append(unit)
                 continue

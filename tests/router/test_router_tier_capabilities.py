@@ -268,3 +268,47 @@ async def test_a_summary_goes_where_it_is_kept_whole(tmp_path: Path) -> None:
                 await router.call("memory/summarize", {"owner": me, "tier": "working", "into": "facts"})
             assert refused.value.code == -32602 and refused.value.data.get("field") == "into", refused.value
             assert "records[0]" not in refused.value.message, refused.value
+
+
+async def test_a_recalled_record_is_promoted_into_a_tier_without_salience(tmp_path: Path) -> None:
+    """A promotion is earned by recalls, which leave `access_count` and `accessed_at` on the record,
+    fields of `salience` (§2). A tier that does not declare it had every promotion refused, so no
+    record could ever reach it. A move lets the source's recall counts go; a salience the caller
+    set still keeps the record where it is."""
+    no_salience = ["--capabilities", "tiers,scopes,sessions,keys,embeddings,external,events"]
+    tiers = [{"name": "working", "kind": "working", "serve": "fixture", "promote_to": "facts", "promote_after": 1},
+             {"name": "facts", "kind": "semantic", "serve": "fixture", "args": no_salience}]
+    me = new_owner()
+    with federation(tmp_path, tiers, top={"default_tier": "working"}) as stack:
+        async with HTTPClient(stack.url) as router:
+            [plain] = (await router.call("memory/remember", {"owner": me, "records": [
+                {"content": "the ferry leaves at noon"}]}))["ids"]
+            assert (await router.call("memory/recall", {"owner": me, "query": "ferry"}))["records"]
+            [recalled] = await held(stack, "working", me)
+            assert recalled["access_count"] >= 1, recalled
+            await router.call("memory/promote", {"owner": me, "ids": [plain], "tier": "facts"})
+            assert [r["id"] for r in await held(stack, "facts", me)] == [plain]
+            [weighty] = (await router.call("memory/remember", {"owner": me, "records": [
+                {"content": "my passport is blue", "salience": 0.9, "tier": "working"}]}))["ids"]
+            with pytest.raises(A2MError) as refused:
+                await router.call("memory/promote", {"owner": me, "ids": [weighty], "tier": "facts"})
+            assert refused.value.code == -32602 and "salience" in refused.value.message, refused.value
+
+
+async def test_a_batch_across_tiers_none_of_which_keeps_owners_apart_says_how_to_write_it(tmp_path: Path) -> None:
+    """Its intent may only be held where owners are kept apart; with no such tier at all, retrying
+    (what "no tier is up" tells a caller) can never help: -32602 says to write each tier's part
+    alone, and nothing is written. Each part alone is written."""
+    shared = ["--capabilities", "tiers,salience,sessions,keys,embeddings,external,events"]
+    tiers = [{"name": "a", "kind": "episodic", "serve": "fixture", "args": shared},
+             {"name": "b", "kind": "semantic", "serve": "fixture", "args": shared}]
+    with federation(tmp_path, tiers, top={"default_tier": "a"}) as stack:
+        async with HTTPClient(stack.url) as router:
+            batch = [{"content": "one", "tier": "a"}, {"content": "two", "tier": "b"}]
+            with pytest.raises(A2MError) as refused:
+                await router.call("memory/remember", {"records": batch})
+            assert refused.value.code == -32602 and "call of their own" in refused.value.message, refused.value
+            assert await held(stack, "a") == [] and await held(stack, "b") == []
+            for record in batch:
+                await router.call("memory/remember", {"records": [record]})
+            assert [r["content"] for r in await held(stack, "b")] == ["two"]
