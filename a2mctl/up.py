@@ -494,9 +494,9 @@ def up(args: argparse.Namespace) -> int:
                 if not told and time.monotonic() - start >= READY_TIMEOUT:
                     told = True
                     late = ", ".join(m.name for m in members.values() if m.state != "ready")
-                    console.print(f"[yellow]not ready after {READY_TIMEOUT:.0f} s: {late}; still waiting (its log "
-                                  "above says what it is doing: a semantic tier builds its index first); "
-                                  "Ctrl-C stops[/]")
+                    console.print(f"[yellow]not ready after {READY_TIMEOUT:.0f} s: {late}; still waiting (the log "
+                                  "above says what it is doing: a first start of PostgreSQL runs initdb, a "
+                                  "semantic tier builds its vector index); Ctrl-C stops[/]")
                 stopping.wait(0.2)
         if stopping.is_set():
             return

@@ -160,9 +160,11 @@ class EdgeEngine:
         if self._written >= self._optimize_at_open:
             log.info("building the HNSW index for %d vectors written since the last build; the tier serves "
                      "once it is built (~40 s for 50,000 of 384 dimensions on 2 cores, decision 18)", self._written)
-            started = time.monotonic()
-            await self.optimize()
-            log.info("built the HNSW index in %.1f s", time.monotonic() - started)
+            started, count = time.monotonic(), self._written
+            if await self.optimize():
+                log.info("built the HNSW index in %.1f s", time.monotonic() - started)
+            else:  # small vectors: Edge indexes a segment only past its own size threshold (~10 MB of them)
+                log.info("no HNSW index was needed: Qdrant Edge searches %d vectors this small exactly", count)
 
     def _unindexed(self) -> int:
         """Dense vectors not yet in an HNSW graph. The shard's `indexed_vectors_count` counts every
