@@ -312,3 +312,28 @@ async def test_a_batch_across_tiers_none_of_which_keeps_owners_apart_says_how_to
             for record in batch:
                 await router.call("memory/remember", {"records": [record]})
             assert [r["content"] for r in await held(stack, "b")] == ["two"]
+
+
+async def test_a_tier_first_described_after_the_router_started_is_checked_before_its_first_write() -> None:
+    """A tier whose describe failed when the router started (down, or answering badly) is taken to
+    keep everything until described; it was described only after a call reached it, so its first
+    write went out unchecked and lost its session. The write describes it first."""
+    sessionless = ScriptedTier("sessionless", "episodic")
+    sessionless.server.capabilities = CAPABILITIES - {"sessions"}
+    busy = {"code": -32000, "message": "busy"}
+    sessionless.twist = lambda m, p, r: {"jsonrpc": "2.0", "id": r["id"], "error": busy} if m == "memory/describe" \
+        else None
+    await sessionless.start()
+    router = Router(RouterConfig(tiers=(TierConfig("sessionless", sessionless.url, kind="episodic"),),
+                                 default_tier="sessionless", background_promotion=False))
+    await router.startup()
+    try:
+        assert router.fed["sessionless"].info is None
+        sessionless.twist = None
+        reply = await Dispatcher(router).handle({"jsonrpc": "2.0", "id": 1, "method": "memory/remember", "params": {
+            "records": [{"content": "hello", "session": "s1"}]}}, Context())
+        assert reply is not None and reply.get("error", {}).get("code") == -32602, reply
+        assert (await sessionless.call("memory/timeline", {"limit": 0}))["records"] == []
+    finally:
+        await router.shutdown()
+        await sessionless.stop()
