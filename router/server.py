@@ -307,6 +307,7 @@ class Router(EventMethods):
             result = fan.results.get(tier.name)
             if result is not None:
                 tier.info = result
+                entry["per_session"] = tier.per_session  # as counted: not where the tier keeps no sessions
                 entry["count"] = sum(int(t.get("count", 0)) for t in result.get("tiers", []))
                 if any(t.get("shared") for t in result.get("tiers", [])):
                     entry["shared"] = True  # a mounted corpus: the same records for every owner

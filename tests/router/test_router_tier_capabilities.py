@@ -145,6 +145,8 @@ async def test_a_per_session_tier_without_sessions_is_held_to_its_capacity_as_on
                 {"content": f"note {n}", "created_at": f"2026-01-0{n}T00:00:00.000Z"} for n in range(1, 5)]})
             result = await router.call("memory/consolidate", {"owner": me})
             assert result["moved"] == 2 and result["counts"] == {"working": 2, "episodic": 2}, result
+            layout = {t["name"]: t["per_session"] for t in (await router.call("memory/describe", {}))["tiers"]}
+            assert layout == {"working": False, "episodic": False}, layout
             assert [r["content"] for r in await held(stack, "working", me)] == ["note 3", "note 4"]
 
 
