@@ -53,6 +53,9 @@ MIN_FREE = 2 * WAL_SEGMENT  # a rotation's new segment, and room for the segment
 # deleted points between compactions: ~50 MB of memory they hold until then; at least Edge's own
 # `vacuum_min_vector_number` (1,000), under which it vacuums no segment
 VACUUM_AFTER = 20_000
+# points changed (written, deleted or touched by a recall) between flushes: until one, every change
+# stays in the WAL (~0.3 KB a touched point), so a read-mostly tier's disk grew without bound
+FLUSH_AFTER = 20_000
 
 
 def check_space(path: Path, *, replay: bool = False) -> None:
@@ -116,12 +119,15 @@ def _index_schema(kind: str) -> Any:
 class EdgeEngine:
     name = "qdrant-edge"
 
-    def __init__(self, path: Path, *, optimize_at_open: int = 20_000, vacuum_after: int = VACUUM_AFTER) -> None:
+    def __init__(self, path: Path, *, optimize_at_open: int = 20_000, vacuum_after: int = VACUUM_AFTER,
+                 flush_after: int = FLUSH_AFTER) -> None:
         self._path = Path(path)
         self._shard: Any = None
         self._optimize_at_open = optimize_at_open
         self._vacuum_after = vacuum_after
+        self._flush_after = flush_after
         self._deleted = 0  # points deleted since the last compaction
+        self._changed = 0  # points changed since the last flush
         self._written = 0  # points written since the last optimize: what it might index now
         self._width: int | None = None
 
@@ -192,6 +198,12 @@ class EdgeEngine:
         # written since the last optimize and still live bounds what it would index now
         if min(self._written, self.shard.info().points_count) < self._optimize_at_open:
             await self.optimize()
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Write the segments out and let the WAL go: Edge truncates it only here (or at close), so
+        every upsert, delete and recall's touch since the last flush is still in it."""
+        self._changed = 0
         await anyio.to_thread.run_sync(self.shard.flush)
 
     async def _deleted_some(self, count: int) -> None:
@@ -218,8 +230,11 @@ class EdgeEngine:
         await self._update(q.UpdateOperation.create_dense_vector(DENSE, width, q.Distance.Cosine))
         self._width = width
 
-    async def _update(self, op: Any) -> None:
+    async def _update(self, op: Any, changed: int = 0) -> None:
         await anyio.to_thread.run_sync(self.shard.update, op)
+        self._changed += changed
+        if self._changed >= self._flush_after:
+            await self.flush()
 
     async def write(self, points: Sequence[PointData], deletes: Sequence[str]) -> None:
         if points:  # a statvfs, about a microsecond a batch; a delete frees, so it is let through
@@ -228,21 +243,21 @@ class EdgeEngine:
         # together, then the deletes (a crash between the two leaves both versions
         # of a replaced key; readers prefer the newest).
         if points:
-            await self._update(q.UpdateOperation.upsert_points([_point(p) for p in points]))
+            await self._update(q.UpdateOperation.upsert_points([_point(p) for p in points]), len(points))
             self._written += len(points)
         if deletes:
-            await self._update(q.UpdateOperation.delete_points(list(deletes)))
+            await self._update(q.UpdateOperation.delete_points(list(deletes)), len(deletes))
             await self._deleted_some(len(deletes))
 
     async def delete(self, pids: Sequence[str]) -> None:
-        await self._update(q.UpdateOperation.delete_points(list(pids)))
+        await self._update(q.UpdateOperation.delete_points(list(pids)), len(pids))
         await self._deleted_some(len(pids))
 
     async def set_payload(self, groups: Sequence[tuple[Sequence[str], dict[str, Any]]]) -> None:
         # by an id filter, not by ids: a point gone since the caller read it is skipped, not an error
         for pids, payload in groups:
             await self._update(q.UpdateOperation.set_payload_by_filter(
-                q.Filter(must=[q.HasIdCondition(set(pids))]), payload))
+                q.Filter(must=[q.HasIdCondition(set(pids))]), payload), len(pids))
 
     def _with_payload(self, with_embedding: bool, fields: Sequence[str] | None = None) -> Any:
         if fields is not None:
