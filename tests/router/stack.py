@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from tests.support.procs import PYTHON, ROOT, a2m_command, free_port, stop, wait_ready
+from tests.support.procs import PYTHON, ROOT, a2m_command, free_port, stop_all, wait_ready
 
 FOUR = [
     {"name": "working", "kind": "working", "capacity": 32, "spill_to": "episodic", "timeout": 2.0},
@@ -108,12 +108,18 @@ class Proc:
         os.kill(self.popen.pid, signal.SIGCONT)
 
     def stop(self) -> None:
-        if self.popen is not None:
+        stop_procs([self])
+
+
+def stop_procs(procs: Sequence[Proc]) -> None:
+    """Stop `procs` together (a paused one is resumed first, so that it can take its SIGTERM)."""
+    for proc in procs:
+        if proc.popen is not None:
             try:
-                os.kill(self.popen.pid, signal.SIGCONT)
+                os.kill(proc.popen.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-            stop(self.popen)
+    stop_all([proc.popen for proc in procs if proc.popen is not None])
 
 
 @dataclass
@@ -170,8 +176,11 @@ def federation(tmp: Path, tiers: Sequence[dict[str, Any]] = FOUR, *, mode: str =
         router.wait(timeout)
         yield Stack(procs, router, config)
     finally:
-        for proc in reversed(started):
-            proc.stop()
+        # The router first, so that it never sees its tiers go; then the tiers, which never call
+        # each other, all at once.
+        if router in started:
+            router.stop()
+        stop_procs([proc for proc in started if proc is not router])
         shutil.rmtree(data, ignore_errors=True)
 
 

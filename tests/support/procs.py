@@ -89,14 +89,22 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 90.0) -
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_all([proc], timeout)
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 20.0) -> None:
+    """SIGTERM every one of `procs` first, then wait for each (SIGKILL past `timeout`): their graceful
+    shutdowns overlap, where stopping them one after another cost each one's ~0.2 s in turn."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in running:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextmanager
