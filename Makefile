@@ -20,7 +20,7 @@ up: install
 	$(VENV)/bin/a2m up $(ARGS)
 
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 bench: install
 	$(VENV)/bin/a2m bench --quick

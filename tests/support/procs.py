@@ -40,6 +40,7 @@ def free_ports(count: int = 1, contiguous: bool = False) -> list[int]:
     low, high = _ephemeral_range()
     # below the range, else above it, else (a range of nearly every port) anywhere unprivileged
     first, last = (10000, low - 1) if low > 12000 else (high + 1, 65535) if high < 63535 else (1024, 65535)
+    first, last = _own_share(first, last)
     for _ in range(1000):
         if contiguous:
             base = _PICK.randint(first, last - count + 1)
@@ -51,6 +52,17 @@ def free_ports(count: int = 1, contiguous: bool = False) -> list[int]:
         _HANDED_OUT.update(ports)
         return ports
     raise RuntimeError(f"no {count} free loopback ports in {first}..{last}")
+
+
+def _own_share(first: int, last: int) -> tuple[int, int]:
+    """This pytest-xdist worker's slice of first..last (all of it outside xdist): a port is handed
+    out once per process, and two workers each picking one before either binds it would collide."""
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+    if not worker.startswith("gw") or workers < 2:
+        return first, last
+    width = (last - first + 1) // workers
+    start = first + int(worker[2:]) * width
+    return start, start + width - 1
 
 
 def _bindable(port: int) -> bool:
