@@ -35,6 +35,7 @@ from typing import Any, Awaitable, Callable
 import pytest
 
 from a2m.client import HTTPClient
+from router.intents import INTENTS
 
 from tests.conftest import scale
 from tests.support.procs import ROOT, a2m_command
@@ -235,6 +236,9 @@ class Harness:
                 await asyncio.sleep(0.5)
 
     async def heal(self, trial: Trial) -> None:
+        """Consolidate until a pass repairs nothing, every tier answering, and no intent of the trial's
+        owner stands: one a consolidate left (younger than the grace, a tier it could not read yet)
+        holds a half batch that a later pass resolves, and a consolidate's answer does not say so."""
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -243,9 +247,20 @@ class Harness:
                 answer = {"degraded": str(exc)}
             self.tally["repaired"] += int(answer.get("repaired", 0))
             if "degraded" not in answer and not answer.get("repaired"):
-                return
+                if not await self.standing(trial):
+                    return
+                self.tally["intent left by a clean consolidate"] += 1
             assert time.monotonic() < deadline, f"never healed: {answer}"
             await asyncio.sleep(0.5)
+
+    async def standing(self, trial: Trial) -> int:
+        """Intents (decision 166) of the trial's owner still held by a tier."""
+        count = 0
+        for name in NAMES:
+            for record in (await tier_call(self.stack, name, "memory/timeline", {"limit": 0, "owner": INTENTS}))[
+                    "records"]:
+                count += json.loads(record["content"]).get("owner") == trial.owner
+        return count
 
     async def check(self, trial: Trial, scenario: str, victim: str, delay: float) -> list[str]:
         where: dict[str, list[str]] = {}
