@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import pytest
 
@@ -176,6 +177,29 @@ async def test_an_intent_is_never_held_where_every_owner_would_read_it(tmp_path:
 
 
 
+@asynccontextmanager
+async def routed(*tiers: ScriptedTier, **config: Any) -> AsyncIterator[Dispatcher]:
+    """A router in this process over these scripted tiers (started here, stopped after); the
+    dispatcher its callers' JSON-RPC messages go through."""
+    for tier in tiers:
+        await tier.start()
+    router = Router(RouterConfig(tiers=tuple(TierConfig(t.server.name, t.url, kind=t.server.kind) for t in tiers),
+                                 background_promotion=False, **config))
+    await router.startup()
+    try:
+        yield Dispatcher(router)
+    finally:
+        await router.shutdown()
+        for tier in tiers:
+            await tier.stop()
+
+
+async def ask(dispatcher: Dispatcher, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    reply = await dispatcher.handle({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, Context())
+    assert reply is not None
+    return reply
+
+
 async def test_a_recall_by_vector_alone_leaves_out_a_tier_without_embeddings() -> None:
     """A recall with a vector and no query asks only the tiers that rank by vectors: the others
     would answer their newest records as matches (a server ignores the `embedding` of a capability
@@ -183,24 +207,13 @@ async def test_a_recall_by_vector_alone_leaves_out_a_tier_without_embeddings() -
     `embeddings` was asked all the same."""
     textual, vectors = ScriptedTier("textual", "semantic"), ScriptedTier("vectors", "episodic")
     textual.server.capabilities = CAPABILITIES - {"embeddings"}
-    for tier in (textual, vectors):
-        await tier.start()
-    router = Router(RouterConfig(tiers=(TierConfig("textual", textual.url, kind="semantic"),
-                                        TierConfig("vectors", vectors.url, kind="episodic")),
-                                 background_promotion=False))
-    await router.startup()
-    try:
+    async with routed(textual, vectors) as router:
         await vectors.call("memory/remember", {"records": [{"content": "north", "embedding": [1.0, 0.0, 0.0]}]})
         await textual.call("memory/remember", {"records": [{"content": "the ferry leaves at noon"}]})
         textual.calls.clear()
-        reply = await Dispatcher(router).handle({"jsonrpc": "2.0", "id": 1, "method": "memory/recall",
-                                                 "params": {"embedding": [0.9, 0.1, 0.0]}}, Context())
-        assert reply is not None and [r["content"] for r in reply["result"]["records"]] == ["north"], reply
+        reply = await ask(router, "memory/recall", {"embedding": [0.9, 0.1, 0.0]})
+        assert [r["content"] for r in reply["result"]["records"]] == ["north"], reply
         assert [m for m, _ in textual.calls if m == "memory/recall"] == []
-    finally:
-        await router.shutdown()
-        for tier in (textual, vectors):
-            await tier.stop()
 
 
 def keeping_no_owners_apart(tier: ScriptedTier) -> None:
@@ -224,29 +237,18 @@ async def test_intents_are_not_read_from_a_tier_that_keeps_no_owners_apart() -> 
     forgotten."""
     scoped, shared = ScriptedTier("scoped", "episodic"), ScriptedTier("shared", "episodic")
     keeping_no_owners_apart(shared)
-    for tier in (scoped, shared):
-        await tier.start()
-    router = Router(RouterConfig(tiers=(TierConfig("scoped", scoped.url, kind="episodic"),
-                                        TierConfig("shared", shared.url, kind="episodic")),
-                                 background_promotion=False))
-    await router.startup()
-    try:
+    async with routed(scoped, shared) as router:
         kept = (await scoped.call("memory/remember", {"owner": "alice", "records": [{"content": "alice's"}]}))["ids"]
         shaped = json.dumps({MARK: "not-a-batch", "part": 0, "parts": 1, "owner": "alice",
                              "created_at": "2020-01-01T00:00:00.000Z", "keys": {},
                              "records": [["scoped", kept[0], 1], ["scoped", "never-written", 1]]})
         await shared.call("memory/remember", {"records": [{"content": "a note"}, {"content": shaped}]})
         shared.calls.clear()
-        reply = await Dispatcher(router).handle({"jsonrpc": "2.0", "id": 1, "method": "memory/consolidate",
-                                                 "params": {"owner": "bob"}}, Context())
-        assert reply is not None and "result" in reply, reply
+        reply = await ask(router, "memory/consolidate", {"owner": "bob"})
+        assert "result" in reply, reply
         assert [p for m, p in shared.calls if p.get("owner") == INTENTS] == []
         held = await scoped.call("memory/timeline", {"owner": "alice", "limit": 0})
         assert [r["id"] for r in held["records"]] == kept
-    finally:
-        await router.shutdown()
-        for tier in (scoped, shared):
-            await tier.stop()
 
 
 async def test_a_summary_goes_where_it_is_kept_whole(tmp_path: Path) -> None:
@@ -325,17 +327,9 @@ async def test_a_tier_first_described_after_the_router_started_is_checked_before
     busy = {"code": -32000, "message": "busy"}
     sessionless.twist = lambda m, p, r: {"jsonrpc": "2.0", "id": r["id"], "error": busy} if m == "memory/describe" \
         else None
-    await sessionless.start()
-    router = Router(RouterConfig(tiers=(TierConfig("sessionless", sessionless.url, kind="episodic"),),
-                                 default_tier="sessionless", background_promotion=False))
-    await router.startup()
-    try:
-        assert router.fed["sessionless"].info is None
+    async with routed(sessionless, default_tier="sessionless") as router:
+        assert router.service.fed["sessionless"].info is None
         sessionless.twist = None
-        reply = await Dispatcher(router).handle({"jsonrpc": "2.0", "id": 1, "method": "memory/remember", "params": {
-            "records": [{"content": "hello", "session": "s1"}]}}, Context())
-        assert reply is not None and reply.get("error", {}).get("code") == -32602, reply
+        reply = await ask(router, "memory/remember", {"records": [{"content": "hello", "session": "s1"}]})
+        assert reply.get("error", {}).get("code") == -32602, reply
         assert (await sessionless.call("memory/timeline", {"limit": 0}))["records"] == []
-    finally:
-        await router.shutdown()
-        await sessionless.stop()
