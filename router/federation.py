@@ -285,6 +285,13 @@ class Tier:
         self.reached = True
         return result
 
+    async def described(self) -> None:
+        """Describe the tier if it never was (down since the router started): what it keeps is known
+        only so, and a write or a move into it would go out unchecked (`drops`). One that does not
+        answer stays undescribed; the write to it fails anyway."""
+        if self.info is None:
+            await self.refresh()
+
     async def refresh(self) -> dict[str, Any] | None:
         """Describe the tier again (start and reconnect); None when it is down."""
         try:

@@ -294,8 +294,7 @@ class Policy:
         if salience is not None:
             for write in writes:
                 write["salience"] = salience
-        if dest.info is None:  # down since the router started: what it keeps is known only once described
-            await dest.refresh()
+        await dest.described()
         movable = self._kept_whole(source, dest, units(writes), refused)
         writes = [w for unit in movable for w in unit]
         if self.embedder is not None and dest.searched:

@@ -52,8 +52,7 @@ class Summaries:
         write was refused after the whole read, about `records[0]`, a record the caller never sent."""
         fields = {"owner": owner, "key": key}
         if not asked and into.drops(fields) is not None:
-            candidates = [t for t in self.fed if t.config.kind == "semantic" and t.writable]
-            candidates.append(self.fed[self.default_tier])
+            candidates = [*(t for t in self.fed if t.config.kind == "semantic"), self.fed[self.default_tier]]
             into = next((t for t in candidates if t.writable and t.drops(fields) is None), into)
         lost = into.drops(fields)
         if lost is not None:

@@ -126,7 +126,7 @@ class Writes:
         supplied = [r.id for r, w in zip(records, raw) if w.get("id") is not None]
         history = [supplied_history(w) for w in raw]
         revisions, existing = await route(self.fed, records, targets, supplied, history, owner)
-        await described(targets)
+        await asyncio.gather(*(t.described() for t in set(targets) if t.info is None))
         unkept(records, raw, targets, existing)
         # A client-supplied id that exists anywhere in the federation is idempotent: returned, not rewritten.
         for i, (record, w) in enumerate(zip(records, raw)):
@@ -362,13 +362,6 @@ def write_order(by_tier: dict[str, list[int]], revisions: Mapping[int, int | Non
              for last in (False, True) for name, indexes in by_tier.items()]
     return sorted(((name, indexes) for name, indexes in parts if indexes),
                   key=lambda part: (any(i in revisions for i in part[1]), part[0] not in down))
-
-
-async def described(tiers: Sequence[Tier]) -> None:
-    """Describe each of `tiers` never described yet (down since the router started): what it keeps
-    is known only so, and its first write would go out unchecked (`unkept`). One that does not answer
-    stays undescribed; the write to it fails anyway."""
-    await asyncio.gather(*(t.refresh() for t in {t.name: t for t in tiers if t.info is None}.values()))
 
 
 def unkept(records: Sequence[Record], raw: Sequence[Mapping[str, Any]], targets: Sequence[Tier],

@@ -174,9 +174,9 @@ class EdgeEngine:
 
     def _unindexed(self) -> int:
         """Dense vectors not yet in an HNSW graph. The shard's `indexed_vectors_count` counts every
-        indexed vector of every kind, and a sparse vector is indexed as it is written, so points
-        minus that count was ~0 for records with text and no restart ever
-        built HNSW. Dense and sparse vectors held, less those indexed, leaves the dense ones waiting."""
+        indexed vector of every kind, and a sparse vector is indexed as it is written, so points minus
+        that count was ~0 for records with text and no restart ever built HNSW. Dense and sparse
+        vectors held, less those indexed, leaves the dense ones waiting."""
         shard = self.shard
         held = sum(shard.count(q.CountRequest(filter=q.Filter(must=[q.HasVectorCondition(name)]), exact=True))
                    for name in (DENSE, SPARSE))
